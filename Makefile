@@ -1,0 +1,30 @@
+# One command each: `make demo` sets up .venv and runs the main job; `make test` sets up
+# .venv and runs the tests. An existing .venv is reused; pip only adds what changed.
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+export MUJOCO_GL ?= egl
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: setup demo test test-slow bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/quarl demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -m slow
+
+bench: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_inference.py

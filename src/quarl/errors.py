@@ -1,0 +1,5 @@
+"""The one exception type for mistakes a user can fix (bad input, missing file)."""
+
+
+class QuarlError(Exception):
+    """A user error: the CLI prints its message as one line and exits with status 2."""

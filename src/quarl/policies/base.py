@@ -1,0 +1,136 @@
+"""A Policy: observation preprocessing -> network (nn.Module) -> action head.
+
+The network is the part that gets quantized; preprocessing and the head are cheap
+numpy code around it. ``act`` goes through an *engine* (see
+:mod:`quarl.quant.backends`): a callable from a float32 batch to a float32 batch that
+runs the network with some runtime at some precision.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.errors import QuarlError
+
+Engine = Callable[[np.ndarray], np.ndarray]
+
+HEADS = ("argmax", "quantile_argmax", "clip", "unscale")
+"""``argmax``: discrete, argmax of logits / Q-values. ``quantile_argmax``: QR-DQN, argmax
+of the mean over quantiles. ``clip``: continuous, the network gives the mean action,
+clipped to the bounds (A2C / PPO). ``unscale``: continuous, the network ends in tanh and
+its output in [-1, 1] is mapped onto the bounds (SAC, TD3, DDPG, TQC)."""
+
+
+@dataclass(frozen=True)
+class ObsNormalizer:
+    """VecNormalize observation statistics (applied as Stable-Baselines3 does)."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    clip: float = 10.0
+    epsilon: float = 1e-8
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        return np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+
+
+@dataclass
+class Policy:
+    """A deterministic policy: ``act(obs_batch) -> action_batch``."""
+
+    network: nn.Module
+    """Preprocessed float32 observations -> logits / Q-values / actions in [-1, 1]."""
+    observation_space: gym.spaces.Space
+    action_space: gym.spaces.Space
+    head: str
+    """One of :data:`HEADS`."""
+    algo: str = "unknown"
+    obs_normalizer: ObsNormalizer | None = None
+    scale_images: bool = False
+    """Divide observations by 255 (SB3 normalize_images for image spaces)."""
+    n_quantiles: int = 0
+    precision: str = "fp32"
+    """Label of the precision the engine runs at (set by quantize)."""
+    engine: Engine | None = field(default=None, repr=False)
+    """Runs the network; ``None``: plain PyTorch fp32."""
+    meta: dict = field(default_factory=dict)
+    """Where the policy came from (checkpoint path, env spec...)."""
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise QuarlError(f"unknown action head {self.head!r}: allowed {', '.join(HEADS)}")
+        self.network.eval()
+        self.network.requires_grad_(False)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.observation_space.shape or ())
+
+    def preprocess(self, obs: np.ndarray) -> np.ndarray:
+        """Raw env observations (batch) -> float32 network input."""
+        x = np.asarray(obs)
+        if self.obs_normalizer is not None:
+            x = self.obs_normalizer(x)
+        x = x.astype(np.float32, copy=False)
+        if self.scale_images:
+            x = x / np.float32(255.0)
+        return x
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Network output for a preprocessed float32 batch, through the engine."""
+        if self.engine is not None:
+            return self.engine(x)
+        with torch.inference_mode():
+            return self.network(torch.from_numpy(x)).numpy()
+
+    def postprocess(self, out: np.ndarray) -> np.ndarray:
+        """Network output -> env actions (batch)."""
+        if self.head == "argmax":
+            return out.argmax(axis=-1)
+        if self.head == "quantile_argmax":
+            n_actions = out.shape[-1] // self.n_quantiles
+            return out.reshape(out.shape[0], n_actions, self.n_quantiles).mean(-1).argmax(-1)
+        low, high = self.action_space.low, self.action_space.high
+        if self.head == "clip":
+            return np.clip(out, low, high)
+        return low + (0.5 * (out + 1.0)) * (high - low)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for a batch of raw observations."""
+        return self.postprocess(self.forward(self.preprocess(obs)))
+
+    def with_network(self, network: nn.Module, precision: str, engine: Engine | None) -> "Policy":
+        """A copy that runs ``network`` through ``engine`` (used by quantize)."""
+        return replace(self, network=network, precision=precision, engine=engine, meta=dict(self.meta))
+
+    def clone_network(self) -> nn.Module:
+        return copy.deepcopy(self.network)
+
+    def check_env(self, env: gym.Env) -> None:
+        """Raise a clear error when ``env``'s spaces do not fit this policy."""
+        name = getattr(env.spec, "id", None) or type(env).__name__
+        obs_shape = tuple(env.observation_space.shape or ())
+        if obs_shape != self.input_shape:
+            raise QuarlError(
+                f"env {name!r} gives observations of shape {obs_shape} but the policy expects "
+                f"{self.input_shape}: pick the env it was trained on"
+            )
+        want, got = self.action_space, env.action_space
+        if isinstance(want, gym.spaces.Discrete):
+            if not isinstance(got, gym.spaces.Discrete) or got.n != want.n:
+                raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
+        elif isinstance(want, gym.spaces.Box):
+            if not isinstance(got, gym.spaces.Box) or got.shape != want.shape:
+                raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
+
+
+def linear_layers(network: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The weight layers (Linear, Conv2d) of a network, in order, with their names."""
+    return [(n, m) for n, m in network.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]

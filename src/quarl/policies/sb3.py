@@ -1,0 +1,388 @@
+"""Load Stable-Baselines3 checkpoints (``.zip``) and RL Zoo run folders as Policies.
+
+Nothing from the checkpoint is executed: the weights come from ``policy.pth`` through
+``torch.load(weights_only=True)``; the spaces and policy keyword arguments from the
+readable fields of the zip's ``data`` JSON (never its cloudpickled blobs); the network
+is rebuilt from the state dict's names and shapes. Supported: A2C, PPO (MLP and
+NatureCNN, discrete and box actions), DQN, QR-DQN, SAC, TQC, TD3, DDPG.
+
+Calling convention of the acting network per algorithm (deterministic acting)::
+
+    a2c / ppo    features -> [shared_net] -> policy_net -> action_net   (argmax | mean, clipped)
+    dqn          features -> q_net                                      (argmax)
+    qrdqn        features -> quantile_net                               (argmax of quantile mean)
+    sac / tqc    features -> latent_pi -> mu [-> Hardtanh] -> tanh      (unscaled to bounds)
+    td3 / ddpg   features -> mu (ends in tanh)                          (unscaled to bounds)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
+from quarl.errors import QuarlError
+from quarl.policies.base import ObsNormalizer, Policy
+from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
+
+log = logging.getLogger(__name__)
+
+ALGOS = ("a2c", "ppo", "dqn", "qrdqn", "sac", "tqc", "td3", "ddpg")
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "ReLU": nn.ReLU,
+    "Tanh": nn.Tanh,
+    "ELU": nn.ELU,
+    "LeakyReLU": nn.LeakyReLU,
+    "SiLU": nn.SiLU,
+    "GELU": nn.GELU,
+    "Sigmoid": nn.Sigmoid,
+}
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the policy and how to build its env."""
+
+    policy: Policy
+    env_spec: EnvSpec | None
+    """From the zoo folder's config; ``None`` for a bare zip (pass the env id)."""
+    algo: str
+    path: Path
+
+
+# ---------------------------------------------------------------------------- spaces
+
+
+def _field(entry: dict, *names: str) -> Any:
+    for name in names:
+        if name in entry:
+            return entry[name]
+    return None
+
+
+def _parse_array(text: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    body = str(text).replace("[", " ").replace("]", " ").replace("\n", " ").split()
+    if "..." in body or not body:
+        if np.issubdtype(dtype, np.integer):  # images: the full uint8 range
+            return np.full(shape, np.nan)
+        raise QuarlError("space bounds are truncated in the checkpoint")
+    values = np.array([float(v) for v in body], dtype=np.float64)
+    return np.broadcast_to(values, shape).copy() if values.size in (1, int(np.prod(shape))) else values
+
+
+def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
+    if not isinstance(entry, dict) or ":type:" not in entry:
+        raise QuarlError(f"the checkpoint's {what} is missing or unreadable")
+    kind = entry[":type:"].rsplit(".", 1)[-1].rstrip("'>")
+    if kind == "Discrete":
+        return gym.spaces.Discrete(int(entry["n"]), start=int(entry.get("start", 0)))
+    if kind == "Box":
+        dtype = np.dtype(entry.get("dtype", "float32"))
+        shape = tuple(parse_literal(str(_field(entry, "_shape", "shape"))))
+        low = _parse_array(_field(entry, "low_repr", "low"), shape, dtype)
+        high = _parse_array(_field(entry, "high_repr", "high"), shape, dtype)
+        if np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            low = np.where(np.isnan(low), info.min, low)
+            high = np.where(np.isnan(high), info.max, high)
+        return gym.spaces.Box(low.astype(dtype), high.astype(dtype), shape=shape, dtype=dtype)
+    raise QuarlError(f"{what} of type {kind} is not supported: allowed Box and Discrete")
+
+
+# ---------------------------------------------------------------------------- network
+
+
+def _sequential_linears(sd: dict[str, torch.Tensor], prefix: str) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(index, weight, bias) of the Linear layers of an SB3 nn.Sequential at ``prefix``."""
+    found = []
+    for key, value in sd.items():
+        m = re.fullmatch(re.escape(prefix) + r"(\d+)\.weight", key)
+        if m and value.dim() == 2:
+            idx = int(m.group(1))
+            found.append((idx, value, sd[f"{prefix}{idx}.bias"]))
+    return sorted(found, key=lambda t: t[0])
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+    return layer
+
+
+def _mlp(sd: dict, prefix: str, activation: type[nn.Module], trailing: bool) -> list[nn.Module]:
+    """Linear layers of ``prefix`` with ``activation`` between them (and after the last
+    one when ``trailing``, as SB3's feature MLPs have)."""
+    layers: list[nn.Module] = []
+    linears = _sequential_linears(sd, prefix)
+    for i, (_, w, b) in enumerate(linears):
+        layers.append(_linear(w, b))
+        if trailing or i < len(linears) - 1:
+            layers.append(activation())
+    return layers
+
+
+def _features(sd: dict, prefix: str, obs_shape: tuple[int, ...]) -> list[nn.Module]:
+    """SB3 features extractor: FlattenExtractor (no weights) or NatureCNN."""
+    convs = [k for k in sd if k.startswith(prefix + "cnn.") and k.endswith(".weight")]
+    if not convs:
+        return [nn.Flatten()] if len(obs_shape) > 1 else []
+    layers: list[nn.Module] = []
+    strides = {8: 4, 4: 2, 3: 1}  # NatureCNN: 8x8/4, 4x4/2, 3x3/1
+    for key in sorted(convs, key=lambda k: int(k.split(".")[-2])):
+        w = sd[key]
+        k = w.shape[-1]
+        if k not in strides:
+            raise QuarlError(f"unsupported CNN layer {key} with kernel {k}: only NatureCNN is supported")
+        conv = nn.Conv2d(w.shape[1], w.shape[0], kernel_size=k, stride=strides[k])
+        with torch.no_grad():
+            conv.weight.copy_(w)
+            conv.bias.copy_(sd[key[: -len("weight")] + "bias"])
+        layers += [conv, nn.ReLU()]
+    layers.append(nn.Flatten())
+    layers += _mlp(sd, prefix + "linear.", nn.ReLU, trailing=True)
+    return layers
+
+
+def _family(sd: dict) -> str:
+    keys = set(sd)
+    if any(k.startswith("q_net.q_net.") for k in keys):
+        return "dqn"
+    if any(k.startswith("quantile_net.quantile_net.") for k in keys):
+        return "qrdqn"
+    if any(k.startswith("actor.latent_pi.") for k in keys):
+        return "sac"
+    if any(k.startswith("actor.mu.") for k in keys):
+        return "td3"
+    if "action_net.weight" in keys:
+        return "ppo"
+    raise QuarlError(
+        "unsupported policy layout: the state dict has none of q_net, quantile_net, actor.mu, action_net "
+        f"(keys: {', '.join(sorted(keys)[:6])}...)"
+    )
+
+
+def _activation(policy_kwargs: dict, family: str) -> type[nn.Module]:
+    name = policy_kwargs.get("activation_fn")
+    if name is None:  # SB3 defaults: tanh for on-policy actor-critic, ReLU elsewhere
+        return nn.Tanh if family == "ppo" else nn.ReLU
+    short = str(name).rsplit(".", 1)[-1]
+    if short not in _ACTIVATIONS:
+        raise QuarlError(f"activation {name!r} is not supported: allowed {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[short]
+
+
+def build_policy(
+    sd: dict[str, torch.Tensor],
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    policy_kwargs: dict,
+    algo: str | None = None,
+) -> Policy:
+    """Rebuild the acting network of an SB3 policy from its state dict."""
+    family = _family(sd)
+    act = _activation(policy_kwargs, family)
+    obs_shape = tuple(observation_space.shape or ())
+    continuous = isinstance(action_space, gym.spaces.Box)
+    if not continuous and not isinstance(action_space, gym.spaces.Discrete):
+        raise QuarlError(f"action space {action_space} is not supported: allowed Box and Discrete")
+    n_quantiles = 0
+    if family == "dqn":
+        layers = _features(sd, "q_net.features_extractor.", obs_shape) + _mlp(sd, "q_net.q_net.", act, False)
+        head = "argmax"
+    elif family == "qrdqn":
+        layers = _features(sd, "quantile_net.features_extractor.", obs_shape)
+        layers += _mlp(sd, "quantile_net.quantile_net.", act, False)
+        n_quantiles = layers[-1].out_features // int(action_space.n)
+        head = "quantile_argmax"
+    elif family == "sac":
+        layers = _features(sd, "actor.features_extractor.", obs_shape) + _mlp(sd, "actor.latent_pi.", act, True)
+        if "actor.mu.0.weight" in sd:  # gSDE: mu = Sequential(Linear, Hardtanh(-clip_mean, clip_mean))
+            clip_mean = float(policy_kwargs.get("clip_mean", 2.0))
+            layers += [_linear(sd["actor.mu.0.weight"], sd["actor.mu.0.bias"]), nn.Hardtanh(-clip_mean, clip_mean)]
+        else:
+            layers.append(_linear(sd["actor.mu.weight"], sd["actor.mu.bias"]))
+        layers.append(nn.Tanh())
+        head = "unscale"
+    elif family == "td3":
+        layers = _features(sd, "actor.features_extractor.", obs_shape) + _mlp(sd, "actor.mu.", act, False)
+        layers.append(nn.Tanh())
+        head = "unscale"
+    else:
+        fe = "pi_features_extractor." if any(k.startswith("pi_features_extractor.") for k in sd) else "features_extractor."
+        layers = _features(sd, fe, obs_shape)
+        layers += _mlp(sd, "mlp_extractor.shared_net.", act, True)
+        layers += _mlp(sd, "mlp_extractor.policy_net.", act, True)
+        layers.append(_linear(sd["action_net.weight"], sd["action_net.bias"]))
+        head = "clip" if continuous else "argmax"
+        if continuous and policy_kwargs.get("squash_output"):
+            layers.append(nn.Tanh())
+            head = "unscale"
+    if continuous != (head in ("clip", "unscale")):
+        raise QuarlError(f"a {family} network with {'box' if continuous else 'discrete'} actions is not supported")
+    image = len(obs_shape) == 3 and np.issubdtype(observation_space.dtype, np.integer)
+    policy = Policy(
+        network=nn.Sequential(*layers),
+        observation_space=observation_space,
+        action_space=action_space,
+        head=head,
+        algo=algo or family,
+        scale_images=image and bool(policy_kwargs.get("normalize_images", True)),
+        n_quantiles=n_quantiles,
+    )
+    _check_shapes(policy)
+    return policy
+
+
+def _check_shapes(policy: Policy) -> None:
+    x = torch.zeros((1, *policy.input_shape))
+    try:
+        with torch.inference_mode():
+            out = policy.network(x)
+    except RuntimeError as exc:
+        raise QuarlError(f"the checkpoint's network does not fit its observation space {policy.input_shape}: {exc}")
+    space = policy.action_space
+    want = (
+        int(space.n) * max(policy.n_quantiles, 1) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape))
+    )
+    if out.shape[-1] != want:
+        raise QuarlError(f"the checkpoint's network gives {out.shape[-1]} outputs but its action space {space} needs {want}")
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            if "data" not in names or "policy.pth" not in names:
+                raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: it lacks 'data' or 'policy.pth'")
+            data = json.loads(archive.read("data"))
+            raw = archive.read("policy.pth")
+    except zipfile.BadZipFile:
+        raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: not a zip file (corrupt or truncated?)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise QuarlError(f"{path} is corrupt: its 'data' entry is not JSON") from None
+    try:
+        sd = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad or unsafe file
+        raise QuarlError(f"{path}: policy.pth cannot be read as plain tensors ({exc.__class__.__name__})") from None
+    return data, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+
+
+def _policy_kwargs(data: dict, config: dict) -> dict:
+    out: dict = {}
+    text = config.get("policy_kwargs")
+    if isinstance(text, str):
+        parsed = parse_literal(text)
+        out.update(parsed if isinstance(parsed, dict) else {})
+    elif isinstance(text, dict):
+        out.update(text)
+    for key, value in (data.get("policy_kwargs") or {}).items():
+        if not key.startswith(":"):
+            out[key] = parse_literal(value) if isinstance(value, str) else value
+    return out
+
+
+def _algo_from_data(data: dict, family: str) -> str:
+    module = str((data.get("policy_class") or {}).get("__module__", ""))
+    m = re.match(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies", module)
+    if m and m.group(1) in ALGOS:
+        return m.group(1)
+    return family
+
+
+def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
+    """(zip, config folder, algo) for a zoo run folder or a zip (maybe inside one)."""
+    if path.is_dir():
+        zips = sorted(p for p in path.glob("*.zip") if not p.name.startswith(("best_model", "rl_model")))
+        zips = zips or sorted(path.glob("best_model.zip"))
+        if not zips:
+            raise QuarlError(f"{path} holds no .zip checkpoint: expected an RL Zoo run folder like ppo/CartPole-v1_1")
+        zip_path = zips[0]
+    elif path.suffix == ".zip" or path.is_file():
+        zip_path = path
+    else:
+        raise QuarlError(f"checkpoint {str(path)!r} does not exist")
+    folder = zip_path.parent
+    env_name = zip_path.stem
+    config_dir = folder / env_name if (folder / env_name / "config.yml").exists() else None
+    algo_dir = folder.parent.name.lower()
+    return zip_path, config_dir, algo_dir if algo_dir in ALGOS else None
+
+
+def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
+    """Load an SB3 ``.zip`` or an RL Zoo run folder (``ppo/CartPole-v1_1``)."""
+    path = Path(path)
+    if not path.exists():
+        raise QuarlError(f"checkpoint {str(path)!r} does not exist")
+    zip_path, config_dir, zoo_algo = _zoo_files(path)
+    data, sd = _read_zip(zip_path)
+    config = load_zoo_yaml(config_dir / "config.yml") if config_dir else {}
+    obs_space = _space_from_json(data.get("observation_space"), "observation space")
+    act_space = _space_from_json(data.get("action_space"), "action space")
+    kwargs = _policy_kwargs(data, config)
+    algo = zoo_algo or _algo_from_data(data, _family(sd))
+    policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
+    policy.meta["checkpoint"] = str(path)
+
+    env_spec = None
+    if config_dir is not None:
+        env_spec = _zoo_env_spec(config_dir, zip_path.stem, config)
+        if config.get("normalize"):
+            stats_path = config_dir / "vecnormalize.pkl"
+            if not stats_path.exists():
+                raise QuarlError(f"{config_dir} says normalize=True but has no vecnormalize.pkl")
+            stats = load_vecnormalize(stats_path, trust_pickle=trust_pickle)
+            if stats["norm_obs"]:
+                policy.obs_normalizer = ObsNormalizer(stats["mean"], stats["var"], stats["clip_obs"], stats["epsilon"])
+        policy.meta["env_spec"] = env_spec
+    log.info("loaded %s %s policy from %s", algo, type(policy.action_space).__name__, path)
+    return Checkpoint(policy=policy, env_spec=env_spec, algo=algo, path=path)
+
+
+def _zoo_env_spec(config_dir: Path, env_name: str, config: dict) -> EnvSpec:
+    env_kwargs: dict = {}
+    kwargs_file = config_dir / "env_kwargs.yml"
+    if kwargs_file.exists():
+        env_kwargs = load_zoo_yaml(kwargs_file) or {}
+    args_file = config_dir / "args.yml"
+    env_id = env_name
+    if args_file.exists():
+        env_id = str(load_zoo_yaml(args_file).get("env", env_name))
+    return EnvSpec(
+        env_id=current_env_id(env_id),
+        env_kwargs=env_kwargs,
+        wrappers=wrapper_names(config.get("env_wrapper")),
+        frame_stack=int(config.get("frame_stack") or 1),
+    )
+
+
+def resolve_env_spec(checkpoint: Checkpoint, env_id: str | None) -> EnvSpec:
+    """The env to evaluate in: ``env_id`` when given (keeping the zoo's wrappers when it
+    names the same env), else the zoo folder's own."""
+    spec = checkpoint.env_spec
+    if env_id is None:
+        if spec is None:
+            raise QuarlError(f"{checkpoint.path} is a bare checkpoint: pass --env ENV_ID")
+        return spec
+    if spec is not None and current_env_id(env_id) == spec.env_id:
+        return spec
+    base = env_spec_for_policy(env_id, checkpoint.policy.input_shape)
+    if spec is not None:  # another version of the zoo env: keep its wrappers
+        return EnvSpec(current_env_id(env_id), spec.env_kwargs, spec.wrappers, spec.frame_stack)
+    return base

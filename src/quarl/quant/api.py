@@ -1,0 +1,120 @@
+"""The one entry point: ``quantize(policy, config) -> new Policy``.
+
+The input policy is never modified. What each precision gives:
+
+=========  =============================================  ==============================
+precision  network held by the new policy                 engine that acts
+=========  =============================================  ==============================
+fp32       a copy                                         ONNX Runtime fp32
+fp16/bf16  a copy cast to that dtype                      PyTorch in that dtype
+int8       simulated reference of the int8 model          ONNX Runtime int8 kernels
+nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on the
+           fake-quant when asked)                         rounded weights (PyTorch when
+                                                          activations are quantized)
+=========  =============================================  ==============================
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.errors import QuarlError
+from quarl.policies.base import Policy, linear_layers
+from quarl.quant.backends.onnxruntime import (
+    OrtEngine,
+    export_onnx,
+    has_conv,
+    quantize_dynamic_int8,
+    quantize_static_int8,
+)
+from quarl.quant.backends.reference import simulate_dynamic_int8
+from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.config import QuantConfig
+from quarl.quant.primitives import FLOAT_DTYPES, fake_quantize, qparams_from_range, quantize_dequantize
+
+
+def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
+    """A copy of ``network`` whose Linear / Conv2d weights are rounded to ``config.bits``
+    (biases stay fp32, as in the paper)."""
+    net = copy.deepcopy(network)
+    with torch.no_grad():
+        for _, layer in linear_layers(net):
+            w = layer.weight
+            w.copy_(quantize_dequantize(w, config.bits, config.scheme, config.granularity_for(w.dim())))
+    return net
+
+
+class ActivationFakeQuant(nn.Module):
+    """Fake-quantizes a layer's output to ``bits`` within a fixed calibrated range."""
+
+    def __init__(self, lo: float, hi: float, bits: int, scheme: str) -> None:
+        super().__init__()
+        self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, scheme)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fake_quantize(x, self.qp)
+
+
+def calibrate_ranges(network: nn.Module, calibration: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Min / max of every Linear / Conv2d output over a batch of preprocessed inputs."""
+    ranges: dict[str, tuple[float, float]] = {}
+    hooks = []
+    for name, layer in linear_layers(network):
+        def hook(_m, _inp, out, name=name):
+            ranges[name] = (float(out.min()), float(out.max()))
+        hooks.append(layer.register_forward_hook(hook))
+    with torch.inference_mode():
+        network(torch.as_tensor(calibration, dtype=torch.float32))
+    for h in hooks:
+        h.remove()
+    return ranges
+
+
+def _with_activation_quant(network: nn.Module, ranges: dict, config: QuantConfig) -> nn.Module:
+    if not isinstance(network, nn.Sequential):
+        raise QuarlError("activation quantization needs a sequential network")
+    layers: list[nn.Module] = []
+    names = dict((id(m), n) for n, m in network.named_modules())
+    for module in network:
+        layers.append(module)
+        name = names.get(id(module))
+        if name in ranges:
+            lo, hi = ranges[name]
+            layers.append(ActivationFakeQuant(lo, hi, config.bits, config.scheme))
+    return nn.Sequential(*layers)
+
+
+def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None = None) -> Policy:
+    """A new policy that acts at ``config``'s precision.
+
+    ``calibration``: preprocessed observations (``policy.preprocess`` of rollout states),
+    needed for int8 CNNs (static activation ranges) and for ``activations=True``."""
+    network = policy.clone_network().float()
+    shape = policy.input_shape
+    label = config.label
+    if config.precision == "fp32":
+        return policy.with_network(network, label, OrtEngine(export_onnx(network, shape)))
+    if config.precision in ("fp16", "bf16"):
+        dtype = FLOAT_DTYPES[config.precision]
+        network = network.to(dtype)
+        return policy.with_network(network, label, TorchEngine(network, dtype))
+    if config.precision == "int8":
+        model = export_onnx(network, shape)
+        if has_conv(network):
+            if calibration is None:
+                raise QuarlError("int8 for a CNN policy needs calibration observations (static activation ranges)")
+            return policy.with_network(network, label, OrtEngine(quantize_static_int8(model, calibration)))
+        engine = OrtEngine(quantize_dynamic_int8(model, config.int8_weights), per_row=True)
+        return policy.with_network(simulate_dynamic_int8(network, config.int8_weights), label, engine)
+    # simulated n-bit
+    rounded = quantize_weights(network, config)
+    if config.activations:
+        if calibration is None:
+            raise QuarlError("activation quantization needs calibration observations")
+        rounded = _with_activation_quant(rounded, calibrate_ranges(rounded, calibration), config)
+        return policy.with_network(rounded, label, TorchEngine(rounded))
+    return policy.with_network(rounded, label, OrtEngine(export_onnx(rounded, shape)))

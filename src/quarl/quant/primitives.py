@@ -1,0 +1,189 @@
+"""Pure quantization maths: quantization parameters, quantize / dequantize, fake quantization.
+
+Three uniform schemes, each per tensor or per output channel (axis 0 of a Linear or
+Conv weight):
+
+``quarl``
+    The QuaRL paper's scheme, exactly::
+
+        delta = (|min(W, 0)| + |max(W, 0)|) / 2**n
+        z     = floor(-min(W, 0) / delta)
+        W_q   = round(W / delta) * delta            # no clamp
+
+    ``round(W / delta)`` spans ``2**n + 1`` integers at most; nothing is clamped.
+``affine``
+    The standard clamped asymmetric scheme (TensorFlow Lite, PyTorch): the range
+    ``[min(W, 0), max(W, 0)]`` mapped onto ``0 .. 2**n - 1`` with an integer zero point.
+``symmetric``
+    Signed, zero point 0, ``scale = max|W| / (2**(n-1) - 1)``, clamped to
+    ``[-(2**(n-1) - 1), 2**(n-1) - 1]``: what ONNX Runtime uses for int8 weights.
+
+Everything here is a function of tensors; nothing holds state. Rounding is
+round-half-to-even everywhere (``torch.round``), as in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Scheme = Literal["quarl", "affine", "symmetric"]
+Granularity = Literal["tensor", "channel"]
+
+SCHEMES: tuple[str, ...] = ("quarl", "affine", "symmetric")
+GRANULARITIES: tuple[str, ...] = ("tensor", "channel")
+MIN_BITS, MAX_BITS = 2, 16
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Quantization parameters of one tensor.
+
+    ``scale`` and ``zero_point`` are scalars (per tensor) or shaped to broadcast
+    against the tensor along ``axis`` (per channel). ``qmin`` / ``qmax`` bound the
+    integers; ``None`` means unclamped (the paper's scheme).
+    """
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+    bits: int
+    scheme: str
+    qmin: int | None
+    qmax: int | None
+
+
+def check_bits(bits: int) -> int:
+    if not isinstance(bits, int) or isinstance(bits, bool) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ValueError(f"bits={bits!r} is out of range: allowed {MIN_BITS}..{MAX_BITS}")
+    return bits
+
+
+def _reduce_dims(x: torch.Tensor, granularity: str, axis: int) -> tuple[int, ...] | None:
+    if granularity == "tensor" or x.dim() == 0:
+        return None
+    if granularity != "channel":
+        raise ValueError(f"granularity={granularity!r} is unknown: allowed {', '.join(GRANULARITIES)}")
+    axis = axis % x.dim()
+    return tuple(d for d in range(x.dim()) if d != axis)
+
+
+def _amin_amax(x: torch.Tensor, dims: tuple[int, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if dims is None:
+        return x.min(), x.max()
+    if not dims:  # a 1-d tensor per channel: every element is its own channel
+        return x, x
+    return x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
+
+
+def qparams(
+    x: torch.Tensor,
+    bits: int,
+    scheme: str = "quarl",
+    granularity: str = "tensor",
+    axis: int = 0,
+) -> QParams:
+    """Quantization parameters for ``x`` from its own range (min / max of the data)."""
+    dims = _reduce_dims(x, granularity, axis)
+    lo, hi = _amin_amax(x.detach(), dims)
+    return qparams_from_range(lo, hi, bits, scheme)
+
+
+def qparams_from_range(lo: torch.Tensor, hi: torch.Tensor, bits: int, scheme: str = "quarl") -> QParams:
+    """Quantization parameters for an observed range ``[lo, hi]`` (tensors of one shape)."""
+    check_bits(bits)
+    lo = torch.minimum(torch.as_tensor(lo, dtype=torch.float32), torch.zeros(()))
+    hi = torch.maximum(torch.as_tensor(hi, dtype=torch.float32), torch.zeros(()))
+    if scheme == "quarl":
+        scale = (lo.abs() + hi.abs()) / (2**bits)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zero_point = torch.floor(-lo / scale)
+        return QParams(scale, zero_point, bits, scheme, None, None)
+    if scheme == "affine":
+        qmax = 2**bits - 1
+        scale = (hi - lo) / qmax
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zero_point = torch.clamp(torch.round(-lo / scale), 0, qmax)
+        return QParams(scale, zero_point, bits, scheme, 0, qmax)
+    if scheme == "symmetric":
+        qmax = 2 ** (bits - 1) - 1
+        scale = torch.maximum(lo.abs(), hi.abs()) / qmax
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return QParams(scale, torch.zeros_like(scale), bits, scheme, -qmax, qmax)
+    raise ValueError(f"scheme={scheme!r} is unknown: allowed {', '.join(SCHEMES)}")
+
+
+def quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
+    """Integer codes of ``x`` (int32). For ``quarl`` the codes are ``round(x / delta)``,
+    signed and unclamped; add ``qp.zero_point`` for the unsigned representation."""
+    q = torch.round(x / qp.scale)
+    if qp.scheme == "affine":
+        q = q + qp.zero_point
+    if qp.qmin is not None:
+        q = torch.clamp(q, qp.qmin, qp.qmax)
+    return q.to(torch.int32)
+
+
+def dequantize(q: torch.Tensor, qp: QParams) -> torch.Tensor:
+    """Real values of integer codes produced by :func:`quantize`."""
+    q = q.to(torch.float32)
+    if qp.scheme == "affine":
+        q = q - qp.zero_point
+    return q * qp.scale
+
+
+class _RoundSTE(torch.autograd.Function):
+    """Quantize-dequantize whose gradient passes straight through inside the range
+    and is zero where the value was clamped (straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, qp: QParams) -> torch.Tensor:  # type: ignore[override]
+        out = dequantize(quantize(x, qp), qp).to(x.dtype)
+        if qp.qmin is None:
+            ctx.save_for_backward(torch.ones_like(x, dtype=torch.bool))
+        else:
+            raw = torch.round(x / qp.scale) + (qp.zero_point if qp.scheme == "affine" else 0)
+            ctx.save_for_backward((raw >= qp.qmin) & (raw <= qp.qmax))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None
+
+
+def fake_quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
+    """``dequantize(quantize(x))`` with a straight-through gradient."""
+    return _RoundSTE.apply(x, qp)
+
+
+def quantize_dequantize(
+    x: torch.Tensor,
+    bits: int,
+    scheme: str = "quarl",
+    granularity: str = "tensor",
+    axis: int = 0,
+) -> torch.Tensor:
+    """Round ``x`` to ``bits`` with parameters from its own range (post-training)."""
+    return fake_quantize(x, qparams(x, bits, scheme, granularity, axis))
+
+
+FLOAT_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+
+
+def cast_roundtrip(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """``x`` rounded to a float format and back to its dtype (fp16 / bf16 storage)."""
+    if precision not in FLOAT_DTYPES:
+        raise ValueError(f"precision={precision!r} is not a float format: allowed {', '.join(FLOAT_DTYPES)}")
+    return x.to(FLOAT_DTYPES[precision]).to(x.dtype)
+
+
+def dynamic_quantize_uint8(x: torch.Tensor) -> torch.Tensor:
+    """What ONNX Runtime's DynamicQuantizeLinear does to an activation tensor, as
+    quantize-dequantize: uint8 with range ``[min(x, 0), max(x, 0)]`` of the whole tensor."""
+    return fake_quantize(x, qparams(x, 8, "affine", "tensor"))
