@@ -1,0 +1,194 @@
+"""Post-training quantization workflows: evaluate a policy at several precisions (``ptq``),
+over bit widths (``sweep``), and analyse its weights (``analyze``).
+
+Each evaluated cell is appended to ``OUT/results.jsonl`` as soon as it finishes and is
+reused when the same command runs again, so an interrupted run resumes; the tables and
+plots are rebuilt from those records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from quarl.envs import EnvSpec
+from quarl.evaluation import evaluate
+from quarl.policies.base import Policy
+from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
+from quarl.quant.api import quantize
+from quarl.quant.config import QuantConfig
+from quarl.records import ResultsLog
+from quarl.reports import plot_sweep, ptq_rows, write_rows
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_SIZE = 256
+Progress = Callable[[str, int], None]
+"""Called with (cell label, episodes finished so far in that cell)."""
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How every cell is evaluated (the same for all precisions of a run)."""
+
+    episodes: int = 20
+    """Episodes per precision; episode i is reset with seed ``seed + i``."""
+    seed: int = 0
+    n_envs: int = 8
+    """Envs stepped side by side (the policy acts on their batch)."""
+    max_steps: int | None = None
+    """Cut episodes longer than this (None: the env's own limit)."""
+
+    def key(self) -> dict[str, Any]:
+        return {"episodes": self.episodes, "seed": self.seed, "max_steps": self.max_steps}
+
+
+@dataclass
+class Cell:
+    """One configuration to evaluate."""
+
+    label: str
+    config: QuantConfig
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _run_cells(
+    policy: Policy,
+    env_spec: EnvSpec,
+    cells: Sequence[Cell],
+    settings: EvalSettings,
+    log_file: ResultsLog,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    calibration: np.ndarray | None = None
+    for cell in cells:
+        key = {"precision": cell.label, **cell.extra, **settings.key()}
+        done = log_file.find(**key)
+        if done is not None:
+            log.info("%s: reusing the result in %s", cell.label, log_file.path)
+            records.append(done)
+            if progress:
+                progress(cell.label, settings.episodes)
+            continue
+        if calibration is None and (cell.config.activations or cell.config.precision == "int8"):
+            calibration = _calibration(policy, env_spec, settings)
+        started = time.perf_counter()
+        quantized = quantize(policy, cell.config, calibration=calibration)
+        build_s = time.perf_counter() - started
+        finished = [0]
+
+        def on_episode(_ep: int, _ret: float, label: str = cell.label) -> None:
+            finished[0] += 1
+            if progress:
+                progress(label, finished[0])
+
+        result = evaluate(
+            quantized,
+            env_spec,
+            episodes=settings.episodes,
+            seed=settings.seed,
+            n_envs=settings.n_envs,
+            max_steps=settings.max_steps,
+            on_episode=on_episode,
+        )
+        record = {
+            **key,
+            "mean": result.mean,
+            "std": result.std,
+            "returns": [round(float(r), 4) for r in result.returns],
+            "lengths": result.lengths.tolist(),
+            "steps_per_s": result.steps_per_s,
+            "build_s": build_s,
+            "env_id": env_spec.env_id,
+        }
+        log_file.append(record)
+        records.append(record)
+    return records
+
+
+def _calibration(policy: Policy, env_spec: EnvSpec, settings: EvalSettings) -> np.ndarray:
+    """Preprocessed observations from fp32 rollouts on seeds disjoint from evaluation."""
+    result = evaluate(
+        policy,
+        env_spec,
+        episodes=2,
+        seed=settings.seed + 10_000,
+        n_envs=2,
+        max_steps=settings.max_steps,
+        keep_observations=CALIBRATION_SIZE,
+    )
+    assert result.observations is not None
+    return result.observations
+
+
+def run_ptq(
+    policy: Policy,
+    env_spec: EnvSpec,
+    precisions: Sequence[str],
+    settings: EvalSettings,
+    out_dir: Path,
+    int8_weights: str = "asymmetric",
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}``."""
+    labels = list(dict.fromkeys(["fp32", *precisions]))
+    cells = []
+    for label in labels:
+        config = QuantConfig.parse(label, int8_weights=int8_weights) if label == "int8" else QuantConfig.parse(label)
+        extra = {"int8_weights": int8_weights} if label == "int8" else {}
+        cells.append(Cell(label, config, extra))
+    records = _run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+    wanted = [r for r in records if r["precision"] in precisions or r["precision"] == "fp32"]
+    write_rows(ptq_rows(wanted), out_dir, "ptq")
+    return wanted
+
+
+def run_sweep(
+    policy: Policy,
+    env_spec: EnvSpec,
+    bits: Sequence[int],
+    settings: EvalSettings,
+    out_dir: Path,
+    scheme: str = "quarl",
+    granularity: str = "auto",
+    progress: Progress | None = None,
+    title: str = "",
+) -> list[dict[str, Any]]:
+    """Evaluate fp32 and simulated n-bit weights for each width; write
+    ``sweep.{csv,md,json}`` and ``sweep.png``."""
+    cells = [Cell("fp32", QuantConfig())]
+    for n in bits:
+        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity)
+        cells.append(Cell(config.label, config, {"bits": n, "scheme": scheme, "granularity": granularity}))
+    records = _run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+    rows = ptq_rows(records)
+    for row, record in zip(rows, records):
+        row["bits"] = record.get("bits", 32)
+    write_rows(rows, out_dir, "sweep")
+    plot_sweep(records, out_dir / "sweep.png", title or f"{policy.algo} {env_spec.env_id}: {scheme}, {granularity}")
+    return records
+
+
+def run_analyze(
+    policy: Policy, bits: Sequence[int], out_dir: Path, scheme: str = "quarl", granularity: str = "auto", title: str = ""
+) -> tuple[list[dict], list[dict]]:
+    """Write ``weights.{csv,md,json}``, ``kl.{csv,md,json}``, ``histograms.png``, ``kl.png``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stats_rows = weight_stats(policy.network)
+    kl_rows = kl_by_bits(policy.network, bits, scheme, granularity)
+    write_rows([{k: _round(v) for k, v in r.items()} for r in stats_rows], out_dir, "weights")
+    write_rows([{k: _round(v, 6) for k, v in r.items()} for r in kl_rows], out_dir, "kl")
+    title = title or policy.algo
+    plot_histograms(policy.network, out_dir / "histograms.png", f"{title}: weight distributions")
+    plot_kl(kl_rows, out_dir / "kl.png", f"{title}: KL divergence of n-bit weights ({scheme})")
+    return stats_rows, kl_rows
+
+
+def _round(value: Any, digits: int = 4) -> Any:
+    return round(value, digits) if isinstance(value, float) else value

@@ -1,0 +1,120 @@
+"""Weight statistics that explain how well a policy quantizes (the paper's Section on
+weight distributions: the wider the distribution, the larger the rounding error)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats
+from torch import nn
+
+from quarl.policies.base import linear_layers
+from quarl.quant.config import QuantConfig
+from quarl.quant.primitives import quantize_dequantize
+
+KL_BINS = 128
+KL_EPS = 1e-10
+
+
+def weight_stats(network: nn.Module) -> list[dict[str, Any]]:
+    """min, max, range, mean, std, excess kurtosis of each Linear / Conv2d weight."""
+    rows = []
+    for name, layer in linear_layers(network):
+        w = layer.weight.detach().float().numpy().ravel()
+        rows.append(
+            {
+                "layer": name,
+                "shape": "x".join(str(d) for d in layer.weight.shape),
+                "params": int(w.size),
+                "min": float(w.min()),
+                "max": float(w.max()),
+                "range": float(w.max() - w.min()),
+                "mean": float(w.mean()),
+                "std": float(w.std()),
+                "kurtosis": float(stats.kurtosis(w)) if w.size > 3 else float("nan"),
+            }
+        )
+    return rows
+
+
+def kl_divergence(reference: np.ndarray, quantized: np.ndarray, bins: int = KL_BINS) -> float:
+    """KL(P || Q) of two weight histograms over ``reference``'s range (``bins`` bins,
+    ``KL_EPS`` added to every bin so that empty bins stay finite)."""
+    lo, hi = float(reference.min()), float(reference.max())
+    if hi <= lo:
+        return 0.0
+    p, _ = np.histogram(reference, bins=bins, range=(lo, hi))
+    q, _ = np.histogram(np.clip(quantized, lo, hi), bins=bins, range=(lo, hi))
+    p = p / p.sum() + KL_EPS
+    q = q / q.sum() + KL_EPS
+    return float(np.sum(p * np.log(p / q)))
+
+
+def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", granularity: str = "auto") -> list[dict]:
+    """One row per layer and bit width: KL divergence of the n-bit weights from fp32,
+    and the mean absolute rounding error."""
+    rows = []
+    for name, layer in linear_layers(network):
+        w = layer.weight.detach().float()
+        for n in bits:
+            cfg = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity)
+            wq = quantize_dequantize(w, n, scheme, cfg.granularity_for(w.dim()))
+            ref, q = w.numpy().ravel(), wq.numpy().ravel()
+            rows.append(
+                {
+                    "layer": name,
+                    "bits": n,
+                    "kl": kl_divergence(ref, q),
+                    "mean_abs_error": float(np.abs(ref - q).mean()),
+                }
+            )
+    return rows
+
+
+def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) -> Path:
+    """One histogram per weight layer, with its range and std in the panel title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = linear_layers(network)
+    cols = min(3, len(layers))
+    rows = int(np.ceil(len(layers) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, (name, layer) in zip(axes.ravel(), layers):
+        w = layer.weight.detach().float().numpy().ravel()
+        ax.hist(w, bins=bins, color="tab:blue")
+        ax.set_title(f"{name}: range {w.max() - w.min():.2f}, std {w.std():.3f}", fontsize=9)
+    for ax in axes.ravel()[len(layers) :]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_kl(rows: Sequence[dict], path: Path, title: str) -> Path:
+    """KL divergence against bits, one line per layer (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for layer in dict.fromkeys(r["layer"] for r in rows):
+        pts = sorted((r["bits"], r["kl"]) for r in rows if r["layer"] == layer)
+        ax.plot([b for b, _ in pts], [max(k, 1e-12) for _, k in pts], marker="o", label=layer)
+    ax.set_yscale("log")
+    ax.set_xlabel("bits")
+    ax.set_ylabel("KL(fp32 || n-bit)")
+    ax.invert_xaxis()
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,51 @@
+"""Results written as they are computed, one JSON object per line, so a long run that is
+killed loses at most the cell it was in and resumes where it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+
+class ResultsLog:
+    """Append-only JSON-lines file of records (dicts)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill: recompute that cell
+                continue
+        return records
+
+    def find(self, **key: Any) -> dict[str, Any] | None:
+        """The last record whose fields equal ``key``."""
+        for record in reversed(self.load()):
+            if all(record.get(k) == v for k, v in key.items()):
+                return record
+        return None
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record, default=_plain) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def extend(self, records: Iterable[dict[str, Any]]) -> None:
+        for record in records:
+            self.append(record)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

@@ -1,0 +1,120 @@
+"""Tables and plots made from result records alone (dicts with ``precision``, ``mean``,
+``std``, ``returns``...). Terminal tables with rich; files as CSV, Markdown and JSON; plots
+as PNG with matplotlib."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+
+def relative_error(r_fp32: float, r_q: float) -> float:
+    """The paper's ``E = (R_fp32 - R_q) / |R_fp32|``, in percent (positive: reward lost)."""
+    if r_fp32 == 0:
+        return math.nan
+    return 100.0 * (r_fp32 - r_q) / abs(r_fp32)
+
+
+def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``precision | mean | std | E%`` rows; E against the fp32 record."""
+    base = next((r for r in records if r["precision"] == "fp32"), None)
+    rows = []
+    for r in records:
+        err = relative_error(base["mean"], r["mean"]) if base is not None else math.nan
+        rows.append(
+            {
+                "precision": r["precision"],
+                "mean": round(r["mean"], 2),
+                "std": round(r["std"], 2),
+                "E%": round(err, 2),
+                "episodes": r["episodes"],
+                "steps_per_s": round(r.get("steps_per_s", math.nan), 1),
+            }
+        )
+    return rows
+
+
+def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:
+    """The paper's layout: one row per policy, ``fp32 fp16 E_fp16 int8 E_int8 ...``."""
+    rows = []
+    for name, records in per_policy.items():
+        by_precision = {r["precision"]: r for r in records}
+        base = by_precision.get("fp32")
+        row: dict[str, Any] = {"policy": name}
+        for p in precisions:
+            if p not in by_precision:
+                continue
+            row[p] = round(by_precision[p]["mean"], 2)
+            if p != "fp32" and base is not None:
+                row[f"E_{p}%"] = round(relative_error(base["mean"], by_precision[p]["mean"]), 2)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: Sequence[dict[str, Any]], title: str, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=title)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("policy", "precision", "layer") else "right")
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c, "")) for c in columns])
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.2f}"
+    return str(value)
+
+
+def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
+    """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    csv_path, md_path, json_path = (out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json"))
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    md_path.write_text("\n".join(lines) + "\n")
+    json_path.write_text(json.dumps(list(rows), indent=2) + "\n")
+    return [csv_path, md_path, json_path]
+
+
+def plot_sweep(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    """Reward (mean +/- std) against bits, with the fp32 reward as a line: the paper's
+    "sweet spot" figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sorted((r for r in records if r.get("bits")), key=lambda r: -r["bits"])
+    base = next((r for r in records if r["precision"] == "fp32"), None)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bits = [r["bits"] for r in points]
+    means = [r["mean"] for r in points]
+    stds = [r["std"] for r in points]
+    ax.errorbar(bits, means, yerr=stds, marker="o", capsize=3, label="n-bit weights")
+    if base is not None:
+        ax.axhline(base["mean"], color="k", linestyle="--", label=f"fp32 ({base['mean']:.1f})")
+        ax.axhspan(base["mean"] - base["std"], base["mean"] + base["std"], color="k", alpha=0.08)
+    ax.set_xlabel("bits")
+    ax.set_ylabel("mean return")
+    ax.set_xticks(bits)
+    ax.invert_xaxis()
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
