@@ -95,8 +95,8 @@ class Policy:
         if self.head == "argmax":
             return out.argmax(axis=-1)
         if self.head == "quantile_argmax":
-            n_actions = out.shape[-1] // self.n_quantiles
-            return out.reshape(out.shape[0], n_actions, self.n_quantiles).mean(-1).argmax(-1)
+            # QR-DQN lays its output out as (quantile, action)
+            return out.reshape(out.shape[0], self.n_quantiles, -1).mean(1).argmax(-1)
         low, high = self.action_space.low, self.action_space.high
         if self.head == "clip":
             return np.clip(out, low, high)

@@ -67,7 +67,7 @@ class Checkpoint:
 
 def _field(entry: dict, *names: str) -> Any:
     for name in names:
-        if name in entry:
+        if entry.get(name) is not None:
             return entry[name]
     return None
 
@@ -299,11 +299,16 @@ def _policy_kwargs(data: dict, config: dict) -> dict:
 
 
 def _algo_from_data(data: dict, family: str) -> str:
+    """The algorithm's name; where several share a policy class, told apart by the
+    hyperparameters they save (PPO's clip range; DDPG is TD3 without delay or noise)."""
     module = str((data.get("policy_class") or {}).get("__module__", ""))
     m = re.match(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies", module)
-    if m and m.group(1) in ALGOS:
-        return m.group(1)
-    return family
+    algo = m.group(1) if m and m.group(1) in ALGOS else family
+    if algo == "ppo":  # A2C and PPO share ActorCriticPolicy
+        return "ppo" if "clip_range" in data else "a2c"
+    if algo == "td3" and data.get("policy_delay") == 1 and data.get("target_noise_clip") == 0.0:
+        return "ddpg"
+    return algo
 
 
 def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:

@@ -1,0 +1,32 @@
+"""Shared fixtures: the RL Zoo agents in ../shared (skipped when absent) and a tiny PPO
+CartPole policy trained once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = Path(os.environ.get("QUARL_ZOO", ROOT.parent / "shared" / "zoo"))
+
+
+def zoo_run(algo: str, env: str) -> Path:
+    path = ZOO / algo / f"{env}_1"
+    if not path.exists():
+        pytest.skip(f"RL Zoo agent {algo}/{env}_1 not found under {ZOO} (../shared is absent)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A PPO CartPole policy trained for a few seconds, saved as a zoo run folder."""
+    from quarl.training.sb3_train import CARTPOLE_PPO, train_zoo_run
+
+    out = tmp_path_factory.mktemp("trained")
+    return train_zoo_run("ppo", "CartPole-v1", 4096, out, seed=0, hyperparams=CARTPOLE_PPO)

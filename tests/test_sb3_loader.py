@@ -1,0 +1,169 @@
+"""The loader rebuilds each algorithm's acting network from the zip alone and acts exactly
+as Stable-Baselines3's own ``predict(deterministic=True)``."""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import sb3_contrib
+import stable_baselines3 as sb3
+import torch
+from torch import nn
+
+from quarl.errors import QuarlError
+from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
+from quarl.policies.sb3 import load_checkpoint
+
+
+class ImageEnv(gym.Env):
+    """Atari-shaped observations (84, 84, 4) uint8 with 4 actions; no emulator needed."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+ALGOS = {
+    "a2c": sb3.A2C,
+    "ppo": sb3.PPO,
+    "dqn": sb3.DQN,
+    "sac": sb3.SAC,
+    "td3": sb3.TD3,
+    "ddpg": sb3.DDPG,
+    "qrdqn": sb3_contrib.QRDQN,
+    "tqc": sb3_contrib.TQC,
+}
+CASES = [
+    ("a2c", "CartPole-v1", "MlpPolicy", {}),
+    ("ppo", "CartPole-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [32, 48], "activation_fn": nn.ReLU}}),
+    ("ppo", "Pendulum-v1", "MlpPolicy", {}),
+    ("a2c", "Pendulum-v1", "MlpPolicy", {"use_sde": True}),
+    ("ppo", "Pendulum-v1", "MlpPolicy", {"use_sde": True, "policy_kwargs": {"squash_output": True}}),
+    ("dqn", "CartPole-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [64, 64, 64]}}),
+    ("qrdqn", "CartPole-v1", "MlpPolicy", {}),
+    ("sac", "Pendulum-v1", "MlpPolicy", {}),
+    ("sac", "Pendulum-v1", "MlpPolicy", {"use_sde": True}),
+    ("tqc", "Pendulum-v1", "MlpPolicy", {}),
+    ("td3", "Pendulum-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [32, 32]}}),
+    ("ddpg", "Pendulum-v1", "MlpPolicy", {}),
+    ("ppo", "image", "CnnPolicy", {}),
+    ("dqn", "image", "CnnPolicy", {"buffer_size": 100}),
+]
+
+
+def _make(algo: str, env_id: str, policy: str, kwargs: dict, seed: int = 3):
+    env = ImageEnv() if env_id == "image" else gym.make(env_id)
+    extra = {"buffer_size": 1000} if algo in ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc") else {}
+    return ALGOS[algo](policy, env, seed=seed, device="cpu", **{**extra, **kwargs})
+
+
+@pytest.mark.parametrize("algo,env_id,policy,kwargs", CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])
+def test_actions_match_sb3_predict(tmp_path: Path, algo: str, env_id: str, policy: str, kwargs: dict) -> None:
+    model = _make(algo, env_id, policy, kwargs)
+    path = tmp_path / "model.zip"
+    model.save(path)
+    loaded = load_checkpoint(path).policy
+    assert loaded.algo == algo
+    rng = np.random.default_rng(0)
+    space = model.observation_space
+    if isinstance(space, gym.spaces.Box) and space.dtype == np.uint8:
+        obs = rng.integers(0, 256, (16, *space.shape), dtype=np.uint8)
+    else:
+        obs = rng.uniform(-1, 1, (64, *space.shape)).astype(np.float32)
+    want, _ = model.predict(obs, deterministic=True)
+    got = loaded.act(obs)
+    if isinstance(model.action_space, gym.spaces.Discrete):
+        assert np.array_equal(got, want)
+    else:
+        assert np.allclose(got, want, atol=1e-5), np.abs(got - want).max()
+
+
+def test_zip_is_read_without_unpickling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _make("ppo", "CartPole-v1", "MlpPolicy", {})
+    model.save(tmp_path / "m.zip")
+
+    def refuse(*_a, **_k):
+        raise AssertionError("pickle.loads called")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    assert load_checkpoint(tmp_path / "m.zip").policy.head == "argmax"
+
+
+def test_vecnormalize_read_with_allow_list_matches_sb3(tmp_path: Path) -> None:
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), clip_obs=7.0)
+    venv.reset()
+    for _ in range(50):
+        venv.step(np.array([venv.action_space.sample() for _ in range(2)]))
+    venv.save(tmp_path / "vecnormalize.pkl")
+    stats = load_vecnormalize(tmp_path / "vecnormalize.pkl")
+    assert np.allclose(stats["mean"], venv.obs_rms.mean) and np.allclose(stats["var"], venv.obs_rms.var)
+    assert stats["clip_obs"] == 7.0
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_vecnormalize_with_foreign_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "vecnormalize.pkl"
+    path.write_bytes(pickle.dumps({"obs_rms": _Evil()}))
+    with pytest.raises(QuarlError, match=r"refused; pass --trust-pickle.*") as info:
+        load_vecnormalize(path)
+    assert "builtins.print" in str(info.value)
+
+
+def test_policy_pth_with_pickled_objects_is_refused(tmp_path: Path) -> None:
+    model = _make("ppo", "CartPole-v1", "MlpPolicy", {})
+    model.save(tmp_path / "m.zip")
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(tmp_path / "m.zip") as src, zipfile.ZipFile(bad, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name == "policy.pth":
+                import io
+
+                buf = io.BytesIO()
+                torch.save({"w": _Evil()}, buf)
+                data = buf.getvalue()
+            dst.writestr(name, data)
+    with pytest.raises(QuarlError, match="cannot be read as plain tensors"):
+        load_checkpoint(bad)
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [(b"not a zip", "not a zip file"), (None, "does not exist")],
+)
+def test_bad_checkpoint_files(tmp_path: Path, content: bytes | None, message: str) -> None:
+    path = tmp_path / "model.zip"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(QuarlError, match=message):
+        load_checkpoint(path)
+
+
+def test_zoo_yaml_and_literals(tmp_path: Path) -> None:
+    from tests.conftest import zoo_run
+
+    config = load_zoo_yaml(zoo_run("ppo", "HalfCheetah-v3") / "HalfCheetah-v3" / "config.yml")
+    assert config["normalize"] is True and config["n_envs"] == 1
+    kwargs = parse_literal(config["policy_kwargs"])
+    assert kwargs["activation_fn"] == "nn.ReLU"
+    assert kwargs["net_arch"] == [{"pi": [256, 256], "vf": [256, 256]}]
+    assert parse_literal("<class 'torch.nn.modules.activation.Tanh'>") == "torch.nn.modules.activation.Tanh"
