@@ -107,7 +107,7 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
         if has_conv(network):
             if calibration is None:
                 raise QuarlError("int8 for a CNN policy needs calibration observations (static activation ranges)")
-            return policy.with_network(network, label, OrtEngine(quantize_static_int8(model, calibration)))
+            return policy.with_network(network, label, OrtEngine(quantize_static_int8(model, calibration, config.int8_weights)))
         engine = OrtEngine(quantize_dynamic_int8(model, config.int8_weights), per_row=True)
         return policy.with_network(simulate_dynamic_int8(network, config.int8_weights), label, engine)
     # simulated n-bit

@@ -82,10 +82,11 @@ def quantize_dynamic_int8(model: bytes, weights: str = "asymmetric") -> bytes:
     """8-bit weights per tensor and uint8 activations quantized per call.
 
     ``weights="asymmetric"``: uint8 with a zero point (the affine scheme, the kind the
-    paper used). ``"symmetric"``: int8 with zero point 0, the u8 x s8 VNNI fast path
-    (about 2x faster on the 3 x 2048 MLP here) but coarser for lopsided weight
-    distributions: it flips the greedy action of the zoo's DQN CartPole often enough to
-    drop its return from 500 to ~140."""
+    paper used); exact integer arithmetic on every x86 CPU. ``"symmetric"``: int8 with
+    zero point 0, the u8 x s8 fast path (about 2x faster on the 3 x 2048 MLP), but
+    coarser for lopsided weight distributions (it drops the zoo's DQN CartPole from 500
+    to ~140) and, on CPUs without VNNI (see :func:`has_vnni`), inexact: the kernels sum
+    u8 x s8 pairs into saturating int16."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     weight_type = {"asymmetric": QuantType.QUInt8, "symmetric": QuantType.QInt8}[weights]
@@ -97,9 +98,10 @@ def quantize_dynamic_int8(model: bytes, weights: str = "asymmetric") -> bytes:
         return dst.read_bytes()
 
 
-def quantize_static_int8(model: bytes, calibration: np.ndarray) -> bytes:
-    """QDQ int8 with per-channel weights and activation ranges from ``calibration``
-    (a batch of preprocessed observations)."""
+def quantize_static_int8(model: bytes, calibration: np.ndarray, weights: str = "asymmetric") -> bytes:
+    """QDQ 8-bit with per-channel weights and uint8 activation ranges from
+    ``calibration`` (a batch of preprocessed observations); ``weights`` as in
+    :func:`quantize_dynamic_int8`."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -120,9 +122,20 @@ def quantize_static_int8(model: bytes, calibration: np.ndarray) -> bytes:
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
+            weight_type={"asymmetric": QuantType.QUInt8, "symmetric": QuantType.QInt8}[weights],
         )
         return dst.read_bytes()
+
+
+def has_vnni() -> bool:
+    """Whether the CPU has VNNI dot-product instructions. Without them ONNX Runtime's
+    u8 x s8 kernels (symmetric int8 weights) sum pairs into saturating int16 and lose
+    exactness; u8 x u8 (asymmetric weights) stays exact."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags or "asimddp" in flags
 
 
 def has_conv(network: nn.Module) -> bool:

@@ -1,0 +1,178 @@
+"""Every real backend against its simulated reference, and the quantize() entry point."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.evaluation import evaluate
+from quarl.policies.base import Policy
+from quarl.policies.sb3 import load_checkpoint
+from quarl.quant.api import quantize, quantize_weights
+from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx, has_vnni, quantize_dynamic_int8
+from quarl.quant.backends.reference import simulate_dynamic_int8
+from quarl.quant.config import QuantConfig
+from quarl.quant.primitives import quantize_dequantize
+from tests.conftest import zoo_run
+
+
+def _rollout_states(run, n: int = 2000) -> tuple[Policy, np.ndarray]:
+    ckpt = load_checkpoint(run)
+    result = evaluate(ckpt.policy, ckpt.env_spec, episodes=4, seed=123, keep_observations=n)
+    return ckpt.policy, result.observations
+
+
+@pytest.mark.parametrize(
+    "algo,env",
+    [("dqn", "CartPole-v1"), ("ppo", "LunarLander-v2"), ("sac", "Pendulum-v1"), ("ppo", "HalfCheetah-v3")],
+)
+@pytest.mark.parametrize("weights", ["asymmetric", "symmetric"])
+def test_int8_engine_matches_simulated_reference_on_rollout(algo: str, env: str, weights: str) -> None:
+    if weights == "symmetric" and not has_vnni():
+        pytest.skip("u8 x s8 kernels saturate int16 sums on CPUs without VNNI: symmetric int8 is inexact here")
+    policy, states = _rollout_states(zoo_run(algo, env))
+    int8 = quantize(policy, QuantConfig("int8", int8_weights=weights))
+    real = int8.forward(states)
+    with torch.inference_mode():
+        ref = simulate_dynamic_int8(policy.network, weights)(torch.from_numpy(states)).numpy()
+    scale = np.abs(ref).max()
+    assert np.abs(real - ref).max() <= 1e-3 * scale  # int32 vs float accumulation only
+    a_real, a_ref = int8.postprocess(real), int8.postprocess(ref)
+    if policy.head == "argmax":
+        assert np.mean(a_real == a_ref) >= 0.99
+    else:
+        assert np.abs(a_real - a_ref).max() <= 1e-3 * np.abs(a_ref).max() + 1e-6
+
+
+def test_int8_runs_integer_kernels_and_is_smaller() -> None:
+    import onnx
+
+    net = nn.Sequential(nn.Linear(17, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 6))
+    fp32 = export_onnx(net, (17,))
+    int8 = quantize_dynamic_int8(fp32)
+    ops = {n.op_type for n in onnx.load_from_string(int8).graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+    assert len(int8) < 0.4 * len(fp32)
+
+
+def test_int8_rows_are_independent() -> None:
+    """Row-by-row dynamic quantization: a batch gives what batch-1 calls give."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 3))
+    engine = OrtEngine(quantize_dynamic_int8(export_onnx(net, (8,))), per_row=True)
+    x = np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32) * np.linspace(0.1, 10, 16)[:, None].astype(np.float32)
+    batch = engine(x)
+    single = np.concatenate([engine(x[i : i + 1]) for i in range(16)])
+    assert np.array_equal(batch, single)
+
+
+def test_cnn_int8_static_close_to_fp32() -> None:
+    torch.manual_seed(0)
+    from quarl.policies.sb3 import _features  # NatureCNN builder
+
+    sd = {}
+    ref_cnn = nn.Sequential(
+        nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 1), nn.ReLU()
+    )
+    for i, m in enumerate(ref_cnn):
+        if isinstance(m, nn.Conv2d):
+            sd[f"cnn.{i}.weight"], sd[f"cnn.{i}.bias"] = m.weight.detach(), m.bias.detach()
+    lin = nn.Linear(3136, 512)
+    sd["linear.0.weight"], sd["linear.0.bias"] = lin.weight.detach(), lin.bias.detach()
+    net = nn.Sequential(*_features(sd, "", (4, 84, 84)), nn.Linear(512, 6))
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    policy = Policy(net, space, gym.spaces.Discrete(6), "argmax", scale_images=True)
+    rng = np.random.default_rng(0)
+    # smooth "frames": random blobs, so that activations have structure
+    base = rng.integers(0, 256, (64, 4, 21, 21)).astype(np.float32)
+    frames = np.repeat(np.repeat(base, 4, axis=2), 4, axis=3).astype(np.uint8)
+    x = policy.preprocess(frames)
+    int8 = quantize(policy, QuantConfig("int8"), calibration=x[:32])
+    ref = policy.forward(x[32:])
+    got = int8.forward(x[32:])
+    # a random-init CNN sums 3136 noisy features into tiny outputs: judge by correlation
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.95
+    assert np.abs(got - ref).max() <= 0.25 * np.abs(ref).max()
+    with pytest.raises(QuarlError, match="calibration"):
+        quantize(policy, QuantConfig("int8"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_float_precisions_track_fp32(precision: str) -> None:
+    policy, states = _rollout_states(zoo_run("ppo", "HalfCheetah-v3"), 500)
+    q = quantize(policy, QuantConfig(precision))
+    tol = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}[precision]
+    ref = policy.forward(states)
+    assert np.abs(q.forward(states) - ref).max() <= tol * np.abs(ref).max()
+    assert q.precision == precision and policy.precision == "fp32"
+
+
+def test_nbit_policy_runs_rounded_weights() -> None:
+    policy, states = _rollout_states(zoo_run("ppo", "CartPole-v1"), 200)
+    cfg = QuantConfig("nbit", bits=4)
+    q = quantize(policy, cfg)
+    lin = [m for m in q.network if isinstance(m, nn.Linear)]
+    orig = [m for m in policy.network if isinstance(m, nn.Linear)]
+    for a, b in zip(lin, orig):
+        assert torch.equal(a.weight, quantize_dequantize(b.weight, 4, "quarl"))
+        assert torch.equal(a.bias, b.bias)
+        assert len(torch.unique(a.weight)) <= 2**4 + 1
+    with torch.inference_mode():
+        ref = q.network(torch.from_numpy(states)).numpy()
+    assert np.allclose(q.forward(states), ref, atol=1e-5)  # ONNX Runtime on the rounded weights
+
+
+def test_activation_quantization_uses_calibrated_ranges() -> None:
+    policy, states = _rollout_states(zoo_run("ppo", "CartPole-v1"), 300)
+    q = quantize(policy, QuantConfig("nbit", bits=3, activations=True), calibration=states)
+    with torch.inference_mode():
+        h = torch.from_numpy(states)
+        outs = []
+        for m in q.network:
+            h = m(h)
+            if type(m).__name__ == "ActivationFakeQuant":
+                outs.append(h)
+    assert len(outs) == 3
+    for o in outs:
+        assert len(torch.unique(o)) <= 2**3 + 1
+    with pytest.raises(QuarlError, match="calibration"):
+        quantize(policy, QuantConfig("nbit", bits=3, activations=True))
+
+
+def test_quantize_weights_leaves_input_untouched() -> None:
+    net = nn.Sequential(nn.Linear(3, 4))
+    before = net[0].weight.clone()
+    quantize_weights(net, QuantConfig("nbit", bits=2))
+    assert torch.equal(net[0].weight, before)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"precision": "int4"}, "unknown precision 'int4'"),
+        ({"precision": "nbit", "bits": 1}, r"bits=1 is out of range: allowed 2\.\.16"),
+        ({"precision": "nbit", "bits": 17}, r"bits=17 is out of range"),
+        ({"precision": "nbit", "scheme": "log"}, "unknown scheme 'log'"),
+        ({"precision": "nbit", "granularity": "row"}, "unknown granularity 'row'"),
+        ({"precision": "int8", "int8_weights": "int4"}, "unknown int8 weight format"),
+        ({"precision": "fp16", "activations": True}, "activations=True needs precision 'nbit'"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(QuarlError, match=message):
+        QuantConfig(**kwargs)
+
+
+def test_config_parse_labels() -> None:
+    assert QuantConfig.parse("INT8").precision == "int8"
+    assert QuantConfig.parse("int4") == QuantConfig("nbit", bits=4)
+    assert QuantConfig.parse("int4").label == "q4"
+    with pytest.raises(QuarlError, match="unknown precision 'fp8'"):
+        QuantConfig.parse("fp8")
+    with pytest.raises(QuarlError, match="out of range"):
+        QuantConfig.parse("int1")
