@@ -41,7 +41,7 @@ def _setup(verbose: bool = False) -> None:
         handlers=[RichHandler(console=console, show_path=False, show_time=False)],
         force=True,
     )
-    logging.getLogger("quarl").setLevel(logging.INFO)
+    logging.getLogger("quarl").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -100,12 +100,18 @@ def _progress() -> Progress:
 
 
 def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
-    from quarl.envs import check_env_id
+    from quarl.envs import check_env_id, make_env
     from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 
+    if env is not None:
+        check_env_id(env)
     ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
     spec = resolve_env_spec(ckpt, env)
-    check_env_id(spec.env_id)
+    probe = make_env(spec)  # fail before any work when the env does not fit the policy
+    try:
+        ckpt.policy.check_env(probe)
+    finally:
+        probe.close()
     return ckpt, spec
 
 

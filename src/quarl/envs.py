@@ -45,6 +45,7 @@ _WRAPPER_NAMES = {
 }
 
 _registered_ale = False
+_noted: set[str] = set()
 
 
 def _register_ale() -> None:
@@ -66,8 +67,9 @@ def current_env_id(env_id: str) -> str:
     else:
         m = re.fullmatch(r"(\w+)-v([23])", env_id)
         new = f"{m.group(1)}-v4" if m and m.group(1) in _MUJOCO else env_id
-    if new != env_id:
-        log.info("env %s is run as %s (the old id needs a gym release that is gone)", env_id, new)
+    if new != env_id and env_id not in _noted:
+        _noted.add(env_id)
+        log.warning("note: env %s is run as %s (the old id needs a gym release that is gone)", env_id, new)
     return new
 
 

@@ -1,0 +1,123 @@
+"""The ``quarl`` command end to end on a policy trained inside the test suite, and its
+one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import zoo_run
+
+
+def quarl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "quarl.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+    )
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ptq"
+    r = quarl("ptq", str(tiny_run), "--env", "CartPole-v1", "--episodes", "4", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(out / "ptq.csv")
+    assert [row["precision"] for row in rows] == ["fp32", "fp16", "bf16", "int8"]
+    assert float(rows[0]["E%"]) == 0.0
+    for row in rows:
+        mean = float(row["mean"])
+        assert 8 <= mean <= 500
+        e = float(row["E%"])
+        assert abs(e - 100 * (float(rows[0]["mean"]) - mean) / float(rows[0]["mean"])) < 0.01
+    assert "precision" in r.stdout and "int8" in r.stdout
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(len(rec["returns"]) == 4 for rec in records)
+
+    sweep_out = tmp_path / "sweep"
+    r = quarl("sweep", str(tiny_run), "--bits", "8,4,2", "--episodes", "3", "--out", str(sweep_out))
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(sweep_out / "sweep.csv")
+    assert [row["precision"] for row in rows] == ["fp32", "q8", "q4", "q2"]
+    assert [int(row["bits"]) for row in rows] == [32, 8, 4, 2]
+    assert (sweep_out / "sweep.png").stat().st_size > 10_000
+
+    analyze_out = tmp_path / "analyze"
+    r = quarl("analyze", str(tiny_run), "--bits", "8,4,2", "--out", str(analyze_out))
+    assert r.returncode == 0, r.stderr
+    stats = read_csv(analyze_out / "weights.csv")
+    assert [s["layer"] for s in stats] == ["0", "2", "4"]
+    assert all(float(s["range"]) > 0 and float(s["std"]) > 0 for s in stats)
+    kl = read_csv(analyze_out / "kl.csv")
+    for layer in ("0", "2", "4"):
+        by_bits = {int(k["bits"]): float(k["kl"]) for k in kl if k["layer"] == layer}
+        assert by_bits[2] > by_bits[4] > by_bits[8] >= 0  # fewer bits, further from fp32
+    assert (analyze_out / "histograms.png").exists() and (analyze_out / "kl.png").exists()
+
+
+def test_sweep_resumes_from_recorded_cells(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    assert quarl("sweep", str(tiny_run), "--bits", "6", "--episodes", "2", "--out", str(out)).returncode == 0
+    log = out / "results.jsonl"
+    first = log.read_text().splitlines()
+    # poison the recorded q6 cell: a resumed run must reuse it instead of recomputing
+    cell = json.loads(first[1])
+    cell["mean"] = 12345.0
+    log.write_text(first[0] + "\n" + json.dumps(cell) + "\n" + '{"truncated": tr')
+    r = quarl("sweep", str(tiny_run), "--bits", "6,3", "--episodes", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {row["precision"]: row for row in read_csv(out / "sweep.csv")}
+    assert float(rows["q6"]["mean"]) == 12345.0
+    assert "q3" in rows and float(rows["q3"]["mean"]) != 12345.0
+
+
+def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
+    zoo_run("ppo", "CartPole-v1")
+    from tests.conftest import ZOO
+
+    small = tmp_path / "zoo" / "ppo"
+    small.mkdir(parents=True)
+    (small / "CartPole-v1_1").symlink_to(ZOO / "ppo" / "CartPole-v1_1")
+    r = quarl("demo", "--zoo", str(tmp_path / "zoo"), "--episodes", "3", "--out", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(tmp_path / "demo" / "table.csv")
+    assert rows == [
+        {"policy": "ppo CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "int8": "500.0", "E_int8%": "0.0"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["ptq", "{run}", "--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (["ptq", "{missing}"], "does not exist"),
+        (["ptq", "{corrupt}", "--env", "CartPole-v1"], "not a zip file"),
+        (["ptq", "{run}", "--env", "Pendulum-v1"], "observations of shape (3,) but the policy expects (4,)"),
+        (["ptq", "{run}", "--precisions", "fp32,int3x"], "unknown precision 'int3x'"),
+        (["ptq", "{run}", "--precisions", "int1"], "bits=1 is out of range: allowed 2..16"),
+        (["sweep", "{run}", "--bits", "8,17"], "bits '17' is out of range: allowed integers 2..16"),
+        (["sweep", "{run}", "--scheme", "log"], "unknown scheme 'log'"),
+        (["ptq", "{run}", "--episodes", "0"], "--episodes 0 must be at least 1"),
+        (["ptq", "{bare}"], "bare checkpoint: pass --env ENV_ID"),
+    ],
+)
+def test_bad_input_gives_one_line(tiny_run: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    corrupt = tmp_path / "corrupt.zip"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    bare = tmp_path / "bare.zip"
+    bare.write_bytes((tiny_run / "CartPole-v1.zip").read_bytes())
+    paths = {"run": tiny_run, "missing": tmp_path / "nope.zip", "corrupt": corrupt, "bare": bare}
+    r = quarl(*[a.format(**paths) for a in args])
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert message in lines[0] and "Traceback" not in r.stderr

@@ -1,0 +1,88 @@
+"""Seeded evaluation: deterministic, independent of batching, and the zoo's rewards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
+from quarl.errors import QuarlError
+from quarl.evaluation import evaluate
+from quarl.policies.sb3 import load_checkpoint
+from quarl.quant.api import quantize
+from quarl.quant.config import QuantConfig
+from tests.conftest import zoo_run
+
+
+def test_same_numbers_twice_and_for_any_batch_size() -> None:
+    ckpt = load_checkpoint(zoo_run("ppo", "LunarLander-v2"))
+    a = evaluate(ckpt.policy, ckpt.env_spec, episodes=6, seed=5, n_envs=3)
+    b = evaluate(ckpt.policy, ckpt.env_spec, episodes=6, seed=5, n_envs=3)
+    c = evaluate(ckpt.policy, ckpt.env_spec, episodes=6, seed=5, n_envs=1)
+    assert np.array_equal(a.returns, b.returns) and np.array_equal(a.lengths, b.lengths)
+    assert np.allclose(a.returns, c.returns)  # episode i always gets seed + i
+    d = evaluate(ckpt.policy, ckpt.env_spec, episodes=6, seed=6, n_envs=3)
+    assert np.allclose(a.returns[1:], d.returns[:-1])  # shifted seeds, shifted episodes
+
+
+def test_int8_evaluation_is_deterministic() -> None:
+    ckpt = load_checkpoint(zoo_run("sac", "Pendulum-v1"))
+    policy = quantize(ckpt.policy, QuantConfig("int8"))
+    a = evaluate(policy, ckpt.env_spec, episodes=4, seed=0, n_envs=4)
+    b = evaluate(policy, ckpt.env_spec, episodes=4, seed=0, n_envs=2)
+    assert np.array_equal(a.returns, b.returns)
+
+
+def test_max_steps_truncates() -> None:
+    ckpt = load_checkpoint(zoo_run("ppo", "CartPole-v1"))
+    r = evaluate(ckpt.policy, ckpt.env_spec, episodes=3, max_steps=37)
+    assert r.lengths.tolist() == [37, 37, 37]
+
+
+def test_env_that_does_not_fit_the_policy() -> None:
+    ckpt = load_checkpoint(zoo_run("ppo", "CartPole-v1"))
+    with pytest.raises(QuarlError, match=r"observations of shape \(3,\) but the policy expects \(4,\)"):
+        evaluate(ckpt.policy, EnvSpec("Pendulum-v1"), episodes=1)
+    continuous = load_checkpoint(zoo_run("ppo", "MountainCarContinuous-v0")).policy
+    with pytest.raises(QuarlError, match=r"env 'MountainCar-v0' has action space Discrete\(3\)"):
+        evaluate(continuous, EnvSpec("MountainCar-v0"), episodes=1)
+
+
+def test_env_ids() -> None:
+    assert current_env_id("HalfCheetah-v3") == "HalfCheetah-v4"
+    assert current_env_id("LunarLander-v2") == "LunarLander-v3"
+    assert current_env_id("CartPole-v1") == "CartPole-v1"
+    with pytest.raises(QuarlError, match=r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"):
+        check_env_id("CartPol-v1")
+
+
+def test_atari_env_gives_stacked_84x84_frames() -> None:
+    env = make_env(EnvSpec("BreakoutNoFrameskip-v4", wrappers=("atari",), frame_stack=4))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert not obs[:3].any() and obs[3].any()  # zero padding before the first frame, as VecFrameStack
+    env.close()
+
+
+# Published RL Zoo results (benchmark.md): mean +/- std; the policy must land within them.
+ZOO_RESULTS = [
+    ("ppo", "HalfCheetah-v3", 5819.0, 663.0),
+    ("ppo", "LunarLander-v2", 242.0, 32.0),
+    ("ppo", "MountainCarContinuous-v0", 88.3, 2.6),
+    ("sac", "Pendulum-v1", -157.0, 91.0),
+]
+
+
+@pytest.mark.parametrize("algo,env,mean,std", ZOO_RESULTS)
+def test_zoo_policies_reach_published_reward(algo: str, env: str, mean: float, std: float) -> None:
+    ckpt = load_checkpoint(zoo_run(algo, env))
+    result = evaluate(ckpt.policy, ckpt.env_spec, episodes=20 if env != "HalfCheetah-v3" else 10, seed=0)
+    assert result.mean >= mean - std, result.returns
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
+def test_cartpole_reaches_500_at_fp32_and_int8(algo: str) -> None:
+    ckpt = load_checkpoint(zoo_run(algo, "CartPole-v1"))
+    for config in (QuantConfig("fp32"), QuantConfig("int8")):
+        result = evaluate(quantize(ckpt.policy, config), ckpt.env_spec, episodes=10, seed=0)
+        assert result.mean == 500.0, (config.label, result.returns)
