@@ -1,0 +1,176 @@
+"""Inference latency of the policy networks at every precision, side by side, and the
+evaluation throughput of ``quarl ptq``.
+
+Run: ``.venv/bin/python benchmarks/bench_inference.py`` (one thread, median of repeated
+calls, random weights; ~2 minutes). Prints one table per policy with the speedup of each
+path over PyTorch fp32 at batch 1 and batch 256, then env steps per second of the
+evaluation loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+import warnings
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from quarl.quant.backends.onnxruntime import (  # noqa: E402
+    OrtEngine,
+    export_onnx,
+    has_vnni,
+    quantize_dynamic_int8,
+    quantize_static_int8,
+)
+from quarl.quant.backends.torch_backend import TorchEngine  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def mlp(sizes: list[int], act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), act()]
+    return nn.Sequential(*layers[:-1]).eval()
+
+
+def nature_cnn(n_actions: int = 6) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, n_actions),
+    ).eval()
+
+
+def median_us(fn, x: np.ndarray, budget_s: float) -> float:
+    for _ in range(3):
+        fn(x)
+    times = []
+    deadline = time.perf_counter() + budget_s
+    while time.perf_counter() < deadline or len(times) < 5:
+        t = time.perf_counter()
+        fn(x)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e6
+
+
+def engines(net: nn.Module, shape: tuple[int, ...], calib: np.ndarray) -> dict[str, object]:
+    conv = any(isinstance(m, nn.Conv2d) for m in net.modules())
+    onnx_fp32 = export_onnx(net, shape)
+    out: dict[str, object] = {
+        "torch fp32": TorchEngine(net),
+        "torch fp16": TorchEngine(mlp_copy(net).half(), torch.float16),
+        "torch bf16": TorchEngine(mlp_copy(net).bfloat16(), torch.bfloat16),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if conv:
+            from torch.ao.quantization import get_default_qconfig_mapping
+            from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+            prepared = prepare_fx(mlp_copy(net), get_default_qconfig_mapping("x86"), (torch.from_numpy(calib[:1]),))
+            with torch.inference_mode():
+                prepared(torch.from_numpy(calib))
+            out["torch int8 (static fx)"] = TorchEngine(convert_fx(prepared))
+        else:
+            out["torch int8 (dynamic)"] = TorchEngine(
+                torch.ao.quantization.quantize_dynamic(mlp_copy(net), {nn.Linear}, dtype=torch.qint8)
+            )
+    out["ORT fp32"] = OrtEngine(onnx_fp32)
+    if conv:
+        out["ORT int8 u8 (quarl)"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "asymmetric"))
+        out["ORT int8 s8"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "symmetric"))
+    else:
+        out["ORT int8 u8 (quarl)"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "asymmetric"))
+        out["ORT int8 s8"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "symmetric"))
+    return out
+
+
+def mlp_copy(net: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(net)
+
+
+def bench_policy(name: str, net: nn.Module, shape: tuple[int, ...], batches: list[int], budget: float) -> None:
+    rng = np.random.default_rng(0)
+    calib = rng.uniform(0, 1, (32, *shape)).astype(np.float32)
+    table = engines(net, shape, calib)
+    print(f"\n## {name}  (input {shape}, {sum(p.numel() for p in net.parameters()) / 1e6:.2f} M params)")
+    header = "| path | " + " | ".join(f"batch {b} (us) | x fp32" for b in batches) + " |"
+    print(header)
+    print("|" + "---|" * (1 + 2 * len(batches)))
+    base: dict[int, float] = {}
+    for label, engine in table.items():
+        cells = []
+        for b in batches:
+            x = rng.uniform(0, 1, (b, *shape)).astype(np.float32)
+            us = median_us(engine, x, budget if b == 1 else budget * 2)
+            base.setdefault(b, us)
+            cells.append(f"{us:,.1f} | {base[b] / us:.2f}x")
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
+def bench_evaluation(episodes: int) -> None:
+    from pathlib import Path
+
+    import gymnasium as gym
+
+    from quarl.envs import EnvSpec
+    from quarl.evaluation import evaluate
+    from quarl.policies.base import Policy
+    from quarl.quant.api import quantize
+    from quarl.quant.config import QuantConfig
+
+    zoo = Path(__file__).resolve().parents[1].parent / "shared" / "zoo" / "ppo" / "CartPole-v1_1"
+    if zoo.exists():
+        from quarl.policies.sb3 import load_checkpoint
+
+        policy, source = load_checkpoint(zoo).policy, "RL Zoo ppo CartPole-v1"
+    else:
+        env = gym.make("CartPole-v1")
+        policy = Policy(mlp([4, 64, 64, 2], nn.Tanh), env.observation_space, env.action_space, "argmax")
+        source = "random 64x64 policy"
+    spec = EnvSpec("CartPole-v1")
+    env = gym.make("CartPole-v1")
+    env.reset(seed=0)
+    steps, t = 0, time.perf_counter()
+    while steps < 50_000:
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        steps += 1
+        if term or trunc:
+            env.reset()
+    env_only = steps / (time.perf_counter() - t)
+    print(f"\n## evaluation throughput, {source}, {episodes} episodes (env steps / s)")
+    print("| precision | n_envs=1 | n_envs=8 |")
+    print("|---|---|---|")
+    for label in ("fp32", "fp16", "int8"):
+        q = quantize(policy, QuantConfig.parse(label))
+        cells = [f"{evaluate(q, spec, episodes=episodes, n_envs=n).steps_per_s:,.0f}" for n in (1, 8)]
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+    print(f"| (CartPole env alone, random actions) | {env_only:,.0f} | |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=0.5, help="seconds of timing per cell")
+    parser.add_argument("--episodes", type=int, default=20)
+    args = parser.parse_args()
+    import onnxruntime
+
+    print(f"# quarl inference benchmark: {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, VNNI: {has_vnni()}, torch {torch.__version__}, "
+          f"onnxruntime {onnxruntime.__version__}, 1 thread")
+    bench_policy("CartPole policy 64x64 (tanh)", mlp([4, 64, 64, 2], nn.Tanh), (4,), [1, 256], args.budget)
+    bench_policy("ActorQ policy 3 x 2048", mlp([17, 2048, 2048, 2048, 6]), (17,), [1, 256], args.budget)
+    bench_policy("NatureCNN 4x84x84", nature_cnn(), (4, 84, 84), [1, 256], args.budget)
+    bench_evaluation(args.episodes)
+
+
+if __name__ == "__main__":
+    main()
