@@ -121,3 +121,24 @@ def test_bad_input_gives_one_line(tiny_run: Path, tmp_path: Path, args: list[str
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, r.stderr
     assert message in lines[0] and "Traceback" not in r.stderr
+
+
+def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
+    """A NatureCNN policy (random init, Breakout's 4 actions) on the real ALE env with the
+    standard Atari wrappers and 4 stacked frames, evaluated at fp32 and static int8."""
+    import stable_baselines3 as sb3
+
+    from tests.test_sb3_loader import ImageEnv
+
+    model = sb3.PPO("CnnPolicy", ImageEnv(), seed=0, device="cpu", n_steps=16, batch_size=16)
+    model.save(tmp_path / "cnn.zip")
+    out = tmp_path / "out"
+    r = quarl(
+        "ptq", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--precisions", "int8",
+        "--episodes", "2", "--max-steps", "150", "--out", str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(out / "ptq.csv")
+    assert [row["precision"] for row in rows] == ["fp32", "int8"]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(0 < min(rec["lengths"]) and max(rec["lengths"]) <= 150 for rec in records)

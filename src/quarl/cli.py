@@ -140,6 +140,9 @@ MaxStepsOpt = typer.Option(None, "--max-steps", help="cut episodes after this ma
 OutOpt = typer.Option(None, "--out", help="output folder (default results/<command>/<policy>)")
 TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
 VerboseOpt = typer.Option(False, "--verbose", "-v")
+BitsOpt = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16")
+SchemeOpt = typer.Option("quarl", help="quarl (paper, unclamped), affine or symmetric")
+GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel")
 
 
 @app.command()
@@ -187,9 +190,9 @@ def ptq(
 def sweep(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
-    bits: str = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16"),
-    scheme: str = typer.Option("quarl", help="quarl (paper, unclamped), affine or symmetric"),
-    granularity: str = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel"),
+    bits: str = BitsOpt,
+    scheme: str = SchemeOpt,
+    granularity: str = GranularityOpt,
     episodes: int = EpisodesOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
@@ -234,9 +237,9 @@ def sweep(
 @user_errors
 def analyze(
     checkpoint: Path = CheckpointArg,
-    bits: str = typer.Option("8,7,6,5,4,3,2", help="widths for the KL divergence"),
-    scheme: str = typer.Option("quarl", help="quarl, affine or symmetric"),
-    granularity: str = typer.Option("auto", help="auto, tensor or channel"),
+    bits: str = BitsOpt,
+    scheme: str = SchemeOpt,
+    granularity: str = GranularityOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
@@ -123,7 +124,8 @@ def _calibration(policy: Policy, env_spec: EnvSpec, settings: EvalSettings) -> n
         max_steps=settings.max_steps,
         keep_observations=CALIBRATION_SIZE,
     )
-    assert result.observations is not None
+    if result.observations is None:
+        raise QuarlError(f"no observations to calibrate on: {env_spec.env_id} episodes ended at once")
     return result.observations
 
 
