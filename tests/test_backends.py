@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.policies.base import Policy

@@ -387,7 +387,6 @@ def resolve_env_spec(checkpoint: Checkpoint, env_id: str | None) -> EnvSpec:
         return spec
     if spec is not None and current_env_id(env_id) == spec.env_id:
         return spec
-    base = env_spec_for_policy(env_id, checkpoint.policy.input_shape)
     if spec is not None:  # another version of the zoo env: keep its wrappers
         return EnvSpec(current_env_id(env_id), spec.env_kwargs, spec.wrappers, spec.frame_stack)
-    return base
+    return env_spec_for_policy(env_id, checkpoint.policy.input_shape)
