@@ -142,3 +142,12 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     assert [row["precision"] for row in rows] == ["fp32", "int8"]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all(0 < min(rec["lengths"]) and max(rec["lengths"]) <= 150 for rec in records)
+
+
+def test_sweep_with_activation_quantization(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "act"
+    r = quarl("sweep", str(tiny_run), "--bits", "8,2", "--activations", "--episodes", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [rec.get("activations") for rec in records] == [None, True, True]
+    assert "weights and activations" in r.stdout

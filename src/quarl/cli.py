@@ -193,6 +193,7 @@ def sweep(
     bits: str = BitsOpt,
     scheme: str = SchemeOpt,
     granularity: str = GranularityOpt,
+    activations: bool = typer.Option(False, "--activations", help="also quantize layer outputs (calibrated ranges)"),
     episodes: int = EpisodesOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
@@ -214,7 +215,8 @@ def sweep(
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)  # validates both
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    out = out or _default_out("sweep", checkpoint, spec.env_id) / f"{scheme}-{granularity}"
+    variant = f"{scheme}-{granularity}" + ("-act" if activations else "")
+    out = out or _default_out("sweep", checkpoint, spec.env_id) / variant
     labels = ["fp32", *(f"q{n}" for n in widths)]
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in labels}
@@ -227,9 +229,11 @@ def sweep(
             scheme,
             granularity,
             progress=lambda c, n: bar.update(tasks[c], completed=n),
-            title=f"{ckpt.algo} {spec.env_id} ({scheme}, {granularity})",
+            title=f"{ckpt.algo} {spec.env_id} ({variant})",
+            activations=activations,
         )
-    print_table(ptq_rows(records), f"{ckpt.algo} {spec.env_id}: n-bit weights ({scheme}, {granularity})", out_console)
+    what = "weights and activations" if activations else "weights"
+    print_table(ptq_rows(records), f"{ckpt.algo} {spec.env_id}: n-bit {what} ({scheme}, {granularity})", out_console)
     out_console.print(f"wrote {out}/sweep.csv, sweep.png")
 
 

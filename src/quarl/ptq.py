@@ -161,13 +161,16 @@ def run_sweep(
     granularity: str = "auto",
     progress: Progress | None = None,
     title: str = "",
+    activations: bool = False,
 ) -> list[dict[str, Any]]:
-    """Evaluate fp32 and simulated n-bit weights for each width; write
+    """Evaluate fp32 and simulated n-bit weights (and layer outputs, when
+    ``activations``, with ranges calibrated on fp32 rollouts) for each width; write
     ``sweep.{csv,md,json}`` and ``sweep.png``."""
     cells = [Cell("fp32", QuantConfig())]
     for n in bits:
-        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity)
-        cells.append(Cell(config.label, config, {"bits": n, "scheme": scheme, "granularity": granularity}))
+        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations)
+        key = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
+        cells.append(Cell(config.label, config, key))
     records = _run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
     rows = ptq_rows(records)
     for row, record in zip(rows, records):
