@@ -49,11 +49,15 @@ def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
 
 
 class ActivationFakeQuant(nn.Module):
-    """Fake-quantizes a layer's output to ``bits`` within a fixed calibrated range."""
+    """Fake-quantizes a layer's output to ``bits`` within a fixed calibrated range.
 
-    def __init__(self, lo: float, hi: float, bits: int, scheme: str) -> None:
+    Activations always use the clamped affine scheme: values outside the monitored range
+    saturate at its ends (TensorFlow's FakeQuantWithMinMaxVars), whatever scheme the
+    weights use; the paper's unclamped scheme would let the grid grow past 2^n levels."""
+
+    def __init__(self, lo: float, hi: float, bits: int) -> None:
         super().__init__()
-        self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, scheme)
+        self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, "affine")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fake_quantize(x, self.qp)
@@ -84,7 +88,7 @@ def _with_activation_quant(network: nn.Module, ranges: dict, config: QuantConfig
         name = names.get(id(module))
         if name in ranges:
             lo, hi = ranges[name]
-            layers.append(ActivationFakeQuant(lo, hi, config.bits, config.scheme))
+            layers.append(ActivationFakeQuant(lo, hi, config.bits))
     return nn.Sequential(*layers)
 
 
