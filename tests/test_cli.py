@@ -151,3 +151,14 @@ def test_sweep_with_activation_quantization(tiny_run: Path, tmp_path: Path) -> N
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [rec.get("activations") for rec in records] == [None, True, True]
     assert "weights and activations" in r.stdout
+
+
+def test_demo_trains_a_policy_when_no_zoo_is_found(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = quarl(
+        "demo", "--zoo", str(tmp_path / "none"), "--train-steps", "1024", "--episodes", "2", "--out", str(out)
+    )
+    assert r.returncode == 0, r.stderr
+    assert (out / "trained" / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
+    rows = read_csv(out / "table.csv")
+    assert rows[0]["policy"] == "ppo CartPole-v1" and float(rows[0]["fp32"]) >= 8
