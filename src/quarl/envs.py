@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass, field
 
 import gymnasium as gym
-import numpy as np
 
 from quarl.errors import QuarlError
 
@@ -168,18 +167,3 @@ def env_spec_for_policy(env_id: str, obs_shape: tuple[int, ...]) -> EnvSpec:
     if is_atari(env_id) and len(obs_shape) == 3:
         return EnvSpec(env_id, wrappers=("atari",), frame_stack=int(obs_shape[0]))
     return EnvSpec(env_id)
-
-
-def observation_sample(spec: EnvSpec, n: int, seed: int = 0) -> np.ndarray:
-    """``n`` observations from random play (calibration data when no policy rollouts exist)."""
-    env = make_env(spec)
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    out = []
-    for _ in range(n):
-        out.append(obs)
-        obs, _, term, trunc, _ = env.step(env.action_space.sample())
-        if term or trunc:
-            obs, _ = env.reset()
-    env.close()
-    return np.stack(out)

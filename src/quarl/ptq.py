@@ -22,6 +22,7 @@ from quarl.evaluation import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.api import quantize
+from quarl.quant.backends.onnxruntime import has_conv
 from quarl.quant.config import QuantConfig
 from quarl.records import ResultsLog
 from quarl.reports import plot_sweep, ptq_rows, write_rows
@@ -77,7 +78,8 @@ def _run_cells(
             if progress:
                 progress(cell.label, settings.episodes)
             continue
-        if calibration is None and (cell.config.activations or cell.config.precision == "int8"):
+        static_int8 = cell.config.precision == "int8" and has_conv(policy.network)
+        if calibration is None and (cell.config.activations or static_int8):
             calibration = _calibration(policy, env_spec, settings)
         started = time.perf_counter()
         quantized = quantize(policy, cell.config, calibration=calibration)
@@ -142,7 +144,7 @@ def run_ptq(
     labels = list(dict.fromkeys(["fp32", *precisions]))
     cells = []
     for label in labels:
-        config = QuantConfig.parse(label, int8_weights=int8_weights) if label == "int8" else QuantConfig.parse(label)
+        config = QuantConfig.parse(label, int8_weights=int8_weights)
         extra = {"int8_weights": int8_weights} if label == "int8" else {}
         cells.append(Cell(label, config, extra))
     records = _run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 class ResultsLog:
@@ -39,10 +39,6 @@ class ResultsLog:
             fh.write(json.dumps(record, default=_plain) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-
-    def extend(self, records: Iterable[dict[str, Any]]) -> None:
-        for record in records:
-            self.append(record)
 
 
 def _plain(value: Any) -> Any:

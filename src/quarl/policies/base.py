@@ -14,10 +14,10 @@ from typing import Callable
 
 import gymnasium as gym
 import numpy as np
-import torch
 from torch import nn
 
 from quarl.errors import QuarlError
+from quarl.quant.backends.torch_backend import TorchEngine
 
 Engine = Callable[[np.ndarray], np.ndarray]
 
@@ -59,7 +59,7 @@ class Policy:
     precision: str = "fp32"
     """Label of the precision the engine runs at (set by quantize)."""
     engine: Engine | None = field(default=None, repr=False)
-    """Runs the network; ``None``: plain PyTorch fp32."""
+    """Runs the network; ``None`` at construction means plain PyTorch fp32."""
     meta: dict = field(default_factory=dict)
     """Where the policy came from (checkpoint path, env spec...)."""
 
@@ -68,6 +68,8 @@ class Policy:
             raise QuarlError(f"unknown action head {self.head!r}: allowed {', '.join(HEADS)}")
         self.network.eval()
         self.network.requires_grad_(False)
+        if self.engine is None:
+            self.engine = TorchEngine(self.network)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -85,10 +87,7 @@ class Policy:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Network output for a preprocessed float32 batch, through the engine."""
-        if self.engine is not None:
-            return self.engine(x)
-        with torch.inference_mode():
-            return self.network(torch.from_numpy(x)).numpy()
+        return self.engine(x)
 
     def postprocess(self, out: np.ndarray) -> np.ndarray:
         """Network output -> env actions (batch)."""
@@ -106,7 +105,7 @@ class Policy:
         """Deterministic actions for a batch of raw observations."""
         return self.postprocess(self.forward(self.preprocess(obs)))
 
-    def with_network(self, network: nn.Module, precision: str, engine: Engine | None) -> "Policy":
+    def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""
         return replace(self, network=network, precision=precision, engine=engine, meta=dict(self.meta))
 

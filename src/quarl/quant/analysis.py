@@ -11,8 +11,7 @@ from scipy import stats
 from torch import nn
 
 from quarl.policies.base import linear_layers
-from quarl.quant.config import QuantConfig
-from quarl.quant.primitives import quantize_dequantize
+from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 
 KL_BINS = 128
 KL_EPS = 1e-10
@@ -59,8 +58,7 @@ def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", g
     for name, layer in linear_layers(network):
         w = layer.weight.detach().float()
         for n in bits:
-            cfg = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity)
-            wq = quantize_dequantize(w, n, scheme, cfg.granularity_for(w.dim()))
+            wq = quantize_dequantize(w, n, scheme, resolve_granularity(granularity, w.dim()))
             ref, q = w.numpy().ravel(), wq.numpy().ravel()
             rows.append(
                 {

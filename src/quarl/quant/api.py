@@ -34,7 +34,13 @@ from quarl.quant.backends.onnxruntime import (
 from quarl.quant.backends.reference import simulate_dynamic_int8
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
-from quarl.quant.primitives import FLOAT_DTYPES, fake_quantize, qparams_from_range, quantize_dequantize
+from quarl.quant.primitives import (
+    FLOAT_DTYPES,
+    fake_quantize,
+    qparams_from_range,
+    quantize_dequantize,
+    resolve_granularity,
+)
 
 
 def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
@@ -44,7 +50,7 @@ def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
     with torch.no_grad():
         for _, layer in linear_layers(net):
             w = layer.weight
-            w.copy_(quantize_dequantize(w, config.bits, config.scheme, config.granularity_for(w.dim())))
+            w.copy_(quantize_dequantize(w, config.bits, config.scheme, resolve_granularity(config.granularity, w.dim())))
     return net
 
 

@@ -72,9 +72,3 @@ class QuantConfig:
         if self.precision == "nbit":
             return f"q{self.bits}"
         return self.precision
-
-    def granularity_for(self, layer_dim: int) -> str:
-        """Granularity for a weight of ``layer_dim`` dimensions (2: Linear, 4: Conv2d)."""
-        if self.granularity != "auto":
-            return self.granularity
-        return "channel" if layer_dim > 2 else "tensor"

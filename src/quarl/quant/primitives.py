@@ -60,6 +60,14 @@ def check_bits(bits: int) -> int:
     return bits
 
 
+def resolve_granularity(granularity: str, weight_dim: int) -> str:
+    """``auto`` is the paper's choice: per tensor for dense weights (2-d), per output
+    channel for convolutions (4-d); ``tensor`` / ``channel`` are kept as they are."""
+    if granularity != "auto":
+        return granularity
+    return "channel" if weight_dim > 2 else "tensor"
+
+
 def _reduce_dims(x: torch.Tensor, granularity: str, axis: int) -> tuple[int, ...] | None:
     if granularity == "tensor" or x.dim() == 0:
         return None

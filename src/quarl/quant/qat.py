@@ -24,7 +24,7 @@ from torch import nn
 
 from quarl.quant.api import ActivationFakeQuant
 from quarl.quant.observers import MinMaxObserver, MovingAverageMinMaxObserver
-from quarl.quant.primitives import check_bits, fake_quantize, qparams, qparams_from_range
+from quarl.quant.primitives import check_bits, fake_quantize, qparams, qparams_from_range, resolve_granularity
 
 
 class QATLayer(nn.Module):
@@ -69,7 +69,7 @@ def prepare_qat(network: nn.Module, bits: int, scheme: str = "quarl", granularit
     for module in list(net.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, (nn.Linear, nn.Conv2d)):
-                g = granularity if granularity != "auto" else ("channel" if child.weight.dim() > 2 else "tensor")
+                g = resolve_granularity(granularity, child.weight.dim())
                 setattr(module, name, QATLayer(child, bits, scheme, g))
     return net
 

@@ -156,7 +156,3 @@ class OrtEngine:
         if self.per_row and x.shape[0] > 1:
             return np.concatenate([run(None, {INPUT: x[i : i + 1]})[0] for i in range(x.shape[0])])
         return run(None, {INPUT: x})[0]
-
-    @property
-    def size_bytes(self) -> int:
-        return len(self.model)
