@@ -26,7 +26,8 @@ def zoo_run(algo: str, env: str) -> Path:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A PPO CartPole policy trained for a few seconds, saved as a zoo run folder."""
-    from quarl.training.sb3_train import CARTPOLE_PPO, train_zoo_run
+    from quarl.training.sb3_train import TrainConfig, train
 
     out = tmp_path_factory.mktemp("trained")
-    return train_zoo_run("ppo", "CartPole-v1", 4096, out, seed=0, hyperparams=CARTPOLE_PPO)
+    config = TrainConfig("ppo", "CartPole-v1", timesteps=4096, out=out, eval_freq=0, tensorboard=False)
+    return train(config).run_dir

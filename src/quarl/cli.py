@@ -276,6 +276,123 @@ def analyze(
     out_console.print(f"wrote {out}/weights.csv, kl.csv, histograms.png, kl.png")
 
 
+def _parse_overrides(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise QuarlError(f"--hp {item!r} is not KEY=VALUE (e.g. --hp n_envs=4)")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _check_count(name: str, value: Optional[int], minimum: int) -> None:
+    if value is not None and value < minimum:
+        raise QuarlError(f"{name} {value} must be at least {minimum}")
+
+
+AlgoArg = typer.Argument(..., help="a2c, ppo, dqn, ddpg, td3 or sac")
+EnvIdArg = typer.Argument(..., help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
+TimestepsOpt = typer.Option(None, "--timesteps", help="env steps (default: the RL Zoo's budget for this env)")
+HpOpt = typer.Option([], "--hp", help="override a zoo hyperparameter, KEY=VALUE (repeatable)")
+
+
+@app.command("train")
+@user_errors
+def train_cmd(
+    algo: str = AlgoArg,
+    env_id: str = EnvIdArg,
+    timesteps: Optional[int] = TimestepsOpt,
+    seed: int = SeedOpt,
+    out: Path = typer.Option(Path("runs"), "--out", help="run folders go to OUT/ALGO/ENV_N"),
+    precision: str = typer.Option("fp32", help="gradient updates in fp32, bf16 or fp16 (autocast)"),
+    qat_bits: Optional[int] = typer.Option(None, "--qat-bits", help="quantization-aware training at this width (2..16)"),
+    quant_delay: Optional[int] = typer.Option(None, "--quant-delay", help="QAT: fp32 steps first (default: half)"),
+    hp: list[str] = HpOpt,
+    eval_freq: int = typer.Option(10_000, help="evaluate every N env steps (0: never)"),
+    checkpoint_freq: int = typer.Option(0, help="checkpoint every N env steps (0: a tenth of the run)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the latest unfinished run from its checkpoint"),
+    episodes: int = typer.Option(10, "--episodes", help="episodes of the final evaluation"),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Train with Stable-Baselines3 and the RL Zoo's hyperparameters; save an RL Zoo run
+    folder (with TensorBoard logs and checkpoints) that ptq / sweep load as is.
+
+    Example: quarl train ppo CartPole-v1 --qat-bits 4 --timesteps 50000
+    """
+    _setup(verbose)
+    from quarl.evaluation import evaluate
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.quant.config import QATConfig
+    from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
+
+    _check_count("--timesteps", timesteps, 1)
+    _check_count("--episodes", episodes, 1)
+    overrides = _parse_overrides(hp)
+    total = resolve_timesteps(algo.lower(), env_id, timesteps, overrides)
+    qat = None
+    if qat_bits is not None:
+        _parse_bits(str(qat_bits))
+        _check_count("--quant-delay", quant_delay, 0)
+        qat = QATConfig(bits=qat_bits, quant_delay=quant_delay if quant_delay is not None else total // 2)
+    elif quant_delay is not None:
+        raise QuarlError("--quant-delay needs --qat-bits")
+    config = TrainConfig(algo.lower(), env_id, timesteps=total, seed=seed, out=out, precision=precision, qat=qat,
+                         hyperparams=overrides, eval_freq=eval_freq, checkpoint_freq=checkpoint_freq,
+                         progress_bar=True)
+    result = train(config, resume=resume)
+    ckpt = load_checkpoint(result.run_dir)
+    ev = evaluate(ckpt.policy, ckpt.env_spec, episodes=episodes, seed=seed + 100_000, n_envs=min(episodes, 8))
+    out_console.print(
+        f"saved {result.run_dir} ({result.timesteps} steps, {ckpt.policy.precision}): "
+        f"mean return {ev.mean:.2f} +/- {ev.std:.2f} over {episodes} episodes",
+        soft_wrap=True,
+    )
+
+
+@app.command()
+@user_errors
+def qat(
+    algo: str = AlgoArg,
+    env_id: str = EnvIdArg,
+    bits: str = typer.Option("8,6,4,3,2", help="comma list of widths in 2..16"),
+    quant_delay: Optional[int] = typer.Option(None, "--quant-delay", help="fp32 steps before quantizing (default: half)"),
+    timesteps: Optional[int] = TimestepsOpt,
+    seed: int = SeedOpt,
+    scheme: str = SchemeOpt,
+    hp: list[str] = HpOpt,
+    episodes: int = EpisodesOpt,
+    n_envs: int = NEnvsOpt,
+    out: Optional[Path] = OutOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Quantization-aware training against post-training quantization: trains an fp32
+    policy and one QAT policy per width (same budget and seed), evaluates PTQ of the fp32
+    one and each QAT one, and writes the table and the paper's QAT plot.
+
+    Example: quarl qat ppo CartPole-v1 --bits 8,4,2 --timesteps 40000 --episodes 10
+    """
+    _setup(verbose)
+    from quarl.qat_study import QATStudy, run_qat_study
+    from quarl.quant.config import QuantConfig
+    from quarl.reports import print_table
+
+    widths = _parse_bits(bits)
+    _check_count("--timesteps", timesteps, 1)
+    _check_count("--quant-delay", quant_delay, 0)
+    settings = _eval_settings(episodes, seed, n_envs, None)
+    study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,
+                     tuple(_parse_overrides(hp).items()))
+    QuantConfig(precision="nbit", scheme=scheme)  # validates the scheme before any training
+    out = out or Path("results") / "qat" / f"{algo.lower()}-{env_id.replace('/', '_')}"
+    rows = run_qat_study(study, settings, out, on_stage=lambda text: console.print(f"[bold]{text}[/bold]"),
+                         progress_bar=True)
+    print_table(rows, f"{algo} {env_id}: QAT vs PTQ, mean return over {episodes} episodes", out_console)
+    out_console.print(f"wrote {out}/qat.csv, qat.md, qat.json, qat.png")
+
+
 @app.command()
 @user_errors
 def demo(
@@ -301,10 +418,15 @@ def demo(
     settings = _eval_settings(episodes, 0, 8, None)
     runs = sorted(p for p in zoo.glob("*/*_*") if p.is_dir()) if zoo.is_dir() else []
     if not runs:
-        from quarl.training.sb3_train import CARTPOLE_PPO, train_zoo_run
+        from quarl.training.sb3_train import TrainConfig, train
 
-        console.print(f"no zoo agents under {zoo}: training PPO on CartPole-v1 for {train_steps} steps")
-        runs = [train_zoo_run("ppo", "CartPole-v1", train_steps, out / "trained", 0, CARTPOLE_PPO, progress_bar=True)]
+        run_dir = out / "trained" / "ppo" / "CartPole-v1_1"
+        if not (run_dir / "CartPole-v1.zip").exists():
+            console.print(f"no zoo agents under {zoo}: training PPO on CartPole-v1 for {train_steps} steps")
+            config = TrainConfig("ppo", "CartPole-v1", timesteps=train_steps, eval_freq=0, progress_bar=True,
+                                 run_dir=run_dir)
+            train(config)
+        runs = [run_dir]
     per_policy = {}
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:

@@ -57,9 +57,11 @@ class Cell:
     label: str
     config: QuantConfig
     extra: dict[str, Any] = field(default_factory=dict)
+    policy: Policy | None = None
+    """Evaluate this policy as it is (e.g. a QAT-trained one) instead of quantizing."""
 
 
-def _run_cells(
+def run_cells(
     policy: Policy,
     env_spec: EnvSpec,
     cells: Sequence[Cell],
@@ -79,10 +81,10 @@ def _run_cells(
                 progress(cell.label, settings.episodes)
             continue
         static_int8 = cell.config.precision == "int8" and has_conv(policy.network)
-        if calibration is None and (cell.config.activations or static_int8):
+        if cell.policy is None and calibration is None and (cell.config.activations or static_int8):
             calibration = _calibration(policy, env_spec, settings)
         started = time.perf_counter()
-        quantized = quantize(policy, cell.config, calibration=calibration)
+        quantized = cell.policy or quantize(policy, cell.config, calibration=calibration)
         build_s = time.perf_counter() - started
         finished = [0]
 
@@ -147,7 +149,7 @@ def run_ptq(
         config = QuantConfig.parse(label, int8_weights=int8_weights)
         extra = {"int8_weights": int8_weights} if label == "int8" else {}
         cells.append(Cell(label, config, extra))
-    records = _run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+    records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
     wanted = [r for r in records if r["precision"] in precisions or r["precision"] == "fp32"]
     write_rows(ptq_rows(wanted), out_dir, "ptq")
     return wanted
@@ -173,7 +175,7 @@ def run_sweep(
         config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations)
         key = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
         cells.append(Cell(config.label, config, key))
-    records = _run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+    records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
     rows = ptq_rows(records)
     for row, record in zip(rows, records):
         row["bits"] = record.get("bits", 32)

@@ -33,10 +33,13 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
-from quarl.policies.base import ObsNormalizer, Policy
+from quarl.policies.base import ObsNormalizer, Policy, linear_layers
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
 
 log = logging.getLogger(__name__)
+
+QAT_FILE = "qat.json"
+"""Written by quantization-aware training next to config.yml."""
 
 ALGOS = ("a2c", "ppo", "dqn", "qrdqn", "sac", "tqc", "td3", "ddpg")
 
@@ -115,11 +118,15 @@ def _sequential_linears(sd: dict[str, torch.Tensor], prefix: str) -> list[tuple[
     return sorted(found, key=lambda t: t[0])
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+def _linear(sd: dict[str, torch.Tensor], name: str) -> nn.Linear:
+    """The Linear layer stored under ``name`` in the state dict; it remembers that name
+    (``sb3_name``) so that per-layer state saved by name (QAT ranges) finds it again."""
+    weight, bias = sd[f"{name}.weight"], sd[f"{name}.bias"]
     layer = nn.Linear(weight.shape[1], weight.shape[0])
     with torch.no_grad():
         layer.weight.copy_(weight)
         layer.bias.copy_(bias)
+    layer.sb3_name = name
     return layer
 
 
@@ -128,8 +135,8 @@ def _mlp(sd: dict, prefix: str, activation: type[nn.Module], trailing: bool) -> 
     one when ``trailing``, as SB3's feature MLPs have)."""
     layers: list[nn.Module] = []
     linears = _sequential_linears(sd, prefix)
-    for i, (_, w, b) in enumerate(linears):
-        layers.append(_linear(w, b))
+    for i, (idx, _, _) in enumerate(linears):
+        layers.append(_linear(sd, f"{prefix}{idx}"))
         if trailing or i < len(linears) - 1:
             layers.append(activation())
     return layers
@@ -151,6 +158,7 @@ def _features(sd: dict, prefix: str, obs_shape: tuple[int, ...]) -> list[nn.Modu
         with torch.no_grad():
             conv.weight.copy_(w)
             conv.bias.copy_(sd[key[: -len("weight")] + "bias"])
+        conv.sb3_name = key[: -len(".weight")]
         layers += [conv, nn.ReLU()]
     layers.append(nn.Flatten())
     layers += _mlp(sd, prefix + "linear.", nn.ReLU, trailing=True)
@@ -212,9 +220,9 @@ def build_policy(
         layers = _features(sd, "actor.features_extractor.", obs_shape) + _mlp(sd, "actor.latent_pi.", act, True)
         if "actor.mu.0.weight" in sd:  # gSDE: mu = Sequential(Linear, Hardtanh(-clip_mean, clip_mean))
             clip_mean = float(policy_kwargs.get("clip_mean", 2.0))
-            layers += [_linear(sd["actor.mu.0.weight"], sd["actor.mu.0.bias"]), nn.Hardtanh(-clip_mean, clip_mean)]
+            layers += [_linear(sd, "actor.mu.0"), nn.Hardtanh(-clip_mean, clip_mean)]
         else:
-            layers.append(_linear(sd["actor.mu.weight"], sd["actor.mu.bias"]))
+            layers.append(_linear(sd, "actor.mu"))
         layers.append(nn.Tanh())
         head = "unscale"
     elif family == "td3":
@@ -226,7 +234,7 @@ def build_policy(
         layers = _features(sd, fe, obs_shape)
         layers += _mlp(sd, "mlp_extractor.shared_net.", act, True)
         layers += _mlp(sd, "mlp_extractor.policy_net.", act, True)
-        layers.append(_linear(sd["action_net.weight"], sd["action_net.bias"]))
+        layers.append(_linear(sd, "action_net"))
         head = "clip" if continuous else "argmax"
         if continuous and policy_kwargs.get("squash_output"):
             layers.append(nn.Tanh())
@@ -243,6 +251,7 @@ def build_policy(
         scale_images=image and bool(policy_kwargs.get("normalize_images", True)),
         n_quantiles=n_quantiles,
     )
+    policy.meta["layer_names"] = [getattr(m, "sb3_name", None) for _, m in linear_layers(policy.network)]
     _check_shapes(policy)
     return policy
 
@@ -356,6 +365,15 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
             if stats["norm_obs"]:
                 policy.obs_normalizer = ObsNormalizer(stats["mean"], stats["var"], stats["clip_obs"], stats["epsilon"])
         policy.meta["env_spec"] = env_spec
+        qat_file = config_dir / QAT_FILE
+        if qat_file.exists():  # a quantization-aware trained run: act as it was trained
+            from quarl.quant.api import from_qat_state
+
+            try:
+                state = json.loads(qat_file.read_text())
+            except json.JSONDecodeError:
+                raise QuarlError(f"{qat_file} is corrupt: not JSON") from None
+            policy = from_qat_state(policy, state)
     log.info("loaded %s %s policy from %s", algo, type(policy.action_space).__name__, path)
     return Checkpoint(policy=policy, env_spec=env_spec, algo=algo, path=path)
 

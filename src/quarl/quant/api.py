@@ -36,11 +36,12 @@ from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
 from quarl.quant.primitives import (
     FLOAT_DTYPES,
-    fake_quantize,
+    dequantize,
     qparams_from_range,
     quantize_dequantize,
     resolve_granularity,
 )
+from quarl.quant.primitives import quantize as quantize_codes
 
 
 def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
@@ -66,7 +67,8 @@ class ActivationFakeQuant(nn.Module):
         self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, "affine")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fake_quantize(x, self.qp)
+        # plain ops (no straight-through autograd function): inference only, and ONNX-exportable
+        return dequantize(quantize_codes(x, self.qp), self.qp)
 
 
 def calibrate_ranges(network: nn.Module, calibration: np.ndarray) -> dict[str, tuple[float, float]]:
@@ -84,7 +86,8 @@ def calibrate_ranges(network: nn.Module, calibration: np.ndarray) -> dict[str, t
     return ranges
 
 
-def _with_activation_quant(network: nn.Module, ranges: dict, config: QuantConfig) -> nn.Module:
+def with_activation_quant(network: nn.Module, ranges: dict[str, tuple[float, float]], bits: int) -> nn.Module:
+    """``network`` with an :class:`ActivationFakeQuant` after each layer named in ``ranges``."""
     if not isinstance(network, nn.Sequential):
         raise QuarlError("activation quantization needs a sequential network")
     layers: list[nn.Module] = []
@@ -94,7 +97,7 @@ def _with_activation_quant(network: nn.Module, ranges: dict, config: QuantConfig
         name = names.get(id(module))
         if name in ranges:
             lo, hi = ranges[name]
-            layers.append(ActivationFakeQuant(lo, hi, config.bits))
+            layers.append(ActivationFakeQuant(lo, hi, bits))
     return nn.Sequential(*layers)
 
 
@@ -125,6 +128,37 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
     if config.activations:
         if calibration is None:
             raise QuarlError("activation quantization needs calibration observations")
-        rounded = _with_activation_quant(rounded, calibrate_ranges(rounded, calibration), config)
+        rounded = with_activation_quant(rounded, calibrate_ranges(rounded, calibration), config.bits)
         return policy.with_network(rounded, label, TorchEngine(rounded))
     return policy.with_network(rounded, label, OrtEngine(export_onnx(rounded, shape)))
+
+
+def from_qat_state(policy: Policy, state: dict) -> Policy:
+    """The quantized policy a QAT run computed, from its fp32 master weights: each layer's
+    weights on the n-bit grid and its output fake-quantized within the monitored range,
+    exactly what the fake-quantized training network did.
+
+    ``state``: ``{"config": QATConfig fields, "enabled": bool, "layers": {name: {"quantize",
+    "out_min", "out_max"}}}`` keyed by each layer's ``sb3_name`` (set by the SB3 loader)."""
+    from quarl.quant.config import QATConfig
+    from quarl.quant.qat import QATLayer
+
+    config = QATConfig(**state["config"])
+    if not state.get("enabled"):
+        return policy
+    network = policy.clone_network()
+    ranges: dict[str, tuple[float, float]] = {}
+    for name, layer in linear_layers(network):
+        sb3_name = getattr(layer, "sb3_name", None)
+        saved = state["layers"].get(sb3_name)
+        if saved is None or not saved["quantize"]:
+            raise QuarlError(f"the QAT state has no quantized layer for {sb3_name or name!r}")
+        wrapper = QATLayer(layer, config.bits, config.scheme, resolve_granularity(config.granularity, layer.weight.dim()))
+        with torch.no_grad():
+            layer.weight.copy_(wrapper.quantized_weight())
+        if saved["out_min"] <= saved["out_max"]:
+            ranges[name] = (saved["out_min"], saved["out_max"])
+    network = with_activation_quant(network, ranges, config.bits)
+    quantized = policy.with_network(network, f"qat{config.bits}", TorchEngine(network))
+    quantized.meta["qat"] = dict(state["config"])
+    return quantized

@@ -72,3 +72,25 @@ class QuantConfig:
         if self.precision == "nbit":
             return f"q{self.bits}"
         return self.precision
+
+
+@dataclass(frozen=True)
+class QATConfig:
+    """How quantization-aware training runs (see :mod:`quarl.quant.qat`)."""
+
+    bits: int
+    """Width of weights and activations, 2..16."""
+    quant_delay: int
+    """Training steps of plain fp32 (ranges monitored) before fake quantization starts."""
+    scheme: str = "quarl"
+    """Weight scheme: quarl (the paper's), affine or symmetric. Activations are always
+    clamped affine within their monitored range."""
+    granularity: str = "auto"
+    """auto (tensor for dense, channel for conv, as the paper), tensor or channel."""
+    critic: bool = False
+    """Also fake-quantize the critic / value network (it does not act)."""
+
+    def __post_init__(self) -> None:
+        QuantConfig(precision="nbit", bits=self.bits, scheme=self.scheme, granularity=self.granularity)
+        if isinstance(self.quant_delay, bool) or not isinstance(self.quant_delay, int) or self.quant_delay < 0:
+            raise QuarlError(f"quant delay {self.quant_delay!r} must be an integer >= 0")

@@ -18,6 +18,8 @@ through (:func:`quarl.quant.primitives.fake_quantize`).
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -65,13 +67,37 @@ class QATLayer(nn.Module):
 def prepare_qat(network: nn.Module, bits: int, scheme: str = "quarl", granularity: str = "auto") -> nn.Module:
     """A copy of ``network`` whose Linear / Conv2d layers are wrapped in :class:`QATLayer`
     (quantization off until :func:`set_quantization`)."""
-    net = copy.deepcopy(network)
-    for module in list(net.modules()):
+    return wrap_qat_(copy.deepcopy(network), bits, scheme, granularity)
+
+
+def wrap_qat_(network: nn.Module, bits: int, scheme: str = "quarl", granularity: str = "auto") -> nn.Module:
+    """Wrap ``network``'s Linear / Conv2d layers in place (their parameters stay the same
+    objects, so an optimizer built on them keeps working). Already wrapped layers are kept."""
+    for module in list(network.modules()):
+        if isinstance(module, QATLayer):
+            continue
         for name, child in list(module.named_children()):
             if isinstance(child, (nn.Linear, nn.Conv2d)):
                 g = resolve_granularity(granularity, child.weight.dim())
                 setattr(module, name, QATLayer(child, bits, scheme, g))
-    return net
+    return network
+
+
+@contextmanager
+def plain_layers(network: nn.Module) -> Iterator[None]:
+    """Temporarily put the wrapped layers back (state dicts then have the plain names that
+    any SB3 or quarl loader expects); the wrappers return on exit."""
+    swapped = []
+    for module in list(network.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, QATLayer):
+                setattr(module, name, child.layer)
+                swapped.append((module, name, child))
+    try:
+        yield
+    finally:
+        for module, name, child in swapped:
+            setattr(module, name, child)
 
 
 def qat_layers(network: nn.Module) -> list[QATLayer]:

@@ -1,64 +1,322 @@
-"""Train a Stable-Baselines3 agent and save it as an RL Zoo run folder
-(``DIR/algo/ENV_1/ENV.zip`` + ``DIR/algo/ENV_1/ENV/config.yml``, ``args.yml``) that
-:func:`quarl.policies.sb3.load_checkpoint` reads back as is."""
+"""Train a Stable-Baselines3 agent with the RL Zoo's hyperparameters, optionally with
+quantization-aware training and mixed precision, and save it as an RL Zoo run folder
+that :func:`quarl.policies.sb3.load_checkpoint` reads back as is::
+
+    OUT/ALGO/ENV_N/ENV.zip                  final weights (fp32 master copy)
+    OUT/ALGO/ENV_N/ENV/config.yml, args.yml the zoo entry used, the run's arguments
+    OUT/ALGO/ENV_N/ENV/vecnormalize.pkl     when the zoo normalizes observations
+    OUT/ALGO/ENV_N/ENV/qat.json             QAT runs: bits, scheme, monitored ranges
+    OUT/ALGO/ENV_N/checkpoints/             periodic checkpoints (``--resume`` starts there)
+    OUT/ALGO/ENV_N/tb/                      TensorBoard (rollout/, train/, eval/, qat/ keys)
+    OUT/ALGO/ENV_N/evaluations.npz          periodic evaluations (SB3's EvalCallback)
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import yaml
 
+from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
+from quarl.quant.config import QATConfig
+from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TrainSetup, prepare
+from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 
 log = logging.getLogger(__name__)
 
-# The RL Zoo's tuned PPO CartPole-v1 hyperparameters (linear schedules as constants of
-# their start value): the policy the demo trains when no zoo agents are at hand.
-CARTPOLE_PPO: dict[str, Any] = {
-    "n_envs": 8,
-    "n_steps": 32,
-    "batch_size": 256,
-    "gae_lambda": 0.8,
-    "gamma": 0.98,
-    "n_epochs": 20,
-    "ent_coef": 0.0,
-    "learning_rate": 1e-3,
-    "clip_range": 0.2,
-}
-
-_ALGOS = ("a2c", "ppo", "dqn", "sac", "td3", "ddpg")
+CHECKPOINT_DIR = "checkpoints"
+_CKPT = re.compile(r"step_(\d+)\.zip")
 
 
-def train_zoo_run(
-    algo: str,
-    env_id: str,
-    timesteps: int,
-    out_dir: Path,
-    seed: int = 0,
-    hyperparams: dict[str, Any] | None = None,
-    progress_bar: bool = False,
-) -> Path:
-    """Train and save; returns the run folder (``out_dir/algo/ENV_1``)."""
-    import stable_baselines3 as sb3
+@dataclass
+class TrainConfig:
+    """One training run."""
+
+    algo: str
+    """a2c, ppo, dqn, ddpg, td3 or sac."""
+    env_id: str
+    """A gymnasium id (Atari ids get the zoo's Atari wrappers and frame stack)."""
+    timesteps: int | None = None
+    """Env steps; None: the zoo's n_timesteps for this env."""
+    seed: int = 0
+    out: Path = Path("runs")
+    """Run folders go to OUT/ALGO/ENV_N."""
+    precision: str = "fp32"
+    """Gradient updates in fp32, bf16 or fp16 (autocast, fp32 master weights)."""
+    qat: QATConfig | None = None
+    """Quantization-aware training, or None for plain training."""
+    hyperparams: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the zoo's entry (e.g. {"n_envs": 4})."""
+    eval_freq: int = 10_000
+    """Evaluate every this many env steps (0: never)."""
+    eval_episodes: int = 5
+    checkpoint_freq: int = 0
+    """Checkpoint every this many env steps; 0: a tenth of the run."""
+    save_replay: bool = True
+    """Off-policy checkpoints include the replay buffer (resume continues it)."""
+    tensorboard: bool = True
+    progress_bar: bool = False
+    run_dir: Path | None = None
+    """Explicit run folder (overrides OUT/ALGO/ENV_N)."""
+
+
+def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space:
+    """Validate the pair and return the env's action space (one line on a bad pair)."""
+    if algo not in TRAIN_ALGOS:
+        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(TRAIN_ALGOS)}")
+    check_env_id(env_id)
+    probe = make_env(EnvSpec(env_id))
+    space = probe.action_space
+    probe.close()
+    if algo in DISCRETE_ONLY and not isinstance(space, gym.spaces.Discrete):
+        raise QuarlError(f"{algo} needs discrete actions but {env_id} has {space}: use ppo, a2c, sac, td3 or ddpg")
+    if algo in CONTINUOUS_ONLY and not isinstance(space, gym.spaces.Box):
+        raise QuarlError(f"{algo} needs continuous actions but {env_id} has {space}: use ppo, a2c or dqn")
+    if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise QuarlError(f"{env_id} has action space {space}: quarl trains on Discrete and Box actions")
+    return space
+
+
+def _vec_env(setup: TrainSetup, n_envs: int, seed: int, training: bool):
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
-    if algo not in _ALGOS:
-        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(_ALGOS)}")
-    params = dict(hyperparams or {})
-    n_envs = int(params.pop("n_envs", 1))
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
-    model_cls = getattr(sb3, algo.upper())
-    model = model_cls("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **params)
-    log.info("training %s on %s for %d steps", algo, env_id, timesteps)
-    model.learn(total_timesteps=timesteps, progress_bar=progress_bar)
-    run_dir = Path(out_dir) / algo / f"{env_id}_1"
-    config_dir = run_dir / env_id
-    config_dir.mkdir(parents=True, exist_ok=True)
-    model.save(run_dir / f"{env_id}.zip")
-    config = {**params, "n_envs": n_envs, "n_timesteps": timesteps, "policy": "MlpPolicy"}
-    (config_dir / "config.yml").write_text(yaml.safe_dump(config))
-    (config_dir / "args.yml").write_text(yaml.safe_dump({"algo": algo, "env": env_id, "seed": seed}))
+    spec = setup.env_spec
+
+    def wrap(env: gym.Env) -> gym.Env:
+        for name in spec.wrappers:
+            if name == "time_feature":
+                from sb3_contrib.common.wrappers import TimeFeatureWrapper
+
+                env = TimeFeatureWrapper(env)
+            elif name == "atari":
+                from stable_baselines3.common.atari_wrappers import AtariWrapper
+
+                env = AtariWrapper(env)  # training: life loss ends episodes, clipped rewards
+        return env
+
+    env_kwargs = dict(spec.env_kwargs)
+    if "atari" in spec.wrappers and spec.env_id.startswith("ALE/"):
+        env_kwargs.setdefault("frameskip", 1)
+    venv = make_vec_env(check_env_id(spec.env_id), n_envs=n_envs, seed=seed, wrapper_class=wrap, env_kwargs=env_kwargs)
+    if spec.frame_stack > 1:
+        venv = VecFrameStack(venv, spec.frame_stack)
+    if setup.normalize is not None:
+        kwargs = dict(setup.normalize)
+        if not training:
+            kwargs.update(training=False, norm_reward=False)
+        venv = VecNormalize(venv, **kwargs)
+    return venv
+
+
+def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    folder = run_dir / CHECKPOINT_DIR
+    found = [(int(m.group(1)), p) for p in folder.glob("step_*.zip") if (m := _CKPT.fullmatch(p.name))]
+    return sorted(found)
+
+
+def run_folder(config: TrainConfig, resume: bool) -> Path:
+    """OUT/ALGO/ENV_N: the next free N for a new run, the latest unfinished one to resume."""
+    if config.run_dir is not None:
+        return Path(config.run_dir)
+    base = Path(config.out) / config.algo
+    name = config.env_id.replace("/", "_")
+    ids = sorted(int(p.name.rsplit("_", 1)[1]) for p in base.glob(f"{name}_*") if p.name.rsplit("_", 1)[1].isdigit())
+    if resume:
+        if not ids:
+            raise QuarlError(f"nothing to resume: no {config.algo} {config.env_id} run under {config.out}")
+        return base / f"{name}_{ids[-1]}"
+    return base / f"{name}_{(ids[-1] if ids else 0) + 1}"
+
+
+class _Checkpointer:
+    """Saves the model (plain layers), replay buffer, normalization and QAT state; keeps
+    the last two checkpoints. Files are written under a temporary name and renamed, so a
+    kill never leaves a half-written checkpoint that looks complete."""
+
+    def __init__(self, run_dir: Path, qat: QATConfig | None, save_replay: bool) -> None:
+        self.folder = run_dir / CHECKPOINT_DIR
+        self.qat = qat
+        self.save_replay = save_replay
+
+    def save(self, model: Any) -> Path:
+        from quarl.quant.qat import plain_layers
+        from quarl.training.qat_sb3 import write_qat_state
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        step = int(model.num_timesteps)
+        stem = self.folder / f"step_{step}"
+        if self.save_replay and hasattr(model, "replay_buffer") and model.replay_buffer is not None:
+            model.save_replay_buffer(f"{stem}.replay.pkl")
+        vecnorm = model.get_vec_normalize_env()
+        if vecnorm is not None:
+            vecnorm.save(f"{stem}.vecnormalize.pkl")
+        if self.qat is not None:
+            write_qat_state(Path(f"{stem}.qat.json"), model.policy, self.qat)
+        tmp = self.folder / f"tmp_{step}.zip"
+        with plain_layers(model.policy):
+            model.save(tmp)
+        tmp.replace(f"{stem}.zip")  # the .zip appears last: it marks the checkpoint complete
+        for old_step, old in _checkpoints(self.folder.parent)[:-2]:
+            for f in self.folder.glob(f"step_{old_step}.*"):
+                f.unlink()
+        log.info("checkpoint at step %d: %s", step, stem)
+        return Path(f"{stem}.zip")
+
+
+def _callbacks(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int, checkpointer: _Checkpointer,
+               qat_restore: dict | None) -> list:
+    from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
+
+    callbacks: list = []
+    if config.qat is not None:
+        from quarl.training.qat_sb3 import QATCallback
+
+        callbacks.append(QATCallback(config.qat, restore=qat_restore))
+    n_envs = setup.n_envs
+    every = config.checkpoint_freq or max(total // 10, 1)
+
+    class Checkpoint(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next = 0
+
+        def _on_training_start(self) -> None:
+            self.next = (self.num_timesteps // every + 1) * every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next:
+                checkpointer.save(self.model)
+                self.next = (self.num_timesteps // every + 1) * every
+            return True
+
+    callbacks.append(Checkpoint())
+    if config.eval_freq > 0:
+        eval_env = _vec_env(setup, 1, config.seed + 1000, training=False)
+        callbacks.append(
+            EvalCallback(
+                eval_env,
+                n_eval_episodes=config.eval_episodes,
+                eval_freq=max(config.eval_freq // n_envs, 1),
+                log_path=str(run_dir),
+                best_model_save_path=None,  # a mid-QAT save would hold wrapped layer names
+                deterministic=True,
+                verbose=0,
+            )
+        )
+    return callbacks
+
+
+def _total(algo: str, env_id: str, timesteps: int | None, setup: TrainSetup) -> int:
+    total = timesteps if timesteps is not None else setup.n_timesteps
+    if total is None:
+        raise QuarlError(f"the RL Zoo has no {algo} budget for {env_id}: pass --timesteps")
+    if total < 1:
+        raise QuarlError(f"--timesteps {total} must be at least 1")
+    return int(total)
+
+
+def resolve_timesteps(algo: str, env_id: str, timesteps: int | None, overrides: dict[str, Any] | None = None) -> int:
+    """The training length: ``timesteps`` or the zoo's budget (validating algo and env)."""
+    setup = prepare(algo, env_id, check_algo_env(algo, env_id), overrides)
+    return _total(algo, env_id, timesteps, setup)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    timesteps: int
+    resumed_from: int
+    """Env steps already done when this call started (0 for a fresh run)."""
+
+
+def train(config: TrainConfig, resume: bool = False) -> TrainResult:
+    """Train (or continue the latest unfinished run with ``resume``) and save the run."""
+    import stable_baselines3 as sb3
+    import torch
+
+    from quarl.quant.qat import plain_layers
+    from quarl.training.qat_sb3 import write_qat_state
+
+    if config.precision not in TRAIN_PRECISIONS:
+        raise QuarlError(f"unknown training precision {config.precision!r}: allowed {', '.join(TRAIN_PRECISIONS)}")
+    action_space = check_algo_env(config.algo, config.env_id)
+    setup = prepare(config.algo, config.env_id, action_space, config.hyperparams)
+    total = _total(config.algo, config.env_id, config.timesteps, setup)
+    if config.qat is not None and config.qat.quant_delay >= total:
+        raise QuarlError(
+            f"quant delay {config.qat.quant_delay} is not below the training length {total}: "
+            "nothing would be trained quantized (allowed 0..{})".format(total - 1)
+        )
+
+    run_dir = run_folder(config, resume)
+    env_name = config.env_id.replace("/", "_")
+    final_zip = run_dir / f"{env_name}.zip"
+    if resume and final_zip.exists():
+        raise QuarlError(f"{run_dir} already finished ({final_zip.name} exists): nothing to resume")
+    start = _checkpoints(run_dir)[-1] if resume and _checkpoints(run_dir) else None
+    if resume and start is None:
+        raise QuarlError(f"{run_dir} has no checkpoint to resume from: train it again without --resume")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+
+    algo_cls = getattr(sb3, config.algo.upper())
+    env = _vec_env(setup, setup.n_envs, config.seed, training=True)
+    tb = str(run_dir / "tb") if config.tensorboard else None
+    qat_restore = None
+    if start is None:
+        model = algo_cls(setup.policy, env, seed=config.seed, verbose=0, device="cpu", tensorboard_log=tb,
+                         **setup.model_kwargs)
+        done = 0
+    else:
+        done, path = start
+        stem = str(path)[: -len(".zip")]
+        if setup.normalize is not None:
+            from stable_baselines3.common.vec_env import VecNormalize
+
+            env = VecNormalize.load(f"{stem}.vecnormalize.pkl", env.venv)
+        model = algo_cls.load(path, env=env, device="cpu", tensorboard_log=tb)
+        if Path(f"{stem}.replay.pkl").exists():
+            model.load_replay_buffer(f"{stem}.replay.pkl")
+        if config.qat is not None and Path(f"{stem}.qat.json").exists():
+            qat_restore = json.loads(Path(f"{stem}.qat.json").read_text())
+        log.info("resuming %s from step %d", run_dir, done)
+    enable_mixed_precision(model, config.precision)
+    checkpointer = _Checkpointer(run_dir, config.qat, config.save_replay)
+    callbacks = _callbacks(config, setup, run_dir, total, checkpointer, qat_restore)
+    try:
+        model.learn(
+            total_timesteps=total - done,
+            callback=callbacks,
+            reset_num_timesteps=start is None,
+            progress_bar=config.progress_bar,
+            tb_log_name=config.algo.upper(),
+        )
+    except KeyboardInterrupt:
+        checkpointer.save(model)
+        raise
+
+    config_dir = run_dir / env_name
+    config_dir.mkdir(exist_ok=True)
+    with plain_layers(model.policy):
+        model.save(final_zip)
+    saved = {k: v for k, v in setup.raw.items()}
+    saved.update(n_envs=setup.n_envs, n_timesteps=total, policy=setup.policy)
+    (config_dir / "config.yml").write_text(yaml.safe_dump(saved, sort_keys=True))
+    args = {"algo": config.algo, "env": config.env_id, "seed": config.seed, "precision": config.precision,
+            "n_timesteps": total, "qat": asdict(config.qat) if config.qat else None}
+    (config_dir / "args.yml").write_text(yaml.safe_dump(args, sort_keys=True))
+    vecnorm = model.get_vec_normalize_env()
+    if vecnorm is not None:
+        vecnorm.save(str(config_dir / "vecnormalize.pkl"))
+    if config.qat is not None:
+        write_qat_state(config_dir / "qat.json", model.policy, config.qat)
     env.close()
-    return run_dir
+    return TrainResult(run_dir=run_dir, timesteps=int(model.num_timesteps), resumed_from=done)

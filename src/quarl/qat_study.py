@@ -1,0 +1,150 @@
+"""QAT against PTQ, as in the paper's QAT figure: for one algorithm and env, train an fp32
+policy and one QAT policy per bit width with the same budget and seed, then evaluate
+
+- PTQ: the fp32 policy with its weights rounded to n bits (and real int8, "8*");
+- QAT: each QAT policy as it was trained (n-bit weights and activations).
+
+Runs are kept under ``OUT/runs`` and reused; every evaluation is appended to
+``OUT/results.jsonl`` and reused, so an interrupted study resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from quarl.errors import QuarlError
+from quarl.policies.sb3 import load_checkpoint
+from quarl.ptq import Cell, EvalSettings, run_cells
+from quarl.quant.config import QATConfig, QuantConfig
+from quarl.records import ResultsLog
+from quarl.reports import relative_error, write_rows
+from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QATStudy:
+    """One QAT-vs-PTQ comparison."""
+
+    algo: str
+    env_id: str
+    bits: tuple[int, ...] = (8, 6, 4, 3, 2)
+    timesteps: int | None = None
+    """Training budget of every run (None: the RL Zoo's)."""
+    quant_delay: int | None = None
+    """Env steps before fake quantization starts; None: half the budget (the paper's default)."""
+    seed: int = 0
+    scheme: str = "quarl"
+    hyperparams: tuple[tuple[str, Any], ...] = ()
+    """Overrides of the zoo's hyperparameters, as (key, value) pairs."""
+
+
+def _run(study: QATStudy, out: Path, name: str, qat: QATConfig | None, total: int, progress_bar: bool) -> Path:
+    run_dir = out / "runs" / name
+    final = run_dir / f"{study.env_id.replace('/', '_')}.zip"
+    if final.exists():
+        log.info("%s: reusing %s", name, run_dir)
+        return run_dir
+    config = TrainConfig(
+        study.algo, study.env_id, timesteps=total, seed=study.seed, qat=qat, hyperparams=dict(study.hyperparams),
+        run_dir=run_dir, progress_bar=progress_bar, eval_freq=max(total // 10, 1),
+    )
+    resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("step_*.zip"))
+    train(config, resume=resume)
+    return run_dir
+
+
+def run_qat_study(
+    study: QATStudy,
+    settings: EvalSettings,
+    out: Path,
+    on_stage: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
+) -> list[dict[str, Any]]:
+    """Train what is missing, evaluate, write ``qat.{csv,md,json}`` and ``qat.png``."""
+    total = resolve_timesteps(study.algo, study.env_id, study.timesteps, dict(study.hyperparams))
+    delay = study.quant_delay if study.quant_delay is not None else total // 2
+    if not 0 <= delay < total:
+        raise QuarlError(f"quant delay {delay} must be in 0..{total - 1} (below the training length {total})")
+    qat_configs = {n: QATConfig(bits=n, quant_delay=delay, scheme=study.scheme) for n in study.bits}
+    stage = on_stage or (lambda _text: None)
+
+    suffix = f"seed{study.seed}-{total}"
+    stage(f"training fp32 ({total} steps)")
+    base_run = _run(study, out, f"fp32-{suffix}", None, total, progress_bar)
+    qat_runs = {}
+    for n, qat in qat_configs.items():
+        stage(f"training QAT {n}-bit ({total} steps, delay {delay})")
+        qat_runs[n] = _run(study, out, f"qat{n}-{study.scheme}-delay{delay}-{suffix}", qat, total, progress_bar)
+
+    stage("evaluating")
+    base = load_checkpoint(base_run)
+    spec = base.env_spec
+    common = {"timesteps": total, "quant_delay": delay, "train_seed": study.seed}
+    cells = [Cell("fp32", QuantConfig(), {"method": "fp32", **common}),
+             Cell("int8", QuantConfig(precision="int8"), {"method": "ptq", "bits": 8, "real_int8": True, **common})]
+    for n in study.bits:
+        config = QuantConfig(precision="nbit", bits=n, scheme=study.scheme)
+        cells.append(Cell(f"ptq{n}", config, {"method": "ptq", "bits": n, "scheme": study.scheme, **common}))
+    for n, run_dir in qat_runs.items():
+        qat_policy = load_checkpoint(run_dir).policy
+        if qat_policy.precision != f"qat{n}":
+            raise QuarlError(f"{run_dir} did not train quantized (its quant delay was never reached)")
+        cells.append(Cell(f"qat{n}", QuantConfig(), {"method": "qat", "bits": n, "scheme": study.scheme, **common},
+                          policy=qat_policy))
+    records = run_cells(base.policy, spec, cells, settings, ResultsLog(out / "results.jsonl"), None)
+    rows = study_rows(records)
+    write_rows(rows, out, "qat")
+    plot_qat(records, out / "qat.png", f"{study.algo} {study.env_id}: QAT vs PTQ ({total} steps, delay {delay})")
+    return rows
+
+
+def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``bits | PTQ | E_PTQ% | QAT | E_QAT%`` with the fp32 and real-int8 (8*) rows first."""
+    base = next(r for r in records if r["method"] == "fp32")
+    by = {(r["method"], r.get("bits"), r.get("real_int8", False)): r for r in records}
+    rows = [{"bits": "fp32", "PTQ": round(base["mean"], 2), "E_PTQ%": 0.0, "QAT": None, "E_QAT%": None}]
+    real = by.get(("ptq", 8, True))
+    if real is not None:
+        rows.append({"bits": "8*", "PTQ": round(real["mean"], 2),
+                     "E_PTQ%": round(relative_error(base["mean"], real["mean"]), 2), "QAT": None, "E_QAT%": None})
+    for n in sorted({r["bits"] for r in records if r["method"] == "qat"} | {r["bits"] for r in records
+                     if r["method"] == "ptq" and not r.get("real_int8")}, reverse=True):
+        row: dict[str, Any] = {"bits": str(n)}
+        for method, col in (("ptq", "PTQ"), ("qat", "QAT")):
+            r = by.get((method, n, False))
+            row[col] = round(r["mean"], 2) if r else None
+            row[f"E_{col}%"] = round(relative_error(base["mean"], r["mean"]), 2) if r else None
+        rows.append(row)
+    return rows
+
+
+def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    """The paper's QAT figure: x = Fp, 8*, 8, 7, ... 2; one line for PTQ, one for QAT."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = study_rows(records)
+    labels = [("Fp" if r["bits"] == "fp32" else r["bits"]) for r in rows]
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    base = rows[0]["PTQ"]
+    for col, marker in (("PTQ", "o"), ("QAT", "s")):
+        pts = [(i, r[col] if r[col] is not None else (base if i == 0 else None)) for i, r in zip(x, rows)]
+        pts = [(i, v) for i, v in pts if v is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=col)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("bits (8* = real int8 kernels)")
+    ax.set_ylabel("mean return")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,181 @@
+"""The RL Zoo's tuned hyperparameters, read from the files the ``rl_zoo3`` package ships
+(``rl_zoo3/hyperparams/ALGO.yml``) and turned into Stable-Baselines3 constructor kwargs.
+
+rl_zoo3 itself ``eval``s strings such as ``policy_kwargs: "dict(net_arch=[256, 256])"``
+and patches gymnasium on import; quarl reads the files without importing the package and
+parses those strings as literals, mapping the few class names that appear in them
+through an allow-list.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import yaml
+
+from quarl.envs import EnvSpec, is_atari, wrapper_names
+from quarl.errors import QuarlError
+from quarl.policies.safe_load import parse_literal
+
+log = logging.getLogger(__name__)
+
+TRAIN_ALGOS = ("a2c", "ppo", "dqn", "ddpg", "td3", "sac")
+DISCRETE_ONLY = ("dqn",)
+CONTINUOUS_ONLY = ("ddpg", "td3", "sac")
+
+# Class names that appear inside the zoo's policy_kwargs strings.
+_CLASSES = {
+    "nn.ReLU": ("torch.nn", "ReLU"),
+    "nn.Tanh": ("torch.nn", "Tanh"),
+    "nn.ELU": ("torch.nn", "ELU"),
+    "nn.LeakyReLU": ("torch.nn", "LeakyReLU"),
+    "nn.GELU": ("torch.nn", "GELU"),
+    "nn.SiLU": ("torch.nn", "SiLU"),
+    "th.optim.Adam": ("torch.optim", "Adam"),
+    "th.optim.RMSprop": ("torch.optim", "RMSprop"),
+    "RMSpropTFLike": ("stable_baselines3.common.sb2_compat.rmsprop_tf_like", "RMSpropTFLike"),
+}
+_SCHEDULED = ("learning_rate", "clip_range", "clip_range_vf")
+# Keys quarl handles itself; everything else goes to the algorithm's constructor.
+_OWN_KEYS = ("n_envs", "n_timesteps", "policy", "normalize", "env_wrapper", "frame_stack", "noise_type",
+             "noise_std", "callback", "env_kwargs")
+
+
+def zoo_hyperparams_dir() -> Path:
+    spec = importlib.util.find_spec("rl_zoo3")
+    if spec is None or not spec.submodule_search_locations:
+        raise QuarlError("the rl_zoo3 package is not installed: it ships the tuned hyperparameters (pip install rl_zoo3)")
+    return Path(list(spec.submodule_search_locations)[0]) / "hyperparams"
+
+
+def zoo_hyperparams(algo: str, env_id: str) -> tuple[dict[str, Any], str | None]:
+    """(raw zoo entry, the key it was found under) for ``algo`` on ``env_id``: the exact id,
+    else the same env at another version, else the zoo's ``atari`` entry for Atari games.
+    ``({}, None)`` when the zoo has none (SB3 defaults apply)."""
+    path = zoo_hyperparams_dir() / f"{algo}.yml"
+    if not path.exists():
+        return {}, None
+    table = yaml.safe_load(path.read_text()) or {}
+    if env_id in table:
+        return dict(table[env_id]), env_id
+    name = env_id.rsplit("-v", 1)[0]
+    versions = sorted((k for k in table if k.rsplit("-v", 1)[0] == name), reverse=True)
+    if versions:
+        return dict(table[versions[0]]), versions[0]
+    if is_atari(env_id) and "atari" in table:
+        return dict(table["atari"]), "atari"
+    return {}, None
+
+
+@dataclass
+class TrainSetup:
+    """What the zoo entry (plus the user's overrides) says about one training run."""
+
+    raw: dict[str, Any]
+    """The entry as written (saved as the run's config.yml)."""
+    model_kwargs: dict[str, Any]
+    """Keyword arguments of the SB3 algorithm (schedules and noise objects built)."""
+    policy: str = "MlpPolicy"
+    n_envs: int = 1
+    n_timesteps: int | None = None
+    normalize: dict[str, Any] | None = None
+    """VecNormalize kwargs, or None for no normalization."""
+    env_spec: EnvSpec = field(default_factory=lambda: EnvSpec("CartPole-v1"))
+
+
+def _classes(value: Any, where: str) -> Any:
+    """Replace allow-listed class names (kept as strings by parse_literal) by classes."""
+    if isinstance(value, dict):
+        return {k: _classes(v, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_classes(v, where) for v in value]
+    if isinstance(value, str) and (value in _CLASSES or re.fullmatch(r"(nn|th)\.[\w.]+", value)):
+        if value not in _CLASSES:
+            raise QuarlError(f"{where} names {value!r}, which quarl does not map: allowed {', '.join(_CLASSES)}")
+        module, attr = _CLASSES[value]
+        return getattr(importlib.import_module(module), attr)
+    return value
+
+
+def _schedule(key: str, value: Any) -> Any:
+    from stable_baselines3.common.utils import LinearSchedule
+
+    if isinstance(value, str):
+        m = re.fullmatch(r"lin_([0-9.eE+-]+)", value)
+        if not m:
+            raise QuarlError(f"{key}={value!r} is not a schedule quarl knows: allowed a number or lin_<start>")
+        return LinearSchedule(float(m.group(1)), 0.0, 1.0)
+    return value
+
+
+def prepare(
+    algo: str, env_id: str, action_space: gym.spaces.Space, overrides: dict[str, Any] | None = None
+) -> TrainSetup:
+    """The zoo's entry for ``algo`` / ``env_id`` with ``overrides`` on top, ready for SB3."""
+    raw, key = zoo_hyperparams(algo, env_id)
+    if key is None:
+        log.warning("note: the RL Zoo has no %s hyperparameters for %s; SB3 defaults are used", algo, env_id)
+    elif key != env_id:
+        log.warning("note: using the RL Zoo's %s hyperparameters of %s for %s", algo, key, env_id)
+    raw = {**raw, **(overrides or {})}
+    kwargs = {k: v for k, v in raw.items() if k not in _OWN_KEYS}
+    for k in _SCHEDULED:
+        if k in kwargs:
+            kwargs[k] = _schedule(k, kwargs[k])
+    for k in ("policy_kwargs", "replay_buffer_kwargs"):
+        if isinstance(kwargs.get(k), str):
+            kwargs[k] = parse_literal(kwargs[k])
+        if k in kwargs:
+            kwargs[k] = _classes(kwargs[k], k)
+    if "replay_buffer_class" in kwargs:
+        raise QuarlError(f"the zoo's {algo} {env_id} entry needs replay_buffer_class {kwargs['replay_buffer_class']!r} (HER), which quarl does not train")
+    if isinstance(kwargs.get("train_freq"), list):
+        kwargs["train_freq"] = tuple(kwargs["train_freq"])
+    if raw.get("callback"):
+        log.warning("note: the zoo's callback %s is not used", raw["callback"])
+
+    normalize = raw.get("normalize")
+    norm_kwargs: dict[str, Any] | None = None
+    if normalize:
+        norm_kwargs = parse_literal(normalize) if isinstance(normalize, str) else {}
+        if not isinstance(norm_kwargs, dict):
+            norm_kwargs = {}
+        if "gamma" in raw:
+            norm_kwargs["gamma"] = raw["gamma"]
+
+    noise_type = raw.get("noise_type")
+    if noise_type:
+        from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+        if not isinstance(action_space, gym.spaces.Box):
+            raise QuarlError(f"noise_type={noise_type!r} needs a continuous action space, {env_id} has {action_space}")
+        n = int(np.prod(action_space.shape))
+        sigma = float(raw.get("noise_std", 0.1)) * np.ones(n)
+        noise_cls = {"normal": NormalActionNoise, "ornstein-uhlenbeck": OrnsteinUhlenbeckActionNoise}.get(noise_type.strip())
+        if noise_cls is None:
+            raise QuarlError(f"noise_type {noise_type!r} is unknown: allowed normal, ornstein-uhlenbeck")
+        kwargs["action_noise"] = noise_cls(mean=np.zeros(n), sigma=sigma)
+
+    spec = EnvSpec(
+        env_id,
+        env_kwargs=dict(raw.get("env_kwargs") or {}),
+        wrappers=wrapper_names(raw.get("env_wrapper")),
+        frame_stack=int(raw.get("frame_stack") or 1),
+    )
+    steps = raw.get("n_timesteps")
+    return TrainSetup(
+        raw=raw,
+        model_kwargs=kwargs,
+        policy=str(raw.get("policy", "CnnPolicy" if len(spec.wrappers) and "atari" in spec.wrappers else "MlpPolicy")),
+        n_envs=int(raw.get("n_envs", 1)),
+        n_timesteps=int(float(steps)) if steps is not None else None,
+        normalize=norm_kwargs,
+        env_spec=spec,
+    )

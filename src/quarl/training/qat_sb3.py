@@ -1,0 +1,133 @@
+"""Quantization-aware training of Stable-Baselines3 agents.
+
+:class:`QATCallback` wraps, in place, the Linear / Conv2d layers of the networks that act
+(PPO / A2C: features, policy MLP and action head; DQN: the online Q-network; SAC / TD3 /
+DDPG: the actor) in :class:`quarl.quant.qat.QATLayer`. Target networks and critics stay
+fp32 unless ``QATConfig.critic``. Before ``quant_delay`` env steps the layers only
+monitor ranges; from then on they fake-quantize weights and outputs. Since a wrapper adds
+no parameters, SB3's optimizers and its Polyak target updates see the same tensors.
+
+Saved runs hold the plain (fp32 master) weights plus ``qat.json`` (bits, scheme and the
+monitored output ranges per layer name); :func:`quarl.quant.api.from_qat_state` turns the
+loaded fp32 policy into the quantized one the fake-quantized network computed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+from torch import nn
+
+from quarl.errors import QuarlError
+from quarl.quant.config import QATConfig
+from quarl.quant.primitives import resolve_granularity
+from quarl.quant.qat import QATLayer, set_quantization, wrap_qat_
+
+log = logging.getLogger(__name__)
+
+def qat_targets(policy: nn.Module, critic: bool = False) -> dict[str, nn.Module]:
+    """Name -> module of an SB3 policy's networks to fake-quantize."""
+    if hasattr(policy, "q_net"):
+        return {"q_net": policy.q_net}
+    if hasattr(policy, "quantile_net"):
+        return {"quantile_net": policy.quantile_net}
+    if hasattr(policy, "actor"):
+        return {"actor": policy.actor, **({"critic": policy.critic} if critic else {})}
+    if hasattr(policy, "action_net"):
+        out = {"pi_features_extractor": policy.pi_features_extractor,
+               "mlp_extractor.policy_net": policy.mlp_extractor.policy_net,
+               "action_net": policy.action_net}
+        if critic:
+            out.update({"vf_features_extractor": policy.vf_features_extractor,
+                        "mlp_extractor.value_net": policy.mlp_extractor.value_net,
+                        "value_net": policy.value_net})
+        return out
+    raise QuarlError(f"quarl cannot find the acting network of a {type(policy).__name__}")
+
+
+def wrapped_layers(policy: nn.Module) -> dict[str, QATLayer]:
+    """Every name (aliases included: SB3 registers a shared features extractor three
+    times) of every QAT layer in ``policy``."""
+    return {n: m for n, m in policy.named_modules(remove_duplicate=False) if isinstance(m, QATLayer)}
+
+
+def wrap_policy(policy: nn.Module, settings: QATConfig) -> None:
+    """Wrap the target networks' layers in place (a bare layer target such as PPO's
+    ``action_net`` is replaced on the policy itself)."""
+    for name, module in qat_targets(policy, settings.critic).items():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            setattr(policy, name, QATLayer(module, settings.bits, settings.scheme, _granularity(settings, module)))
+        else:
+            wrap_qat_(module, settings.bits, settings.scheme, settings.granularity)
+
+
+def qat_state(policy: nn.Module, settings: QATConfig) -> dict[str, Any]:
+    """Everything needed to restore the wrappers or to rebuild the quantized policy."""
+    layers = {}
+    for name, layer in wrapped_layers(policy).items():
+        obs = layer.output_observer
+        layers[name] = {
+            "quantize": layer.quantize,
+            "out_min": float(obs.min_val),
+            "out_max": float(obs.max_val),
+            "w_min": float(layer.weight_observer.min_val),
+            "w_max": float(layer.weight_observer.max_val),
+        }
+    enabled = any(v["quantize"] for v in layers.values())
+    return {"config": asdict(settings), "enabled": enabled, "layers": layers}
+
+
+def load_qat_state(policy: nn.Module, state: dict[str, Any]) -> None:
+    for name, layer in wrapped_layers(policy).items():
+        saved = state["layers"].get(name)
+        if saved is None:
+            raise QuarlError(f"the saved QAT state has no layer {name!r}: it belongs to another network")
+        layer.quantize = bool(saved["quantize"])
+        for obs, lo, hi in ((layer.output_observer, "out_min", "out_max"), (layer.weight_observer, "w_min", "w_max")):
+            obs.min_val.fill_(saved[lo])
+            obs.max_val.fill_(saved[hi])
+
+
+def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
+    path.write_text(json.dumps(qat_state(policy, settings), indent=1))
+
+
+class QATCallback(BaseCallback):
+    """Wraps the acting networks at the start of training and switches fake quantization
+    on once ``num_timesteps >= quant_delay`` (logged as ``qat/enabled``)."""
+
+    def __init__(self, settings: QATConfig, restore: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self.restore = restore
+        self.enabled = False
+
+    def _on_training_start(self) -> None:
+        policy = self.model.policy
+        if not wrapped_layers(policy):
+            wrap_policy(policy, self.settings)
+            if self.restore is not None:
+                load_qat_state(policy, self.restore)
+        self._switch()
+
+    def _switch(self) -> None:
+        on = self.num_timesteps >= self.settings.quant_delay
+        if on != self.enabled:
+            set_quantization(self.model.policy, on)
+            self.enabled = on
+            if on:
+                log.info("QAT: fake quantization at %d bits from step %d", self.settings.bits, self.num_timesteps)
+        self.logger.record("qat/enabled", int(on))
+
+    def _on_step(self) -> bool:
+        self._switch()
+        return True
+
+
+def _granularity(config: QATConfig, layer: nn.Module) -> str:
+    return resolve_granularity(config.granularity, layer.weight.dim())
