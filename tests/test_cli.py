@@ -108,6 +108,18 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["sweep", "{run}", "--scheme", "log"], "unknown scheme 'log'"),
         (["ptq", "{run}", "--episodes", "0"], "--episodes 0 must be at least 1"),
         (["ptq", "{bare}"], "bare checkpoint: pass --env ENV_ID"),
+        (["train", "foo", "CartPole-v1"], "unknown algorithm 'foo': allowed a2c, ppo, dqn, ddpg, td3, sac"),
+        (["train", "dqn", "Pendulum-v1"], "dqn needs discrete actions but Pendulum-v1 has Box"),
+        (["train", "td3", "CartPole-v1"], "td3 needs continuous actions but CartPole-v1 has Discrete(2)"),
+        (["train", "ppo", "CartPole-v1", "--qat-bits", "4", "--quant-delay", "900", "--timesteps", "500"],
+         "quant delay 900 is not below the training length 500"),
+        (["train", "ppo", "CartPole-v1", "--qat-bits", "1"], "bits '1' is out of range: allowed integers 2..16"),
+        (["train", "ppo", "CartPole-v1", "--precision", "fp8"], "unknown training precision 'fp8'"),
+        (["train", "ppo", "CartPole-v1", "--hp", "n_envs"], "--hp 'n_envs' is not KEY=VALUE"),
+        (["train", "ppo", "CartPole-v1", "--resume", "--out", "{missing}"], "nothing to resume"),
+        (["qat", "sac", "CartPole-v1"], "sac needs continuous actions"),
+        (["qat", "ppo", "CartPole-v1", "--bits", "4,0"], "bits '0' is out of range"),
+        (["qat", "ppo", "CartPole-v1", "--timesteps", "100", "--quant-delay", "100"], "quant delay 100 must be in 0..99"),
     ],
 )
 def test_bad_input_gives_one_line(tiny_run: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -162,3 +174,57 @@ def test_demo_trains_a_policy_when_no_zoo_is_found(tmp_path: Path) -> None:
     assert (out / "trained" / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
     rows = read_csv(out / "table.csv")
     assert rows[0]["policy"] == "ppo CartPole-v1" and float(rows[0]["fp32"]) >= 8
+
+
+def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
+    """kill -9 mid-run, then --resume: training continues from the last checkpoint (its
+    replay buffer too) to the full budget."""
+    import signal
+    import time
+
+    args = ["train", "dqn", "CartPole-v1", "--timesteps", "6000", "--checkpoint-freq", "1000", "--eval-freq", "0",
+            "--hp", "learning_starts=500", "--hp", "train_freq=64", "--hp", "gradient_steps=8",
+            "--out", str(tmp_path), "--episodes", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = tmp_path / "dqn" / "CartPole-v1_1" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(ckpts.glob("step_2000.zip")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(ckpts.glob("step_2000.zip")), "no checkpoint appeared"
+    assert not (tmp_path / "dqn" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
+    r = quarl(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    import re
+
+    m = re.search(r"\((\d+) steps, fp32\)", r.stdout)
+    assert m and 6000 <= int(m.group(1)) < 6000 + 64, r.stdout  # DQN collects train_freq=64 steps at a time
+    steps = sorted(int(p.stem.split("_")[1]) for p in ckpts.glob("step_*.zip"))
+    assert steps[-1] == 6000 and len(steps) == 2
+    assert (ckpts / "step_6000.replay.pkl").exists()
+    assert not (tmp_path / "dqn" / "CartPole-v1_2").exists()  # the same run folder went on
+
+
+def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
+    out = tmp_path / "qat"
+    args = ["qat", "ppo", "CartPole-v1", "--bits", "6,3", "--timesteps", "6000", "--episodes", "3", "--out", str(out)]
+    r = quarl(*args)
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(out / "qat.csv")
+    assert [row["bits"] for row in rows] == ["fp32", "8*", "6", "3"]
+    assert all(row["PTQ"] for row in rows) and all(row["QAT"] for row in rows[2:])
+    assert (out / "qat.png").stat().st_size > 10_000
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert runs == ["fp32-seed0-6000", "qat3-quarl-delay3000-seed0-6000", "qat6-quarl-delay3000-seed0-6000"]
+    again = quarl(*args)  # everything is reused: no training, no evaluation
+    assert again.returncode == 0 and "training" in again.stderr
+    assert read_csv(out / "qat.csv") == rows
+
+    qat_run = out / "runs" / "qat3-quarl-delay3000-seed0-6000"
+    r = quarl("ptq", str(qat_run), "--precisions", "int8", "--episodes", "3", "--out", str(tmp_path / "ptq"))
+    assert r.returncode == 0, r.stderr
+    ptq = read_csv(tmp_path / "ptq" / "ptq.csv")
+    assert [row["precision"] for row in ptq] == ["fp32", "int8"]

@@ -3,7 +3,10 @@
 SB3 runs its gradient updates in ``model.train()``. :func:`enable_mixed_precision` runs
 that method under ``torch.autocast`` (bf16 or fp16): matmuls and convolutions compute in
 the low precision while parameters, optimizer state and the losses stay fp32 (the
-master copy). For fp16, whose range is narrow, a dynamic loss scale keeps small gradients
+master copy). The output layers (action logits, values, Q-values, actor means) stay
+fp32: with 8 significant bits, bf16 log-probabilities put a bias into PPO's ratio and
+values lose their resolution; PPO on CartPole no longer learns with bf16 heads
+(return 9) and learns as fp32 does with fp32 heads (500). For fp16, whose range is narrow, a dynamic loss scale keeps small gradients
 from flushing to zero, as ``torch.amp.GradScaler`` does:
 
 - every ``loss.backward()`` inside ``train()`` back-propagates ``loss * scale``;
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Any
 
 import torch
+from torch import nn
 
 from quarl.errors import QuarlError
 
@@ -79,6 +84,8 @@ def enable_mixed_precision(model: Any, precision: str) -> DynamicLossScale | Non
         return None
     dtype = _DTYPES[precision]
     device_type = model.device.type
+    for layer in output_layers(model.policy):
+        _fp32_forward(layer, device_type)
     train = model.train
     scaler = DynamicLossScale() if precision == "fp16" else None
 
@@ -88,7 +95,7 @@ def enable_mixed_precision(model: Any, precision: str) -> DynamicLossScale | Non
             with torch.autocast(device_type, dtype=dtype):
                 return train(*args, **kwargs)
 
-        model.train = train_autocast
+        _install(model, train_autocast)
         return None
 
     for param in model.policy.parameters():
@@ -109,8 +116,45 @@ def enable_mixed_precision(model: Any, precision: str) -> DynamicLossScale | Non
         finally:
             torch.Tensor.backward = plain_backward
 
-    model.train = train_fp16
+    _install(model, train_fp16)
     return scaler
+
+
+def output_layers(policy: nn.Module) -> list[nn.Module]:
+    """The layers whose outputs feed the losses: Linear layers held directly by a policy
+    or actor (``action_net``, ``value_net``, ``mu``, ``log_std``) and the last Linear of the
+    Q-networks (``q_net``, ``quantile_net``, ``qf0``...) and of a Sequential ``mu``."""
+    found: list[nn.Module] = []
+    for name, module in policy.named_modules():
+        if isinstance(module, nn.Sequential) and re.search(r"(^|\.)(q_net|quantile_net|qf\d+|mu)$", name):
+            linears = [m for m in module if isinstance(m, nn.Linear)]
+            found += linears[-1:]
+        elif isinstance(module, nn.Linear) and not re.search(r"\.\d+$", name):
+            found.append(module)
+    return found
+
+
+def _fp32_forward(layer: nn.Module, device_type: str) -> None:
+    forward = layer.forward
+
+    @functools.wraps(forward)
+    def fp32(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type, enabled=False):
+            return forward(x.float())
+
+    layer.forward = fp32
+
+
+def _install(model: Any, train: Any) -> None:
+    """Replace ``model.train``, keeping the replacement out of ``model.save`` (SB3 saves
+    the instance's attributes; a closure over the model cannot be pickled)."""
+    excluded = model._excluded_save_params
+
+    def excluded_save_params() -> list[str]:
+        return [*excluded(), "train", "_excluded_save_params"]
+
+    model.train = train
+    model._excluded_save_params = excluded_save_params
 
 
 def _guard_step(opt: torch.optim.Optimizer, scaler: DynamicLossScale) -> None:

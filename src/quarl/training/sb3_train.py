@@ -235,6 +235,8 @@ class TrainResult:
     timesteps: int
     resumed_from: int
     """Env steps already done when this call started (0 for a fresh run)."""
+    model: Any = field(default=None, repr=False)
+    """The trained SB3 model (QAT wrappers still in place; its envs are closed)."""
 
 
 def train(config: TrainConfig, resume: bool = False) -> TrainResult:
@@ -319,4 +321,4 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     if config.qat is not None:
         write_qat_state(config_dir / "qat.json", model.policy, config.qat)
     env.close()
-    return TrainResult(run_dir=run_dir, timesteps=int(model.num_timesteps), resumed_from=done)
+    return TrainResult(run_dir=run_dir, timesteps=int(model.num_timesteps), resumed_from=done, model=model)

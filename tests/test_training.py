@@ -1,0 +1,207 @@
+"""Training: zoo hyperparameters, QAT on every SB3 algorithm, mixed precision, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stable_baselines3 as sb3
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec, make_env
+from quarl.errors import QuarlError
+from quarl.evaluation import evaluate
+from quarl.policies.sb3 import load_checkpoint
+from quarl.quant.config import QATConfig
+from quarl.quant.qat import QATLayer, plain_layers
+from quarl.training.hyperparams import prepare
+from quarl.training.mixed_precision import DynamicLossScale, enable_mixed_precision
+from quarl.training.qat_sb3 import QATCallback, load_qat_state, qat_targets, wrap_policy, wrapped_layers
+from quarl.training.sb3_train import TrainConfig, train
+
+# Small, fast settings per algorithm (the zoo's values otherwise).
+TINY = {
+    "a2c": ("CartPole-v1", {"n_envs": 2, "policy_kwargs": "dict(net_arch=[32, 32])"}),
+    "ppo": ("CartPole-v1", {"n_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 2,
+                            "policy_kwargs": "dict(net_arch=[32, 32])"}),
+    "dqn": ("CartPole-v1", {"learning_starts": 100, "train_freq": 16, "gradient_steps": 4,
+                            "policy_kwargs": "dict(net_arch=[32, 32])"}),
+    "sac": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "policy_kwargs": "dict(net_arch=[32, 32])"}),
+    "td3": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "policy_kwargs": "dict(net_arch=[32, 32])"}),
+    "ddpg": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "policy_kwargs": "dict(net_arch=[32, 32])"}),
+}
+
+
+def _obs(env_id: str, n: int = 256) -> np.ndarray:
+    env = make_env(EnvSpec(env_id))
+    env.reset(seed=0)
+    space = env.observation_space
+    env.close()
+    space.seed(0)
+    return np.stack([space.sample() for _ in range(n)]).astype(np.float32) * 0.5
+
+
+# ---------------------------------------------------------------------------- hyperparameters
+
+
+def test_zoo_hyperparameters_become_sb3_kwargs() -> None:
+    import gymnasium as gym
+
+    ppo = prepare("ppo", "CartPole-v1", gym.spaces.Discrete(2))
+    assert (ppo.n_envs, ppo.n_timesteps, ppo.policy) == (8, 100_000, "MlpPolicy")
+    lr = ppo.model_kwargs["learning_rate"]
+    assert lr(1.0) == pytest.approx(1e-3) and lr(0.5) == pytest.approx(5e-4)  # lin_0.001
+    dqn = prepare("dqn", "CartPole-v1", gym.spaces.Discrete(2), {"batch_size": 32})
+    assert dqn.model_kwargs["policy_kwargs"] == {"net_arch": [256, 256]}
+    assert dqn.model_kwargs["batch_size"] == 32
+    box = gym.spaces.Box(-2, 2, (1,))
+    td3 = prepare("td3", "Pendulum-v1", box)
+    assert td3.model_kwargs["action_noise"]._sigma == pytest.approx([0.1])
+    cheetah = prepare("ppo", "HalfCheetah-v4", gym.spaces.Box(-1, 1, (6,)))
+    assert cheetah.normalize is not None and cheetah.normalize["gamma"] == cheetah.raw["gamma"]
+    atari = prepare("dqn", "PongNoFrameskip-v4", gym.spaces.Discrete(6))
+    assert atari.env_spec.wrappers == ("atari",) and atari.env_spec.frame_stack == 4 and atari.policy == "CnnPolicy"
+    relu = prepare("ppo", "CartPole-v1", gym.spaces.Discrete(2), {"policy_kwargs": "dict(activation_fn=nn.ReLU)"})
+    assert relu.model_kwargs["policy_kwargs"]["activation_fn"] is nn.ReLU
+    with pytest.raises(QuarlError, match="nn.Foo"):
+        prepare("ppo", "CartPole-v1", gym.spaces.Discrete(2), {"policy_kwargs": "dict(activation_fn=nn.Foo)"})
+    with pytest.raises(QuarlError, match="lin_x"):
+        prepare("ppo", "CartPole-v1", gym.spaces.Discrete(2), {"learning_rate": "lin_x"})
+
+
+# ---------------------------------------------------------------------------- QAT on SB3
+
+
+@pytest.mark.parametrize("algo", list(TINY))
+def test_qat_training_delay_and_convert(algo: str, tmp_path: Path) -> None:
+    """Nothing is quantized before the delay, every acting layer after it, critics and
+    targets never; the saved run loads as a policy that acts exactly like the
+    fake-quantized network."""
+    env_id, hp = TINY[algo]
+    qat = QATConfig(bits=4, quant_delay=300)
+    setup = prepare(algo, env_id, make_env(EnvSpec(env_id)).action_space, hp)
+    sb3_model = getattr(sb3, algo.upper())("MlpPolicy", env_id, seed=0, device="cpu", **setup.model_kwargs)
+    callback = QATCallback(qat)
+    sb3_model.learn(200, callback=callback)
+    assert wrapped_layers(sb3_model.policy)
+    assert not any(m.quantize for m in wrapped_layers(sb3_model.policy).values())  # monitoring only
+    sb3_model.learn(200, callback=callback, reset_num_timesteps=False)
+    assert all(m.quantize for m in wrapped_layers(sb3_model.policy).values())
+
+    result = train(TrainConfig(algo, env_id, timesteps=600, qat=qat, hyperparams=hp, out=tmp_path,
+                               eval_freq=0, tensorboard=False))
+    model = result.model
+    layers = wrapped_layers(model.policy)
+    assert all(m.quantize for m in layers.values())
+    acting = {id(m) for t in qat_targets(model.policy).values() for m in t.modules() if isinstance(m, QATLayer)}
+    acting |= {id(t) for t in qat_targets(model.policy).values() if isinstance(t, QATLayer)}
+    assert {id(m) for m in layers.values()} == acting
+    for name in ("critic", "critic_target", "actor_target", "q_net_target", "value_net"):
+        if hasattr(model.policy, name):
+            assert not any(isinstance(m, QATLayer) for m in getattr(model.policy, name).modules()), name
+    # every wrapped layer recorded an output range
+    assert all(float(m.output_observer.min_val) <= float(m.output_observer.max_val) for m in layers.values())
+
+    policy = load_checkpoint(result.run_dir).policy
+    assert policy.precision == "qat4"
+    model.policy.set_training_mode(False)
+    obs = _obs(env_id)
+    sb3_actions, _ = model.predict(obs, deterministic=True)
+    ours = policy.act(obs)
+    if algo in ("dqn", "ppo", "a2c"):
+        assert (ours == sb3_actions).mean() == 1.0
+    else:
+        np.testing.assert_allclose(ours, sb3_actions, atol=1e-5)
+
+
+def test_qat_state_restores_into_a_fresh_model(tmp_path: Path) -> None:
+    env_id, hp = TINY["dqn"]
+    result = train(TrainConfig("dqn", env_id, timesteps=600, qat=QATConfig(3, 200), hyperparams=hp, out=tmp_path,
+                               eval_freq=0, tensorboard=False))
+    state = json.loads((result.run_dir / "CartPole-v1" / "qat.json").read_text())
+    fresh = sb3.DQN.load(result.run_dir / "CartPole-v1.zip", device="cpu")
+    wrap_policy(fresh.policy, QATConfig(3, 200))
+    load_qat_state(fresh.policy, state)
+    obs = torch.as_tensor(_obs(env_id))
+    result.model.policy.set_training_mode(False)
+    fresh.policy.set_training_mode(False)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.policy.q_net(obs), result.model.policy.q_net(obs), rtol=0, atol=0)
+    # plain_layers gives back SB3's own names (what model.save writes)
+    with plain_layers(fresh.policy):
+        assert not any(".layer." in k for k in fresh.policy.state_dict())
+    assert any(".layer." in k for k in fresh.policy.state_dict())
+
+
+def test_ppo_cartpole_4bit_qat_reaches_475(tmp_path: Path) -> None:
+    """The acceptance run: RL Zoo PPO hyperparameters, 40k steps, seed 0, quantization
+    from step 20k; the 4-bit policy (weights and activations) is evaluated over 10 episodes."""
+    result = train(TrainConfig("ppo", "CartPole-v1", timesteps=40_000, seed=0, qat=QATConfig(4, 20_000),
+                               out=tmp_path, eval_freq=0, tensorboard=False))
+    ckpt = load_checkpoint(result.run_dir)
+    assert ckpt.policy.precision == "qat4"
+    weights = ckpt.policy.network[0].weight
+    assert len(torch.unique(weights)) <= 2**4 + 1  # on the 4-bit grid (quarl scheme: 2^n + 1 levels)
+    res = evaluate(ckpt.policy, ckpt.env_spec, episodes=10, seed=0, n_envs=5)
+    assert res.mean >= 475, res.returns
+
+
+# ---------------------------------------------------------------------------- mixed precision
+
+
+def test_loss_scale_skips_overflow_and_grows() -> None:
+    scale = DynamicLossScale(init_scale=8.0, growth_interval=2)
+    assert scale.unscale(torch.tensor([8.0])).item() == 1.0
+    assert scale.finish_step() and scale.scale == 8.0
+    assert scale.finish_step() and scale.scale == 16.0  # two clean steps: grows
+    scale.unscale(torch.tensor([float("inf")]))
+    assert not scale.finish_step() and scale.scale == 8.0 and scale.skipped == 1
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_mixed_precision_autocasts_the_updates(precision: str, dtype: torch.dtype) -> None:
+    model = sb3.DQN("MlpPolicy", "CartPole-v1", learning_starts=50, train_freq=8, gradient_steps=2, seed=0,
+                    device="cpu", policy_kwargs={"net_arch": [32]})
+    seen: list[torch.dtype] = []
+    heads: list[torch.dtype] = []
+    model.policy.q_net.q_net[0].register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    model.policy.q_net.q_net[-1].register_forward_hook(lambda _m, _i, out: heads.append(out.dtype))
+    before = [p.detach().clone() for p in model.policy.q_net.parameters()]
+    scaler = enable_mixed_precision(model, precision)
+    model.learn(300)
+    assert dtype in seen  # the gradient updates ran in low precision ...
+    assert torch.float32 in seen  # ... while acting stayed fp32
+    assert set(heads) == {torch.float32}  # Q-values (what the loss sees) always fp32
+    assert all(p.dtype == torch.float32 for p in model.policy.parameters())  # fp32 master weights
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.q_net.parameters()))
+    assert all(torch.isfinite(p).all() for p in model.policy.parameters())
+    assert (scaler is not None) == (precision == "fp16")
+    assert torch.Tensor.backward.__name__ == "backward"  # the fp16 patch is gone after train()
+
+
+def test_bf16_ppo_still_learns(tmp_path: Path) -> None:
+    result = train(TrainConfig("ppo", "CartPole-v1", timesteps=30_000, precision="bf16", out=tmp_path, eval_freq=0,
+                               tensorboard=False))
+    ckpt = load_checkpoint(result.run_dir)
+    assert evaluate(ckpt.policy, ckpt.env_spec, episodes=10, seed=0, n_envs=5).mean >= 195
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def test_run_folder_logs_and_checkpoints(tmp_path: Path) -> None:
+    env_id, hp = TINY["ppo"]
+    result = train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path, eval_freq=300,
+                               eval_episodes=2, checkpoint_freq=200))
+    run = result.run_dir
+    assert run == tmp_path / "ppo" / "CartPole-v1_1"
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.zip")) == ["step_1000.zip", "step_800.zip"]  # the last two kept
+    assert list((run / "tb").rglob("events.out.tfevents.*"))
+    assert np.load(run / "evaluations.npz")["results"].shape[1] == 2
+    again = train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path, eval_freq=0))
+    assert again.run_dir.name == "CartPole-v1_2"  # a new run never overwrites an old one
+    with pytest.raises(QuarlError, match="already finished"):
+        train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path), resume=True)
