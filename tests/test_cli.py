@@ -15,10 +15,10 @@ import pytest
 from tests.conftest import zoo_run
 
 
-def quarl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def quarl(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "quarl.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+        [sys.executable, "-m", "quarl.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
     )
 
 

@@ -1,0 +1,48 @@
+"""Long runs behind the README's tables (``make test-slow``, tens of minutes on 2 cores).
+
+Set QUARL_SLOW_OUT to keep their output folders (the studies resume from them); by
+default they go to a temporary folder."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import quarl
+
+pytestmark = pytest.mark.slow
+
+
+def _out(tmp_path: Path, name: str) -> Path:
+    base = os.environ.get("QUARL_SLOW_OUT")
+    return Path(base) / name if base else tmp_path / name
+
+
+# (algo, env, budget: the RL Zoo's own for these three, extra args)
+STUDIES = {
+    "ppo-cartpole": ("ppo", "CartPole-v1", "100000", []),
+    "dqn-cartpole": ("dqn", "CartPole-v1", "50000", []),
+    "td3-pendulum": ("td3", "Pendulum-v1", "20000", []),
+}
+
+
+@pytest.mark.timeout(7200)
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_qat_beats_ptq_at_low_bits(name: str, tmp_path: Path) -> None:
+    algo, env, steps, extra = STUDIES[name]
+    out = _out(tmp_path, f"qat-{name}")
+    r = quarl("qat", algo, env, "--bits", "8,6,5,4,3,2", "--timesteps", steps, "--episodes", "20", "--out", str(out),
+              *extra, timeout=7200)
+    assert r.returncode == 0, r.stderr
+    print(r.stdout)
+    with (out / "qat.csv").open() as fh:
+        rows = {row["bits"]: row for row in csv.DictReader(fh)}
+    fp32 = float(rows["fp32"]["PTQ"])
+    low = [b for b in ("4", "3", "2")]
+    # the paper's finding: QAT keeps more reward than PTQ where PTQ starts to hurt
+    ptq_low = sum(float(rows[b]["PTQ"]) for b in low)
+    qat_low = sum(float(rows[b]["QAT"]) for b in low)
+    assert qat_low >= ptq_low - 0.05 * abs(fp32) * len(low), rows
