@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 import gymnasium as gym
+import numpy as np
 
 from quarl.errors import QuarlError
 
@@ -76,10 +77,21 @@ def is_atari(env_id: str) -> bool:
     return "NoFrameskip" in env_id or env_id.startswith("ALE/")
 
 
+def _register_dm_control() -> None:
+    try:
+        import shimmy
+
+        gym.register_envs(shimmy)
+    except ImportError:  # pragma: no cover - shimmy[dm-control] is a dependency
+        pass
+
+
 def check_env_id(env_id: str) -> str:
     """Return the id to make, or raise a one-line error naming ``env_id``."""
     if is_atari(env_id):
         _register_ale()
+    if env_id.startswith("dm_control/") and env_id not in gym.registry:
+        _register_dm_control()
     new = current_env_id(env_id)
     if new not in gym.registry:
         close = difflib.get_close_matches(new, list(gym.registry), n=3)
@@ -143,6 +155,11 @@ def make_env(spec: EnvSpec) -> gym.Env:
 
             # Evaluation reports game scores: whole games, unclipped rewards.
             env = AtariWrapper(env, terminal_on_life_loss=False, clip_reward=False)
+    if isinstance(env.observation_space, gym.spaces.Dict):  # DeepMind Control Suite: flat float32 vector
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.TransformObservation(
+            env, lambda o: o.astype(np.float32), gym.spaces.Box(-np.inf, np.inf, env.observation_space.shape, np.float32)
+        )
     if spec.frame_stack > 1:
         env = _stack_frames(env, spec.frame_stack)
     return env

@@ -1,0 +1,255 @@
+"""The acting side of ActorQ: the parameter broadcaster and the actors.
+
+Broadcaster: takes the learner's fp32 weights with a version, builds what actors load
+(int8 actors: a ready ONNX Runtime int8 model; fp32 / fp16 / bf16 actors: the weights in
+the wire format), serializes it once per version and serves the latest.
+
+Actor loop (one process, one thread, its own env and seed)::
+
+    while True:
+        if steps_since_pull >= update_period: pull()     # loads only when the version moved
+        action = policy(obs) + exploration               # gaussian sigma_i or epsilon_i
+        obs', r, term, trunc = env.step(action)
+        transitions += nstep.add(obs, action, r, obs', term, trunc)
+
+Each call of :meth:`Actor.run` returns its n-step transitions and the time spent in
+inference, env steps, pulls, deserialization and weight loading.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from quarl.actorq import wire
+from quarl.actorq.config import ActorQConfig
+from quarl.actorq.learners import policy_network
+from quarl.actorq.replay import NStep, stack
+from quarl.envs import EnvSpec, check_env_id, make_env
+from quarl.errors import QuarlError
+
+_ONNX_MAGIC = b"QONX"
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    obs_dim: int
+    act_dim: int
+    """Number of actions (discrete) or action dimensions (continuous)."""
+    discrete: bool
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+    reward_threshold: float | None = None
+
+
+def env_info(config: ActorQConfig) -> EnvInfo:
+    """Check the env against the algorithm (one clear line when they do not fit)."""
+    check_env_id(config.env_id)
+    env = make_env(EnvSpec(config.env_id))
+    obs, act = env.observation_space, env.action_space
+    threshold = getattr(env.spec, "reward_threshold", None)
+    env.close()
+    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
+        raise QuarlError(f"ActorQ needs flat vector observations; {config.env_id} gives {obs}")
+    if config.algo == "dqn" and not isinstance(act, gym.spaces.Discrete):
+        raise QuarlError(f"dqn needs discrete actions but {config.env_id} has {act}: use --algo d4pg")
+    if config.algo == "d4pg" and not isinstance(act, gym.spaces.Box):
+        raise QuarlError(f"d4pg needs continuous actions but {config.env_id} has {act}: use --algo dqn")
+    if isinstance(act, gym.spaces.Discrete):
+        return EnvInfo(int(obs.shape[0]), int(act.n), True, reward_threshold=threshold)
+    return EnvInfo(int(obs.shape[0]), int(np.prod(act.shape)), False, act.low.astype(np.float32),
+                   act.high.astype(np.float32), threshold)
+
+
+def make_network(config: ActorQConfig, info: EnvInfo) -> torch.nn.Sequential:
+    return policy_network(config, info.obs_dim, info.act_dim)
+
+
+class Broadcaster:
+    """Serves the latest weights, built and serialized once per version."""
+
+    def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
+        self.config = config
+        self.info = info
+        self.version = -1
+        self.payload: bytes | None = None
+        self.stats: dict[str, float] = {}
+
+    def publish(self, version: int, weights: dict[str, np.ndarray]) -> dict[str, float]:
+        started = time.perf_counter()
+        if self.config.actor_precision == "int8":
+            payload = self._int8_model(version, weights)
+        else:
+            payload = wire.encode(weights, version, self.config.wire_bits)
+        self.version, self.payload = version, payload
+        self.stats = {"build_s": time.perf_counter() - started, "bytes": float(len(payload)), "version": float(version)}
+        return self.stats
+
+    def _int8_model(self, version: int, weights: dict[str, np.ndarray]) -> bytes:
+        from quarl.quant.backends.onnxruntime import export_onnx, quantize_dynamic_int8
+
+        net = make_network(self.config, self.info)
+        net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+        model = quantize_dynamic_int8(export_onnx(net.eval(), (self.info.obs_dim,)))
+        return _ONNX_MAGIC + struct.pack("<q", version) + model
+
+    def pull(self, have_version: int) -> bytes | None:
+        """The latest payload, or None when the caller already has it."""
+        return None if self.payload is None or self.version == have_version else self.payload
+
+
+def payload_version(payload: bytes) -> int:
+    if payload[:4] == _ONNX_MAGIC:
+        return struct.unpack_from("<q", payload, 4)[0]
+    return wire.version_of(payload)
+
+
+class ActorPolicy:
+    """The network an actor runs, at its compute precision."""
+
+    def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
+        self.config, self.info = config, info
+        self.precision = config.actor_precision
+        self.network = None if self.precision == "int8" else make_network(config, info).eval()
+        self.engine: Callable[[np.ndarray], np.ndarray] | None = None
+        self.version = -1
+
+    def load(self, payload: bytes) -> tuple[float, float]:
+        """Install a broadcast payload; returns (deserialize seconds, load seconds)."""
+        t0 = time.perf_counter()
+        if payload[:4] == _ONNX_MAGIC:
+            if self.precision != "int8":
+                raise QuarlError("an int8 model was broadcast to a float actor")
+            from quarl.quant.backends.onnxruntime import OrtEngine
+
+            version, model = struct.unpack_from("<q", payload, 4)[0], payload[12:]
+            t1 = time.perf_counter()
+            self.engine = OrtEngine(model, per_row=True)
+        else:
+            version, weights = wire.decode(payload)
+            t1 = time.perf_counter()
+            dtype = _DTYPES[self.precision]
+            self.network.float().load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+            self.network.to(dtype)
+            self.engine = _torch_engine(self.network, dtype)
+        self.version = version
+        return t1 - t0, time.perf_counter() - t1
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        if self.engine is None:
+            raise RuntimeError("the actor has no weights yet")
+        return self.engine(obs)
+
+
+def _torch_engine(network: torch.nn.Module, dtype: torch.dtype) -> Callable[[np.ndarray], np.ndarray]:
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return network(torch.from_numpy(x).to(dtype)).float().numpy()
+
+    return run
+
+
+@dataclass
+class ActorTimes:
+    """Seconds spent per part of the actor step (summed)."""
+
+    inference: float = 0.0
+    env: float = 0.0
+    pull: float = 0.0
+    deserialize: float = 0.0
+    load: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ActorResult:
+    index: int
+    batch: dict[str, np.ndarray] | None
+    steps: int
+    episode_returns: list[float]
+    times: dict[str, float]
+    version: int
+    pulls: int = 0
+    loads: int = 0
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Actor:
+    """One actor: its env (seed + index), its exploration, its quantized policy."""
+
+    def __init__(self, config: ActorQConfig, info: EnvInfo, index: int, fetch: Callable[[int], bytes | None]) -> None:
+        torch.set_num_threads(1)
+        self.config, self.info, self.index = config, info, index
+        self.fetch = fetch
+        self.policy = ActorPolicy(config, info)
+        self.env = make_env(EnvSpec(config.env_id))
+        self.rng = np.random.default_rng(config.seed + index)
+        self.obs, _ = self.env.reset(seed=config.seed + index)
+        self.nstep = NStep(config.n_step, config.gamma)
+        self.exploration = config.exploration(index)
+        self.since_pull = config.update_period  # pull before the first step
+        self.episode_return = 0.0
+
+    def pull(self, times: ActorTimes, counts: dict[str, int]) -> None:
+        t = time.perf_counter()
+        payload = self.fetch(self.policy.version)
+        times.pull += time.perf_counter() - t
+        counts["pulls"] += 1
+        if payload is not None:
+            ds, ld = self.policy.load(payload)
+            times.deserialize += ds
+            times.load += ld
+            counts["loads"] += 1
+        self.since_pull = 0
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        out = self.policy(obs[None].astype(np.float32))[0]
+        if self.info.discrete:
+            if self.rng.random() < self.exploration:
+                return np.int64(self.rng.integers(self.info.act_dim))
+            return np.int64(out.argmax())
+        noisy = np.clip(out + self.rng.normal(0.0, self.exploration, out.shape), -1.0, 1.0)
+        return noisy.astype(np.float32)  # in [-1, 1]; scaled to the env's bounds on step
+
+    def run(self, steps: int) -> ActorResult:
+        times, counts = ActorTimes(), {"pulls": 0, "loads": 0}
+        transitions, returns = [], []
+        started = time.perf_counter()
+        for _ in range(steps):
+            if self.since_pull >= self.config.update_period or self.policy.engine is None:
+                self.pull(times, counts)
+                if self.policy.engine is None:  # nothing published yet
+                    break
+            t = time.perf_counter()
+            action = self.act(self.obs)
+            t2 = time.perf_counter()
+            env_action = action if self.info.discrete else self.info.low + (action + 1.0) * 0.5 * (self.info.high - self.info.low)
+            next_obs, reward, terminated, truncated, _ = self.env.step(env_action)
+            times.inference += t2 - t
+            times.env += time.perf_counter() - t2
+            self.episode_return += float(reward)
+            transitions += self.nstep.add(self.obs, action, float(reward), next_obs, terminated, truncated)
+            self.since_pull += 1
+            if terminated or truncated:
+                returns.append(self.episode_return)
+                self.episode_return = 0.0
+                self.obs, _ = self.env.reset()
+            else:
+                self.obs = next_obs
+        n = len(transitions)
+        return ActorResult(self.index, stack(transitions) if n else None, steps if self.policy.engine else 0, returns,
+                           times.as_dict(), self.policy.version, counts["pulls"], counts["loads"],
+                           time.perf_counter() - started)
+
+    def close(self) -> None:
+        self.env.close()

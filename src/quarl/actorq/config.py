@@ -1,0 +1,101 @@
+"""ActorQConfig: one distributed actor-learner run, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quarl.errors import QuarlError
+
+ALGOS = ("dqn", "d4pg")
+ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+WIRE_BITS = (32, 16, 8, 7, 6, 5, 4, 3, 2)
+
+
+@dataclass(frozen=True)
+class ActorQConfig:
+    """Everything a run needs; the same object drives the local and the Ray run."""
+
+    env_id: str
+    algo: str = "dqn"
+    """dqn (discrete actions: double DQN) or d4pg (continuous: distributional DDPG)."""
+    actors: int = 2
+    actor_precision: str = "int8"
+    """What actors compute in: fp32 / fp16 / bf16 (PyTorch) or int8 (ONNX Runtime)."""
+    wire_bits: int = 32
+    """Width of the weights sent to fp32/fp16/bf16 actors (32: raw fp32, 16: fp16,
+    8..2: per-tensor affine integers); int8 actors receive a ready int8 model."""
+    update_period: int = 300
+    """Actor env steps between two (synchronous) pulls of the latest weights."""
+    push_period: int = 100
+    """Learner steps between two (asynchronous) weight pushes."""
+    policy_layers: tuple[int, ...] = (2048, 2048, 2048)
+    critic_layers: tuple[int, ...] = (512, 512, 512)
+    """D4PG critic (DQN has no critic)."""
+    n_step: int = 3
+    gamma: float = 0.99
+    batch_size: int = 256
+    learning_rate: float = 1e-4
+    target_update_period: int = 100
+    """Learner steps between hard target-network updates."""
+    replay_size: int = 1_000_000
+    min_replay: int = 1_000
+    """Transitions in replay before learning starts."""
+    samples_per_insert: float = 32.0
+    """Items sampled per item inserted (Reverb's SampleToInsertRatio)."""
+    samples_per_insert_tolerance: float = 0.1
+    """Allowed drift from that ratio, as a fraction of it times ``min_replay``."""
+    max_exploration: float = 0.2
+    """Actor i explores with sigma (d4pg) or epsilon (dqn) = max * (i + 1) / actors."""
+    v_min: float = -150.0
+    v_max: float = 150.0
+    n_atoms: int = 51
+    target_reward: float | None = None
+    """Stop when the running mean (window 10) of evaluations reaches it; None: the env's
+    reward threshold when it has one."""
+    max_minutes: float = 10.0
+    eval_every_s: float = 10.0
+    eval_episodes: int = 5
+    chunk_steps: int = 100
+    """Env steps an actor runs per call before handing its transitions over."""
+    checkpoint_every_s: float = 60.0
+    seed: int = 0
+    out: Path = Path("results/actorq/run")
+    local: bool = False
+    """Run every piece in this process (tests, debugging) instead of on Ray."""
+    address: str | None = None
+    """Ray cluster to join; None starts a local Ray."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise QuarlError(f"unknown --algo {self.algo!r}: allowed {', '.join(ALGOS)}")
+        if not isinstance(self.actors, int) or self.actors < 1:
+            raise QuarlError(f"--actors {self.actors} must be at least 1")
+        if self.actor_precision not in ACTOR_PRECISIONS:
+            raise QuarlError(f"unknown --actor-precision {self.actor_precision!r}: allowed {', '.join(ACTOR_PRECISIONS)}")
+        if self.wire_bits not in WIRE_BITS:
+            raise QuarlError(f"--wire-bits {self.wire_bits} is not supported: allowed {', '.join(map(str, WIRE_BITS))}")
+        for name in ("update_period", "push_period", "n_step", "batch_size", "target_update_period", "replay_size",
+                     "min_replay", "eval_episodes", "chunk_steps", "n_atoms"):
+            if getattr(self, name) < 1:
+                raise QuarlError(f"{name}={getattr(self, name)} must be at least 1")
+        if not self.policy_layers or min(self.policy_layers) < 1:
+            raise QuarlError(f"--policy-layers {self.policy_layers} must be positive widths, e.g. 2048,2048,2048")
+        if not 0 < self.gamma <= 1:
+            raise QuarlError(f"gamma={self.gamma} must be in (0, 1]")
+        if self.samples_per_insert <= 0:
+            raise QuarlError(f"samples_per_insert={self.samples_per_insert} must be > 0")
+        if self.max_minutes <= 0:
+            raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
+        if self.min_replay > self.replay_size:
+            raise QuarlError(f"min_replay={self.min_replay} exceeds replay_size={self.replay_size}")
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["out"] = str(self.out)
+        return out
+
+    def exploration(self, actor_index: int) -> float:
+        return self.max_exploration * (actor_index + 1) / self.actors

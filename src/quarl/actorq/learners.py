@@ -1,0 +1,172 @@
+"""ActorQ's full-precision learners, in plain PyTorch.
+
+A learner is pure: ``step(batch) -> metrics`` on numpy batches from replay, ``weights()``
+for the actors (the policy network only, as named numpy arrays), ``policy_network()``
+for evaluation, ``state_dict()`` / ``load_state_dict()`` for checkpoints. Nothing here
+knows about processes, Ray or replay.
+
+- :class:`DQNLearner`: double DQN on n-step returns, Huber loss, a hard-updated target.
+- :class:`D4PGLearner`: deterministic policy, distributional critic over ``n_atoms``
+  fixed atoms (categorical projection of ``r + gamma^n z``), target networks for both.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from quarl.actorq.config import ActorQConfig
+
+
+def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation: type[nn.Module] | None = None) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    if out_activation is not None:
+        layers.append(out_activation())
+    return nn.Sequential(*layers)
+
+
+def policy_network(config: ActorQConfig, obs_dim: int, act_dim: int) -> nn.Sequential:
+    """What actors run: Q-values (dqn) or actions in [-1, 1] (d4pg, tanh output)."""
+    sizes = [obs_dim, *config.policy_layers, act_dim]
+    return mlp(sizes, out_activation=nn.Tanh if config.algo == "d4pg" else None)
+
+
+def to_numpy(module: nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+class DQNLearner:
+    def __init__(self, config: ActorQConfig, obs_dim: int, n_actions: int, device: str = "cpu") -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.device = torch.device(device)
+        self.q = policy_network(config, obs_dim, n_actions).to(self.device)
+        self.target = copy.deepcopy(self.q)
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=config.learning_rate)
+        self.steps = 0
+
+    def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+
+    def loss(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+        b = self._tensors(batch)
+        q = self.q(b["obs"]).gather(1, b["action"].long().view(-1, 1)).squeeze(1)
+        with torch.no_grad():
+            best = self.q(b["next_obs"]).argmax(1, keepdim=True)  # double DQN: online picks, target rates
+            bootstrap = self.target(b["next_obs"]).gather(1, best).squeeze(1)
+            target = b["reward"] + b["discount"] * bootstrap
+        return F.smooth_l1_loss(q, target)
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        loss = self.loss(batch)
+        self.opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.q.parameters(), 10.0)
+        self.opt.step()
+        self.steps += 1
+        if self.steps % self.config.target_update_period == 0:
+            self.target.load_state_dict(self.q.state_dict())
+        return {"loss": float(loss)}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return to_numpy(self.q)
+
+    def policy_network(self) -> nn.Module:
+        return self.q
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(), "opt": self.opt.state_dict(),
+                "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.opt.load_state_dict(state["opt"])
+        self.steps = int(state["steps"])
+
+
+class D4PGLearner:
+    def __init__(self, config: ActorQConfig, obs_dim: int, act_dim: int, device: str = "cpu") -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.device = torch.device(device)
+        self.policy = policy_network(config, obs_dim, act_dim).to(self.device)
+        self.critic = mlp([obs_dim + act_dim, *config.critic_layers, config.n_atoms]).to(self.device)
+        self.target_policy = copy.deepcopy(self.policy)
+        self.target_critic = copy.deepcopy(self.critic)
+        self.atoms = torch.linspace(config.v_min, config.v_max, config.n_atoms, device=self.device)
+        self.policy_opt = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.learning_rate)
+        self.steps = 0
+
+    def project(self, reward: torch.Tensor, discount: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """Categorical projection of the distribution ``reward + discount * z`` (each atom
+        z with probability ``probs``) back onto the fixed atoms (C51 / D4PG)."""
+        z = self.atoms
+        dz = (self.config.v_max - self.config.v_min) / (self.config.n_atoms - 1)
+        tz = (reward[:, None] + discount[:, None] * z[None, :]).clamp(self.config.v_min, self.config.v_max)
+        pos = (tz - self.config.v_min) / dz
+        lo, hi = pos.floor().long(), pos.ceil().long()
+        w_hi = pos - lo.float()
+        w_lo = 1.0 - w_hi
+        out = torch.zeros_like(probs)
+        out.scatter_add_(1, lo, probs * w_lo)
+        out.scatter_add_(1, hi, probs * w_hi * (hi != lo).float())  # an atom hit exactly gets weight once
+        return out
+
+    def _q_logits(self, critic: nn.Module, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return critic(torch.cat([obs, action], dim=1))
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        b = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        action = b["action"].float().view(len(b["reward"]), -1)
+        with torch.no_grad():
+            next_probs = F.softmax(self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"])), 1)
+            target = self.project(b["reward"], b["discount"], next_probs)
+        logits = self._q_logits(self.critic, b["obs"], action)
+        critic_loss = -(target * F.log_softmax(logits, 1)).sum(1).mean()
+        self.critic_opt.zero_grad()
+        critic_loss.backward()
+        self.critic_opt.step()
+
+        probs = F.softmax(self._q_logits(self.critic, b["obs"], self.policy(b["obs"])), 1)
+        policy_loss = -(probs * self.atoms).sum(1).mean()
+        self.policy_opt.zero_grad()
+        policy_loss.backward()
+        self.policy_opt.step()
+
+        self.steps += 1
+        if self.steps % self.config.target_update_period == 0:
+            self.target_policy.load_state_dict(self.policy.state_dict())
+            self.target_critic.load_state_dict(self.critic.state_dict())
+        return {"critic_loss": float(critic_loss), "policy_loss": float(policy_loss)}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return to_numpy(self.policy)
+
+    def policy_network(self) -> nn.Module:
+        return self.policy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k).state_dict() for k in
+                ("policy", "critic", "target_policy", "target_critic", "policy_opt", "critic_opt")} | {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k in ("policy", "critic", "target_policy", "target_critic", "policy_opt", "critic_opt"):
+            getattr(self, k).load_state_dict(state[k])
+        self.steps = int(state["steps"])
+
+
+def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int, device: str | None = None) -> DQNLearner | D4PGLearner:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cls = DQNLearner if config.algo == "dqn" else D4PGLearner
+    return cls(config, obs_dim, act_dim, device)

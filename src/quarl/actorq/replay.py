@@ -1,0 +1,136 @@
+"""Replay: n-step transitions built by actors, a uniform ring buffer, and a rate limiter
+with the semantics of Reverb's ``SampleToInsertRatio``."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+"""obs, action, reward (discounted n-step sum), discount (gamma^k, 0 at a terminal), next_obs."""
+
+
+class NStep:
+    """Turns single steps into n-step transitions. Call :meth:`add` after every env step;
+    it returns the transitions that became complete."""
+
+    def __init__(self, n: int, gamma: float) -> None:
+        self.n, self.gamma = n, gamma
+        self.window: deque = deque()
+
+    def _emit(self, next_obs: np.ndarray, terminal: bool) -> tuple:
+        obs, action, _ = self.window[0]
+        ret, disc = 0.0, 1.0
+        for _, _, r in self.window:
+            ret += disc * r
+            disc *= self.gamma
+        self.window.popleft()
+        return obs, action, ret, 0.0 if terminal else disc, next_obs
+
+    def add(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray,
+            terminated: bool, truncated: bool) -> list[tuple]:
+        self.window.append((obs, action, float(reward)))
+        out = []
+        if terminated or truncated:
+            while self.window:  # flush: terminal -> no bootstrap; truncated -> bootstrap from next_obs
+                out.append(self._emit(next_obs, terminated))
+        elif len(self.window) == self.n:
+            out.append(self._emit(next_obs, False))
+        return out
+
+
+def stack(transitions: list[tuple]) -> Batch:
+    obs, action, reward, discount, next_obs = zip(*transitions)
+    return {
+        "obs": np.asarray(obs, dtype=np.float32),
+        "action": np.asarray(action),
+        "reward": np.asarray(reward, dtype=np.float32),
+        "discount": np.asarray(discount, dtype=np.float32),
+        "next_obs": np.asarray(next_obs, dtype=np.float32),
+    }
+
+
+class Replay:
+    """Uniform replay over a fixed-size ring of transitions."""
+
+    def __init__(self, capacity: int, seed: int = 0) -> None:
+        self.capacity = capacity
+        self.data: Batch | None = None
+        self.size = 0
+        self.cursor = 0
+        self.rng = np.random.default_rng(seed)
+
+    def insert(self, batch: Batch) -> int:
+        n = len(batch["reward"])
+        if self.data is None:
+            self.data = {k: np.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype) for k, v in batch.items()}
+        idx = (self.cursor + np.arange(n)) % self.capacity
+        for k, v in batch.items():
+            self.data[k][idx] = v
+        self.cursor = int((self.cursor + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+        return n
+
+    def sample(self, batch_size: int) -> Batch:
+        if self.data is None or self.size == 0:
+            raise ValueError("cannot sample from an empty replay")
+        idx = self.rng.integers(0, self.size, batch_size)
+        return {k: v[idx] for k, v in self.data.items()}
+
+    def state(self) -> dict:
+        return {"data": self.data, "size": self.size, "cursor": self.cursor}
+
+    def load_state(self, state: dict) -> None:
+        self.data, self.size, self.cursor = state["data"], state["size"], state["cursor"]
+
+
+@dataclass
+class RateLimiter:
+    """Reverb's SampleToInsertRatio: keeps ``samples / inserts`` near
+    ``samples_per_insert`` once ``min_size`` items are in.
+
+    With ``diff = inserts * samples_per_insert - samples``, sampling is allowed while
+    ``inserts >= min_size`` and ``diff >= min_diff``; inserting while ``diff <= max_diff``,
+    where ``min_diff / max_diff = min_size * samples_per_insert -/+ error_buffer``. So a
+    faster actor fleet lets the learner take more steps per second, and actors wait when
+    the learner falls behind (learning stays at the same replay ratio)."""
+
+    samples_per_insert: float
+    min_size: int
+    error_buffer: float
+    inserts: int = 0
+    samples: int = 0
+
+    @classmethod
+    def from_tolerance(cls, samples_per_insert: float, min_size: int, tolerance: float) -> "RateLimiter":
+        return cls(samples_per_insert, min_size, tolerance * samples_per_insert * min_size)
+
+    @property
+    def diff(self) -> float:
+        return self.inserts * self.samples_per_insert - self.samples
+
+    @property
+    def min_diff(self) -> float:
+        return self.min_size * self.samples_per_insert - self.error_buffer
+
+    @property
+    def max_diff(self) -> float:
+        return self.min_size * self.samples_per_insert + self.error_buffer
+
+    def can_sample(self, n: int = 1) -> bool:
+        """May ``n`` items be sampled now?"""
+        return self.inserts >= self.min_size and self.diff - n >= self.min_diff
+
+    def can_insert(self, n: int = 1) -> bool:
+        """May ``n`` items be inserted now?"""
+        if self.inserts + n <= self.min_size:
+            return True
+        return self.diff + n * self.samples_per_insert <= self.max_diff
+
+    def inserted(self, n: int) -> None:
+        self.inserts += n
+
+    def sampled(self, n: int) -> None:
+        self.samples += n

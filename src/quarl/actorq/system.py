@@ -1,0 +1,383 @@
+"""The ActorQ run: a full-precision learner in this process, quantized actors and a
+parameter broadcaster in a fleet (Ray, or this process with ``local=True``).
+
+Coordinator loop::
+
+    publish(version 0); start every actor on a chunk of env steps
+    until the running mean of evaluations reaches the target, or time is up:
+        insert finished actor chunks into replay; restart an actor that died
+        restart idle actors while the rate limiter allows inserts
+        learner steps while the rate limiter allows samples; publish every push_period
+        evaluate the learner's fp32 policy every eval_every_s (its own env instances)
+        checkpoint every checkpoint_every_s; log to TensorBoard; print a progress line
+
+Everything measured goes to ``OUT/summary.json``, ``OUT/evals.csv`` and ``OUT/tb``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from quarl.actorq.acting import ActorResult, Broadcaster, EnvInfo, env_info, make_network
+from quarl.actorq.config import ActorQConfig
+from quarl.actorq.learners import make_learner
+from quarl.actorq.replay import RateLimiter, Replay
+from quarl.envs import EnvSpec, make_env
+
+log = logging.getLogger(__name__)
+
+WINDOW = 10
+"""Evaluations in the running mean that time-to-reward uses (as the paper)."""
+
+
+@dataclass
+class ActorFailure:
+    index: int
+    error: str
+
+
+class Fleet(Protocol):
+    """Where the actors, the broadcaster and the evaluator live."""
+
+    def publish(self, version: int, weights: dict[str, np.ndarray]) -> None: ...
+    def submit(self, index: int, steps: int) -> None: ...
+    def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]: ...
+    def restart(self, index: int) -> None: ...
+    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None: ...
+    def evaluations(self) -> list[tuple[int, float, float]]: ...
+    def broadcast_stats(self) -> dict[str, float]: ...
+    def close(self) -> None: ...
+
+
+class Evaluator:
+    """Runs the learner's fp32 policy without exploration on its own env instances."""
+
+    def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
+        torch.set_num_threads(1)
+        self.config, self.info = config, info
+        self.network = make_network(config, info).eval()
+        self.env = make_env(EnvSpec(config.env_id))
+        self.calls = 0
+
+    def evaluate(self, weights: dict[str, np.ndarray]) -> float:
+        self.network.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+        returns = []
+        for episode in range(self.config.eval_episodes):
+            obs, _ = self.env.reset(seed=self.config.seed + 1_000_000 + self.calls * 1000 + episode)
+            total, done = 0.0, False
+            while not done:
+                with torch.inference_mode():
+                    out = self.network(torch.from_numpy(np.asarray(obs, np.float32)[None]))[0].numpy()
+                if self.info.discrete:
+                    action = int(out.argmax())
+                else:
+                    action = self.info.low + (out + 1.0) * 0.5 * (self.info.high - self.info.low)
+                obs, reward, terminated, truncated, _ = self.env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+        self.calls += 1
+        return float(np.mean(returns))
+
+
+@dataclass
+class RunState:
+    """What the coordinator tracks (also what a checkpoint restores)."""
+
+    env_steps: int = 0
+    learner_steps: int = 0
+    version: int = 0
+    elapsed_s: float = 0.0
+    evals: list[tuple[float, int, float]] = field(default_factory=list)
+    """(seconds since start, weight version, mean return)."""
+    time_to_reward_s: float | None = None
+    actor_times: dict[str, float] = field(default_factory=dict)
+    actor_steps: dict[int, int] = field(default_factory=dict)
+    restarts: int = 0
+    pulls: int = 0
+    loads: int = 0
+    episodes: int = 0
+    last_returns: list[float] = field(default_factory=list)
+
+    def running_mean(self) -> float | None:
+        if not self.evals:
+            return None
+        return float(np.mean([e[2] for e in self.evals[-WINDOW:]]))
+
+
+def _target(config: ActorQConfig, info: EnvInfo) -> float | None:
+    if config.target_reward is not None:
+        return config.target_reward
+    return info.reward_threshold
+
+
+def make_fleet(config: ActorQConfig, info: EnvInfo) -> Fleet:
+    if config.local:
+        from quarl.actorq.local_fleet import LocalFleet
+
+        return LocalFleet(config, info)
+    from quarl.actorq.ray_fleet import RayFleet
+
+    return RayFleet(config, info)
+
+
+def run_actorq(
+    config: ActorQConfig,
+    resume: bool = False,
+    on_progress: Callable[[RunState, dict[str, Any]], None] | None = None,
+    on_tick: Callable[[RunState, Fleet], None] | None = None,
+) -> dict[str, Any]:
+    """Train until the target reward or the time budget; return the summary."""
+    torch.set_num_threads(1)
+    info = env_info(config)
+    target = _target(config, info)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    learner = make_learner(config, info.obs_dim, info.act_dim)
+    replay = Replay(config.replay_size, config.seed)
+    # slack of at least one actor chunk plus one batch either way, so neither side starves
+    limiter = RateLimiter.from_tolerance(config.samples_per_insert, config.min_replay, config.samples_per_insert_tolerance)
+    limiter.error_buffer = max(limiter.error_buffer, (config.chunk_steps * config.samples_per_insert + config.batch_size))
+    state = RunState()
+    ckpt_path = out / "checkpoint.pt"
+    if resume:
+        state = _restore(ckpt_path, learner, replay, limiter)
+        log.info("resumed from %s at %.0f s, %d learner steps", ckpt_path, state.elapsed_s, state.learner_steps)
+    from torch.utils.tensorboard import SummaryWriter
+
+    tb = SummaryWriter(str(out / "tb"))
+    energy = _energy_tracker(out)
+    fleet = make_fleet(config, info)
+    started = time.perf_counter() - state.elapsed_s
+    now = lambda: time.perf_counter() - started  # noqa: E731
+    try:
+        state.version += 1
+        fleet.publish(state.version, learner.weights())
+        idle = set(range(config.actors))
+        next_eval = next_ckpt = next_line = now()
+        next_ckpt += config.checkpoint_every_s
+        learner_t, metrics = 0.0, {}
+        while now() < config.max_minutes * 60:
+            for result in fleet.ready(timeout_s=0.0 if limiter.can_sample(config.batch_size) else 0.02):
+                if isinstance(result, ActorFailure):
+                    log.warning("actor %d died (%s): restarting it", result.index, result.error)
+                    fleet.restart(result.index)
+                    state.restarts += 1
+                    idle.add(result.index)
+                    continue
+                _account(state, result, tb, now())
+                if result.batch is not None:
+                    n = replay.insert(result.batch)
+                    limiter.inserted(n)
+                idle.add(result.index)
+            for index in sorted(idle):
+                if limiter.can_insert(config.chunk_steps):
+                    fleet.submit(index, config.chunk_steps)
+                    idle.discard(index)
+            t = time.perf_counter()
+            for _ in range(32):
+                if not limiter.can_sample(config.batch_size):
+                    break
+                metrics = learner.step(replay.sample(config.batch_size))
+                limiter.sampled(config.batch_size)
+                state.learner_steps += 1
+                if state.learner_steps % config.push_period == 0:
+                    state.version += 1
+                    fleet.publish(state.version, learner.weights())
+            learner_t += time.perf_counter() - t
+            if now() >= next_eval:
+                fleet.evaluate(state.version, learner.weights(), now())
+                next_eval = now() + config.eval_every_s
+            for at_s_version in fleet.evaluations():
+                version, mean, at_s = at_s_version
+                state.evals.append((at_s, version, mean))
+                _write_eval(out, state)
+                tb.add_scalar("eval/return", mean, state.env_steps)
+                tb.add_scalar("eval/running_mean", state.running_mean(), state.env_steps)
+                # the running mean covers the last WINDOW evaluations (fewer at the start)
+                if target is not None and state.time_to_reward_s is None and state.running_mean() >= target:
+                    state.time_to_reward_s = at_s
+            if state.time_to_reward_s is not None:
+                break
+            if now() >= next_line:
+                line = _progress(state, learner_t, now(), metrics, target)
+                tb.add_scalar("learner/steps_per_s", line["learner_steps_per_s"], state.env_steps)
+                tb.add_scalar("actor/env_steps_per_s", line["env_steps_per_s"], state.env_steps)
+                for k, v in metrics.items():
+                    tb.add_scalar(f"learner/{k}", v, state.env_steps)
+                if on_progress:
+                    on_progress(state, line)
+                next_line = now() + 2.0
+            if now() >= next_ckpt:
+                state.elapsed_s = now()
+                _checkpoint(ckpt_path, learner, replay, limiter, state, config)
+                next_ckpt = now() + config.checkpoint_every_s
+            if on_tick:
+                on_tick(state, fleet)
+    finally:
+        state.elapsed_s = now()
+        broadcast = fleet.broadcast_stats()
+        fleet.close()
+        emissions = _stop_energy(energy)
+        tb.close()
+    _checkpoint(ckpt_path, learner, replay, limiter, state, config)
+    torch.save(learner.policy_network().state_dict(), out / "policy.pt")
+    summary = _summary(config, info, target, state, broadcast, emissions, learner_t)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _account(state: RunState, result: ActorResult, tb: Any, at_s: float) -> None:
+    state.env_steps += result.steps
+    state.actor_steps[result.index] = state.actor_steps.get(result.index, 0) + result.steps
+    for k, v in result.times.items():
+        state.actor_times[k] = state.actor_times.get(k, 0.0) + v
+    state.pulls += result.pulls
+    state.loads += result.loads
+    state.episodes += len(result.episode_returns)
+    for r in result.episode_returns:
+        state.last_returns.append(r)
+        tb.add_scalar(f"actor/{result.index}/return", r, state.env_steps)
+    state.last_returns = state.last_returns[-20:]
+    if result.steps:
+        for k, v in result.times.items():
+            tb.add_scalar(f"time/{k}_ms_per_step", 1000 * v / result.steps, state.env_steps)
+
+
+def _progress(state: RunState, learner_t: float, at_s: float, metrics: dict, target: float | None) -> dict[str, Any]:
+    last = state.evals[-1][2] if state.evals else float("nan")
+    line = {
+        "t_s": round(at_s, 1),
+        "env_steps": state.env_steps,
+        "env_steps_per_s": state.env_steps / max(at_s, 1e-9),
+        "learner_steps": state.learner_steps,
+        "learner_steps_per_s": state.learner_steps / max(at_s, 1e-9),
+        "last_eval": last,
+        "running_mean": state.running_mean(),
+        "target": target,
+        "version": state.version,
+        **metrics,
+    }
+    return line
+
+
+def _write_eval(out: Path, state: RunState) -> None:
+    with (out / "evals.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["t_s", "version", "return", "running_mean"])
+        for i, (t, v, m) in enumerate(state.evals):
+            window = [e[2] for e in state.evals[max(0, i - WINDOW + 1) : i + 1]]
+            w.writerow([round(t, 3), v, round(m, 3), round(float(np.mean(window)), 3)])
+
+
+def _checkpoint(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, state: RunState,
+                config: ActorQConfig) -> None:
+    blob = {"learner": learner.state_dict(), "state": state.__dict__, "limiter": (limiter.inserts, limiter.samples),
+            "replay": replay.state() if config.extra.get("checkpoint_replay") else None, "config": config.to_json()}
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)  # a kill during the save leaves the previous checkpoint intact
+
+
+def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> RunState:
+    from quarl.errors import QuarlError
+
+    if not path.exists():
+        raise QuarlError(f"nothing to resume: {path} does not exist")
+    blob = torch.load(path, weights_only=False)  # our own file, written by _checkpoint
+    learner.load_state_dict(blob["learner"])
+    state = RunState(**blob["state"])
+    if blob.get("replay") is not None:
+        replay.load_state(blob["replay"])
+        limiter.inserts, limiter.samples = blob["limiter"]
+    state.time_to_reward_s = None
+    return state
+
+
+def _energy_tracker(out: Path) -> Any:
+    try:
+        from codecarbon import OfflineEmissionsTracker
+
+        tracker = OfflineEmissionsTracker(country_iso_code=os.environ.get("QUARL_COUNTRY", "USA"), output_dir=str(out),
+                                          log_level="error", save_to_file=False, measure_power_secs=5)
+        tracker.start()
+        return tracker
+    except Exception as exc:  # energy is a report, never a reason to stop training
+        log.warning("energy tracking unavailable: %s", exc)
+        return None
+
+
+def _stop_energy(tracker: Any) -> dict[str, Any]:
+    if tracker is None:
+        return {"available": False}
+    try:
+        kg = tracker.stop()
+        data = tracker.final_emissions_data
+        rapl = any(Path("/sys/class/powercap").glob("intel-rapl:*/energy_uj"))
+        readable = rapl and all(os.access(p, os.R_OK) for p in Path("/sys/class/powercap").glob("intel-rapl:*/energy_uj"))
+        return {
+            "available": True,
+            "energy_kwh": float(data.energy_consumed),
+            "cpu_energy_kwh": float(data.cpu_energy),
+            "ram_energy_kwh": float(data.ram_energy),
+            "co2_kg": float(kg or 0.0),
+            "country": data.country_iso_code,
+            "method": "measured (RAPL)" if readable else "estimated (codecarbon: CPU TDP x load, RAM by size)",
+        }
+    except Exception as exc:
+        log.warning("energy tracking failed: %s", exc)
+        return {"available": False, "error": str(exc)}
+
+
+def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: RunState, broadcast: dict,
+             energy: dict, learner_s: float) -> dict[str, Any]:
+    steps = max(state.env_steps, 1)
+    per_step_ms = {k: 1000 * v / steps for k, v in state.actor_times.items()}
+    return {
+        "config": config.to_json(),
+        "machine": _machine(),
+        "target_reward": target,
+        "reached": state.time_to_reward_s is not None,
+        "time_to_reward_s": state.time_to_reward_s,
+        "elapsed_s": state.elapsed_s,
+        "final_running_mean": state.running_mean(),
+        "evals": state.evals,
+        "env_steps": state.env_steps,
+        "learner_steps": state.learner_steps,
+        "env_steps_per_s": state.env_steps / max(state.elapsed_s, 1e-9),
+        "learner_steps_per_s": state.learner_steps / max(state.elapsed_s, 1e-9),
+        "actor_env_steps_per_s": {str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
+        "actor_ms_per_step": per_step_ms,
+        "learner_busy_s": learner_s,
+        "weight_versions": state.version,
+        "pulls": state.pulls,
+        "loads": state.loads,
+        "restarts": state.restarts,
+        "episodes": state.episodes,
+        "broadcast": broadcast,
+        "energy": energy,
+    }
+
+
+def _machine() -> dict[str, Any]:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

@@ -1,0 +1,89 @@
+"""The weight wire format: a versioned set of named tensors, each sent as fp32, fp16 or
+n-bit (2..8) per-tensor affine integers packed ``bits`` to the value.
+
+Layout: 4-byte little-endian header length, a JSON header (version, bits and per tensor:
+name, shape, scale, zero point, byte offset), then the packed payloads. Nothing is
+pickled. An n-bit tensor comes back within ``scale / 2`` of the original everywhere
+(``scale = (max - min) / (2^bits - 1)``, range widened to include 0).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import torch
+
+from quarl.errors import QuarlError
+from quarl.quant.primitives import QParams, dequantize, qparams, quantize
+
+Weights = dict[str, np.ndarray]
+
+
+def _pack(codes: np.ndarray, bits: int) -> bytes:
+    if bits == 8:
+        return codes.astype(np.uint8).tobytes()
+    planes = np.unpackbits(codes.astype(np.uint8)[:, None], axis=1)[:, 8 - bits :]
+    return np.packbits(planes.reshape(-1)).tobytes()
+
+
+def _unpack(raw: bytes, bits: int, n: int) -> np.ndarray:
+    if bits == 8:
+        return np.frombuffer(raw, dtype=np.uint8, count=n)
+    planes = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[: n * bits].reshape(n, bits)
+    full = np.zeros((n, 8), dtype=np.uint8)
+    full[:, 8 - bits :] = planes
+    return np.packbits(full, axis=1).reshape(n)
+
+
+def encode(weights: Weights, version: int, bits: int = 32) -> bytes:
+    """Serialize ``weights`` (float arrays) at ``bits`` (32, 16 or 2..8)."""
+    if bits not in (32, 16) and not 2 <= bits <= 8:
+        raise QuarlError(f"wire bits {bits} is not supported: allowed 32, 16, 2..8")
+    entries, blobs, offset = [], [], 0
+    for name, array in weights.items():
+        x = np.ascontiguousarray(array, dtype=np.float32)
+        entry: dict = {"name": name, "shape": list(x.shape)}
+        if bits == 32:
+            blob = x.tobytes()
+        elif bits == 16:
+            blob = x.astype(np.float16).tobytes()
+        else:
+            qp = qparams(torch.from_numpy(x), bits, "affine", "tensor")
+            codes = quantize(torch.from_numpy(x), qp).numpy().reshape(-1)
+            entry.update(scale=float(qp.scale), zero_point=float(qp.zero_point))
+            blob = _pack(codes, bits)
+        entry.update(offset=offset, nbytes=len(blob))
+        offset += len(blob)
+        entries.append(entry)
+        blobs.append(blob)
+    header = json.dumps({"version": int(version), "bits": bits, "tensors": entries}).encode()
+    return struct.pack("<I", len(header)) + header + b"".join(blobs)
+
+
+def decode(payload: bytes) -> tuple[int, Weights]:
+    """(version, float32 weights) from :func:`encode`'s bytes."""
+    (n,) = struct.unpack_from("<I", payload)
+    header = json.loads(payload[4 : 4 + n])
+    body = memoryview(payload)[4 + n :]
+    bits = header["bits"]
+    out: Weights = {}
+    for e in header["tensors"]:
+        raw = body[e["offset"] : e["offset"] + e["nbytes"]]
+        count = int(np.prod(e["shape"])) if e["shape"] else 1
+        if bits == 32:
+            x = np.frombuffer(raw, dtype=np.float32, count=count).copy()
+        elif bits == 16:
+            x = np.frombuffer(raw, dtype=np.float16, count=count).astype(np.float32)
+        else:
+            codes = torch.from_numpy(_unpack(bytes(raw), bits, count).astype(np.int32))
+            qp = QParams(torch.tensor(e["scale"]), torch.tensor(e["zero_point"]), bits, "affine", 0, 2**bits - 1)
+            x = dequantize(codes, qp).numpy()
+        out[e["name"]] = x.reshape(e["shape"])
+    return int(header["version"]), out
+
+
+def version_of(payload: bytes) -> int:
+    (n,) = struct.unpack_from("<I", payload)
+    return int(json.loads(payload[4 : 4 + n])["version"])
