@@ -100,6 +100,9 @@ class Broadcaster:
         model = quantize_dynamic_int8(export_onnx(net.eval(), (self.info.obs_dim,)))
         return _ONNX_MAGIC + struct.pack("<q", version) + model
 
+    def get_stats(self) -> dict[str, float]:
+        return dict(self.stats)
+
     def pull(self, have_version: int) -> bytes | None:
         """The latest payload, or None when the caller already has it."""
         return None if self.payload is None or self.version == have_version else self.payload

@@ -1,0 +1,147 @@
+"""The fleet on Ray: the only module of quarl that imports Ray.
+
+One Ray actor per ActorQ actor (one CPU each, spread over the cluster's nodes), one for
+the parameter broadcaster and one for the evaluator. Without ``--address`` a local Ray
+starts with one slot per actor plus the learner; with it, quarl joins that cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from quarl.actorq.acting import Actor, ActorResult, Broadcaster, EnvInfo
+from quarl.actorq.config import ActorQConfig
+from quarl.actorq.system import ActorFailure, Evaluator
+from quarl.errors import QuarlError
+
+log = logging.getLogger(__name__)
+
+
+class RemoteActor:
+    """An :class:`Actor` living in a Ray worker; it pulls from the broadcaster actor."""
+
+    def __init__(self, config: ActorQConfig, info: EnvInfo, index: int, broadcaster: Any) -> None:
+        import ray
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        self.actor = Actor(config, info, index, lambda version: ray.get(broadcaster.pull.remote(version)))
+
+    def run(self, steps: int) -> ActorResult:
+        return self.actor.run(steps)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _init_ray(config: ActorQConfig) -> bool:
+    """Start or join Ray; True when this call started it (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
+    try:
+        if config.address:
+            ray.init(address=config.address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
+        else:
+            ray.init(num_cpus=max(os.cpu_count() or 1, config.actors + 1), include_dashboard=False,
+                     runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"--address {config.address!r}" if config.address else "a local Ray"
+        raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}") from None
+    return True
+
+
+class RayFleet:
+    def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
+        import ray
+
+        self.ray = ray
+        self.config, self.info = config, info
+        self.owns_ray = _init_ray(config)
+        self.broadcaster = ray.remote(num_cpus=0)(Broadcaster).remote(config, info)
+        self.evaluator = ray.remote(num_cpus=0)(Evaluator).remote(config, info)
+        self.actor_cls = ray.remote(num_cpus=1, max_restarts=0)(RemoteActor)
+        self.actors = [self._start(i) for i in range(config.actors)]
+        self.pending: dict[Any, int] = {}
+        self.publishing: Any = None
+        self.queued: tuple[int, dict[str, np.ndarray]] | None = None
+        self.eval_ref: Any = None
+        self.eval_meta: tuple[int, float] | None = None
+        self.done_evals: list[tuple[int, float, float]] = []
+
+    def _start(self, index: int) -> Any:
+        return self.actor_cls.remote(self.config, self.info, index, self.broadcaster)
+
+    def publish(self, version: int, weights: dict[str, np.ndarray]) -> None:
+        # latest wins: at most one publish in flight, the learner never waits for it
+        if self.publishing is not None and not self.ray.wait([self.publishing], timeout=0)[0]:
+            self.queued = (version, weights)
+            return
+        self.publishing = self.broadcaster.publish.remote(version, weights)
+        self.queued = None
+
+    def submit(self, index: int, steps: int) -> None:
+        self.pending[self.actors[index].run.remote(steps)] = index
+
+    def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]:
+        if self.queued is not None:
+            self.publish(*self.queued)
+        self._poll_eval()
+        if not self.pending:
+            return []
+        done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout_s)
+        out: list[ActorResult | ActorFailure] = []
+        for ref in done:
+            index = self.pending.pop(ref)
+            try:
+                out.append(self.ray.get(ref))
+            except self.ray.exceptions.RayError as exc:
+                out.append(ActorFailure(index, type(exc).__name__))
+        return out
+
+    def restart(self, index: int) -> None:
+        try:
+            self.ray.kill(self.actors[index])
+        except Exception:  # already gone
+            pass
+        self.actors[index] = self._start(index)
+
+    def kill(self, index: int) -> None:
+        """Kill an actor's process (fault-tolerance tests)."""
+        self.ray.kill(self.actors[index], no_restart=True)
+
+    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None:
+        if self.eval_ref is None:  # one evaluation at a time; a busy evaluator skips this one
+            self.eval_ref = self.evaluator.evaluate.remote(weights)
+            self.eval_meta = (version, at_s)
+
+    def _poll_eval(self) -> None:
+        if self.eval_ref is not None and self.ray.wait([self.eval_ref], timeout=0)[0]:
+            version, at_s = self.eval_meta
+            self.done_evals.append((version, float(self.ray.get(self.eval_ref)), at_s))
+            self.eval_ref = None
+
+    def evaluations(self) -> list[tuple[int, float, float]]:
+        self._poll_eval()
+        out, self.done_evals = self.done_evals, []
+        return out
+
+    def broadcast_stats(self) -> dict[str, float]:
+        try:
+            return self.ray.get(self.broadcaster.get_stats.remote(), timeout=30)
+        except Exception:
+            return {}
+
+    def close(self) -> None:
+        for handle in [*self.actors, self.broadcaster, self.evaluator]:
+            try:
+                self.ray.kill(handle)
+            except Exception:
+                pass
+        if self.owns_ray:
+            self.ray.shutdown()
