@@ -215,7 +215,8 @@ def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     rows = read_csv(out / "qat.csv")
     assert [row["bits"] for row in rows] == ["fp32", "8*", "6", "3"]
-    assert all(row["PTQ"] for row in rows) and all(row["QAT"] for row in rows[2:])
+    assert all(row["PTQ_w"] for row in rows) and all(row["QAT_wa"] and row["PTQ_wa"] for row in rows[2:])
+    assert rows[1]["QAT_wa"] == ""  # 8* is real int8 PTQ only
     assert (out / "qat.png").stat().st_size > 10_000
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert runs == ["fp32-seed0-6000", "qat3-quarl-delay3000-seed0-6000", "qat6-quarl-delay3000-seed0-6000"]

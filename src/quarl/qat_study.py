@@ -90,6 +90,9 @@ def run_qat_study(
     for n in study.bits:
         config = QuantConfig(precision="nbit", bits=n, scheme=study.scheme)
         cells.append(Cell(f"ptq{n}", config, {"method": "ptq", "bits": n, "scheme": study.scheme, **common}))
+        # QAT quantizes layer outputs too: PTQ of weights and (calibrated) outputs is its like-for-like baseline
+        config = QuantConfig(precision="nbit", bits=n, scheme=study.scheme, activations=True)
+        cells.append(Cell(f"ptqa{n}", config, {"method": "ptq_act", "bits": n, "scheme": study.scheme, **common}))
     for n, run_dir in qat_runs.items():
         qat_policy = load_checkpoint(run_dir).policy
         if qat_policy.precision != f"qat{n}":
@@ -103,23 +106,32 @@ def run_qat_study(
     return rows
 
 
+COLUMNS = (("ptq", "PTQ_w"), ("ptq_act", "PTQ_wa"), ("qat", "QAT_wa"))
+"""Methods as table columns: PTQ of weights only, PTQ of weights and layer outputs
+(ranges calibrated on fp32 rollouts), QAT (weights and layer outputs, trained)."""
+
+
 def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``bits | PTQ | E_PTQ% | QAT | E_QAT%`` with the fp32 and real-int8 (8*) rows first."""
+    """``bits | PTQ_w | PTQ_wa | QAT_wa`` (and E% of each) with the fp32 and real-int8 (8*) rows first."""
     base = next(r for r in records if r["method"] == "fp32")
     by = {(r["method"], r.get("bits"), r.get("real_int8", False)): r for r in records}
-    rows = [{"bits": "fp32", "PTQ": round(base["mean"], 2), "E_PTQ%": 0.0, "QAT": None, "E_QAT%": None}]
+
+    def row(label: str, cells: dict[str, dict | None]) -> dict[str, Any]:
+        out: dict[str, Any] = {"bits": label}
+        for _, col in COLUMNS:
+            r = cells.get(col)
+            out[col] = round(r["mean"], 2) if r else None
+            out[f"E_{col}%"] = round(relative_error(base["mean"], r["mean"]), 2) if r else None
+        return out
+
+    rows = [row("fp32", {col: base for _, col in COLUMNS})]
     real = by.get(("ptq", 8, True))
     if real is not None:
-        rows.append({"bits": "8*", "PTQ": round(real["mean"], 2),
-                     "E_PTQ%": round(relative_error(base["mean"], real["mean"]), 2), "QAT": None, "E_QAT%": None})
-    for n in sorted({r["bits"] for r in records if r["method"] == "qat"} | {r["bits"] for r in records
-                     if r["method"] == "ptq" and not r.get("real_int8")}, reverse=True):
-        row: dict[str, Any] = {"bits": str(n)}
-        for method, col in (("ptq", "PTQ"), ("qat", "QAT")):
-            r = by.get((method, n, False))
-            row[col] = round(r["mean"], 2) if r else None
-            row[f"E_{col}%"] = round(relative_error(base["mean"], r["mean"]), 2) if r else None
-        rows.append(row)
+        rows.append(row("8*", {"PTQ_w": real}))
+    widths = sorted({r["bits"] for r in records if r["method"] in ("qat", "ptq_act")
+                     or (r["method"] == "ptq" and not r.get("real_int8"))}, reverse=True)
+    for n in widths:
+        rows.append(row(str(n), {col: by.get((method, n, False)) for method, col in COLUMNS}))
     return rows
 
 
@@ -134,11 +146,12 @@ def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     labels = [("Fp" if r["bits"] == "fp32" else r["bits"]) for r in rows]
     x = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    base = rows[0]["PTQ"]
-    for col, marker in (("PTQ", "o"), ("QAT", "s")):
-        pts = [(i, r[col] if r[col] is not None else (base if i == 0 else None)) for i, r in zip(x, rows)]
-        pts = [(i, v) for i, v in pts if v is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=col)
+    styles = {"PTQ_w": ("o", "PTQ (weights)"), "PTQ_wa": ("^", "PTQ (weights + activations)"),
+              "QAT_wa": ("s", "QAT (weights + activations)")}
+    for _, col in COLUMNS:
+        pts = [(i, r[col]) for i, r in zip(x, rows) if r[col] is not None]
+        marker, label = styles[col]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
     ax.set_xticks(x, labels)
     ax.set_xlabel("bits (8* = real int8 kernels)")
     ax.set_ylabel("mean return")
