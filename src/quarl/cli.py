@@ -393,6 +393,110 @@ def qat(
     out_console.print(f"wrote {out}/qat.csv, qat.md, qat.json, qat.png")
 
 
+def _parse_layers(text: str) -> tuple[int, ...]:
+    items = _split(text, "--policy-layers")
+    if not all(i.isdigit() and int(i) > 0 for i in items):
+        raise QuarlError(f"--policy-layers {text!r} must be positive integers, e.g. 2048,2048,2048")
+    return tuple(int(i) for i in items)
+
+
+def _progress_line(state, line: dict) -> None:
+    run_mean = line["running_mean"]
+    console.print(
+        f"{line['t_s']:7.1f}s  env {line['env_steps']:>8} ({line['env_steps_per_s']:7.1f}/s)  "
+        f"learner {line['learner_steps']:>7} ({line['learner_steps_per_s']:6.1f}/s)  "
+        f"eval {line['last_eval']:8.2f}  mean10 {run_mean if run_mean is not None else float('nan'):8.2f}"
+        f" / {line['target'] if line['target'] is not None else '-'}  v{line['version']}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+@user_errors
+def actorq(
+    args: list[str] = typer.Argument(..., help="ENV_ID, or: compare ENV_ID"),
+    algo: str = typer.Option("dqn", help="dqn (discrete actions) or d4pg (continuous)"),
+    actors: int = typer.Option(2, help="actor processes"),
+    actor_precision: str = typer.Option("int8", help="fp32, fp16, bf16 or int8 (ONNX Runtime)"),
+    wire_bits: int = typer.Option(32, help="weights sent to float actors at 32, 16 or 8..2 bits"),
+    update_period: int = typer.Option(300, help="actor env steps between weight pulls"),
+    push_period: int = typer.Option(100, help="learner steps between weight pushes"),
+    policy_layers: str = typer.Option("2048,2048,2048", help="hidden widths of the policy"),
+    target_reward: Optional[float] = typer.Option(None, help="stop at this running-mean eval return (default: env's threshold)"),
+    max_minutes: float = typer.Option(10.0, help="time budget of one run"),
+    learning_rate: float = typer.Option(1e-4, "--lr"),
+    batch_size: int = typer.Option(256),
+    min_replay: int = typer.Option(1000, help="transitions before learning starts"),
+    samples_per_insert: float = typer.Option(32.0, help="rate limiter: items sampled per item inserted"),
+    eval_every: float = typer.Option(10.0, help="seconds between evaluations"),
+    eval_episodes: int = typer.Option(5),
+    seed: int = SeedOpt,
+    address: Optional[str] = typer.Option(None, help="join this Ray cluster (default: start a local one)"),
+    local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
+    precisions: str = typer.Option("fp32,int8", help="compare: actor precisions, one run each"),
+    repeats: int = typer.Option(3, help="compare: runs per precision"),
+    out: Optional[Path] = OutOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """ActorQ: distributed actor-learner training with a full-precision learner and
+    quantized actors, on Ray. ``quarl actorq compare ENV_ID`` runs it once per precision
+    and writes the paper's table and plots.
+
+    Example: quarl actorq CartPole-v1 --algo dqn --actors 2 --actor-precision int8 --policy-layers 256,256
+    """
+    _setup(verbose)
+    from quarl.actorq.config import ActorQConfig
+    from quarl.reports import print_table
+
+    compare = args[0] == "compare"
+    rest = args[1:] if compare else args
+    if len(rest) != 1:
+        raise QuarlError(f"expected ENV_ID or 'compare ENV_ID', got {' '.join(args)!r}")
+    env_id = rest[0]
+    from quarl.envs import check_env_id
+
+    check_env_id(env_id)
+    name = f"{algo}-{env_id.replace('/', '_')}"
+    out = out or Path("results") / "actorq" / (f"compare-{name}" if compare else f"{name}-{actor_precision}")
+    config = ActorQConfig(
+        env_id, algo=algo, actors=actors, actor_precision=actor_precision, wire_bits=wire_bits,
+        update_period=update_period, push_period=push_period, policy_layers=_parse_layers(policy_layers),
+        target_reward=target_reward, max_minutes=max_minutes, learning_rate=learning_rate, batch_size=batch_size,
+        min_replay=min_replay, samples_per_insert=samples_per_insert, eval_every_s=eval_every,
+        eval_episodes=eval_episodes, seed=seed, address=address, local=local, out=out,
+    )
+    from quarl.actorq.acting import env_info
+
+    env_info(config)  # env / algorithm mismatch: one line before anything starts
+    if compare:
+        from quarl.actorq.compare import run_compare
+        from quarl.actorq.config import ACTOR_PRECISIONS
+
+        labels = _split(precisions, "--precisions")
+        bad = [p for p in labels if p not in ACTOR_PRECISIONS]
+        if bad:
+            raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
+        _check_count("--repeats", repeats, 1)
+        rows = run_compare(config, labels, repeats, out,
+                           on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
+                           on_progress=_progress_line)
+        print_table(rows, f"ActorQ {algo} {env_id}: {actors} actors, policy {policy_layers}", out_console)
+        out_console.print(f"wrote {out}/compare.csv, compare.md, convergence.png, breakdown.png, energy.png")
+        return
+    from quarl.actorq.system import run_actorq
+
+    summary = run_actorq(config, resume=resume, on_progress=_progress_line)
+    ttr = summary["time_to_reward_s"]
+    out_console.print(
+        (f"reached {summary['target_reward']} in {ttr:.1f} s" if ttr is not None else
+         f"did not reach {summary['target_reward']} in {summary['elapsed_s']:.0f} s")
+        + f" ({summary['env_steps']} env steps, {summary['learner_steps']} learner steps); wrote {out}/summary.json",
+        soft_wrap=True,
+    )
+
+
 @app.command()
 @user_errors
 def demo(

@@ -44,6 +44,8 @@ def _init_ray(config: ActorQConfig) -> bool:
     if ray.is_initialized():
         return False
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
+    if config.address and config.address != "auto":
+        _check_reachable(config.address)
     try:
         if config.address:
             ray.init(address=config.address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
@@ -54,6 +56,21 @@ def _init_ray(config: ActorQConfig) -> bool:
         where = f"--address {config.address!r}" if config.address else "a local Ray"
         raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}") from None
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, not minutes, when nothing listens at ``address`` (host:port)."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise QuarlError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, or ray://HOST:10001)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            pass
+    except OSError as exc:
+        raise QuarlError(f"cannot reach Ray at --address {address!r}: {exc.strerror or exc}") from None
 
 
 class RayFleet:

@@ -155,9 +155,9 @@ def run_actorq(
         log.info("resumed from %s at %.0f s, %d learner steps", ckpt_path, state.elapsed_s, state.learner_steps)
     from torch.utils.tensorboard import SummaryWriter
 
+    fleet = make_fleet(config, info)  # first: a cluster that cannot be reached fails before anything is written
     tb = SummaryWriter(str(out / "tb"))
     energy = _energy_tracker(out)
-    fleet = make_fleet(config, info)
     started = time.perf_counter() - state.elapsed_s
     now = lambda: time.perf_counter() - started  # noqa: E731
     try:
@@ -307,6 +307,8 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> 
 def _energy_tracker(out: Path) -> Any:
     try:
         from codecarbon import OfflineEmissionsTracker
+
+        logging.getLogger("codecarbon").setLevel(logging.ERROR)
 
         tracker = OfflineEmissionsTracker(country_iso_code=os.environ.get("QUARL_COUNTRY", "USA"), output_dir=str(out),
                                           log_level="error", save_to_file=False, measure_power_secs=5)

@@ -1,0 +1,172 @@
+"""``quarl actorq compare``: the same ActorQ configuration once per actor precision (and
+repeat), one after the other on the same machine, then the paper's table, the
+convergence plot, the runtime breakdown and the energy comparison.
+
+Each finished run leaves ``OUT/PRECISION/repN/summary.json``; a rerun skips those, so an
+interrupted comparison resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from quarl.actorq.config import ActorQConfig
+from quarl.actorq.system import run_actorq
+from quarl.reports import write_rows
+
+log = logging.getLogger(__name__)
+
+PARTS = ("inference", "env", "pull", "deserialize", "load")
+
+
+def run_compare(
+    base: ActorQConfig,
+    precisions: Sequence[str],
+    repeats: int,
+    out: Path,
+    on_run: Callable[[str, int], None] | None = None,
+    on_progress: Callable | None = None,
+) -> list[dict[str, Any]]:
+    summaries: dict[str, list[dict]] = {}
+    for precision in precisions:
+        for rep in range(repeats):
+            run_out = out / precision / f"rep{rep}"
+            done = run_out / "summary.json"
+            if done.exists():
+                log.info("%s rep %d: reusing %s", precision, rep, done)
+            else:
+                if on_run:
+                    on_run(precision, rep)
+                config = replace(base, actor_precision=precision, seed=base.seed + rep, out=run_out)
+                run_actorq(config, on_progress=on_progress)
+            summaries.setdefault(precision, []).append(json.loads(done.read_text()))
+    rows = compare_rows(summaries)
+    write_rows(rows, out, "compare")
+    plot_convergence(summaries, out / "convergence.png", f"{base.algo} {base.env_id}: {base.actors} actors")
+    plot_breakdown(summaries, out / "breakdown.png")
+    plot_energy(summaries, out / "energy.png")
+    return rows
+
+
+def _mean_std(values: list[float | None]) -> tuple[float, float]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return math.nan, math.nan
+    return float(np.mean(vals)), float(np.std(vals))
+
+
+def compare_rows(summaries: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    """One row per precision: reward, time to reward, speedup over the first precision,
+    actor steps/s, bytes per broadcast, energy."""
+    rows = []
+    base_t = None
+    for precision, runs in summaries.items():
+        ttr, ttr_sd = _mean_std([r["time_to_reward_s"] for r in runs])
+        reached = sum(bool(r["reached"]) for r in runs)
+        if base_t is None:
+            base_t = ttr
+        reward, _ = _mean_std([r["final_running_mean"] for r in runs])
+        steps, _ = _mean_std([sum(r["actor_env_steps_per_s"].values()) / max(len(r["actor_env_steps_per_s"]), 1)
+                              for r in runs])
+        energy = [r["energy"] for r in runs if r["energy"].get("available")]
+        rows.append({
+            "actor_precision": precision,
+            "reward": round(reward, 2),
+            "target": runs[0]["target_reward"],
+            "reached": f"{reached}/{len(runs)}",
+            "time_to_reward_s": round(ttr, 1),
+            "time_std_s": round(ttr_sd, 1),
+            "speedup": round(base_t / ttr, 2) if ttr and not math.isnan(ttr) and base_t else math.nan,
+            "actor_steps_per_s": round(steps, 1),
+            "inference_ms": round(float(np.mean([r["actor_ms_per_step"].get("inference", 0) for r in runs])), 3),
+            "broadcast_bytes": int(np.mean([r["broadcast"].get("bytes", 0) for r in runs])),
+            "energy_kwh": round(float(np.mean([e["energy_kwh"] for e in energy])), 6) if energy else math.nan,
+            "co2_kg": round(float(np.mean([e["co2_kg"] for e in energy])), 6) if energy else math.nan,
+        })
+    return rows
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -> Path:
+    """Running mean of evaluations against wall-clock time: mean and min..max over repeats."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for precision, runs in summaries.items():
+        curves = []
+        for r in runs:
+            evals = r["evals"]
+            if not evals:
+                continue
+            t = np.array([e[0] for e in evals])
+            v = np.array([e[2] for e in evals])
+            running = np.array([v[max(0, i - 9) : i + 1].mean() for i in range(len(v))])
+            curves.append((t, running))
+        if not curves:
+            continue
+        grid = np.linspace(0, max(c[0][-1] for c in curves), 100)
+        ys = np.array([np.interp(grid, t, y, left=np.nan, right=y[-1]) for t, y in curves])
+        mean = np.nanmean(ys, axis=0)
+        line, = ax.plot(grid, mean, label=f"{precision} actors")
+        if len(curves) > 1:
+            ax.fill_between(grid, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0), color=line.get_color(), alpha=0.2)
+    target = next(iter(summaries.values()))[0].get("target_reward")
+    if target is not None:
+        ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("wall-clock time (s)")
+    ax.set_ylabel("eval return (running mean of 10)")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
+    """Stacked bars: where an actor step's time goes, per precision (ms per env step)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(summaries)
+    bottom = np.zeros(len(names))
+    for part in PARTS:
+        vals = np.array([np.mean([r["actor_ms_per_step"].get(part, 0.0) for r in runs]) for runs in summaries.values()])
+        ax.bar(names, vals, bottom=bottom, label=part)
+        bottom += vals
+    ax.set_ylabel("ms per actor env step")
+    ax.set_title("actor runtime breakdown")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_energy(summaries: dict[str, list[dict]], path: Path) -> Path:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3.5))
+    names = list(summaries)
+    for ax, key, label in ((axes[0], "energy_kwh", "energy (kWh)"), (axes[1], "co2_kg", "CO2 (kg)")):
+        vals = [np.mean([r["energy"].get(key, np.nan) for r in runs]) for runs in summaries.values()]
+        ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(names)])
+        ax.set_title(label)
+    method = next(iter(summaries.values()))[0]["energy"].get("method", "unavailable")
+    fig.suptitle(f"whole run, codecarbon: {method}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
