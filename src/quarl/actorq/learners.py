@@ -75,7 +75,7 @@ class DQNLearner:
         self.steps += 1
         if self.steps % self.config.target_update_period == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return {"loss": float(loss)}
+        return {"loss": loss.item()}
 
     def weights(self) -> dict[str, np.ndarray]:
         return to_numpy(self.q)
@@ -134,6 +134,8 @@ class D4PGLearner:
             target = self.project(b["reward"], b["discount"], next_probs)
         logits = self._q_logits(self.critic, b["obs"], action)
         critic_loss = -(target * F.log_softmax(logits, 1)).sum(1).mean()
+        # cross-entropy minus the target's own entropy: 0 when the critic matches its target
+        critic_kl = critic_loss.detach() + (target * torch.log(target.clamp_min(1e-12))).sum(1).mean()
         self.critic_opt.zero_grad()
         critic_loss.backward()
         self.critic_opt.step()
@@ -148,7 +150,7 @@ class D4PGLearner:
         if self.steps % self.config.target_update_period == 0:
             self.target_policy.load_state_dict(self.policy.state_dict())
             self.target_critic.load_state_dict(self.critic.state_dict())
-        return {"critic_loss": float(critic_loss), "policy_loss": float(policy_loss)}
+        return {"critic_loss": critic_loss.item(), "critic_kl": critic_kl.item(), "policy_loss": policy_loss.item()}
 
     def weights(self) -> dict[str, np.ndarray]:
         return to_numpy(self.policy)

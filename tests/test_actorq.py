@@ -1,0 +1,252 @@
+"""ActorQ: each piece in-process, then whole runs (in-process and on a local Ray)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quarl.actorq import wire
+from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info
+from quarl.actorq.config import ActorQConfig
+from quarl.actorq.learners import D4PGLearner, DQNLearner
+from quarl.actorq.replay import NStep, RateLimiter, Replay, stack
+from quarl.actorq.system import run_actorq
+from quarl.errors import QuarlError
+
+SMALL = dict(policy_layers=(64, 64), critic_layers=(64, 64), batch_size=32, min_replay=100, eval_episodes=2)
+
+# A configuration that learns CartPole in well under a minute on 2 cores.
+CARTPOLE = dict(algo="dqn", actors=2, actor_precision="int8", policy_layers=(256, 256), learning_rate=1e-3,
+                batch_size=64, min_replay=500, samples_per_insert=8.0, update_period=100, push_period=50,
+                target_reward=195.0, eval_every_s=2.0, eval_episodes=3, replay_size=50_000)
+
+
+def _batch(rng: np.random.Generator, n: int, obs_dim: int, action: np.ndarray) -> dict[str, np.ndarray]:
+    return {"obs": rng.normal(size=(n, obs_dim)).astype(np.float32), "action": action,
+            "reward": rng.normal(size=n).astype(np.float32), "discount": np.full(n, 0.99, np.float32),
+            "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32)}
+
+
+# ---------------------------------------------------------------------------- learners
+
+
+@pytest.mark.parametrize("algo", ["dqn", "d4pg"])
+def test_learner_loss_decreases_on_a_fixed_batch(algo: str) -> None:
+    rng = np.random.default_rng(0)
+    config = ActorQConfig("CartPole-v1" if algo == "dqn" else "Pendulum-v1", algo=algo, learning_rate=1e-3,
+                          target_update_period=10_000, **{k: v for k, v in SMALL.items() if k != "batch_size"})
+    if algo == "dqn":
+        learner = DQNLearner(config, 4, 2)
+        batch = _batch(rng, 64, 4, rng.integers(0, 2, 64))
+        key = "loss"
+    else:
+        learner = D4PGLearner(config, 3, 1)
+        batch = _batch(rng, 64, 3, rng.uniform(-1, 1, (64, 1)).astype(np.float32))
+        key = "critic_kl"
+    first = learner.step(batch)[key]
+    for _ in range(200):
+        last = learner.step(batch)[key]
+    assert last < 0.5 * first
+    state = learner.state_dict()
+    fresh = DQNLearner(config, 4, 2) if algo == "dqn" else D4PGLearner(config, 3, 1)
+    fresh.load_state_dict(state)
+    for k, v in learner.weights().items():
+        np.testing.assert_array_equal(fresh.weights()[k], v)
+
+
+def test_d4pg_projection_keeps_mass_and_moves_atoms() -> None:
+    config = ActorQConfig("Pendulum-v1", algo="d4pg", v_min=-10, v_max=10, n_atoms=21, **SMALL)
+    learner = D4PGLearner(config, 3, 1)
+    probs = torch.softmax(torch.randn(5, 21), 1)
+    same = learner.project(torch.zeros(5), torch.ones(5), probs)
+    torch.testing.assert_close(same, probs)  # r = 0, discount 1: unchanged
+    shifted = learner.project(torch.ones(5), torch.ones(5), probs)  # +1 = exactly one atom up
+    torch.testing.assert_close(shifted[:, 1:-1], probs[:, :-2])
+    torch.testing.assert_close(shifted.sum(1), torch.ones(5))
+    half = learner.project(torch.full((5,), 0.5), torch.zeros(5), probs)  # all mass at 0.5: split 50/50
+    torch.testing.assert_close(half[:, 10], torch.full((5,), 0.5))
+    torch.testing.assert_close(half[:, 11], torch.full((5,), 0.5))
+
+
+# ---------------------------------------------------------------------------- wire, broadcaster, actors
+
+
+@pytest.mark.parametrize("bits", [32, 16, 8, 7, 6, 5, 4, 3, 2])
+def test_wire_round_trip_within_bound(bits: int) -> None:
+    rng = np.random.default_rng(bits)
+    weights = {"0.weight": rng.normal(size=(64, 5)).astype(np.float32), "0.bias": rng.normal(size=64).astype(np.float32),
+               "2.weight": rng.uniform(0.1, 2.0, size=(3, 64)).astype(np.float32)}
+    payload = wire.encode(weights, version=7, bits=bits)
+    version, back = wire.decode(payload)
+    assert version == 7 == wire.version_of(payload)
+    raw = sum(w.nbytes for w in weights.values())
+    for name, w in weights.items():
+        assert back[name].shape == w.shape and back[name].dtype == np.float32
+        if bits == 32:
+            np.testing.assert_array_equal(back[name], w)
+        elif bits == 16:
+            np.testing.assert_allclose(back[name], w, rtol=1e-3)
+        else:
+            lo, hi = min(w.min(), 0.0), max(w.max(), 0.0)  # the affine range always holds 0
+            scale = (hi - lo) / (2**bits - 1)
+            assert np.abs(back[name] - w).max() <= scale / 2 * (1 + 1e-5)
+    body = len(payload) - 4 - int.from_bytes(payload[:4], "little")
+    assert body == sum(int(np.ceil(w.size * bits / 8)) for w in weights.values()) or bits >= 16
+    assert body <= raw * bits / 32 + 3 * 1
+
+
+def test_int8_actor_policy_acts_like_fp32() -> None:
+    config = ActorQConfig("CartPole-v1", actor_precision="int8", **SMALL)
+    info = env_info(config)
+    learner = DQNLearner(config, info.obs_dim, info.act_dim)
+    weights = learner.weights()
+    policies = {}
+    for precision in ("fp32", "int8"):
+        c = replace(config, actor_precision=precision)
+        b = Broadcaster(c, info)
+        stats = b.publish(3, weights)
+        assert stats["bytes"] > 0 and stats["version"] == 3
+        p = ActorPolicy(c, info)
+        p.load(b.pull(-1))
+        assert p.version == 3
+        policies[precision] = p
+    obs = np.random.default_rng(0).normal(size=(512, 4)).astype(np.float32)
+    q32, q8 = policies["fp32"](obs), policies["int8"](obs)
+    assert (q32.argmax(1) == q8.argmax(1)).mean() >= 0.95
+    assert np.abs(q32 - q8).max() <= 0.05 * np.abs(q32).max()
+
+
+def test_actor_loads_only_when_the_version_moves() -> None:
+    config = ActorQConfig("CartPole-v1", actor_precision="fp32", update_period=10, **SMALL)
+    info = env_info(config)
+    learner = DQNLearner(config, info.obs_dim, info.act_dim)
+    b = Broadcaster(config, info)
+    actor = Actor(config, info, 0, b.pull)
+    assert actor.run(5).steps == 0  # nothing published yet: the actor waits
+    b.publish(1, learner.weights())
+    r = actor.run(50)
+    assert (r.steps, r.pulls, r.loads, r.version) == (50, 5, 1, 1)  # 5 pulls, one load
+    b.publish(2, learner.weights())
+    r = actor.run(30)
+    assert (r.pulls, r.loads, r.version) == (3, 1, 2)
+    assert set(r.times) == {"inference", "env", "pull", "deserialize", "load"} and r.times["inference"] > 0
+    batch = r.batch
+    assert batch is not None and batch["obs"].shape[1] == 4
+    allowed = np.array([0.0, 0.99**3], np.float32)  # CartPole only terminates: no partial bootstraps
+    assert np.isclose(batch["discount"][:, None], allowed[None]).any(1).all()
+
+
+def test_exploration_is_spread_over_actors() -> None:
+    config = ActorQConfig("CartPole-v1", actors=4, max_exploration=0.2)
+    assert [round(config.exploration(i), 3) for i in range(4)] == [0.05, 0.1, 0.15, 0.2]
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def test_nstep_returns_terminals_and_truncation() -> None:
+    ns = NStep(3, 0.5)
+    o = [np.full(2, i, np.float32) for i in range(10)]
+    assert ns.add(o[0], 0, 1.0, o[1], False, False) == []
+    assert ns.add(o[1], 1, 2.0, o[2], False, False) == []
+    (t,) = ns.add(o[2], 0, 4.0, o[3], False, False)
+    assert t[2] == pytest.approx(1 + 0.5 * 2 + 0.25 * 4) and t[3] == pytest.approx(0.125) and t[4] is o[3]
+    out = ns.add(o[3], 1, 8.0, o[4], True, False)  # terminal: flush, no bootstrap
+    assert [x[3] for x in out] == [0.0, 0.0, 0.0]
+    assert out[0][2] == pytest.approx(2 + 0.5 * 4 + 0.25 * 8)
+    ns.add(o[5], 0, 1.0, o[6], False, False)
+    out = ns.add(o[6], 0, 1.0, o[7], False, True)  # time limit: bootstrap from the last state
+    assert [x[3] for x in out] == [0.25, 0.5] and all(x[4] is o[7] for x in out)
+    batch = stack(out)
+    assert batch["obs"].dtype == np.float32 and batch["reward"].tolist() == [1.5, 1.0]
+
+
+def test_replay_ring_and_uniform_sampling() -> None:
+    replay = Replay(capacity=10, seed=0)
+    for start in (0, 6):
+        n = 6
+        replay.insert({"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "action": np.zeros(n),
+                       "reward": np.zeros(n, np.float32), "discount": np.ones(n, np.float32),
+                       "next_obs": np.zeros((n, 1), np.float32)})
+    assert replay.size == 10 and replay.cursor == 2
+    assert sorted(replay.data["obs"][:, 0].tolist()) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # 0, 1 overwritten
+    sample = replay.sample(5000)["obs"][:, 0]
+    counts = np.bincount(sample.astype(int))[2:]
+    assert counts.min() > 400  # uniform over the ten stored items
+
+
+def test_rate_limiter_blocks_and_releases() -> None:
+    lim = RateLimiter(samples_per_insert=4.0, min_size=10, error_buffer=8.0)
+    assert not lim.can_sample(1)  # below min_size
+    for _ in range(10):
+        assert lim.can_insert(1)
+        lim.inserted(1)
+    # diff = 40 - 0; min_diff = 32: up to 8 samples now
+    assert lim.can_sample(8) and not lim.can_sample(9)
+    assert lim.can_insert(2) and not lim.can_insert(3)  # max_diff = 48
+    lim.sampled(8)
+    assert not lim.can_sample(1)  # learner must wait for inserts ...
+    lim.inserted(1)  # ... one insert allows samples_per_insert more samples
+    assert lim.can_sample(4) and not lim.can_sample(5)
+    lim.inserted(5)  # diff = 16 * 4 - 8 = 56 > max_diff
+    assert not lim.can_insert(1)  # actors too far ahead: blocked ...
+    assert lim.can_sample(12)
+    lim.sampled(12)  # diff = 44
+    assert lim.can_insert(1) and not lim.can_insert(2)  # ... until the learner has sampled enough
+
+
+# ---------------------------------------------------------------------------- whole runs
+
+
+def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
+    config = ActorQConfig("CartPole-v1", local=True, max_minutes=2.0, out=tmp_path / "run", **CARTPOLE)
+    summary = run_actorq(config)
+    assert summary["reached"], summary["evals"][-5:]
+    assert summary["final_running_mean"] >= 195
+    assert summary["time_to_reward_s"] <= summary["elapsed_s"]
+    assert summary["loads"] < summary["pulls"]  # versioned pulls skip unchanged weights
+    assert set(summary["actor_ms_per_step"]) == {"inference", "env", "pull", "deserialize", "load"}
+    assert summary["broadcast"]["bytes"] > 0 and summary["energy"]["available"]
+    assert (tmp_path / "run" / "evals.csv").read_text().startswith("t_s,version,return,running_mean")
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["learner_steps"] == summary["learner_steps"]
+
+    resumed = run_actorq(replace(config, max_minutes=summary["elapsed_s"] / 60 + 0.1, target_reward=1e9), resume=True)
+    assert resumed["learner_steps"] > summary["learner_steps"]
+    assert resumed["elapsed_s"] >= summary["elapsed_s"] + 5
+
+
+def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> None:
+    """Two int8 actors on a local Ray: one is killed mid-run, replaced, and the run
+    still reaches a mean eval return of 195 on CartPole."""
+    killed: list[int] = []
+
+    def kill_once(state, fleet) -> None:
+        if not killed and state.learner_steps > 300:
+            fleet.kill(0)
+            killed.append(state.learner_steps)
+
+    config = ActorQConfig("CartPole-v1", max_minutes=3.0, out=tmp_path / "ray", **CARTPOLE)
+    summary = run_actorq(config, on_tick=kill_once)
+    assert killed and summary["restarts"] >= 1
+    assert summary["reached"], summary["evals"][-5:]
+    assert summary["final_running_mean"] >= 195
+
+
+def test_bad_configs_fail_with_one_line() -> None:
+    with pytest.raises(QuarlError, match="--actors 0 must be at least 1"):
+        ActorQConfig("CartPole-v1", actors=0)
+    with pytest.raises(QuarlError, match="--wire-bits 12 is not supported"):
+        ActorQConfig("CartPole-v1", wire_bits=12)
+    with pytest.raises(QuarlError, match="unknown --algo 'ppo'"):
+        ActorQConfig("CartPole-v1", algo="ppo")
+    with pytest.raises(QuarlError, match="d4pg needs continuous actions"):
+        env_info(ActorQConfig("CartPole-v1", algo="d4pg"))
+    with pytest.raises(QuarlError, match="dqn needs discrete actions"):
+        env_info(ActorQConfig("Pendulum-v1", algo="dqn"))
