@@ -29,3 +29,4 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_inference.py
 	$(VENV)/bin/python benchmarks/bench_train_precision.py
+	$(VENV)/bin/python benchmarks/bench_actorq.py
