@@ -469,7 +469,9 @@ def actorq(
     )
     from quarl.actorq.acting import env_info
 
-    env_info(config)  # env / algorithm mismatch: one line before anything starts
+    info = env_info(config)  # env / algorithm mismatch: one line before anything starts
+    if compare and target_reward is None and info.reward_threshold is None:
+        raise QuarlError(f"{env_id} has no reward threshold: pass --target-reward for the time-to-reward comparison")
     if compare:
         from quarl.actorq.compare import run_compare
         from quarl.actorq.config import ACTOR_PRECISIONS

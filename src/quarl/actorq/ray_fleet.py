@@ -82,7 +82,8 @@ class RayFleet:
         self.owns_ray = _init_ray(config)
         self.broadcaster = ray.remote(num_cpus=0)(Broadcaster).remote(config, info)
         self.evaluator = ray.remote(num_cpus=0)(Evaluator).remote(config, info)
-        self.actor_cls = ray.remote(num_cpus=1, max_restarts=0)(RemoteActor)
+        # SPREAD: on a cluster, actors go to different nodes rather than filling one
+        self.actor_cls = ray.remote(num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(RemoteActor)
         self.actors = [self._start(i) for i in range(config.actors)]
         self.pending: dict[Any, int] = {}
         self.publishing: Any = None
