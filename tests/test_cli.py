@@ -229,3 +229,29 @@ def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     ptq = read_csv(tmp_path / "ptq" / "ptq.csv")
     assert [row["precision"] for row in ptq] == ["fp32", "int8"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Path, precision: str) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from quarl.policies.sb3 import load_checkpoint
+
+    out = tmp_path / f"policy-{precision}"
+    r = quarl("export", str(tiny_run), "--precision", precision, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["precision"] == precision and meta["head"] == "argmax" and meta["action_space"] == {"type": "discrete", "n": 2}
+    session = ort.InferenceSession(str(out.with_suffix(".onnx")), providers=["CPUExecutionProvider"])
+    policy = load_checkpoint(tiny_run).policy
+    obs = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
+    actions = np.concatenate([session.run(None, {"obs": o[None]})[0] for o in obs]).argmax(1)
+    assert (actions == policy.act(obs)).mean() >= (1.0 if precision == "fp32" else 0.97)
+
+
+def test_bench_reports_every_precision(tiny_run: Path) -> None:
+    r = quarl("bench", str(tiny_run), "--precisions", "fp32,int8", "--batches", "1", "--budget", "0.05")
+    assert r.returncode == 0, r.stderr
+    for name in ("torch-fp32", "OrtEngine", "int8"):
+        assert name in r.stdout

@@ -499,6 +499,78 @@ def actorq(
     )
 
 
+def _rollout_observations(ckpt, spec, n: int = 256):
+    from quarl.evaluation import evaluate
+
+    result = evaluate(ckpt.policy, spec, episodes=2, seed=10_000, n_envs=2, keep_observations=n, max_steps=n)
+    if result.observations is None:
+        raise QuarlError(f"no observations from {spec.env_id}: its episodes ended at once")
+    return result.observations
+
+
+@app.command()
+@user_errors
+def export(
+    checkpoint: Path = CheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precision: str = typer.Option("int8", help="fp32 or int8 (ONNX Runtime integer kernels)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output path without suffix (default results/export/<policy>-<precision>)"),
+    trust_pickle: bool = TrustOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Export the acting network as ONNX (fp32 or real int8) plus a JSON sidecar with the
+    observation normalization and the action head.
+
+    Example: quarl export ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --out policy
+    """
+    _setup(verbose)
+    from quarl.deploy import EXPORT_PRECISIONS, export_policy
+    from quarl.quant.backends.onnxruntime import has_conv
+
+    if precision not in EXPORT_PRECISIONS:
+        raise QuarlError(f"unknown --precision {precision!r}: allowed {', '.join(EXPORT_PRECISIONS)}")
+    ckpt, spec = _load(checkpoint, env, trust_pickle)
+    out = out or _default_out("export", checkpoint, spec.env_id).with_name(
+        _default_out("export", checkpoint, spec.env_id).name + f"-{precision}")
+    calibration = None
+    if precision == "int8" and has_conv(ckpt.policy.network):
+        calibration = ckpt.policy.preprocess(_rollout_observations(ckpt, spec))
+    meta = export_policy(ckpt.policy, precision, out, calibration)
+    out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes) and {out.with_suffix('.json')}")
+
+
+@app.command()
+@user_errors
+def bench(
+    checkpoint: Path = CheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precisions: str = typer.Option("fp32,fp16,bf16,int8", help="comma list (fp32 here = ONNX Runtime fp32)"),
+    batches: str = typer.Option("1,256", help="comma list of batch sizes"),
+    budget: float = typer.Option(1.0, help="seconds of timing per cell"),
+    trust_pickle: bool = TrustOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Latency of the policy at each precision next to PyTorch fp32 (median per call, one
+    thread), with model size and the memory each engine took.
+
+    Example: quarl bench ../shared/zoo/dqn/CartPole-v1_1 --precisions fp32,int8
+    """
+    _setup(verbose)
+    from quarl.deploy import bench_precisions
+    from quarl.reports import print_table
+
+    labels = _parse_precisions(precisions)
+    sizes = []
+    for item in _split(batches, "--batches"):
+        if not item.isdigit() or int(item) < 1:
+            raise QuarlError(f"batch size {item!r} must be a positive integer")
+        sizes.append(int(item))
+    ckpt, spec = _load(checkpoint, env, trust_pickle)
+    rows = bench_precisions(ckpt.policy, _rollout_observations(ckpt, spec), labels, sizes, budget)
+    print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup "
+                      "over PyTorch fp32", out_console)
+
+
 @app.command()
 @user_errors
 def demo(
