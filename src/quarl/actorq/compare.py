@@ -87,8 +87,8 @@ def compare_rows(summaries: dict[str, list[dict]]) -> list[dict[str, Any]]:
             "actor_steps_per_s": round(steps, 1),
             "inference_ms": round(float(np.mean([r["actor_ms_per_step"].get("inference", 0) for r in runs])), 3),
             "broadcast_bytes": int(np.mean([r["broadcast"].get("bytes", 0) for r in runs])),
-            "energy_kwh": round(float(np.mean([e["energy_kwh"] for e in energy])), 6) if energy else math.nan,
-            "co2_kg": round(float(np.mean([e["co2_kg"] for e in energy])), 6) if energy else math.nan,
+            "energy_wh": round(1000 * float(np.mean([e["energy_kwh"] for e in energy])), 3) if energy else math.nan,
+            "co2_g": round(1000 * float(np.mean([e["co2_kg"] for e in energy])), 3) if energy else math.nan,
         })
     return rows
 
