@@ -250,3 +250,18 @@ def test_bad_configs_fail_with_one_line() -> None:
         env_info(ActorQConfig("CartPole-v1", algo="d4pg"))
     with pytest.raises(QuarlError, match="dqn needs discrete actions"):
         env_info(ActorQConfig("Pendulum-v1", algo="dqn"))
+
+
+def test_d4pg_actor_on_the_control_suite() -> None:
+    """DeepMind Control Suite through gymnasium (shimmy): dict observations are flattened."""
+    config = ActorQConfig("dm_control/cartpole-balance-v0", algo="d4pg", actor_precision="int8", **SMALL)
+    info = env_info(config)
+    assert (info.obs_dim, info.act_dim, info.discrete) == (5, 1, False)
+    learner = D4PGLearner(config, info.obs_dim, info.act_dim)
+    b = Broadcaster(config, info)
+    b.publish(1, learner.weights())
+    r = Actor(config, info, 1, b.pull).run(40)
+    assert r.steps == 40 and r.batch is not None
+    assert np.abs(r.batch["action"]).max() <= 1.0 and r.batch["obs"].shape == (len(r.batch["reward"]), 5)
+    metrics = learner.step({k: v[:32] if len(v) >= 32 else np.resize(v, (32, *v.shape[1:])) for k, v in r.batch.items()})
+    assert np.isfinite(list(metrics.values())).all()
