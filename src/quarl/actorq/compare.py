@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -120,10 +121,13 @@ def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -
             continue
         grid = np.linspace(0, max(c[0][-1] for c in curves), 100)
         ys = np.array([np.interp(grid, t, y, left=np.nan, right=y[-1]) for t, y in curves])
-        mean = np.nanmean(ys, axis=0)
+        with warnings.catch_warnings():  # before a run's first evaluation its curve is NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(ys, axis=0)
+            lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
         line, = ax.plot(grid, mean, label=f"{precision} actors")
         if len(curves) > 1:
-            ax.fill_between(grid, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0), color=line.get_color(), alpha=0.2)
+            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2)
     target = next(iter(summaries.values()))[0].get("target_reward")
     if target is not None:
         ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g}")
