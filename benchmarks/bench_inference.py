@@ -28,6 +28,7 @@ from quarl.quant.backends.onnxruntime import (  # noqa: E402
     quantize_dynamic_int8,
     quantize_static_int8,
 )
+from quarl.deploy import median_us  # noqa: E402
 from quarl.quant.backends.torch_backend import TorchEngine  # noqa: E402
 
 torch.set_num_threads(1)
@@ -45,18 +46,6 @@ def nature_cnn(n_actions: int = 6) -> nn.Sequential:
         nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 1), nn.ReLU(),
         nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, n_actions),
     ).eval()
-
-
-def median_us(fn, x: np.ndarray, budget_s: float) -> float:
-    for _ in range(3):
-        fn(x)
-    times = []
-    deadline = time.perf_counter() + budget_s
-    while time.perf_counter() < deadline or len(times) < 5:
-        t = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e6
 
 
 def engines(net: nn.Module, shape: tuple[int, ...], calib: np.ndarray) -> dict[str, object]:

@@ -20,7 +20,7 @@ from quarl.policies.sb3 import load_checkpoint
 from quarl.ptq import Cell, EvalSettings, run_cells
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.records import ResultsLog
-from quarl.reports import relative_error, write_rows
+from quarl.reports import relative_error, save_figure, write_rows
 from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,4 @@ def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_ylabel("mean return")
     ax.set_title(title, fontsize=10)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

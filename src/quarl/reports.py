@@ -114,6 +114,13 @@ def plot_sweep(records: Sequence[dict[str, Any]], path: Path, title: str) -> Pat
     ax.invert_xaxis()
     ax.set_title(title)
     ax.legend()
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out, write as PNG and free a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -48,6 +48,10 @@ class EnvInfo:
     high: np.ndarray | None = None
     reward_threshold: float | None = None
 
+    def to_env(self, action: np.ndarray) -> np.ndarray:
+        """A continuous action in [-1, 1] (the policy's tanh range) -> the env's bounds."""
+        return self.low + (action + 1.0) * 0.5 * (self.high - self.low)
+
 
 def env_info(config: ActorQConfig) -> EnvInfo:
     """Check the env against the algorithm (one clear line when they do not fit)."""
@@ -236,7 +240,7 @@ class Actor:
             t = time.perf_counter()
             action = self.act(self.obs)
             t2 = time.perf_counter()
-            env_action = action if self.info.discrete else self.info.low + (action + 1.0) * 0.5 * (self.info.high - self.info.low)
+            env_action = action if self.info.discrete else self.info.to_env(action)
             next_obs, reward, terminated, truncated, _ = self.env.step(env_action)
             times.inference += t2 - t
             times.env += time.perf_counter() - t2

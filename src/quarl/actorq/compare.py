@@ -20,7 +20,7 @@ import numpy as np
 
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.system import run_actorq
-from quarl.reports import write_rows
+from quarl.reports import save_figure, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,7 @@ def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -
     ax.set_ylabel("eval return (running mean of 10)")
     ax.set_title(title, fontsize=10)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
@@ -154,10 +151,7 @@ def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
     ax.set_ylabel("ms per actor env step")
     ax.set_title("actor runtime breakdown")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_energy(summaries: dict[str, list[dict]], path: Path) -> Path:
@@ -170,7 +164,4 @@ def plot_energy(summaries: dict[str, list[dict]], path: Path) -> Path:
         ax.set_title(label)
     method = next(iter(summaries.values()))[0]["energy"].get("method", "unavailable")
     fig.suptitle(f"whole run, codecarbon: {method}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
-from quarl.actorq.acting import ActorResult, Broadcaster, EnvInfo, env_info, make_network
+from quarl.actorq.acting import ActorResult, EnvInfo, env_info, make_network
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import make_learner
 from quarl.actorq.replay import RateLimiter, Replay
@@ -78,10 +78,7 @@ class Evaluator:
             while not done:
                 with torch.inference_mode():
                     out = self.network(torch.from_numpy(np.asarray(obs, np.float32)[None]))[0].numpy()
-                if self.info.discrete:
-                    action = int(out.argmax())
-                else:
-                    action = self.info.low + (out + 1.0) * 0.5 * (self.info.high - self.info.low)
+                action = int(out.argmax()) if self.info.discrete else self.info.to_env(out)
                 obs, reward, terminated, truncated, _ = self.env.step(action)
                 total += float(reward)
                 done = terminated or truncated
