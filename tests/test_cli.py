@@ -155,6 +155,24 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all(0 < min(rec["lengths"]) and max(rec["lengths"]) <= 150 for rec in records)
 
+    # export: the static int8 CNN is calibrated on real network inputs (frames / 255, once)
+    import numpy as np
+    import onnxruntime as ort
+
+    from quarl.envs import env_spec_for_policy
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.ptq import calibration_inputs
+
+    r = quarl("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--out", str(tmp_path / "cnn8"))
+    assert r.returncode == 0, r.stderr
+    policy = load_checkpoint(tmp_path / "cnn.zip").policy
+    x = calibration_inputs(policy, env_spec_for_policy("BreakoutNoFrameskip-v4", policy.input_shape), seed=5)
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    session = ort.InferenceSession(str(tmp_path / "cnn8.onnx"), providers=["CPUExecutionProvider"])
+    q = session.run(None, {"obs": x[:64]})[0]
+    ref = policy.forward(x[:64])
+    assert np.corrcoef(q.ravel(), ref.ravel())[0, 1] > 0.95
+
 
 def test_sweep_with_activation_quantization(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "act"

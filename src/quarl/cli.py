@@ -499,15 +499,6 @@ def actorq(
     )
 
 
-def _rollout_observations(ckpt, spec, n: int = 256):
-    from quarl.evaluation import evaluate
-
-    result = evaluate(ckpt.policy, spec, episodes=2, seed=10_000, n_envs=2, keep_observations=n, max_steps=n)
-    if result.observations is None:
-        raise QuarlError(f"no observations from {spec.env_id}: its episodes ended at once")
-    return result.observations
-
-
 @app.command()
 @user_errors
 def export(
@@ -525,16 +516,18 @@ def export(
     """
     _setup(verbose)
     from quarl.deploy import EXPORT_PRECISIONS, export_policy
+    from quarl.ptq import calibration_inputs
     from quarl.quant.backends.onnxruntime import has_conv
 
     if precision not in EXPORT_PRECISIONS:
         raise QuarlError(f"unknown --precision {precision!r}: allowed {', '.join(EXPORT_PRECISIONS)}")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    out = out or _default_out("export", checkpoint, spec.env_id).with_name(
-        _default_out("export", checkpoint, spec.env_id).name + f"-{precision}")
+    if out is None:
+        default = _default_out("export", checkpoint, spec.env_id)
+        out = default.with_name(f"{default.name}-{precision}")
     calibration = None
     if precision == "int8" and has_conv(ckpt.policy.network):
-        calibration = ckpt.policy.preprocess(_rollout_observations(ckpt, spec))
+        calibration = calibration_inputs(ckpt.policy, spec)
     meta = export_policy(ckpt.policy, precision, out, calibration)
     out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes) and {out.with_suffix('.json')}")
 
@@ -557,6 +550,7 @@ def bench(
     """
     _setup(verbose)
     from quarl.deploy import bench_precisions
+    from quarl.ptq import calibration_inputs
     from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)
@@ -566,7 +560,7 @@ def bench(
             raise QuarlError(f"batch size {item!r} must be a positive integer")
         sizes.append(int(item))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    rows = bench_precisions(ckpt.policy, _rollout_observations(ckpt, spec), labels, sizes, budget)
+    rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget)
     print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup "
                       "over PyTorch fp32", out_console)
 

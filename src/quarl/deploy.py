@@ -102,14 +102,15 @@ def median_us(fn: Callable[[np.ndarray], Any], x: np.ndarray, budget_s: float) -
 
 def bench_precisions(
     policy: Policy,
-    observations: np.ndarray,
+    inputs: np.ndarray,
     precisions: Sequence[str],
     batches: Sequence[int] = (1, 256),
     budget_s: float = 1.0,
 ) -> list[dict[str, Any]]:
     """Latency (median us per call) of each precision's engine at each batch size, the
-    model's size and the memory its engine took, next to PyTorch fp32."""
-    x_all = policy.preprocess(observations)
+    model's size and the memory its engine took, next to PyTorch fp32. ``inputs`` are
+    network inputs (preprocessed observations, e.g. from ``ptq.calibration_inputs``)."""
+    x_all = inputs
     rows: list[dict[str, Any]] = []
     base: dict[int, float] = {}
     cells = [("torch-fp32", policy)]

@@ -82,7 +82,7 @@ def run_cells(
             continue
         static_int8 = cell.config.precision == "int8" and has_conv(policy.network)
         if cell.policy is None and calibration is None and (cell.config.activations or static_int8):
-            calibration = _calibration(policy, env_spec, settings)
+            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
         started = time.perf_counter()
         quantized = cell.policy or quantize(policy, cell.config, calibration=calibration)
         build_s = time.perf_counter() - started
@@ -117,15 +117,18 @@ def run_cells(
     return records
 
 
-def _calibration(policy: Policy, env_spec: EnvSpec, settings: EvalSettings) -> np.ndarray:
-    """Preprocessed observations from fp32 rollouts on seeds disjoint from evaluation."""
+def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> np.ndarray:
+    """Preprocessed observations (network inputs) from fp32 rollouts on seeds disjoint
+    from evaluation's: calibration for int8 CNNs and activation ranges, inputs for timing."""
     result = evaluate(
         policy,
         env_spec,
         episodes=2,
-        seed=settings.seed + 10_000,
+        seed=seed + 10_000,
         n_envs=2,
-        max_steps=settings.max_steps,
+        # every 4th step is kept: past 4 x CALIBRATION_SIZE steps nothing more would be
+        # (an untrained Atari policy that never serves would otherwise play for 27k steps)
+        max_steps=min(max_steps or 4 * CALIBRATION_SIZE, 4 * CALIBRATION_SIZE),
         keep_observations=CALIBRATION_SIZE,
     )
     if result.observations is None:
