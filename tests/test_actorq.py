@@ -14,7 +14,7 @@ from quarl.actorq import wire
 from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import D4PGLearner, DQNLearner
-from quarl.actorq.replay import NStep, RateLimiter, Replay, stack
+from quarl.actorq.replay import NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.errors import QuarlError
 
@@ -180,6 +180,70 @@ def test_replay_ring_and_uniform_sampling() -> None:
     assert counts.min() > 400  # uniform over the ten stored items
 
 
+def _items(start: int, n: int) -> dict[str, np.ndarray]:
+    return {"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "action": np.zeros(n),
+            "reward": np.zeros(n, np.float32), "discount": np.ones(n, np.float32), "next_obs": np.zeros((n, 1), np.float32)}
+
+
+def test_sum_tree_sums_and_finds_prefix_intervals() -> None:
+    tree = SumTree(5)  # 8 leaves
+    tree.set(np.arange(5), np.array([1.0, 0.0, 2.0, 3.0, 4.0]))
+    assert tree.total == 10.0
+    # prefix sums 0 | 1 | 1 | 3 | 6 | 10: each target falls in its leaf's interval; empty leaves never
+    found = tree.find(np.array([0.0, 0.99, 1.0, 2.99, 3.0, 5.99, 6.0, 9.99]))
+    assert found.tolist() == [0, 0, 2, 2, 3, 3, 4, 4]
+    tree.set(np.array([4, 0]), np.array([0.5, 0.0]))
+    assert tree.total == 5.5 and tree.find(np.array([0.0]))[0] == 2
+
+
+def test_prioritized_replay_samples_by_priority_with_importance_weights() -> None:
+    replay = PrioritizedReplay(capacity=4, seed=0, priority_exponent=1.0, importance_exponent=0.5)
+    replay.insert(_items(0, 4))
+    sample = replay.sample(8)
+    assert np.allclose(sample["weight"], 1.0)  # new items all get the same (largest) priority
+    replay.update_priorities(np.arange(4), np.array([1.0, 2.0, 3.0, 4.0]))
+    draws = np.concatenate([replay.sample(100)["index"] for _ in range(400)])
+    freq = np.bincount(draws, minlength=4) / len(draws)
+    np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.01)
+    batch = replay.sample(64)
+    expected = (4 * (batch["index"] + 1) / 10.0) ** -0.5  # (N P(i))^-beta, normalized by the largest
+    np.testing.assert_allclose(batch["weight"], expected / expected.max(), rtol=1e-5)
+    assert np.array_equal(batch["obs"][:, 0], batch["index"].astype(np.float32))  # rows match their index
+    replay.insert(_items(4, 1))  # overwrites item 0 with the largest priority seen (4)
+    assert replay.tree.get(np.array([0]))[0] == pytest.approx(4.0)
+    # alpha = 0 is uniform whatever the priorities
+    flat = PrioritizedReplay(capacity=4, seed=0, priority_exponent=0.0)
+    flat.insert(_items(0, 4))
+    flat.update_priorities(np.arange(4), np.array([1.0, 10.0, 100.0, 1000.0]))
+    freq = np.bincount(np.concatenate([flat.sample(100)["index"] for _ in range(200)]), minlength=4) / 20_000
+    np.testing.assert_allclose(freq, 0.25, atol=0.01)
+    copy = PrioritizedReplay(capacity=4, seed=0, priority_exponent=1.0)
+    copy.load_state(replay.state())
+    assert copy.tree.total == replay.tree.total and copy.max_priority == replay.max_priority
+
+
+@pytest.mark.parametrize("algo", ["dqn", "d4pg"])
+def test_learners_weight_losses_and_report_priorities(algo: str) -> None:
+    rng = np.random.default_rng(1)
+    config = ActorQConfig("CartPole-v1" if algo == "dqn" else "Pendulum-v1", algo=algo, **SMALL)
+    action = rng.integers(0, 2, 32) if algo == "dqn" else rng.uniform(-1, 1, (32, 1)).astype(np.float32)
+    batch = _batch(rng, 32, 4 if algo == "dqn" else 3, action)
+    make = (lambda: DQNLearner(config, 4, 2)) if algo == "dqn" else (lambda: D4PGLearner(config, 3, 1))
+    plain, weighted = make(), make()
+    key = "loss" if algo == "dqn" else "critic_loss"
+    ones = plain.step(batch)
+    assert "priority" not in ones  # uniform replay: nothing to send back
+    out = weighted.step(batch | {"weight": np.ones(32, np.float32), "index": np.arange(32)})
+    assert out[key] == pytest.approx(ones[key], rel=1e-6)  # unit weights: the plain loss
+    assert out["priority"].shape == (32,) and (out["priority"] >= 0).all() and out["priority"].max() > 0
+    # weight 0 on half the batch: the loss is the weighted mean of the per-sample losses
+    half = make()
+    w = np.r_[np.ones(16), np.zeros(16)].astype(np.float32)
+    got = half.step(batch | {"weight": w, "index": np.arange(32)})[key]
+    first = {k: v[:16] for k, v in batch.items()}
+    assert got == pytest.approx(0.5 * make().step(first)[key], rel=1e-5)
+
+
 def test_rate_limiter_blocks_and_releases() -> None:
     lim = RateLimiter(samples_per_insert=4.0, min_size=10, error_buffer=8.0)
     assert not lim.can_sample(1)  # below min_size
@@ -204,7 +268,10 @@ def test_rate_limiter_blocks_and_releases() -> None:
 
 
 def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
-    config = ActorQConfig("CartPole-v1", local=True, max_minutes=2.0, out=tmp_path / "run", **CARTPOLE)
+    """In one process, with prioritized replay checkpointed along with the learner (the
+    Ray run below uses uniform replay)."""
+    config = ActorQConfig("CartPole-v1", local=True, max_minutes=2.0, out=tmp_path / "run", replay="prioritized",
+                          checkpoint_replay=True, **CARTPOLE)
     summary = run_actorq(config)
     assert summary["reached"], summary["evals"][-5:]
     assert summary["final_running_mean"] >= 195
@@ -216,6 +283,10 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["learner_steps"] == summary["learner_steps"]
+
+    blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert config.min_replay < blob["replay"]["size"] <= summary["env_steps"]  # pending n-step windows: fewer
+    assert blob["replay"]["max_priority"] > 1.0  # learner's TD errors went back into the tree
 
     resumed = run_actorq(replace(config, max_minutes=summary["elapsed_s"] / 60 + 0.1, target_reward=1e9), resume=True)
     assert resumed["learner_steps"] > summary["learner_steps"]
@@ -244,6 +315,10 @@ def test_bad_configs_fail_with_one_line() -> None:
         ActorQConfig("CartPole-v1", actors=0)
     with pytest.raises(QuarlError, match="--wire-bits 12 is not supported"):
         ActorQConfig("CartPole-v1", wire_bits=12)
+    with pytest.raises(QuarlError, match="unknown --replay 'reverb'"):
+        ActorQConfig("CartPole-v1", replay="reverb")
+    with pytest.raises(QuarlError, match=r"priority_exponent=1.5 must be in \[0, 1\]"):
+        ActorQConfig("CartPole-v1", replay="prioritized", priority_exponent=1.5)
     with pytest.raises(QuarlError, match="unknown --algo 'ppo'"):
         ActorQConfig("CartPole-v1", algo="ppo")
     with pytest.raises(QuarlError, match="d4pg needs continuous actions"):

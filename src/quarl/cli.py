@@ -116,8 +116,10 @@ def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
 
 
 def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
-    name = checkpoint.resolve().name.removesuffix(".zip")
-    algo = checkpoint.resolve().parent.name if checkpoint.is_dir() else checkpoint.resolve().parent.parent.name
+    path = checkpoint.resolve()
+    name = path.name.removesuffix(".zip").removesuffix(".pkl")
+    # zoo folder ALGO/ENV_1, zip ALGO/ENV_1/ENV.zip, legacy pickle ALGO/ENV.pkl
+    algo = path.parent.name if checkpoint.is_dir() or path.suffix == ".pkl" else path.parent.parent.name
     return Path("results") / kind / f"{algo}-{name}-{env_id.replace('/', '_')}"
 
 
@@ -131,7 +133,7 @@ def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[in
     return EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
 
 
-CheckpointArg = typer.Argument(..., help="SB3 .zip or RL Zoo run folder (e.g. ppo/CartPole-v1_1)")
+CheckpointArg = typer.Argument(..., help="SB3 .zip, RL Zoo run folder (e.g. ppo/CartPole-v1_1) or legacy stable-baselines .pkl")
 EnvOpt = typer.Option(None, "--env", help="gymnasium env id (default: the zoo folder's env)")
 EpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses seed + i)")
 SeedOpt = typer.Option(0, "--seed")
@@ -429,6 +431,10 @@ def actorq(
     batch_size: int = typer.Option(256),
     min_replay: int = typer.Option(1000, help="transitions before learning starts"),
     samples_per_insert: float = typer.Option(32.0, help="rate limiter: items sampled per item inserted"),
+    replay: str = typer.Option("uniform", help="uniform or prioritized (proportional)"),
+    priority_exponent: float = typer.Option(0.6, help="prioritized replay: alpha"),
+    importance_exponent: float = typer.Option(0.4, help="prioritized replay: beta"),
+    checkpoint_replay: bool = typer.Option(False, "--checkpoint-replay", help="also checkpoint replay (for --resume)"),
     eval_every: float = typer.Option(10.0, help="seconds between evaluations"),
     eval_episodes: int = typer.Option(5),
     seed: int = SeedOpt,
@@ -465,7 +471,9 @@ def actorq(
         update_period=update_period, push_period=push_period, policy_layers=_parse_layers(policy_layers),
         target_reward=target_reward, max_minutes=max_minutes, learning_rate=learning_rate, batch_size=batch_size,
         min_replay=min_replay, samples_per_insert=samples_per_insert, eval_every_s=eval_every,
-        eval_episodes=eval_episodes, seed=seed, address=address, local=local, out=out,
+        eval_episodes=eval_episodes, seed=seed, address=address, local=local, out=out, replay=replay,
+        priority_exponent=priority_exponent, importance_exponent=importance_exponent,
+        checkpoint_replay=checkpoint_replay,
     )
     from quarl.actorq.acting import env_info
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import gymnasium as gym
@@ -188,7 +188,6 @@ class ActorResult:
     pulls: int = 0
     loads: int = 0
     wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 class Actor:

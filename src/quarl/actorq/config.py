@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ from quarl.errors import QuarlError
 
 ALGOS = ("dqn", "d4pg")
 ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+REPLAYS = ("uniform", "prioritized")
 WIRE_BITS = (32, 16, 8, 7, 6, 5, 4, 3, 2)
 
 
@@ -39,6 +40,12 @@ class ActorQConfig:
     learning_rate: float = 1e-4
     target_update_period: int = 100
     """Learner steps between hard target-network updates."""
+    replay: str = "uniform"
+    """uniform, or prioritized (proportional, Schaul et al. 2016)."""
+    priority_exponent: float = 0.6
+    """Prioritized replay's alpha: 0 samples uniformly, 1 in proportion to priority."""
+    importance_exponent: float = 0.4
+    """Prioritized replay's beta: how much importance weights undo the sampling bias."""
     replay_size: int = 1_000_000
     min_replay: int = 1_000
     """Transitions in replay before learning starts."""
@@ -60,13 +67,15 @@ class ActorQConfig:
     chunk_steps: int = 100
     """Env steps an actor runs per call before handing its transitions over."""
     checkpoint_every_s: float = 60.0
+    checkpoint_replay: bool = False
+    """Also checkpoint the replay contents (large; without them a resumed run refills
+    replay to ``min_replay`` before learning again)."""
     seed: int = 0
     out: Path = Path("results/actorq/run")
     local: bool = False
     """Run every piece in this process (tests, debugging) instead of on Ray."""
     address: str | None = None
     """Ray cluster to join; None starts a local Ray."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -75,6 +84,11 @@ class ActorQConfig:
             raise QuarlError(f"--actors {self.actors} must be at least 1")
         if self.actor_precision not in ACTOR_PRECISIONS:
             raise QuarlError(f"unknown --actor-precision {self.actor_precision!r}: allowed {', '.join(ACTOR_PRECISIONS)}")
+        if self.replay not in REPLAYS:
+            raise QuarlError(f"unknown --replay {self.replay!r}: allowed {', '.join(REPLAYS)}")
+        for name in ("priority_exponent", "importance_exponent"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise QuarlError(f"{name}={getattr(self, name)} must be in [0, 1]")
         if self.wire_bits not in WIRE_BITS:
             raise QuarlError(f"--wire-bits {self.wire_bits} is not supported: allowed {', '.join(map(str, WIRE_BITS))}")
         for name in ("update_period", "push_period", "n_step", "batch_size", "target_update_period", "replay_size",

@@ -1,6 +1,9 @@
 """ActorQ's full-precision learners, in plain PyTorch.
 
-A learner is pure: ``step(batch) -> metrics`` on numpy batches from replay, ``weights()``
+A learner is pure: ``step(batch) -> metrics`` on numpy batches from replay (with
+``weight`` and ``index`` from prioritized replay, the loss is importance-weighted and
+``metrics["priority"]`` holds each sample's new priority: the absolute TD error for DQN,
+the critic's KL to its projected target for D4PG), ``weights()``
 for the actors (the policy network only, as named numpy arrays), ``policy_network()``
 for evaluation, ``state_dict()`` / ``load_state_dict()`` for checkpoints. Nothing here
 knows about processes, Ray or replay.
@@ -46,6 +49,20 @@ def adam(params: Any, lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
+def weighted_mean(per_sample: torch.Tensor, batch: dict[str, np.ndarray]) -> torch.Tensor:
+    """Mean loss; with importance weights (prioritized replay) their weighted mean."""
+    if "weight" not in batch:
+        return per_sample.mean()
+    return (torch.as_tensor(batch["weight"], device=per_sample.device) * per_sample).mean()
+
+
+def with_priority(metrics: dict[str, Any], priority: torch.Tensor, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Adds the per-sample ``priority`` array for a batch from prioritized replay."""
+    if "index" in batch:
+        metrics["priority"] = priority.cpu().numpy()
+    return metrics
+
+
 def to_numpy(module: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
 
@@ -63,17 +80,22 @@ class DQNLearner:
     def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
 
-    def loss(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+    def losses(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample Huber loss and absolute TD error."""
         b = self._tensors(batch)
         q = self.q(b["obs"]).gather(1, b["action"].long().view(-1, 1)).squeeze(1)
         with torch.no_grad():
             best = self.q(b["next_obs"]).argmax(1, keepdim=True)  # double DQN: online picks, target rates
             bootstrap = self.target(b["next_obs"]).gather(1, best).squeeze(1)
             target = b["reward"] + b["discount"] * bootstrap
-        return F.smooth_l1_loss(q, target)
+        return F.smooth_l1_loss(q, target, reduction="none"), (q - target).detach().abs()
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        loss = self.loss(batch)
+    def loss(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+        return weighted_mean(self.losses(batch)[0], batch)
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        per_sample, td = self.losses(batch)
+        loss = weighted_mean(per_sample, batch)
         self.opt.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(self.q.parameters(), 10.0)
@@ -81,7 +103,7 @@ class DQNLearner:
         self.steps += 1
         if self.steps % self.config.target_update_period == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return {"loss": loss.item()}
+        return with_priority({"loss": loss.item()}, td, batch)
 
     def weights(self) -> dict[str, np.ndarray]:
         return to_numpy(self.q)
@@ -132,16 +154,18 @@ class D4PGLearner:
     def _q_logits(self, critic: nn.Module, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return critic(torch.cat([obs, action], dim=1))
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         b = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         action = b["action"].float().view(len(b["reward"]), -1)
         with torch.no_grad():
             next_probs = F.softmax(self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"])), 1)
             target = self.project(b["reward"], b["discount"], next_probs)
         logits = self._q_logits(self.critic, b["obs"], action)
-        critic_loss = -(target * F.log_softmax(logits, 1)).sum(1).mean()
+        cross_entropy = -(target * F.log_softmax(logits, 1)).sum(1)
+        critic_loss = weighted_mean(cross_entropy, batch)
         # cross-entropy minus the target's own entropy: 0 when the critic matches its target
-        critic_kl = critic_loss.detach() + (target * torch.log(target.clamp_min(1e-12))).sum(1).mean()
+        kl = cross_entropy.detach() + (target * torch.log(target.clamp_min(1e-12))).sum(1)
+        critic_kl = kl.mean()
         self.critic_opt.zero_grad()
         critic_loss.backward()
         self.critic_opt.step()
@@ -156,7 +180,8 @@ class D4PGLearner:
         if self.steps % self.config.target_update_period == 0:
             self.target_policy.load_state_dict(self.policy.state_dict())
             self.target_critic.load_state_dict(self.critic.state_dict())
-        return {"critic_loss": critic_loss.item(), "critic_kl": critic_kl.item(), "policy_loss": policy_loss.item()}
+        metrics = {"critic_loss": critic_loss.item(), "critic_kl": critic_kl.item(), "policy_loss": policy_loss.item()}
+        return with_priority(metrics, kl, batch)
 
     def weights(self) -> dict[str, np.ndarray]:
         return to_numpy(self.policy)

@@ -1,5 +1,6 @@
-"""Replay: n-step transitions built by actors, a uniform ring buffer, and a rate limiter
-with the semantics of Reverb's ``SampleToInsertRatio``."""
+"""Replay: n-step transitions built by actors, a uniform ring buffer, its proportional
+prioritized variant, and a rate limiter with the semantics of Reverb's
+``SampleToInsertRatio``."""
 
 from __future__ import annotations
 
@@ -84,6 +85,88 @@ class Replay:
 
     def load_state(self, state: dict) -> None:
         self.data, self.size, self.cursor = state["data"], state["size"], state["cursor"]
+
+
+class SumTree:
+    """Sums of a power-of-two array of leaves, updated and searched a whole batch at a time
+    (one numpy operation per tree level)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.leaves = 1 << max(0, (capacity - 1).bit_length())
+        self.tree = np.zeros(2 * self.leaves)
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def get(self, idx: np.ndarray) -> np.ndarray:
+        return self.tree[idx + self.leaves]
+
+    def set(self, idx: np.ndarray, values: np.ndarray) -> None:
+        pos = np.asarray(idx, dtype=np.int64) + self.leaves
+        self.tree[pos] = values
+        pos = np.unique(pos // 2)
+        while pos[0] >= 1:  # every position in pos is at the same depth
+            self.tree[pos] = self.tree[2 * pos] + self.tree[2 * pos + 1]
+            pos = np.unique(pos // 2)
+
+    def find(self, targets: np.ndarray) -> np.ndarray:
+        """For each target in [0, total): the leaf whose prefix-sum interval holds it."""
+        pos = np.ones(len(targets), dtype=np.int64)
+        rest = np.asarray(targets, dtype=np.float64).copy()
+        while pos[0] < self.leaves:
+            left = self.tree[2 * pos]
+            right = rest >= left
+            rest = np.where(right, rest - left, rest)
+            pos = 2 * pos + right
+        return pos - self.leaves
+
+
+class PrioritizedReplay(Replay):
+    """Proportional prioritized replay (Schaul et al., 2016). Item i is drawn with
+    probability ``p_i^alpha / sum_j p_j^alpha``; a batch carries ``index`` (to send new
+    priorities back with :meth:`update_priorities`) and ``weight``, the importance weight
+    ``(size * P(i))^-beta`` divided by the batch's largest. New items get the largest
+    priority seen so far, so each is likely to be replayed at least once."""
+
+    def __init__(self, capacity: int, seed: int = 0, priority_exponent: float = 0.6,
+                 importance_exponent: float = 0.4) -> None:
+        super().__init__(capacity, seed)
+        self.alpha, self.beta = priority_exponent, importance_exponent
+        self.tree = SumTree(capacity)
+        self.max_priority = 1.0
+
+    def insert(self, batch: Batch) -> int:
+        start = self.cursor
+        n = super().insert(batch)
+        self.tree.set((start + np.arange(n)) % self.capacity, np.full(n, self.max_priority**self.alpha))
+        return n
+
+    def sample(self, batch_size: int) -> Batch:
+        if self.data is None or self.size == 0:
+            raise ValueError("cannot sample from an empty replay")
+        total = self.tree.total
+        # stratified: one draw in each of batch_size equal slices of the total mass
+        targets = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
+        idx = np.minimum(self.tree.find(np.minimum(targets, np.nextafter(total, 0))), self.size - 1)
+        probs = self.tree.get(idx) / total
+        weight = (self.size * probs) ** -self.beta
+        batch = {k: v[idx] for k, v in self.data.items()}
+        batch["weight"] = (weight / weight.max()).astype(np.float32)
+        batch["index"] = idx
+        return batch
+
+    def update_priorities(self, idx: np.ndarray, priorities: np.ndarray) -> None:
+        p = np.abs(np.asarray(priorities, dtype=np.float64)) + 1e-6  # never zero: every item stays reachable
+        self.max_priority = max(self.max_priority, float(p.max()))
+        self.tree.set(idx, p**self.alpha)
+
+    def state(self) -> dict:
+        return super().state() | {"tree": self.tree.tree, "max_priority": self.max_priority}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.tree.tree, self.max_priority = state["tree"], state["max_priority"]
 
 
 @dataclass

@@ -31,7 +31,7 @@ import torch
 from quarl.actorq.acting import ActorResult, EnvInfo, env_info, make_network
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import make_learner
-from quarl.actorq.replay import RateLimiter, Replay
+from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
 from quarl.envs import EnvSpec, make_env
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,12 @@ def _target(config: ActorQConfig, info: EnvInfo) -> float | None:
     return info.reward_threshold
 
 
+def make_replay(config: ActorQConfig) -> Replay:
+    if config.replay == "prioritized":
+        return PrioritizedReplay(config.replay_size, config.seed, config.priority_exponent, config.importance_exponent)
+    return Replay(config.replay_size, config.seed)
+
+
 def make_fleet(config: ActorQConfig, info: EnvInfo) -> Fleet:
     if config.local:
         from quarl.actorq.local_fleet import LocalFleet
@@ -141,7 +147,7 @@ def run_actorq(
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     learner = make_learner(config, info.obs_dim, info.act_dim)
-    replay = Replay(config.replay_size, config.seed)
+    replay = make_replay(config)
     # slack of at least one actor chunk plus one batch either way, so neither side starves
     limiter = RateLimiter.from_tolerance(config.samples_per_insert, config.min_replay, config.samples_per_insert_tolerance)
     limiter.error_buffer = max(limiter.error_buffer, (config.chunk_steps * config.samples_per_insert + config.batch_size))
@@ -185,7 +191,10 @@ def run_actorq(
             for _ in range(32):
                 if not limiter.can_sample(config.batch_size):
                     break
-                metrics = learner.step(replay.sample(config.batch_size))
+                batch = replay.sample(config.batch_size)
+                metrics = learner.step(batch)
+                if "priority" in metrics:
+                    replay.update_priorities(batch["index"], metrics.pop("priority"))
                 limiter.sampled(config.batch_size)
                 state.learner_steps += 1
                 if state.learner_steps % config.push_period == 0:
@@ -280,7 +289,7 @@ def _write_eval(out: Path, state: RunState) -> None:
 def _checkpoint(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, state: RunState,
                 config: ActorQConfig) -> None:
     blob = {"learner": learner.state_dict(), "state": state.__dict__, "limiter": (limiter.inserts, limiter.samples),
-            "replay": replay.state() if config.extra.get("checkpoint_replay") else None, "config": config.to_json()}
+            "replay": replay.state() if config.checkpoint_replay else None, "config": config.to_json()}
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)
     tmp.replace(path)  # a kill during the save leaves the previous checkpoint intact
