@@ -88,12 +88,20 @@ _RECORD_MODULES = (
 )
 
 
+def numpy_global(module: str, name: str) -> Any:
+    """What rebuilds a pickled numpy array, dtype or scalar; None for any other global."""
+    if module in _NUMPY_MODULES and name in _NUMPY_GLOBALS:
+        return _NUMPY_GLOBALS[name]
+    if module == "numpy.dtypes" and name.endswith("DType"):
+        return getattr(np.dtypes, name)
+    return None
+
+
 class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module in _NUMPY_MODULES and name in _NUMPY_GLOBALS:
-            return _NUMPY_GLOBALS[name]
-        if module == "numpy.dtypes" and name.endswith("DType"):
-            return getattr(np.dtypes, name)
+        found = numpy_global(module, name)
+        if found is not None:
+            return found
         if module == "collections" and name == "OrderedDict":
             return dict
         if module.startswith(_RECORD_MODULES):

@@ -34,6 +34,7 @@ from torch import nn
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
 from quarl.policies.base import ObsNormalizer, Policy, linear_layers
+from quarl.policies.legacy import is_legacy_pickle, load_legacy
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
 
 log = logging.getLogger(__name__)
@@ -340,10 +341,17 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
 
 
 def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
-    """Load an SB3 ``.zip`` or an RL Zoo run folder (``ppo/CartPole-v1_1``)."""
+    """Load an SB3 ``.zip``, an RL Zoo run folder (``ppo/CartPole-v1_1``) or a legacy
+    stable-baselines pickle of rl-baselines-zoo (``ppo2/CartPole-v1.pkl``, see
+    :mod:`quarl.policies.legacy`)."""
     path = Path(path)
     if not path.exists():
         raise QuarlError(f"checkpoint {str(path)!r} does not exist")
+    if is_legacy_pickle(path):
+        policy, algo, env_id = load_legacy(path)
+        spec = EnvSpec(env_id=current_env_id(env_id))
+        policy.meta["env_spec"] = spec
+        return Checkpoint(policy=policy, env_spec=spec, algo=algo, path=path)
     zip_path, config_dir, zoo_algo = _zoo_files(path)
     data, sd = _read_zip(zip_path)
     config = load_zoo_yaml(config_dir / "config.yml") if config_dir else {}
