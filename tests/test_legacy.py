@@ -113,3 +113,16 @@ def test_not_a_model_file_fails_with_one_line(tmp_path: Path) -> None:
     junk.write_bytes(pickle.dumps([1, 2, 3]))
     with pytest.raises(QuarlError, match=r"not a stable-baselines model file: expected \(data, params\)"):
         load_checkpoint(junk)
+
+
+def test_demo_table_on_the_paper_agents(tmp_path: Path) -> None:
+    from tests.test_cli import quarl, read_csv
+
+    agents = tmp_path / "paper"
+    (agents / "dqn").mkdir(parents=True)
+    (agents / "dqn" / "CartPole-v1.pkl").symlink_to(paper_agent("dqn/CartPole-v1.pkl"))
+    r = quarl("demo", "--zoo", str(agents), "--episodes", "3", "--out", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stderr
+    assert read_csv(tmp_path / "demo" / "table.csv") == [
+        {"policy": "dqn CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "int8": "500.0", "E_int8%": "0.0"}
+    ]

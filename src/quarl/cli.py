@@ -576,7 +576,7 @@ def bench(
 @app.command()
 @user_errors
 def demo(
-    zoo: Path = typer.Option(DEFAULT_ZOO, help="RL Zoo folder with trained agents (algo/ENV_1/...)"),
+    zoo: Path = typer.Option(DEFAULT_ZOO, help="folder of trained agents: RL Zoo (ALGO/ENV_1/) or legacy (ALGO/ENV.pkl)"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = EpisodesOpt,
     out: Path = typer.Option(Path("results/demo"), "--out"),
@@ -596,7 +596,8 @@ def demo(
 
     labels = _parse_precisions(precisions)
     settings = _eval_settings(episodes, 0, 8, None)
-    runs = sorted(p for p in zoo.glob("*/*_*") if p.is_dir()) if zoo.is_dir() else []
+    # RL Zoo run folders (ALGO/ENV_1) and legacy stable-baselines pickles (ALGO/ENV.pkl)
+    runs = sorted([p for p in zoo.glob("*/*_*") if p.is_dir()] + list(zoo.glob("*/*.pkl"))) if zoo.is_dir() else []
     if not runs:
         from quarl.training.sb3_train import TrainConfig, train
 
@@ -620,7 +621,7 @@ def demo(
                 spec,
                 labels,
                 settings,
-                out / f"{run.parent.name}-{run.name}",
+                out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}",
                 progress=lambda c, n, tasks=tasks: bar.update(tasks[c], completed=n),
             )
     rows = paper_table(per_policy, cells)
