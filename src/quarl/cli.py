@@ -596,8 +596,9 @@ def demo(
 
     labels = _parse_precisions(precisions)
     settings = _eval_settings(episodes, 0, 8, None)
-    # RL Zoo run folders (ALGO/ENV_1) and legacy stable-baselines pickles (ALGO/ENV.pkl)
-    runs = sorted([p for p in zoo.glob("*/*_*") if p.is_dir()] + list(zoo.glob("*/*.pkl"))) if zoo.is_dir() else []
+    from quarl.study.grid import find_agents
+
+    runs = find_agents([zoo]) if zoo.is_dir() else []
     if not runs:
         from quarl.training.sb3_train import TrainConfig, train
 
@@ -628,6 +629,61 @@ def demo(
     print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console)
     write_rows(rows, out, "table")
     out_console.print(f"wrote {out}/table.csv, table.md, table.json")
+
+
+@app.command()
+def study(
+    agents: list[Path] = typer.Argument(..., help="checkpoints, or folders of agents (RL Zoo ALGO/ENV_1, legacy ALGO/ENV.pkl)"),
+    precisions: str = typer.Option("fp32,fp16,bf16,int8,int6,int4", help="comma list of fp32, fp16, bf16, int8, int2..int16"),
+    seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 s + i"),
+    episodes: int = EpisodesOpt,
+    n_envs: int = NEnvsOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    int8_weights: str = typer.Option("asymmetric", help="int8 weight format: asymmetric (uint8) or symmetric (int8)"),
+    workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
+    address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
+    out: Path = typer.Option(Path("results/study"), "--out", help="folder of study.sqlite, the table and the plot"),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per
+    cell as it finishes; a rerun evaluates only the missing cells. Writes the paper's
+    table (mean over seeds) and study.png (E% per precision, spread over seeds).
+
+    Example: quarl study ../shared/zoo ../shared/paper-agents --precisions fp32,fp16,int8,int4 --seeds 0,1,2
+    """
+    _setup(verbose)
+    from quarl.quant.config import INT8_WEIGHTS
+    from quarl.reports import print_table, write_rows
+    from quarl.study.grid import StudyConfig, find_agents, run_study
+    from quarl.study.grid import cells as study_cells
+    from quarl.study.report import plot_study, study_table
+
+    if int8_weights not in INT8_WEIGHTS:
+        raise QuarlError(f"unknown --int8-weights {int8_weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
+    seed_list = []
+    for text in _split(seeds, "--seeds"):
+        if not text.isdigit():
+            raise QuarlError(f"--seeds: {text!r} is not a non-negative integer")
+        seed_list.append(int(text))
+    _check_count("--max-steps", max_steps, 1)
+    labels = _parse_precisions(precisions)
+    config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
+                         int8_weights, workers, address, out)
+    with _progress() as bar:
+        task = bar.add_task("cells", total=len(study_cells(config)))
+
+        def on_cell(record: dict, done: int, total: int) -> None:
+            bar.update(task, completed=done)
+            log.info("%s %s seed %d: %.2f", record["policy"], record["precision"], record["seed"], record["mean"])
+
+        records = run_study(config, on_cell)
+        bar.update(task, completed=len(records))
+    rows = study_table(records, labels)
+    print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)} seeds (E%: reward lost against fp32)",
+                out_console)
+    write_rows(rows, out, "table")
+    plot_study(records, labels, out / "study.png", f"{len(rows)} agents, {len(seed_list)} seeds")
+    out_console.print(f"wrote {out}/study.sqlite ({len(records)} cells), table.csv, table.md, table.json, study.png")
 
 
 def main() -> None:

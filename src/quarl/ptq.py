@@ -80,12 +80,6 @@ def run_cells(
             if progress:
                 progress(cell.label, settings.episodes)
             continue
-        static_int8 = cell.config.precision == "int8" and has_conv(policy.network)
-        if cell.policy is None and calibration is None and (cell.config.activations or static_int8):
-            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
-        started = time.perf_counter()
-        quantized = cell.policy or quantize(policy, cell.config, calibration=calibration)
-        build_s = time.perf_counter() - started
         finished = [0]
 
         def on_episode(_ep: int, _ret: float, label: str = cell.label) -> None:
@@ -93,28 +87,48 @@ def run_cells(
             if progress:
                 progress(label, finished[0])
 
-        result = evaluate(
-            quantized,
-            env_spec,
-            episodes=settings.episodes,
-            seed=settings.seed,
-            n_envs=settings.n_envs,
-            max_steps=settings.max_steps,
-            on_episode=on_episode,
-        )
-        record = {
-            **key,
-            "mean": result.mean,
-            "std": result.std,
-            "returns": [round(float(r), 4) for r in result.returns],
-            "lengths": result.lengths.tolist(),
-            "steps_per_s": result.steps_per_s,
-            "build_s": build_s,
-            "env_id": env_spec.env_id,
-        }
+        if cell.policy is None and calibration is None and needs_calibration(policy, cell.config):
+            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
+        record = {**key, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
+                                           quantized=cell.policy)}
         log_file.append(record)
         records.append(record)
     return records
+
+
+def needs_calibration(policy: Policy, config: QuantConfig) -> bool:
+    """Activation ranges and static int8 (CNNs) are calibrated on observations."""
+    return config.activations or (config.precision == "int8" and has_conv(policy.network))
+
+
+def evaluate_config(
+    policy: Policy,
+    env_spec: EnvSpec,
+    config: QuantConfig,
+    settings: EvalSettings,
+    calibration: np.ndarray | None = None,
+    on_episode: Callable[[int, float], None] | None = None,
+    quantized: Policy | None = None,
+) -> dict[str, Any]:
+    """Quantize ``policy`` with ``config`` (or take ``quantized`` as it is) and evaluate
+    it: the fields of one result record."""
+    started = time.perf_counter()
+    if quantized is None:
+        if calibration is None and needs_calibration(policy, config):
+            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
+        quantized = quantize(policy, config, calibration=calibration)
+    build_s = time.perf_counter() - started
+    result = evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed, n_envs=settings.n_envs,
+                      max_steps=settings.max_steps, on_episode=on_episode)
+    return {
+        "mean": result.mean,
+        "std": result.std,
+        "returns": [round(float(r), 4) for r in result.returns],
+        "lengths": result.lengths.tolist(),
+        "steps_per_s": result.steps_per_s,
+        "build_s": build_s,
+        "env_id": env_spec.env_id,
+    }
 
 
 def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The fleet on Ray: the only module of quarl that imports Ray.
+"""The fleet on Ray: the only ActorQ module that uses Ray (started or joined by
+:mod:`quarl.ray_cluster`).
 
 One Ray actor per ActorQ actor (one CPU each, spread over the cluster's nodes), one for
 the parameter broadcaster and one for the evaluator. Without ``--address`` a local Ray
@@ -16,7 +17,7 @@ import numpy as np
 from quarl.actorq.acting import Actor, ActorResult, Broadcaster, EnvInfo
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.system import ActorFailure, Evaluator
-from quarl.errors import QuarlError
+from quarl.ray_cluster import start_ray
 
 log = logging.getLogger(__name__)
 
@@ -37,49 +38,13 @@ class RemoteActor:
         return os.getpid()
 
 
-def _init_ray(config: ActorQConfig) -> bool:
-    """Start or join Ray; True when this call started it (and must shut it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    env = {"env_vars": {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
-    if config.address and config.address != "auto":
-        _check_reachable(config.address)
-    try:
-        if config.address:
-            ray.init(address=config.address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
-        else:
-            ray.init(num_cpus=max(os.cpu_count() or 1, config.actors + 1), include_dashboard=False,
-                     runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = f"--address {config.address!r}" if config.address else "a local Ray"
-        raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}") from None
-    return True
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds, not minutes, when nothing listens at ``address`` (host:port)."""
-    import socket
-
-    hostport = address.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise QuarlError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, or ray://HOST:10001)")
-    try:
-        with socket.create_connection((host, int(port)), timeout=3):
-            pass
-    except OSError as exc:
-        raise QuarlError(f"cannot reach Ray at --address {address!r}: {exc.strerror or exc}") from None
-
-
 class RayFleet:
     def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
         import ray
 
         self.ray = ray
         self.config, self.info = config, info
-        self.owns_ray = _init_ray(config)
+        self.owns_ray = start_ray(config.address, max(os.cpu_count() or 1, config.actors + 1))
         self.broadcaster = ray.remote(num_cpus=0)(Broadcaster).remote(config, info)
         self.evaluator = ray.remote(num_cpus=0)(Evaluator).remote(config, info)
         # SPREAD: on a cluster, actors go to different nodes rather than filling one

@@ -1,0 +1,46 @@
+"""Starting or joining Ray, shared by the two parallel runners (ActorQ's fleet and the
+study's cells), which are the only modules that use it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from quarl.errors import QuarlError
+
+
+def check_reachable(address: str) -> None:
+    """Fail in seconds, not minutes, when nothing listens at ``address`` (host:port)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise QuarlError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, or ray://HOST:10001)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            pass
+    except OSError as exc:
+        raise QuarlError(f"cannot reach Ray at --address {address!r}: {exc.strerror or exc}") from None
+
+
+def start_ray(address: str | None, num_cpus: int) -> bool:
+    """Start a local Ray with ``num_cpus`` slots, or join the cluster at ``address``;
+    True when this call started it (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    # one thread per worker: two threads on shared cores are slower and noisier
+    env = {"env_vars": {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
+    if address and address != "auto":
+        check_reachable(address)
+    try:
+        if address:
+            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
+                     logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"--address {address!r}" if address else "a local Ray"
+        raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}") from None
+    return True

@@ -1,0 +1,163 @@
+"""A study: a grid of (agent, precision, evaluation seed) cells, each evaluated once and
+stored in SQLite (``OUT/study.sqlite``); a rerun evaluates only the missing cells.
+
+Cells run one after the other in this process, or on Ray with ``workers > 1`` or an
+``address`` (:mod:`quarl.study.ray_runner`); both call the same :func:`evaluate_cell`,
+and evaluation is deterministic, so both store the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from quarl.errors import QuarlError
+from quarl.ptq import EvalSettings, evaluate_config
+from quarl.quant.config import QuantConfig
+from quarl.study.store import KEY, StudyStore
+
+log = logging.getLogger(__name__)
+
+SEED_STRIDE = 100_000
+"""Evaluation seed s runs episode i on env seed ``s * SEED_STRIDE + i``: seeds never
+share episodes."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    checkpoints: tuple[Path, ...]
+    """Agents: SB3 zips, RL Zoo run folders or legacy stable-baselines pickles."""
+    precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
+    """fp32 is always added: E is measured against it."""
+    seeds: tuple[int, ...] = (0,)
+    episodes: int = 20
+    n_envs: int = 8
+    max_steps: int | None = None
+    int8_weights: str = "asymmetric"
+    workers: int = 1
+    """Cells evaluated at once; more than 1 runs them on a local Ray."""
+    address: str | None = None
+    """Ray cluster to run the cells on (spread over its nodes)."""
+    out: Path = Path("results/study")
+
+    def __post_init__(self) -> None:
+        if not self.checkpoints:
+            raise QuarlError("no agents to study: give checkpoints or a folder of agents")
+        for label in self.precisions:
+            QuantConfig.parse(label)  # one clear line for an unknown precision
+        if self.episodes < 1:
+            raise QuarlError(f"--episodes {self.episodes} must be at least 1")
+        if self.workers < 1:
+            raise QuarlError(f"--workers {self.workers} must be at least 1")
+        if not self.seeds or min(self.seeds) < 0:
+            raise QuarlError(f"--seeds {','.join(map(str, self.seeds))} must be non-negative integers")
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.out) / "study.sqlite"
+
+
+@dataclass(frozen=True)
+class StudyCell:
+    checkpoint: str
+    precision: str
+    seed: int
+    episodes: int
+    n_envs: int
+    max_steps: int | None
+    int8_weights: str
+
+    def key(self) -> tuple:
+        return (self.checkpoint, self.precision, self.int8_weights if self.precision == "int8" else "",
+                self.seed, self.episodes, self.max_steps or 0)
+
+
+def cells(config: StudyConfig) -> list[StudyCell]:
+    precisions = list(dict.fromkeys(["fp32", *(p.lower() for p in config.precisions)]))
+    return [StudyCell(str(Path(c).resolve()), p, s, config.episodes, config.n_envs, config.max_steps,
+                      config.int8_weights)
+            for c in config.checkpoints for s in config.seeds for p in precisions]
+
+
+@functools.lru_cache(maxsize=16)
+def _load(checkpoint: str) -> tuple[Any, Any]:
+    from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
+
+    ckpt = load_checkpoint(Path(checkpoint))
+    return ckpt, resolve_env_spec(ckpt, None)
+
+
+def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
+    """Load, quantize and evaluate one cell: the record the store keeps."""
+    import torch
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    ckpt, spec = _load(cell.checkpoint)
+    config = QuantConfig.parse(cell.precision, int8_weights=cell.int8_weights)
+    settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
+                            max_steps=cell.max_steps)
+    result = evaluate_config(ckpt.policy, spec, config, settings)
+    return {
+        **dict(zip(KEY, cell.key())),
+        **result,
+        "policy": f"{ckpt.algo} {spec.env_id}",
+        "algo": ckpt.algo,
+        "wall_s": time.perf_counter() - started,
+        "host": platform.node(),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_study(config: StudyConfig, on_cell: Callable[[dict[str, Any], int, int], None] | None = None
+              ) -> list[dict[str, Any]]:
+    """Evaluate the missing cells, storing each as it finishes; return every record of
+    the study's cells. ``on_cell(record, done, total)`` reports progress."""
+    store = StudyStore(config.db_path)
+    try:
+        todo_all = cells(config)
+        stored = store.done()
+        todo = [c for c in todo_all if c.key() not in stored]
+        done = len(todo_all) - len(todo)
+        if done:
+            log.info("%d of %d cells already in %s", done, len(todo_all), config.db_path)
+
+        def finished(record: dict[str, Any]) -> None:
+            nonlocal done
+            store.insert(record)
+            done += 1
+            if on_cell:
+                on_cell(record, done, len(todo_all))
+
+        if todo and (config.workers > 1 or config.address):
+            from quarl.study.ray_runner import run_on_ray
+
+            run_on_ray(todo, evaluate_cell, config.workers, config.address, finished)
+        else:
+            for cell in todo:
+                finished(evaluate_cell(cell))
+        wanted = {c.key() for c in todo_all}
+        return [r for r in store.records() if tuple(r[k] for k in KEY) in wanted]
+    finally:
+        store.close()
+
+
+def find_agents(paths: Sequence[Path]) -> list[Path]:
+    """Checkpoints named directly, or found in folders of agents: RL Zoo run folders
+    (ALGO/ENV_1) and legacy pickles (ALGO/ENV.pkl)."""
+    found: list[Path] = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise QuarlError(f"{str(path)!r} does not exist")
+        if path.is_file() or list(path.glob("*.zip")):
+            found.append(path)
+            continue
+        found += sorted([p for p in path.glob("*/*_*") if p.is_dir()] + list(path.glob("*/*.pkl")))
+    return list(dict.fromkeys(found))

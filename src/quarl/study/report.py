@@ -1,0 +1,74 @@
+"""A study's table and plot, made from its stored records alone."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from quarl.reports import paper_table, relative_error, save_figure
+
+
+def _labels(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """checkpoint -> "algo env", with its path's last two parts where two agents share it
+    (the zoo's ppo/CartPole-v1_1 and the paper's ppo2/CartPole-v1.pkl)."""
+    names = {r["checkpoint"]: r["policy"] for r in records}
+    count = defaultdict(int)
+    for name in names.values():
+        count[name] += 1
+    return {c: n if count[n] == 1 else f"{n} ({Path(c).parent.name}/{Path(c).name})" for c, n in names.items()}
+
+
+def _by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[int, float]]]:
+    """policy label -> precision -> seed -> mean return."""
+    labels = _labels(records)
+    out: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        out[labels[r["checkpoint"]]][r["precision"]][r["seed"]] = r["mean"]
+    return out
+
+
+def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) -> list[dict[str, Any]]:
+    """The paper's layout (``policy fp32 fp16 E_fp16 int8 E_int8 ...``), each return the
+    mean over evaluation seeds, plus the number of seeds."""
+    grouped = _by_policy(records)
+    per_policy = {policy: [{"precision": p, "mean": float(np.mean(list(seeds.values())))}
+                           for p, seeds in by_precision.items()]
+                  for policy, by_precision in grouped.items()}
+    rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])))
+    for row in rows:
+        row["seeds"] = len(grouped[row["policy"]]["fp32"])
+    return rows
+
+
+def plot_study(records: Sequence[dict[str, Any]], precisions: Sequence[str], path: Path, title: str) -> Path:
+    """E% (reward lost against fp32, per seed) for each precision: one line per policy,
+    mean and min..max over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [p for p in dict.fromkeys(precisions) if p != "fp32"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for policy, by_precision in sorted(_by_policy(records).items()):
+        base = by_precision.get("fp32", {})
+        xs, mean, low, high = [], [], [], []
+        for i, p in enumerate(labels):
+            errors = [relative_error(base[s], r) for s, r in by_precision.get(p, {}).items() if s in base]
+            if errors:
+                xs.append(i)
+                mean.append(np.mean(errors))
+                low.append(np.mean(errors) - min(errors))
+                high.append(max(errors) - np.mean(errors))
+        if xs:
+            ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=3, label=policy)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("precision")
+    ax.set_ylabel("E% = (R_fp32 - R_q) / |R_fp32|")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)

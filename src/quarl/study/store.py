@@ -1,0 +1,71 @@
+"""The study's results store: one SQLite row per evaluated cell, committed as soon as
+the cell finishes, so a killed study loses at most the cells in flight."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+KEY = ("checkpoint", "precision", "int8_weights", "seed", "episodes", "max_steps")
+"""What identifies a cell: the same key is never evaluated twice."""
+
+_COLUMNS = {
+    "checkpoint": "TEXT NOT NULL",
+    "precision": "TEXT NOT NULL",
+    "int8_weights": "TEXT NOT NULL",
+    "seed": "INTEGER NOT NULL",
+    "episodes": "INTEGER NOT NULL",
+    "max_steps": "INTEGER NOT NULL",  # 0: the env's own limit
+    "policy": "TEXT NOT NULL",
+    "algo": "TEXT NOT NULL",
+    "env_id": "TEXT NOT NULL",
+    "mean": "REAL NOT NULL",
+    "std": "REAL NOT NULL",
+    "returns": "TEXT NOT NULL",  # JSON list
+    "lengths": "TEXT NOT NULL",  # JSON list
+    "steps_per_s": "REAL",
+    "build_s": "REAL",
+    "wall_s": "REAL",
+    "host": "TEXT",
+    "finished_at": "TEXT NOT NULL",
+}
+_JSON = ("returns", "lengths")
+
+
+class StudyStore:
+    """``results`` table of a study database (created on first use)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path)
+        self.db.execute("PRAGMA journal_mode=WAL")  # readers (a report) never block the writer
+        columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
+        self.db.execute(f"CREATE TABLE IF NOT EXISTS results ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
+        self.db.commit()
+
+    def done(self) -> set[tuple]:
+        """Keys of the cells already stored."""
+        return set(self.db.execute(f"SELECT {', '.join(KEY)} FROM results").fetchall())
+
+    def insert(self, record: dict[str, Any]) -> None:
+        row = {k: json.dumps(record[k]) if k in _JSON else record[k] for k in _COLUMNS}
+        names = ", ".join(row)
+        with self.db:  # one transaction per cell: committed when it returns
+            self.db.execute(f"INSERT OR REPLACE INTO results ({names}) VALUES ({', '.join('?' * len(row))})",
+                            list(row.values()))
+
+    def records(self) -> list[dict[str, Any]]:
+        cursor = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM results ORDER BY rowid")
+        out = []
+        for values in cursor.fetchall():
+            record = dict(zip(_COLUMNS, values))
+            for k in _JSON:
+                record[k] = json.loads(record[k])
+            out.append(record)
+        return out
+
+    def close(self) -> None:
+        self.db.close()

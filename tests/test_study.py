@@ -1,0 +1,99 @@
+"""Studies: a grid of cells in SQLite, resumed after a kill, the same on Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quarl.errors import QuarlError
+from quarl.study.grid import StudyConfig, find_agents, run_study
+from quarl.study.report import study_table
+from quarl.study.store import StudyStore
+from tests.conftest import ROOT
+
+
+def _rows(db: Path) -> dict[tuple, str]:
+    with sqlite3.connect(db) as conn:
+        return {(p, s): f for p, s, f in conn.execute("SELECT precision, seed, finished_at FROM results")}
+
+
+def test_study_stores_each_cell_and_reruns_only_the_missing_ones(tiny_run: Path, tmp_path: Path) -> None:
+    seen: list[tuple[str, int]] = []
+    config = StudyConfig((tiny_run,), ("fp32", "int8", "int4"), (0, 1), episodes=2, n_envs=2, out=tmp_path)
+    records = run_study(config, lambda r, done, total: seen.append((r["precision"], r["seed"])))
+    assert len(records) == 6 and len(seen) == 6
+    first = _rows(tmp_path / "study.sqlite")
+    assert set(first) == {(p, s) for p in ("fp32", "int8", "int4") for s in (0, 1)}
+
+    seen.clear()
+    more = run_study(StudyConfig((tiny_run,), ("fp32", "int8", "int4"), (0, 1, 2), episodes=2, n_envs=2,
+                                 out=tmp_path), lambda r, done, total: seen.append((r["precision"], r["seed"])))
+    assert sorted(seen) == [("fp32", 2), ("int4", 2), ("int8", 2)]  # only the new seed ran
+    assert len(more) == 9
+    after = _rows(tmp_path / "study.sqlite")
+    assert all(after[k] == v for k, v in first.items())  # stored cells untouched
+    rows = study_table(more, ["int8", "int4"])
+    assert rows[0]["seeds"] == 3 and set(rows[0]) >= {"fp32", "int8", "E_int8%", "int4", "E_int4%"}
+
+
+def test_study_table_averages_seeds_and_tells_agents_apart() -> None:
+    def rec(checkpoint: str, precision: str, seed: int, mean: float) -> dict:
+        return {"checkpoint": checkpoint, "policy": "ppo CartPole-v1", "precision": precision, "seed": seed, "mean": mean}
+
+    records = [rec("/z/ppo/CartPole-v1_1", "fp32", 0, 500.0), rec("/z/ppo/CartPole-v1_1", "fp32", 1, 480.0),
+               rec("/z/ppo/CartPole-v1_1", "int4", 0, 245.0), rec("/z/ppo/CartPole-v1_1", "int4", 1, 245.0),
+               rec("/p/ppo2/CartPole-v1.pkl", "fp32", 0, 500.0), rec("/p/ppo2/CartPole-v1.pkl", "int4", 0, 500.0)]
+    rows = {r["policy"]: r for r in study_table(records, ["int4"])}
+    zoo = rows["ppo CartPole-v1 (ppo/CartPole-v1_1)"]
+    assert zoo["fp32"] == 490.0 and zoo["int4"] == 245.0 and zoo["E_int4%"] == 50.0 and zoo["seeds"] == 2
+    paper = rows["ppo CartPole-v1 (ppo2/CartPole-v1.pkl)"]
+    assert paper["E_int4%"] == 0.0 and paper["seeds"] == 1
+
+
+def test_killed_study_resumes_from_its_database(tiny_run: Path, tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "quarl.cli", "study", str(tiny_run), "--precisions", "fp32,fp16,int8,int6,int4,int3",
+            "--seeds", "0,1", "--episodes", "3", "--n-envs", "2", "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = tmp_path / "study.sqlite"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if db.exists() and len(_rows(db)) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _rows(db)
+    assert 2 <= len(before) < 12, "the study should have been killed part-way"
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = _rows(db)
+    assert len(after) == 12 and all(after[k] == v for k, v in before.items())
+    assert (tmp_path / "study.png").exists() and (tmp_path / "table.csv").exists()
+
+
+def test_study_on_ray_stores_what_the_local_run_stores(tiny_run: Path, tmp_path: Path) -> None:
+    kwargs = dict(precisions=("fp32", "int8"), seeds=(0, 1), episodes=2, n_envs=2)
+    local = run_study(StudyConfig((tiny_run,), out=tmp_path / "local", **kwargs))
+    ray = run_study(StudyConfig((tiny_run,), out=tmp_path / "ray", workers=2, **kwargs))
+    key = lambda r: (r["precision"], r["seed"])  # noqa: E731
+    assert {key(r): r["returns"] for r in ray} == {key(r): r["returns"] for r in local}
+    assert len({r["host"] for r in ray}) == 1 and StudyStore(tmp_path / "ray" / "study.sqlite").done()
+
+
+def test_bad_study_input_fails_with_one_line(tiny_run: Path, tmp_path: Path) -> None:
+    with pytest.raises(QuarlError, match="unknown precision 'int1x'"):
+        StudyConfig((tiny_run,), ("fp32", "int1x"))
+    with pytest.raises(QuarlError, match="--workers 0 must be at least 1"):
+        StudyConfig((tiny_run,), workers=0)
+    with pytest.raises(QuarlError, match="does not exist"):
+        find_agents([tmp_path / "nothing"])
+    with pytest.raises(QuarlError, match="no agents to study"):
+        StudyConfig(tuple(find_agents([tmp_path])))
