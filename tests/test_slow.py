@@ -61,8 +61,9 @@ ACTORQ = {
     "dqn-cartpole": ["CartPole-v1", "--algo", "dqn", "--target-reward", "195", "--batch-size", "64",
                      "--min-replay", "500", "--samples-per-insert", "8", "--update-period", "100", "--push-period", "50",
                      "--eval-every", "5", "--eval-episodes", "3"],
-    # batch 64 (not the paper's 256): the 3 x 2048 learner steps 4x faster on a CPU, and 8
-    # samples per insert keeps each transition replayed as often as batch 256 with 32
+    # batch 64 (not the paper's 256): the 3 x 2048 learner steps ~4x faster on a CPU; 8
+    # samples per insert keeps 8 env steps per learner step, as batch 256 with 32 does
+    # (each transition is then replayed 8 times instead of 32)
     "d4pg-cartpole-balance": ["dm_control/cartpole-balance-v0", "--algo", "d4pg", "--target-reward", "900",
                               "--batch-size", "64", "--samples-per-insert", "8", "--eval-every", "15",
                               "--eval-episodes", "1"],
