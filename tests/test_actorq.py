@@ -340,3 +340,35 @@ def test_d4pg_actor_on_the_control_suite() -> None:
     assert np.abs(r.batch["action"]).max() <= 1.0 and r.batch["obs"].shape == (len(r.batch["reward"]), 5)
     metrics = learner.step({k: v[:32] if len(v) >= 32 else np.resize(v, (32, *v.shape[1:])) for k, v in r.batch.items()})
     assert np.isfinite(list(metrics.values())).all()
+
+
+def _summary(ttr: float | None, learner_steps: int, inference_ms: float, energy_kwh: float) -> dict:
+    evals = [[10.0 * i, i, 50.0 * i] for i in range(1, 6)]
+    return {"target_reward": 195.0, "reached": ttr is not None, "time_to_reward_s": ttr, "final_running_mean": 200.0,
+            "evals": evals, "learner_steps": learner_steps, "learner_steps_per_s": learner_steps / 100.0,
+            "actor_env_steps_per_s": {"0": 40.0, "1": 60.0},
+            "actor_ms_per_step": {"inference": inference_ms, "env": 0.1, "pull": 0.2, "deserialize": 0.0, "load": 0.0},
+            "broadcast": {"bytes": 1000}, "energy": {"available": True, "energy_kwh": energy_kwh, "co2_kg": 0.001,
+                                                    "method": "estimated"}}
+
+
+def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
+    """compare reuses finished runs (nothing trains here) and tabulates them: mean and
+    spread over repeats, speedup against the first precision, learner steps."""
+    from quarl.actorq.compare import run_compare
+
+    runs = {("fp32", 0): _summary(100.0, 1000, 2.0, 0.002), ("fp32", 1): _summary(300.0, 3000, 2.0, 0.004),
+            ("int8", 0): _summary(100.0, 1000, 0.5, 0.001), ("int8", 1): _summary(None, 5000, 0.5, 0.003)}
+    for (precision, rep), summary in runs.items():
+        folder = tmp_path / precision / f"rep{rep}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps(summary))
+    rows = {r["actor_precision"]: r for r in run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 2, tmp_path)}
+    assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == 100.0
+    assert rows["fp32"]["reached"] == "2/2" and rows["int8"]["reached"] == "1/2"
+    assert rows["int8"]["time_to_reward_s"] == 100.0 and rows["int8"]["speedup"] == 2.0  # over the runs that reached
+    assert rows["fp32"]["learner_steps"] == 2000 and rows["int8"]["learner_steps"] == 3000
+    assert rows["fp32"]["actor_steps_per_s"] == 50.0 and rows["int8"]["inference_ms"] == 0.5
+    assert rows["fp32"]["energy_wh"] == 3.0 and rows["int8"]["energy_wh"] == 2.0
+    for name in ("compare.csv", "compare.md", "convergence.png", "breakdown.png", "energy.png"):
+        assert (tmp_path / name).stat().st_size > 0

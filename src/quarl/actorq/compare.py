@@ -85,6 +85,11 @@ def compare_rows(summaries: dict[str, list[dict]]) -> list[dict[str, Any]]:
             "time_to_reward_s": round(ttr, 1),
             "time_std_s": round(ttr_sd, 1),
             "speedup": round(base_t / ttr, 2) if ttr and not math.isnan(ttr) and base_t else math.nan,
+            # learner steps taken (to the target, when reached) and their rate: a faster
+            # time to reward at the same rate means fewer steps were needed, i.e. run-to-run
+            # variance of learning rather than faster acting
+            "learner_steps": int(np.mean([r["learner_steps"] for r in runs])),
+            "learner_steps_per_s": round(float(np.mean([r["learner_steps_per_s"] for r in runs])), 2),
             "actor_steps_per_s": round(steps, 1),
             "inference_ms": round(float(np.mean([r["actor_ms_per_step"].get("inference", 0) for r in runs])), 3),
             "broadcast_bytes": int(np.mean([r["broadcast"].get("bytes", 0) for r in runs])),
@@ -158,8 +163,8 @@ def plot_energy(summaries: dict[str, list[dict]], path: Path) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(7, 3.5))
     names = list(summaries)
-    for ax, key, label in ((axes[0], "energy_kwh", "energy (kWh)"), (axes[1], "co2_kg", "CO2 (kg)")):
-        vals = [np.mean([r["energy"].get(key, np.nan) for r in runs]) for runs in summaries.values()]
+    for ax, key, label in ((axes[0], "energy_kwh", "energy (Wh)"), (axes[1], "co2_kg", "CO2 (g)")):
+        vals = [1000 * np.mean([r["energy"].get(key, np.nan) for r in runs]) for runs in summaries.values()]
         ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(names)])
         ax.set_title(label)
     method = next(iter(summaries.values()))[0]["energy"].get("method", "unavailable")
