@@ -95,5 +95,12 @@ def test_bad_study_input_fails_with_one_line(tiny_run: Path, tmp_path: Path) -> 
         StudyConfig((tiny_run,), workers=0)
     with pytest.raises(QuarlError, match="does not exist"):
         find_agents([tmp_path / "nothing"])
+    stats = tmp_path / "ppo2" / "Env-v0"
+    stats.mkdir(parents=True)
+    (stats / "obs_rms.pkl").write_bytes(b"")
+    (tmp_path / "ppo2" / "Env-v0.pkl").write_bytes(b"")
+    assert find_agents([tmp_path / "ppo2"]) == []  # statistics beside an agent are not agents
+    assert find_agents([tmp_path]) == [tmp_path / "ppo2" / "Env-v0.pkl"]
+    (tmp_path / "ppo2" / "Env-v0.pkl").unlink()
     with pytest.raises(QuarlError, match="no agents to study"):
         StudyConfig(tuple(find_agents([tmp_path])))

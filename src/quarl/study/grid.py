@@ -24,6 +24,9 @@ from quarl.study.store import KEY, StudyStore
 
 log = logging.getLogger(__name__)
 
+STATISTICS_FILES = ("obs_rms.pkl", "ret_rms.pkl", "vecnormalize.pkl")
+"""Pickles beside the agents that are normalization statistics, not agents."""
+
 SEED_STRIDE = 100_000
 """Evaluation seed s runs episode i on env seed ``s * SEED_STRIDE + i``: seeds never
 share episodes."""
@@ -159,5 +162,6 @@ def find_agents(paths: Sequence[Path]) -> list[Path]:
         if path.is_file() or list(path.glob("*.zip")):
             found.append(path)
             continue
-        found += sorted([p for p in path.glob("*/*_*") if p.is_dir()] + list(path.glob("*/*.pkl")))
+        pickles = [p for p in path.glob("*/*.pkl") if p.name not in STATISTICS_FILES]
+        found += sorted([p for p in path.glob("*/*_*") if p.is_dir()] + pickles)
     return list(dict.fromkeys(found))
