@@ -37,7 +37,7 @@ from torch import nn
 
 from quarl.errors import QuarlError
 from quarl.policies.base import ObsNormalizer, Policy
-from quarl.policies.safe_load import numpy_global
+from quarl.policies.safe_load import AllowListUnpickler, Record
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +48,20 @@ TF_LAYER_NORM_EPS = 1e-12
 """tf.contrib.layers.layer_norm's variance epsilon."""
 
 
-class _Inert:
+class _Inert(Record):
     """Stand-in for any non-numpy global: built, called or given state, it records and
-    runs nothing."""
-
-    qualname = "?"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
+    runs nothing (cloudpickle calls what it rebuilds, hence ``__call__``)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> "_Inert":
         return _Inert()
 
-    def __setstate__(self, state: Any) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and all(isinstance(s, (dict, type(None))) for s in state):
-            state = {**(state[0] or {}), **(state[1] or {})}
-        if isinstance(state, dict):
-            self.__dict__.update(state)
 
-
-class _InertUnpickler(pickle.Unpickler):
+class _InertUnpickler(AllowListUnpickler):
     def find_class(self, module: str, name: str) -> Any:
-        found = numpy_global(module, name)
-        if found is not None:
-            return found
-        if module == "collections" and name == "OrderedDict":
-            return dict
-        return type(name, (_Inert,), {"qualname": f"{module}.{name}"})
+        try:  # numpy and plain containers as the allow-list rebuilds them
+            return super().find_class(module, name)
+        except pickle.UnpicklingError:
+            return type(name, (_Inert,), {})
 
 
 def read_pickle(path: Path) -> Any:
@@ -93,13 +80,13 @@ def is_legacy_pickle(path: Path) -> bool:
 
 
 def _space(record: Any, what: str, path: Path) -> gym.spaces.Space:
-    kind = getattr(record, "qualname", "").rsplit(".", 1)[-1]
+    kind = type(record).__name__  # stand-in classes carry the pickled class's name
     if kind == "Discrete":
         return gym.spaces.Discrete(int(record.n))
     if kind == "Box":
         dtype = np.dtype(getattr(record, "dtype", np.float32))
         return gym.spaces.Box(np.asarray(record.low, dtype), np.asarray(record.high, dtype), dtype=dtype)
-    raise QuarlError(f"{path}: {what} of type {kind or type(record).__name__} is not supported: allowed Box and Discrete")
+    raise QuarlError(f"{path}: {what} of type {kind} is not supported: allowed Box and Discrete")
 
 
 # ---------------------------------------------------------------------------- networks
@@ -270,7 +257,7 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
     if isinstance(params, dict):  # stable-baselines >= 2.7 saved names with the arrays
         params = list(params.values())
     legacy_algo = _algo(path, data)
-    policy_class = getattr(data.get("policy"), "qualname", "") or ""
+    policy_class = getattr(data.get("policy"), "__name__", "") or ""
     if "Cnn" in policy_class or "Lstm" in policy_class or "Lnlstm" in policy_class:
         raise QuarlError(f"{path}: policy {policy_class} is not supported: only MLP policies")
     obs_space = _space(data.get("observation_space"), "observation space", path)

@@ -46,7 +46,7 @@ def load_zoo_yaml(path: Path) -> dict:
     return data or {}
 
 
-class _Record:
+class Record:
     """Stand-in for an allowed class: keeps the pickled attributes, runs no code."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -60,7 +60,7 @@ class _Record:
 
 
 def _record_class(name: str) -> type:
-    return type(name, (_Record,), {})
+    return type(name, (Record,), {})
 
 
 def _multiarray() -> Any:
@@ -97,7 +97,7 @@ def numpy_global(module: str, name: str) -> Any:
     return None
 
 
-class _AllowListUnpickler(pickle.Unpickler):
+class AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = numpy_global(module, name)
         if found is not None:
@@ -117,7 +117,7 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False) -> dict[str, Any]:
         obj = pickle.loads(data)  # noqa: S301 - the user vouched for this file
     else:
         try:
-            obj = _AllowListUnpickler(io.BytesIO(data)).load()
+            obj = AllowListUnpickler(io.BytesIO(data)).load()
         except pickle.UnpicklingError as exc:
             raise QuarlError(
                 f"{path} needs arbitrary unpickling ({exc}): refused; pass --trust-pickle if you trust this file"
