@@ -90,9 +90,6 @@ class DQNLearner:
             target = b["reward"] + b["discount"] * bootstrap
         return F.smooth_l1_loss(q, target, reduction="none"), (q - target).detach().abs()
 
-    def loss(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
-        return weighted_mean(self.losses(batch)[0], batch)
-
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         per_sample, td = self.losses(batch)
         loss = weighted_mean(per_sample, batch)

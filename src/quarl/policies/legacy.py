@@ -258,7 +258,7 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
         params = list(params.values())
     legacy_algo = _algo(path, data)
     policy_class = getattr(data.get("policy"), "__name__", "") or ""
-    if "Cnn" in policy_class or "Lstm" in policy_class or "Lnlstm" in policy_class:
+    if "Cnn" in policy_class or "Lstm" in policy_class:  # LstmPolicy, LnLstmPolicy, CnnLstmPolicy
         raise QuarlError(f"{path}: policy {policy_class} is not supported: only MLP policies")
     obs_space = _space(data.get("observation_space"), "observation space", path)
     act_space = _space(data.get("action_space"), "action space", path)
