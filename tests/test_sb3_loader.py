@@ -43,18 +43,32 @@ ALGOS = {
     "ddpg": sb3.DDPG,
     "qrdqn": sb3_contrib.QRDQN,
     "tqc": sb3_contrib.TQC,
+    "trpo": sb3_contrib.TRPO,
+    "ars": sb3_contrib.ARS,
+    "crossq": sb3_contrib.CrossQ,
+    "ppo_mask": sb3_contrib.MaskablePPO,
 }
+OFF_POLICY = ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc", "crossq")
 CASES = [
     ("a2c", "CartPole-v1", "MlpPolicy", {}),
     ("ppo", "CartPole-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [32, 48], "activation_fn": nn.ReLU}}),
     ("ppo", "Pendulum-v1", "MlpPolicy", {}),
     ("a2c", "Pendulum-v1", "MlpPolicy", {"use_sde": True}),
     ("ppo", "Pendulum-v1", "MlpPolicy", {"use_sde": True, "policy_kwargs": {"squash_output": True}}),
+    ("trpo", "Pendulum-v1", "MlpPolicy", {"n_steps": 256, "batch_size": 64}),
+    ("trpo", "CartPole-v1", "MlpPolicy", {"n_steps": 256, "batch_size": 64}),
+    ("ppo_mask", "CartPole-v1", "MlpPolicy", {}),
+    ("ars", "Pendulum-v1", "LinearPolicy", {"n_delta": 2}),
+    ("ars", "Pendulum-v1", "LinearPolicy", {"n_delta": 2, "policy_kwargs": {"with_bias": True}}),
+    ("ars", "Pendulum-v1", "MlpPolicy", {"n_delta": 2}),
+    ("ars", "CartPole-v1", "LinearPolicy", {"n_delta": 2}),
+    ("ars", "CartPole-v1", "MlpPolicy", {"n_delta": 2, "policy_kwargs": {"net_arch": [16]}}),
     ("dqn", "CartPole-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [64, 64, 64]}}),
     ("qrdqn", "CartPole-v1", "MlpPolicy", {}),
     ("sac", "Pendulum-v1", "MlpPolicy", {}),
     ("sac", "Pendulum-v1", "MlpPolicy", {"use_sde": True}),
     ("tqc", "Pendulum-v1", "MlpPolicy", {}),
+    ("crossq", "Pendulum-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [32, 32]}}),
     ("td3", "Pendulum-v1", "MlpPolicy", {"policy_kwargs": {"net_arch": [32, 32]}}),
     ("ddpg", "Pendulum-v1", "MlpPolicy", {}),
     ("ppo", "image", "CnnPolicy", {}),
@@ -64,29 +78,84 @@ CASES = [
 
 def _make(algo: str, env_id: str, policy: str, kwargs: dict, seed: int = 3):
     env = ImageEnv() if env_id == "image" else gym.make(env_id)
-    extra = {"buffer_size": 1000} if algo in ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc") else {}
+    extra = {"buffer_size": 1000} if algo in OFF_POLICY else {}
+    if algo in OFF_POLICY:
+        extra["learning_starts"] = 100
+    if algo in ("ppo", "a2c", "ppo_mask") and env_id != "image":
+        extra["n_steps"] = 128
     return ALGOS[algo](policy, env, seed=seed, device="cpu", **{**extra, **kwargs})
+
+
+def _rollout_states(model, env_id: str, steps: int = 300) -> np.ndarray:
+    """Observations met by SB3's own deterministic policy (real states, not noise)."""
+    env = gym.make(env_id)
+    obs, _ = env.reset(seed=7)
+    states = []
+    for _ in range(steps):
+        states.append(obs)
+        action, _ = model.predict(obs, deterministic=True)
+        obs, _, term, trunc, _ = env.step(action)
+        if term or trunc:
+            obs, _ = env.reset()
+    return np.stack(states)
 
 
 @pytest.mark.parametrize("algo,env_id,policy,kwargs", CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])
 def test_actions_match_sb3_predict(tmp_path: Path, algo: str, env_id: str, policy: str, kwargs: dict) -> None:
+    """A tiny agent of each kind, trained a few hundred steps: quarl's policy and its fp32
+    engine act as ``predict(deterministic=True)`` on every state of a rollout."""
+    from quarl.quant.api import quantize
+    from quarl.quant.config import QuantConfig
+
     model = _make(algo, env_id, policy, kwargs)
+    if env_id != "image":
+        model.learn(400 if algo != "ars" else 800, **({"use_masking": False} if algo == "ppo_mask" else {}))
     path = tmp_path / "model.zip"
     model.save(path)
     loaded = load_checkpoint(path).policy
-    assert loaded.algo == algo
-    rng = np.random.default_rng(0)
+    assert loaded.algo == ("ppo" if algo == "ppo_mask" else algo)
     space = model.observation_space
-    if isinstance(space, gym.spaces.Box) and space.dtype == np.uint8:
-        obs = rng.integers(0, 256, (16, *space.shape), dtype=np.uint8)
+    if env_id == "image":
+        obs = np.random.default_rng(0).integers(0, 256, (16, *space.shape), dtype=np.uint8)
     else:
-        obs = rng.uniform(-1, 1, (64, *space.shape)).astype(np.float32)
-    want, _ = model.predict(obs, deterministic=True)
-    got = loaded.act(obs)
-    if isinstance(model.action_space, gym.spaces.Discrete):
-        assert np.array_equal(got, want)
-    else:
-        assert np.allclose(got, want, atol=1e-5), np.abs(got - want).max()
+        obs = _rollout_states(model, env_id)
+    want = np.stack([model.predict(o, deterministic=True)[0] for o in obs])  # batch 1, as deployed
+    for acting in (loaded, quantize(loaded, QuantConfig("fp32"))):
+        got = np.concatenate([acting.act(o[None]) for o in obs])
+        if isinstance(model.action_space, gym.spaces.Discrete):
+            assert np.array_equal(got, want)
+        else:
+            assert np.array_equal(got, want), np.abs(got - want).max()
+
+
+def test_recurrent_ppo_is_refused_in_one_line(tmp_path: Path) -> None:
+    model = sb3_contrib.RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=32, seed=0, device="cpu")
+    model.save(tmp_path / "lstm.zip")
+    with pytest.raises(QuarlError, match="recurrent policies .* not supported"):
+        load_checkpoint(tmp_path / "lstm.zip")
+
+
+def test_normalization_matches_vecnormalize_exactly() -> None:
+    """Observations normalized as VecNormalize does (float64 statistics, then float32)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from quarl.policies.base import ObsNormalizer
+
+    venv = VecNormalize(make_vec_env("HalfCheetah-v5", n_envs=1, seed=0), clip_obs=5.0)
+    venv.reset()
+    raw = []
+    for _ in range(100):
+        venv.step(np.array([venv.action_space.sample()]))
+        raw.append(venv.get_original_obs()[0])
+    norm = ObsNormalizer(venv.obs_rms.mean, venv.obs_rms.var, 5.0, venv.epsilon)
+    policy_input = np.stack(raw)
+    from quarl.policies.base import Policy
+
+    want = venv.normalize_obs(policy_input)
+    got = Policy(nn.Sequential(nn.Identity()), venv.observation_space, venv.action_space, "clip",
+                 obs_normalizer=norm).preprocess(policy_input)
+    assert got.dtype == np.float32 and np.array_equal(got, want.astype(np.float32))
 
 
 def test_zip_is_read_without_unpickling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,23 +3,29 @@
 Nothing from the checkpoint is executed: the weights come from ``policy.pth`` through
 ``torch.load(weights_only=True)``; the spaces and policy keyword arguments from the
 readable fields of the zip's ``data`` JSON (never its cloudpickled blobs); the network
-is rebuilt from the state dict's names and shapes. Supported: A2C, PPO (MLP and
-NatureCNN, discrete and box actions), DQN, QR-DQN, SAC, TQC, TD3, DDPG.
+is rebuilt from the state dict's names and shapes. Supported: A2C, PPO, TRPO and
+MaskablePPO (MLP and NatureCNN, discrete and box actions, gSDE, ``squash_output``), DQN,
+QR-DQN, SAC, TQC, CrossQ (its Batch Renorm layers at their running statistics), TD3,
+DDPG and ARS (linear and MLP). RecurrentPPO (LSTM) is refused with one line.
 
 Calling convention of the acting network per algorithm (deterministic acting)::
 
     a2c / ppo    features -> [shared_net] -> policy_net -> action_net   (argmax | mean, clipped)
+    ars          features -> action_net (Linear [-> act -> Linear]* [-> tanh])  (argmax | clipped | unscaled)
     dqn          features -> q_net                                      (argmax)
     qrdqn        features -> quantile_net                               (argmax of quantile mean)
     sac / tqc    features -> latent_pi -> mu [-> Hardtanh] -> tanh      (unscaled to bounds)
+    crossq       as sac, with Batch Renorm (running statistics) in latent_pi
     td3 / ddpg   features -> mu (ends in tanh)                          (unscaled to bounds)
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
+import pickletools
 import re
 import zipfile
 from dataclasses import dataclass
@@ -42,7 +48,7 @@ log = logging.getLogger(__name__)
 QAT_FILE = "qat.json"
 """Written by quantization-aware training next to config.yml."""
 
-ALGOS = ("a2c", "ppo", "dqn", "qrdqn", "sac", "tqc", "td3", "ddpg")
+ALGOS = ("a2c", "ppo", "trpo", "ppo_mask", "ars", "dqn", "qrdqn", "sac", "tqc", "crossq", "td3", "ddpg")
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "ReLU": nn.ReLU,
@@ -108,38 +114,60 @@ def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
 # ---------------------------------------------------------------------------- network
 
 
-def _sequential_linears(sd: dict[str, torch.Tensor], prefix: str) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """(index, weight, bias) of the Linear layers of an SB3 nn.Sequential at ``prefix``."""
-    found = []
-    for key, value in sd.items():
-        m = re.fullmatch(re.escape(prefix) + r"(\d+)\.weight", key)
-        if m and value.dim() == 2:
-            idx = int(m.group(1))
-            found.append((idx, value, sd[f"{prefix}{idx}.bias"]))
-    return sorted(found, key=lambda t: t[0])
-
-
 def _linear(sd: dict[str, torch.Tensor], name: str) -> nn.Linear:
-    """The Linear layer stored under ``name`` in the state dict; it remembers that name
-    (``sb3_name``) so that per-layer state saved by name (QAT ranges) finds it again."""
-    weight, bias = sd[f"{name}.weight"], sd[f"{name}.bias"]
-    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    """The Linear layer stored under ``name`` in the state dict (with or without a bias);
+    it remembers that name (``sb3_name``) so that per-layer state saved by name (QAT
+    ranges) finds it again."""
+    weight, bias = sd[f"{name}.weight"], sd.get(f"{name}.bias")
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():
         layer.weight.copy_(weight)
-        layer.bias.copy_(bias)
+        if bias is not None:
+            layer.bias.copy_(bias)
     layer.sb3_name = name
     return layer
 
 
-def _mlp(sd: dict, prefix: str, activation: type[nn.Module], trailing: bool) -> list[nn.Module]:
-    """Linear layers of ``prefix`` with ``activation`` between them (and after the last
-    one when ``trailing``, as SB3's feature MLPs have)."""
+class BatchRenormEval(nn.Module):
+    """sb3-contrib's BatchRenorm1d in evaluation mode (CrossQ): its running statistics and
+    affine transform, computed in the same order so that fp32 outputs match bit for bit."""
+
+    def __init__(self, mean: torch.Tensor, var: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                 eps: float) -> None:
+        super().__init__()
+        self.register_buffer("ra_mean", mean.clone())
+        self.register_buffer("ra_var", var.clone())
+        self.register_buffer("scale", scale.clone())
+        self.register_buffer("bias", bias.clone())
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x - self.ra_mean[None]) / (self.ra_var[None] + self.eps).sqrt()
+        return self.scale * x + self.bias
+
+
+def _mlp(sd: dict, prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3) -> list[nn.Module]:
+    """An SB3 ``create_mlp`` Sequential at ``prefix``, rebuilt slot by slot from the state
+    dict: Linear layers (with or without bias), Batch Renorm layers (CrossQ), and
+    ``activation`` in every slot without parameters (plus one after the last layer when
+    ``trailing``, as SB3's feature MLPs have)."""
+    slots: dict[int, str] = {}
+    for key, value in sd.items():
+        m = re.fullmatch(re.escape(prefix) + r"(\d+)\.(weight|ra_mean)", key)
+        if m and (m.group(2) == "ra_mean" or value.dim() == 2):
+            slots[int(m.group(1))] = m.group(2)
     layers: list[nn.Module] = []
-    linears = _sequential_linears(sd, prefix)
-    for i, (idx, _, _) in enumerate(linears):
-        layers.append(_linear(sd, f"{prefix}{idx}"))
-        if trailing or i < len(linears) - 1:
+    for idx in range(max(slots) + 1 if slots else 0):
+        name = f"{prefix}{idx}"
+        if slots.get(idx) == "weight":
+            layers.append(_linear(sd, name))
+        elif slots.get(idx) == "ra_mean":
+            layers.append(BatchRenormEval(sd[f"{name}.ra_mean"], sd[f"{name}.ra_var"], sd[f"{name}.scale"],
+                                          sd[f"{name}.bias"], eps))
+        else:
             layers.append(activation())
+    if trailing and slots:
+        layers.append(activation())
     return layers
 
 
@@ -168,6 +196,11 @@ def _features(sd: dict, prefix: str, obs_shape: tuple[int, ...]) -> list[nn.Modu
 
 def _family(sd: dict) -> str:
     keys = set(sd)
+    if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in keys):
+        raise QuarlError(
+            "recurrent policies (RecurrentPPO, LSTM) are not supported: their actions depend on a hidden state "
+            "that quarl's stateless engines do not carry"
+        )
     if any(k.startswith("q_net.q_net.") for k in keys):
         return "dqn"
     if any(k.startswith("quantile_net.quantile_net.") for k in keys):
@@ -178,6 +211,8 @@ def _family(sd: dict) -> str:
         return "td3"
     if "action_net.weight" in keys:
         return "ppo"
+    if "action_net.0.weight" in keys:
+        return "ars"
     raise QuarlError(
         "unsupported policy layout: the state dict has none of q_net, quantile_net, actor.mu, action_net "
         f"(keys: {', '.join(sorted(keys)[:6])}...)"
@@ -186,7 +221,7 @@ def _family(sd: dict) -> str:
 
 def _activation(policy_kwargs: dict, family: str) -> type[nn.Module]:
     name = policy_kwargs.get("activation_fn")
-    if name is None:  # SB3 defaults: tanh for on-policy actor-critic, ReLU elsewhere
+    if name is None:  # SB3 defaults: tanh for on-policy actor-critic, ReLU elsewhere (ARS too)
         return nn.Tanh if family == "ppo" else nn.ReLU
     short = str(name).rsplit(".", 1)[-1]
     if short not in _ACTIVATIONS:
@@ -217,8 +252,17 @@ def build_policy(
         layers += _mlp(sd, "quantile_net.quantile_net.", act, False)
         n_quantiles = layers[-1].out_features // int(action_space.n)
         head = "quantile_argmax"
+    elif family == "ars":
+        layers = _features(sd, "features_extractor.", obs_shape) + _mlp(sd, "action_net.", act, False)
+        head = "clip" if continuous else "argmax"
+        if continuous and policy_kwargs.get("squash_output", True):
+            layers.append(nn.Tanh())
+            head = "unscale"
     elif family == "sac":
-        layers = _features(sd, "actor.features_extractor.", obs_shape) + _mlp(sd, "actor.latent_pi.", act, True)
+        # CrossQ's latent_pi has Batch Renorm slots and no trailing activation after them
+        crossq = any(k.startswith("actor.latent_pi.") and k.endswith(".ra_mean") for k in sd)
+        latent = _mlp(sd, "actor.latent_pi.", act, not crossq, float(policy_kwargs.get("batch_norm_eps", 1e-3)))
+        layers = _features(sd, "actor.features_extractor.", obs_shape) + latent
         if "actor.mu.0.weight" in sd:  # gSDE: mu = Sequential(Linear, Hardtanh(-clip_mean, clip_mean))
             clip_mean = float(policy_kwargs.get("clip_mean", 2.0))
             layers += [_linear(sd, "actor.mu.0"), nn.Hardtanh(-clip_mean, clip_mean)]
@@ -314,11 +358,24 @@ def _algo_from_data(data: dict, family: str) -> str:
     module = str((data.get("policy_class") or {}).get("__module__", ""))
     m = re.match(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies", module)
     algo = m.group(1) if m and m.group(1) in ALGOS else family
-    if algo == "ppo":  # A2C and PPO share ActorCriticPolicy
-        return "ppo" if "clip_range" in data else "a2c"
+    if algo == "ppo":  # A2C, PPO and TRPO share ActorCriticPolicy
+        return "ppo" if "clip_range" in data else "trpo" if "cg_max_steps" in data else "a2c"
     if algo == "td3" and data.get("policy_delay") == 1 and data.get("target_noise_clip") == 0.0:
         return "ddpg"
     return algo
+
+
+def _policy_class_name(data: dict) -> str | None:
+    """The policy class's name, read from the opcodes of its pickled reference (never
+    unpickled): ``ARSLinearPolicy`` and ``ARSPolicy`` differ only in their defaults."""
+    blob = (data.get("policy_class") or {}).get(":serialized:")
+    if not isinstance(blob, str):
+        return None
+    try:
+        strings = [arg for op, arg, _ in pickletools.genops(base64.b64decode(blob)) if isinstance(arg, str)]
+    except Exception:  # not a pickle we can read: the defaults stay unknown
+        return None
+    return strings[-1] if strings else None
 
 
 def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
@@ -358,6 +415,8 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
     obs_space = _space_from_json(data.get("observation_space"), "observation space")
     act_space = _space_from_json(data.get("action_space"), "action space")
     kwargs = _policy_kwargs(data, config)
+    if _policy_class_name(data) == "ARSLinearPolicy":  # ARS's linear policy clips; its MLP squashes
+        kwargs.setdefault("squash_output", False)
     algo = zoo_algo or _algo_from_data(data, _family(sd))
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
     policy.meta["checkpoint"] = str(path)

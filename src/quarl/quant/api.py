@@ -5,7 +5,7 @@ The input policy is never modified. What each precision gives:
 =========  =============================================  ==============================
 precision  network held by the new policy                 engine that acts
 =========  =============================================  ==============================
-fp32       a copy                                         ONNX Runtime fp32
+fp32       a copy                                         PyTorch fp32 (SB3's own numbers)
 fp16/bf16  a copy cast to that dtype                      PyTorch in that dtype
 int8       simulated reference of the int8 model          ONNX Runtime int8 kernels
 nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on the
@@ -109,8 +109,8 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
     network = policy.clone_network().float()
     shape = policy.input_shape
     label = config.label
-    if config.precision == "fp32":
-        return policy.with_network(network, label, OrtEngine(export_onnx(network, shape)))
+    if config.precision == "fp32":  # PyTorch, as Stable-Baselines3 runs it: the same bits, the same returns
+        return policy.with_network(network, label, TorchEngine(network))
     if config.precision in ("fp16", "bf16"):
         dtype = FLOAT_DTYPES[config.precision]
         network = network.to(dtype)
