@@ -28,7 +28,7 @@ from quarl.quant.backends.onnxruntime import (  # noqa: E402
     quantize_dynamic_int8,
     quantize_static_int8,
 )
-from quarl.deploy import median_us  # noqa: E402
+from quarl.timing import median_us  # noqa: E402
 from quarl.quant.backends.torch_backend import TorchEngine  # noqa: E402
 
 torch.set_num_threads(1)

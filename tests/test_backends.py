@@ -31,11 +31,11 @@ def _rollout_states(run, n: int = 2000) -> tuple[Policy, np.ndarray]:
     [("dqn", "CartPole-v1"), ("ppo", "LunarLander-v2"), ("sac", "Pendulum-v1"), ("ppo", "HalfCheetah-v3")],
 )
 @pytest.mark.parametrize("weights", ["asymmetric", "symmetric"])
-def test_int8_engine_matches_simulated_reference_on_rollout(algo: str, env: str, weights: str) -> None:
+def test_dynamic_int8_engine_matches_simulated_reference_on_rollout(algo: str, env: str, weights: str) -> None:
     if weights == "symmetric" and not has_vnni():
         pytest.skip("u8 x s8 kernels saturate int16 sums on CPUs without VNNI: symmetric int8 is inexact here")
     policy, states = _rollout_states(zoo_run(algo, env))
-    int8 = quantize(policy, QuantConfig("int8", int8_weights=weights))
+    int8 = quantize(policy, QuantConfig("int8", mode="dyn-tensor", int8_weights=weights))
     real = int8.forward(states)
     with torch.inference_mode():
         ref = simulate_dynamic_int8(policy.network, weights)(torch.from_numpy(states)).numpy()
@@ -153,7 +153,11 @@ def test_quantize_weights_leaves_input_untouched() -> None:
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"precision": "int4"}, "unknown precision 'int4'"),
+        ({"precision": "int5"}, "unknown precision 'int5'"),
+        ({"precision": "int4", "mode": "static"}, "unknown int4 mode 'static'"),
+        ({"precision": "fp16", "mode": "block"}, "a mode .* is for int8 / int4 only"),
+        ({"precision": "int4", "block_size": 24}, "block size 24 is not allowed: a power of two >= 16"),
+        ({"precision": "int4", "block_size": 8}, "block size 8 is not allowed"),
         ({"precision": "nbit", "bits": 1}, r"bits=1 is out of range: allowed 2\.\.16"),
         ({"precision": "nbit", "bits": 17}, r"bits=17 is out of range"),
         ({"precision": "nbit", "scheme": "log"}, "unknown scheme 'log'"),
@@ -168,10 +172,15 @@ def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
 
 
 def test_config_parse_labels() -> None:
-    assert QuantConfig.parse("INT8").precision == "int8"
-    assert QuantConfig.parse("int4") == QuantConfig("nbit", bits=4)
-    assert QuantConfig.parse("int4").label == "q4"
+    assert QuantConfig.parse("INT8") == QuantConfig("int8")
+    assert QuantConfig.parse("int4") == QuantConfig("int4", bits=4)
+    assert QuantConfig.parse("int8-dyn-channel").mode == "dyn-channel"
+    assert QuantConfig.parse("int4-weight-only").label == "int4-weight-only"
+    assert QuantConfig.parse("sim4") == QuantConfig("nbit", bits=4)
+    assert QuantConfig.parse("sim4").label == "sim4"
     with pytest.raises(QuarlError, match="unknown precision 'fp8'"):
         QuantConfig.parse("fp8")
-    with pytest.raises(QuarlError, match="out of range"):
-        QuantConfig.parse("int1")
+    with pytest.raises(QuarlError, match=r"int6 has no real kernel: sim6 simulates it"):
+        QuantConfig.parse("int6")
+    with pytest.raises(QuarlError, match="unknown precision 'sim1'"):
+        QuantConfig.parse("sim1")

@@ -79,13 +79,28 @@ def _parse_bits(text: str) -> list[int]:
     return bits
 
 
-def _parse_precisions(text: str) -> list[str]:
+def _parse_precisions(text: str, **options) -> list[str]:
     from quarl.quant.config import QuantConfig
 
     labels = _split(text, "--precisions")
     for label in labels:
-        QuantConfig.parse(label)  # raises a clear error for an unknown one
+        QuantConfig.parse(label, **options)  # raises a clear error for an unknown one
     return [label.lower() for label in labels]
+
+
+def _quant_options(int8_weights: str, block_size: int) -> dict:
+    """QuantConfig fields shared by every cell, validated (one line for a bad value)."""
+    from quarl.quant.config import QuantConfig
+
+    QuantConfig(int8_weights=int8_weights, block_size=block_size)
+    return {"int8_weights": int8_weights, "block_size": block_size}
+
+
+def _say_reused(records: list[dict], where: Path) -> None:
+    reused = sum(1 for r in records if r.get("reused"))
+    if reused:
+        out_console.print(f"reused {reused} finished cell{'s' * (reused != 1)} from {where} (same policy content, "
+                          "config and settings)")
 
 
 def _progress() -> Progress:
@@ -144,7 +159,14 @@ TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpicklin
 VerboseOpt = typer.Option(False, "--verbose", "-v")
 BitsOpt = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16")
 SchemeOpt = typer.Option("quarl", help="quarl (paper, unclamped), affine or symmetric")
-GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel")
+GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel, "
+                                           "block (per --block-size inputs)")
+PRECISIONS_HELP = ("comma list of fp32, fp16, bf16, int8 / int4 (real kernels, fastest mode that agrees with fp32), "
+                   "int8-dyn-tensor, int8-dyn-channel, int8-block, int8-weight-only, int8-static, int4-block, "
+                   "int4-weight-only, sim2..sim16 (simulated n-bit weights)")
+Int8WeightsOpt = typer.Option("auto", help="8-bit weights of the MatMulInteger / QDQ modes: auto (symmetric int8 "
+                                           "where the CPU has VNNI, else asymmetric uint8), asymmetric, symmetric")
+BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the MatMulNBits modes (power of two >= 16)")
 
 
 @app.command()
@@ -152,12 +174,13 @@ GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, chann
 def ptq(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
-    precisions: str = typer.Option("fp32,fp16,bf16,int8", help="comma list of fp32, fp16, bf16, int8, int2..int16"),
+    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4", help=PRECISIONS_HELP),
     episodes: int = EpisodesOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
-    int8_weights: str = typer.Option("asymmetric", help="int8 weight format: asymmetric (uint8) or symmetric (int8)"),
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
@@ -168,23 +191,21 @@ def ptq(
     """
     _setup(verbose)
     from quarl.ptq import run_ptq
-    from quarl.quant.config import INT8_WEIGHTS
     from quarl.reports import print_table, ptq_rows
 
-    if int8_weights not in INT8_WEIGHTS:
-        raise QuarlError(f"unknown --int8-weights {int8_weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
-    labels = _parse_precisions(precisions)
+    options = _quant_options(int8_weights, block_size)
+    labels = _parse_precisions(precisions, **options)
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     out = out or _default_out("ptq", checkpoint, spec.env_id)
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
-        records = run_ptq(
-            ckpt.policy, spec, labels, settings, out, int8_weights, progress=lambda c, n: bar.update(tasks[c], completed=n)
-        )
+        records = run_ptq(ckpt.policy, spec, labels, settings, out,
+                          progress=lambda c, n: bar.update(tasks[c], completed=n), **options)
     print_table(ptq_rows(records), f"{ckpt.algo} {spec.env_id}, {episodes} episodes", out_console)
-    out_console.print(f"wrote {out}/ptq.csv, ptq.md, ptq.json")
+    _say_reused(records, out / "results.jsonl")
+    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
 
 
 @app.command()
@@ -200,11 +221,12 @@ def sweep(
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
+    block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """Evaluate fp32 and n-bit weights for each width; write a CSV and the reward-vs-bits plot.
+    """Evaluate fp32 and simulated n-bit weights for each width; write a CSV and the reward-vs-bits plot.
 
     Example: quarl sweep ../shared/zoo/dqn/CartPole-v1_1 --bits 8,6,4,3,2 --episodes 10
     """
@@ -214,12 +236,12 @@ def sweep(
     from quarl.reports import print_table, ptq_rows
 
     widths = _parse_bits(bits)
-    QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)  # validates both
+    QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     variant = f"{scheme}-{granularity}" + ("-act" if activations else "")
     out = out or _default_out("sweep", checkpoint, spec.env_id) / variant
-    labels = ["fp32", *(f"q{n}" for n in widths)]
+    labels = ["fp32", *(f"sim{n}" for n in widths)]
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in labels}
         records = run_sweep(
@@ -233,10 +255,12 @@ def sweep(
             progress=lambda c, n: bar.update(tasks[c], completed=n),
             title=f"{ckpt.algo} {spec.env_id} ({variant})",
             activations=activations,
+            block_size=block_size,
         )
     what = "weights and activations" if activations else "weights"
     print_table(ptq_rows(records), f"{ckpt.algo} {spec.env_id}: n-bit {what} ({scheme}, {granularity})", out_console)
-    out_console.print(f"wrote {out}/sweep.csv, sweep.png")
+    _say_reused(records, out / "results.jsonl")
+    out_console.print(f"wrote {out}/results.jsonl, sweep.csv, sweep.md, sweep.json, sweep.png")
 
 
 @app.command()
@@ -512,32 +536,33 @@ def actorq(
 def export(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
-    precision: str = typer.Option("int8", help="fp32 or int8 (ONNX Runtime integer kernels)"),
+    precision: str = typer.Option("int8", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode "
+                                               "(int8-dyn-channel, int4-weight-only...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="output path without suffix (default results/export/<policy>-<precision>)"),
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """Export the acting network as ONNX (fp32 or real int8) plus a JSON sidecar with the
-    observation normalization and the action head.
+    """Export the acting network as ONNX (fp32 or real int8 / int4) plus a JSON sidecar with
+    the observation normalization, the action head and the int mode that was chosen.
 
     Example: quarl export ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --out policy
     """
     _setup(verbose)
-    from quarl.deploy import EXPORT_PRECISIONS, export_policy
+    from quarl.deploy import export_policy
     from quarl.ptq import calibration_inputs
-    from quarl.quant.backends.onnxruntime import has_conv
 
-    if precision not in EXPORT_PRECISIONS:
-        raise QuarlError(f"unknown --precision {precision!r}: allowed {', '.join(EXPORT_PRECISIONS)}")
+    options = _quant_options(int8_weights, block_size)
+    config = _parse_precisions(precision, **options)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     if out is None:
         default = _default_out("export", checkpoint, spec.env_id)
         out = default.with_name(f"{default.name}-{precision}")
-    calibration = None
-    if precision == "int8" and has_conv(ckpt.policy.network):
-        calibration = calibration_inputs(ckpt.policy, spec)
-    meta = export_policy(ckpt.policy, precision, out, calibration)
-    out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes) and {out.with_suffix('.json')}")
+    calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec)
+    meta = export_policy(ckpt.policy, precision, out, calibration, **options)
+    mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
+    out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and {out.with_suffix('.json')}")
 
 
 @app.command()
@@ -632,14 +657,16 @@ def demo(
 
 
 @app.command()
+@user_errors
 def study(
     agents: list[Path] = typer.Argument(..., help="checkpoints, or folders of agents (RL Zoo ALGO/ENV_1, legacy ALGO/ENV.pkl)"),
-    precisions: str = typer.Option("fp32,fp16,bf16,int8,int6,int4", help="comma list of fp32, fp16, bf16, int8, int2..int16"),
+    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP),
     seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 s + i"),
     episodes: int = EpisodesOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
-    int8_weights: str = typer.Option("asymmetric", help="int8 weight format: asymmetric (uint8) or symmetric (int8)"),
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
     workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(Path("results/study"), "--out", help="folder of study.sqlite, the table and the plot"),
@@ -652,23 +679,22 @@ def study(
     Example: quarl study ../shared/zoo ../shared/paper-agents --precisions fp32,fp16,int8,int4 --seeds 0,1,2
     """
     _setup(verbose)
-    from quarl.quant.config import INT8_WEIGHTS
     from quarl.reports import print_table, write_rows
     from quarl.study.grid import StudyConfig, find_agents, run_study
     from quarl.study.grid import cells as study_cells
     from quarl.study.report import plot_study, study_table
 
-    if int8_weights not in INT8_WEIGHTS:
-        raise QuarlError(f"unknown --int8-weights {int8_weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
+    options = _quant_options(int8_weights, block_size)
     seed_list = []
     for text in _split(seeds, "--seeds"):
         if not text.isdigit():
             raise QuarlError(f"--seeds: {text!r} is not a non-negative integer")
         seed_list.append(int(text))
     _check_count("--max-steps", max_steps, 1)
-    labels = _parse_precisions(precisions)
+    labels = _parse_precisions(precisions, **options)
+    _eval_settings(episodes, 0, n_envs, max_steps)
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
-                         int8_weights, workers, address, out)
+                         int8_weights, block_size, workers, address, out)
     with _progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 

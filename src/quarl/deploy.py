@@ -10,9 +10,8 @@ normalization (mean, var, clip), whether images are divided by 255, and the acti
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -20,17 +19,19 @@ import numpy as np
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
-from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx, has_conv
-from quarl.quant.config import QuantConfig
-
-EXPORT_PRECISIONS = ("fp32", "int8")
-
+from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
+from quarl.quant.config import REAL_BITS, QuantConfig
+from quarl.timing import median_us
 
 def _space(space: gym.spaces.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
-    return {"type": "box", "shape": list(space.shape), "low": np.asarray(space.low).tolist(),
-            "high": np.asarray(space.high).tolist()}
+    return {"type": "box", "shape": list(space.shape), "low": _finite(space.low), "high": _finite(space.high)}
+
+
+def _finite(values: np.ndarray) -> list:
+    """Bounds as strict JSON: an unbounded side is ``null`` (JSON has no Infinity)."""
+    return [float(v) if np.isfinite(v) else None for v in np.asarray(values, np.float64).ravel()]
 
 
 def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
@@ -51,30 +52,33 @@ def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
     }
 
 
-def model_bytes(policy: Policy, precision: str, calibration: np.ndarray | None = None) -> bytes:
-    """The ONNX model of ``policy`` at ``precision`` (fp32 or int8)."""
-    if precision not in EXPORT_PRECISIONS:
-        raise QuarlError(f"unknown export precision {precision!r}: allowed {', '.join(EXPORT_PRECISIONS)}")
-    if precision == "fp32":  # a QAT policy exports as it acts (n-bit weights, fake-quantized outputs)
-        return export_onnx(policy.network, policy.input_shape)
-    quantized = quantize(policy, QuantConfig(precision="int8"), calibration=calibration)
-    engine = quantized.engine
-    if not isinstance(engine, OrtEngine):
-        raise QuarlError("int8 export needs the ONNX Runtime engine")
-    return engine.model
+def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | None = None,
+                    **options: Any) -> tuple[bytes, dict[str, Any] | None]:
+    """The ONNX model of ``policy`` at ``precision`` (``fp32``, or a real int label:
+    ``int8``, ``int4``, ``int8-dyn-channel``...) and the int mode's summary (which mode,
+    fp32 layers, agreement with fp32 on ``calibration``)."""
+    config = QuantConfig.parse(precision, **options)
+    if config.precision == "fp32":  # a QAT policy exports as it acts (n-bit weights, fake-quantized outputs)
+        return export_onnx(policy.network, policy.input_shape), None
+    if config.precision not in REAL_BITS:
+        raise QuarlError(f"export precision {precision!r} has no ONNX model: allowed fp32, int8, int4 and their modes")
+    quantized = quantize(policy, config, calibration=calibration)
+    assert isinstance(quantized.engine, OrtEngine)  # every real int mode runs on ONNX Runtime
+    return quantized.engine.model, quantized.meta.get("quant")
 
 
-def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None) -> dict[str, Any]:
+def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None,
+                  **options: Any) -> dict[str, Any]:
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes."""
-    if precision == "int8" and has_conv(policy.network) and calibration is None:
-        raise QuarlError("int8 export of a CNN policy needs calibration observations")
-    model = model_bytes(policy, precision, calibration)
+    model, quant = quantized_model(policy, precision, calibration, **options)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
     onnx_path.write_bytes(model)
     meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model)}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    if quant is not None:
+        meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1, allow_nan=False))
     return meta
 
 
@@ -86,18 +90,6 @@ def _rss_bytes() -> int:
         return pages * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
         return 0
-
-
-def median_us(fn: Callable[[np.ndarray], Any], x: np.ndarray, budget_s: float) -> float:
-    for _ in range(3):
-        fn(x)
-    times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while time.perf_counter() < deadline or len(times) < 5:
-        t = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e6
 
 
 def bench_precisions(

@@ -3,16 +3,25 @@ over bit widths (``sweep``), and analyse its weights (``analyze``).
 
 Each evaluated cell is appended to ``OUT/results.jsonl`` as soon as it finishes and is
 reused when the same command runs again, so an interrupted run resumes; the tables and
-plots are rebuilt from those records.
+plots are rebuilt from those records. A cell is keyed on what determines its numbers: the
+policy's content (:meth:`Policy.fingerprint`), the full quantization config as this CPU
+runs it, the env, the evaluation settings and :data:`RESULT_FORMAT`; anything else
+evaluates anew. One run at a time writes to an output folder (a lock).
+
+Calibration (int modes, static ranges, activation ranges) uses fp32 rollouts on seeds
+``seed + CALIBRATION_SEED_OFFSET + i``, never on the evaluation's ``seed + i``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -22,14 +31,17 @@ from quarl.evaluation import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.api import quantize
-from quarl.quant.backends.onnxruntime import has_conv
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import REAL_BITS, QuantConfig
 from quarl.records import ResultsLog
 from quarl.reports import plot_sweep, ptq_rows, write_rows
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_SIZE = 256
+CALIBRATION_SEED_OFFSET = 10_000
+"""Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
+RESULT_FORMAT = 2
+"""Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -46,6 +58,15 @@ class EvalSettings:
     max_steps: int | None = None
     """Cut episodes longer than this (None: the env's own limit)."""
 
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise QuarlError(f"episodes={self.episodes} must be at least 1")
+        if self.episodes >= CALIBRATION_SEED_OFFSET:
+            raise QuarlError(f"episodes={self.episodes} would reach the calibration seeds: allowed < "
+                             f"{CALIBRATION_SEED_OFFSET}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise QuarlError(f"max steps {self.max_steps} must be at least 1 (or unset)")
+
     def key(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "seed": self.seed, "max_steps": self.max_steps}
 
@@ -61,6 +82,35 @@ class Cell:
     """Evaluate this policy as it is (e.g. a QAT-trained one) instead of quantizing."""
 
 
+def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint: str) -> dict[str, Any]:
+    """What a stored record must match to be reused (see the module docstring)."""
+    return {
+        "precision": cell.label,
+        **cell.extra,
+        **settings.key(),
+        "policy_sha256": fingerprint if cell.policy is None else cell.policy.fingerprint(),
+        "config": dataclasses.asdict(cell.config.resolved()),
+        "env": dataclasses.asdict(env_spec),
+        "format": RESULT_FORMAT,
+    }
+
+
+@contextlib.contextmanager
+def output_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``OUT/.lock`` for the length of a run: a second run on the same folder fails
+    at once with one line instead of interleaving its cells and tables."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / ".lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise QuarlError(f"{out_dir} is being written by another quarl run: wait for it or pass another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def run_cells(
     policy: Policy,
     env_spec: EnvSpec,
@@ -69,14 +119,17 @@ def run_cells(
     log_file: ResultsLog,
     progress: Progress | None,
 ) -> list[dict[str, Any]]:
+    """Evaluate each cell, or reuse its stored record; a reused record carries
+    ``"reused": True`` (in memory only)."""
     records: list[dict[str, Any]] = []
     calibration: np.ndarray | None = None
+    fingerprint = policy.fingerprint()
     for cell in cells:
-        key = {"precision": cell.label, **cell.extra, **settings.key()}
+        key = cell_key(policy, env_spec, cell, settings, fingerprint)
         done = log_file.find(**key)
         if done is not None:
             log.info("%s: reusing the result in %s", cell.label, log_file.path)
-            records.append(done)
+            records.append({**done, "reused": True})
             if progress:
                 progress(cell.label, settings.episodes)
             continue
@@ -97,8 +150,9 @@ def run_cells(
 
 
 def needs_calibration(policy: Policy, config: QuantConfig) -> bool:
-    """Activation ranges and static int8 (CNNs) are calibrated on observations."""
-    return config.activations or (config.precision == "int8" and has_conv(policy.network))
+    """Activation ranges are calibrated on observations, and every real int mode is
+    checked (or chosen) against fp32 on them."""
+    return config.activations or config.precision in REAL_BITS
 
 
 def evaluate_config(
@@ -121,6 +175,7 @@ def evaluate_config(
     result = evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed, n_envs=settings.n_envs,
                       max_steps=settings.max_steps, on_episode=on_episode)
     return {
+        "quant": quantized.meta.get("quant"),
         "mean": result.mean,
         "std": result.std,
         "returns": [round(float(r), 4) for r in result.returns],
@@ -138,7 +193,7 @@ def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_ste
         policy,
         env_spec,
         episodes=2,
-        seed=seed + 10_000,
+        seed=seed + CALIBRATION_SEED_OFFSET,
         n_envs=2,
         # every 4th step is kept: past 4 x CALIBRATION_SIZE steps nothing more would be
         # (an untrained Atari policy that never serves would otherwise play for 27k steps)
@@ -156,20 +211,17 @@ def run_ptq(
     precisions: Sequence[str],
     settings: EvalSettings,
     out_dir: Path,
-    int8_weights: str = "asymmetric",
     progress: Progress | None = None,
+    **options: Any,
 ) -> list[dict[str, Any]]:
-    """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}``."""
+    """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}``.
+    ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
     labels = list(dict.fromkeys(["fp32", *precisions]))
-    cells = []
-    for label in labels:
-        config = QuantConfig.parse(label, int8_weights=int8_weights)
-        extra = {"int8_weights": int8_weights} if label == "int8" else {}
-        cells.append(Cell(label, config, extra))
-    records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
-    wanted = [r for r in records if r["precision"] in precisions or r["precision"] == "fp32"]
-    write_rows(ptq_rows(wanted), out_dir, "ptq")
-    return wanted
+    cells = [Cell(label, QuantConfig.parse(label, **options)) for label in labels]
+    with output_lock(out_dir):
+        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+        write_rows(ptq_rows(records), out_dir, "ptq")
+    return records
 
 
 def run_sweep(
@@ -183,21 +235,24 @@ def run_sweep(
     progress: Progress | None = None,
     title: str = "",
     activations: bool = False,
+    block_size: int = 32,
 ) -> list[dict[str, Any]]:
     """Evaluate fp32 and simulated n-bit weights (and layer outputs, when
     ``activations``, with ranges calibrated on fp32 rollouts) for each width; write
     ``sweep.{csv,md,json}`` and ``sweep.png``."""
     cells = [Cell("fp32", QuantConfig())]
     for n in bits:
-        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations)
+        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations,
+                             block_size=block_size)
         key = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
         cells.append(Cell(config.label, config, key))
-    records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
-    rows = ptq_rows(records)
-    for row, record in zip(rows, records):
-        row["bits"] = record.get("bits", 32)
-    write_rows(rows, out_dir, "sweep")
-    plot_sweep(records, out_dir / "sweep.png", title or f"{policy.algo} {env_spec.env_id}: {scheme}, {granularity}")
+    with output_lock(out_dir):
+        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+        rows = ptq_rows(records)
+        for row, record in zip(rows, records):
+            row["bits"] = record.get("bits", 32)
+        write_rows(rows, out_dir, "sweep")
+        plot_sweep(records, out_dir / "sweep.png", title or f"{policy.algo} {env_spec.env_id}: {scheme}, {granularity}")
     return records
 
 

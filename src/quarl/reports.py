@@ -5,7 +5,9 @@ as PNG with matplotlib."""
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,9 +37,23 @@ def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "E%": round(err, 2),
                 "episodes": r["episodes"],
                 "steps_per_s": round(r.get("steps_per_s", math.nan), 1),
+                **quant_columns(r),
             }
         )
     return rows
+
+
+def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
+    """Mode, fp32 layers and agreement with fp32 (calibration states) of a real int cell."""
+    quant = record.get("quant")
+    if not quant:
+        return {"mode": "", "fp32_layers": "", "agree%": ""}
+    agreement = quant.get("agreement")
+    return {
+        "mode": quant["mode"],
+        "fp32_layers": ",".join(str(i) for i in quant.get("fp32_layers", [])) or "-",
+        "agree%": "" if agreement is None or agreement != agreement else round(100 * agreement, 1),
+    }
 
 
 def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:
@@ -75,18 +91,22 @@ def _fmt(value: Any) -> str:
 
 
 def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
-    """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``."""
+    """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, each written to a
+    temporary file and renamed over the old one (a reader never sees half a table)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     csv_path, md_path, json_path = (out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json"))
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
-    md_path.write_text("\n".join(lines) + "\n")
-    json_path.write_text(json.dumps(list(rows), indent=2) + "\n")
+    for path, text in ((csv_path, buf.getvalue()), (md_path, "\n".join(lines) + "\n"),
+                       (json_path, json.dumps(list(rows), indent=2) + "\n")):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return [csv_path, md_path, json_path]
 
 

@@ -9,6 +9,7 @@ runs the network with some runtime at some precision.
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -108,6 +109,27 @@ class Policy:
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""
         return replace(self, network=network, precision=precision, engine=engine, meta=dict(self.meta))
+
+    def fingerprint(self) -> str:
+        """SHA-256 of everything that decides this policy's actions: the network's
+        structure and every tensor, the observation normalization, the image scaling, the
+        head and the action bounds. Stored results are keyed on it, so a checkpoint
+        replaced in place, or another policy in the same output folder, is evaluated anew."""
+        h = hashlib.sha256()
+        h.update(repr(self.network).encode())
+        for name, tensor in self.network.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        norm = self.obs_normalizer
+        if norm is not None:
+            for arr in (norm.mean, norm.var, np.float64(norm.clip), np.float64(norm.epsilon)):
+                h.update(np.asarray(arr, np.float64).tobytes())
+        h.update(repr((self.head, self.scale_images, self.n_quantiles, self.precision, self.action_space,
+                       self.observation_space)).encode())
+        if isinstance(self.action_space, gym.spaces.Box):  # repr abbreviates long bounds
+            h.update(np.asarray(self.action_space.low, np.float64).tobytes())
+            h.update(np.asarray(self.action_space.high, np.float64).tobytes())
+        return h.hexdigest()
 
     def clone_network(self) -> nn.Module:
         return copy.deepcopy(self.network)

@@ -7,7 +7,8 @@ precision  network held by the new policy                 engine that acts
 =========  =============================================  ==============================
 fp32       a copy                                         PyTorch fp32 (SB3's own numbers)
 fp16/bf16  a copy cast to that dtype                      PyTorch in that dtype
-int8       simulated reference of the int8 model          ONNX Runtime int8 kernels
+int8/int4  simulated reference of the chosen mode        ONNX Runtime integer kernels
+           (see quarl.quant.modes)                        (mode chosen per policy)
 nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on the
            fake-quant when asked)                         rounded weights (PyTorch when
                                                           activations are quantized)
@@ -24,16 +25,10 @@ from torch import nn
 
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
-from quarl.quant.backends.onnxruntime import (
-    OrtEngine,
-    export_onnx,
-    has_conv,
-    quantize_dynamic_int8,
-    quantize_static_int8,
-)
-from quarl.quant.backends.reference import simulate_dynamic_int8
+from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import REAL_BITS, QuantConfig
+from quarl.quant.modes import BuildRequest, build_candidate, choose, fp32_actions, get_mode
 from quarl.quant.primitives import (
     FLOAT_DTYPES,
     dequantize,
@@ -115,14 +110,8 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
         dtype = FLOAT_DTYPES[config.precision]
         network = network.to(dtype)
         return policy.with_network(network, label, TorchEngine(network, dtype))
-    if config.precision == "int8":
-        model = export_onnx(network, shape)
-        if has_conv(network):
-            if calibration is None:
-                raise QuarlError("int8 for a CNN policy needs calibration observations (static activation ranges)")
-            return policy.with_network(network, label, OrtEngine(quantize_static_int8(model, calibration, config.int8_weights)))
-        engine = OrtEngine(quantize_dynamic_int8(model, config.int8_weights), per_row=True)
-        return policy.with_network(simulate_dynamic_int8(network, config.int8_weights), label, engine)
+    if config.precision in REAL_BITS:
+        return quantize_int(policy, config, calibration)
     # simulated n-bit
     rounded = quantize_weights(network, config)
     if config.activations:
@@ -131,6 +120,36 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
         rounded = with_activation_quant(rounded, calibrate_ranges(rounded, calibration), config.bits)
         return policy.with_network(rounded, label, TorchEngine(rounded))
     return policy.with_network(rounded, label, OrtEngine(export_onnx(rounded, shape)))
+
+
+def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | None) -> Policy:
+    """Real int8 / int4: the mode ``config`` names, or the automatic choice (see
+    :mod:`quarl.quant.modes`). The new policy's ``meta["quant"]`` says which mode runs,
+    which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
+    config = config.resolved()
+    if config.mode == "auto":
+        if calibration is None:
+            raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
+                             "fp32 (quarl.ptq.calibration_inputs)")
+        best, tried = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
+                             config.min_agreement, config.action_tolerance)
+    else:
+        mode = get_mode(config.label)
+        reason = mode.unsupported(policy.network)
+        if reason is not None:
+            raise QuarlError(reason)
+        if mode.needs_calibration and calibration is None:
+            raise QuarlError(f"{mode.label} needs calibration observations (static activation ranges)")
+        request = BuildRequest(policy.network, export_onnx(policy.network, policy.input_shape), calibration,
+                               config.int8_weights, config.block_size)
+        reference = fp32_actions(policy, calibration) if calibration is not None else None
+        best = build_candidate(policy, mode, request, reference, config.action_tolerance)
+        tried = [best]
+    network = best.reference if best.reference is not None else policy.clone_network()
+    quantized = policy.with_network(network, config.label, best.engine)
+    quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
+                               "tried": [c.summary() for c in tried]}
+    return quantized
 
 
 def from_qat_state(policy: Policy, state: dict) -> Policy:

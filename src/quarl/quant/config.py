@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from quarl.errors import QuarlError
-from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES
+from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "nbit")
-"""``fp32``: unchanged. ``fp16`` / ``bf16``: weights and arithmetic in that float format
-(PyTorch kernels). ``int8``: real int8 execution (ONNX Runtime integer kernels).
-``nbit``: simulated n-bit uniform quantization of the weights (fp32 arithmetic on the
-rounded weights), any width from 2 to 16 bits, as in the paper's sweeps."""
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4", "nbit")
+"""``fp32``: unchanged, PyTorch (Stable-Baselines3's own numbers). ``fp16`` / ``bf16``:
+weights and arithmetic in that float format (PyTorch kernels). ``int8`` / ``int4``: real
+integer execution (ONNX Runtime kernels, see :mod:`quarl.quant.modes`). ``nbit``:
+simulated n-bit uniform quantization of the weights (fp32 arithmetic on the rounded
+weights), any width from 2 to 16 bits, as in the paper's sweeps; labelled ``simN``."""
 
-INT8_WEIGHTS: tuple[str, ...] = ("asymmetric", "symmetric")
+INT8_WEIGHTS: tuple[str, ...] = ("auto", "asymmetric", "symmetric")
+REAL_BITS = {"int8": 8, "int4": 4}
 
 
 @dataclass(frozen=True)
@@ -23,55 +25,104 @@ class QuantConfig:
     precision: str = "fp32"
     """One of :data:`PRECISIONS`."""
     bits: int = 8
-    """Bit width of ``nbit`` (2..16); ``int8`` is always 8."""
+    """Bit width of ``nbit`` (2..16); set from the precision for ``int8`` / ``int4``."""
+    mode: str = "auto"
+    """``int8`` / ``int4``: ``auto`` (the fastest mode that agrees with fp32 on calibration
+    states) or one mode of :data:`quarl.quant.modes.MODES` without its ``intN-`` prefix
+    (``dyn-tensor``, ``dyn-channel``, ``block``, ``weight-only``, ``static``)."""
     scheme: str = "quarl"
     """``nbit`` rounding scheme: ``quarl`` (the paper's, unclamped), ``affine`` (clamped,
     zero point) or ``symmetric`` (zero point 0). See :mod:`quarl.quant.primitives`."""
     granularity: str = "auto"
-    """``tensor``, ``channel`` (per output channel), or ``auto``: per tensor for dense
-    layers and per channel for convolutions, as in the paper."""
-    int8_weights: str = "asymmetric"
-    """``int8`` weight format: ``asymmetric`` (uint8 + zero point, default: keeps DQN
-    policies intact) or ``symmetric`` (int8, zero point 0: the faster VNNI kernels).
-    Activations are always uint8, quantized per call from their own range."""
+    """``tensor``, ``channel`` (per output channel), ``block`` (per ``block_size``
+    inputs), or ``auto``: per tensor for dense layers and per channel for convolutions,
+    as in the paper."""
+    block_size: int = 32
+    """Inputs per block for ``granularity="block"`` and the MatMulNBits modes: a power of two >= 16."""
+    int8_weights: str = "auto"
+    """8-bit weight format of the MatMulInteger / QDQ modes: ``asymmetric`` (uint8 + zero
+    point, exact on every x86 CPU), ``symmetric`` (int8, zero point 0: the faster u8 x s8
+    kernels, exact only with VNNI) or ``auto``: symmetric where the CPU has VNNI,
+    asymmetric elsewhere."""
     activations: bool = False
     """Also fake-quantize layer outputs (``nbit`` only), with ranges calibrated on
     observations passed to :func:`quarl.quant.api.quantize`."""
+    min_agreement: float = 0.99
+    """Automatic modes: share of calibration states whose actions must agree with fp32."""
+    action_tolerance: float = 0.02
+    """Continuous actions agree when every dimension is within this share of its range."""
 
     def __post_init__(self) -> None:
+        from quarl.quant.modes import MODES
+
         if self.precision not in PRECISIONS:
             raise QuarlError(f"unknown precision {self.precision!r}: allowed {', '.join(PRECISIONS)}")
+        if self.precision in REAL_BITS:
+            object.__setattr__(self, "bits", REAL_BITS[self.precision])
+            modes = [m.name for m in MODES.values() if m.bits == self.bits]
+            if self.mode != "auto" and self.mode not in modes:
+                raise QuarlError(f"unknown {self.precision} mode {self.mode!r}: allowed auto, {', '.join(modes)}")
+        elif self.mode != "auto":
+            raise QuarlError(f"a mode ({self.mode!r}) is for int8 / int4 only, not {self.precision!r}")
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not MIN_BITS <= self.bits <= MAX_BITS:
             raise QuarlError(f"bits={self.bits!r} is out of range: allowed {MIN_BITS}..{MAX_BITS}")
         if self.scheme not in SCHEMES:
             raise QuarlError(f"unknown scheme {self.scheme!r}: allowed {', '.join(SCHEMES)}")
         if self.granularity not in (*GRANULARITIES, "auto"):
             raise QuarlError(f"unknown granularity {self.granularity!r}: allowed auto, {', '.join(GRANULARITIES)}")
+        try:
+            check_block_size(self.block_size)
+        except ValueError as exc:
+            raise QuarlError(str(exc)) from None
         if self.int8_weights not in INT8_WEIGHTS:
             raise QuarlError(f"unknown int8 weight format {self.int8_weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
         if self.activations and self.precision != "nbit":
             raise QuarlError(f"activations=True needs precision 'nbit', got {self.precision!r}")
+        if not 0.0 < self.min_agreement <= 1.0:
+            raise QuarlError(f"min agreement {self.min_agreement!r} must be in (0, 1]")
+        if not self.action_tolerance >= 0.0:
+            raise QuarlError(f"action tolerance {self.action_tolerance!r} must be >= 0")
 
     @classmethod
     def parse(cls, label: str, **kwargs: object) -> "QuantConfig":
-        """Build from a label as the CLI writes it: ``fp32``, ``fp16``, ``bf16``, ``int8``
-        (real int8) or ``int2`` .. ``int16`` (simulated n-bit, the paper's sweep)."""
+        """Build from a label as the CLI writes it: ``fp32``, ``fp16``, ``bf16``, ``int8`` /
+        ``int4`` (real kernels, mode chosen automatically), ``int8-MODE`` / ``int4-MODE``
+        (one mode), or ``sim2`` .. ``sim16`` (simulated n-bit weights, the paper's sweep)."""
+        from quarl.quant.modes import MODES
+
         text = label.strip().lower()
-        if text in ("fp32", "fp16", "bf16", "int8"):
+        if text in ("fp32", "fp16", "bf16", "int8", "int4"):
             return cls(precision=text, **kwargs)  # type: ignore[arg-type]
-        if text.startswith("int") and text[3:].isdigit():
+        if text in MODES:
+            precision, mode = text.split("-", 1)
+            return cls(precision=precision, mode=mode, **kwargs)  # type: ignore[arg-type]
+        if text.startswith("sim") and text[3:].isdigit() and MIN_BITS <= int(text[3:]) <= MAX_BITS:
             return cls(precision="nbit", bits=int(text[3:]), **kwargs)  # type: ignore[arg-type]
+        hint = ""
+        if text.startswith("int") and text[3:].isdigit():
+            hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)"
         raise QuarlError(
-            f"unknown precision {label!r}: allowed fp32, fp16, bf16, int8 (real int8 kernels), "
-            f"int{MIN_BITS}..int{MAX_BITS} (simulated n-bit)"
+            f"unknown precision {label!r}{hint}: allowed fp32, fp16, bf16, int8, int4 (real kernels, automatic mode), "
+            f"{', '.join(MODES)}, sim{MIN_BITS}..sim{MAX_BITS} (simulated n-bit weights)"
         )
 
     @property
     def label(self) -> str:
-        """Short name for tables: ``fp32``, ``int8``, ``q4`` (simulated 4-bit) ..."""
+        """Name for tables: ``fp32``, ``int8`` (automatic), ``int8-dyn-channel``, ``sim4``..."""
         if self.precision == "nbit":
-            return f"q{self.bits}"
+            return f"sim{self.bits}"
+        if self.precision in REAL_BITS and self.mode != "auto":
+            return f"{self.precision}-{self.mode}"
         return self.precision
+
+    def resolved(self) -> "QuantConfig":
+        """The config with ``int8_weights="auto"`` replaced by what this CPU runs (the key
+        of a stored result must say what was really computed)."""
+        if self.int8_weights != "auto":
+            return self
+        from quarl.quant.backends.onnxruntime import has_vnni
+
+        return replace(self, int8_weights="symmetric" if has_vnni() else "asymmetric")
 
 
 @dataclass(frozen=True)
@@ -92,5 +143,7 @@ class QATConfig:
 
     def __post_init__(self) -> None:
         QuantConfig(precision="nbit", bits=self.bits, scheme=self.scheme, granularity=self.granularity)
+        if self.granularity == "block":
+            raise QuarlError("QAT rounds weights per tensor or per channel: granularity 'block' is for PTQ")
         if isinstance(self.quant_delay, bool) or not isinstance(self.quant_delay, int) or self.quant_delay < 0:
             raise QuarlError(f"quant delay {self.quant_delay!r} must be an integer >= 0")

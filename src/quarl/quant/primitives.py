@@ -1,7 +1,8 @@
 """Pure quantization maths: quantization parameters, quantize / dequantize, fake quantization.
 
-Three uniform schemes, each per tensor or per output channel (axis 0 of a Linear or
-Conv weight):
+Three uniform schemes, each per tensor, per output channel (axis 0 of a Linear or Conv
+weight) or per block (``block_size`` consecutive inputs of one output unit, ONNX Runtime's
+``MatMulNBits`` layout):
 
 ``quarl``
     The QuaRL paper's scheme, exactly::
@@ -30,10 +31,10 @@ from typing import Literal
 import torch
 
 Scheme = Literal["quarl", "affine", "symmetric"]
-Granularity = Literal["tensor", "channel"]
+Granularity = Literal["tensor", "channel", "block"]
 
 SCHEMES: tuple[str, ...] = ("quarl", "affine", "symmetric")
-GRANULARITIES: tuple[str, ...] = ("tensor", "channel")
+GRANULARITIES: tuple[str, ...] = ("tensor", "channel", "block")
 MIN_BITS, MAX_BITS = 2, 16
 
 
@@ -172,9 +173,48 @@ def quantize_dequantize(
     scheme: str = "quarl",
     granularity: str = "tensor",
     axis: int = 0,
+    block_size: int = 32,
 ) -> torch.Tensor:
     """Round ``x`` to ``bits`` with parameters from its own range (post-training)."""
+    if granularity == "block":
+        return quantize_dequantize_blocks(x, bits, scheme, block_size)
     return fake_quantize(x, qparams(x, bits, scheme, granularity, axis))
+
+
+def quantize_dequantize_blocks(w: torch.Tensor, bits: int, scheme: str = "affine", block_size: int = 32) -> torch.Tensor:
+    """Round a weight (outputs on axis 0) with one set of parameters per block of
+    ``block_size`` consecutive inputs of each output: the inputs are padded with zeros to
+    a whole number of blocks, as ONNX Runtime's ``MatMulNBits`` does (zeros never widen a
+    range that always includes 0)."""
+    check_block_size(block_size)
+    rows = w.reshape(w.shape[0], -1)
+    k = rows.shape[1]
+    pad = (-k) % block_size
+    blocks = torch.nn.functional.pad(rows, (0, pad)).reshape(-1, block_size)
+    out = fake_quantize(blocks, qparams(blocks, bits, scheme, "channel", 0))
+    return out.reshape(rows.shape[0], k + pad)[:, :k].reshape(w.shape)
+
+
+def check_block_size(block_size: int) -> int:
+    """ONNX Runtime's block-wise kernels take power-of-two blocks of at least 16."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 16 or \
+            block_size & (block_size - 1):
+        raise ValueError(f"block size {block_size!r} is not allowed: a power of two >= 16 (16, 32, 64, 128, ...)")
+    return block_size
+
+
+def quantize_dequantize_int8_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """What ONNX Runtime's ``MatMulNBits`` at ``accuracy_level`` 4 does to its input
+    activations: each row's blocks of ``block_size`` values rounded to symmetric int8 with
+    scale ``max|block| / 127``."""
+    rows = x.reshape(-1, x.shape[-1])
+    k = rows.shape[1]
+    pad = (-k) % block_size
+    blocks = torch.nn.functional.pad(rows, (0, pad)).reshape(-1, block_size)
+    scale = blocks.abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    out = torch.clamp(torch.round(blocks / scale), -127, 127) * scale
+    return out.reshape(rows.shape[0], k + pad)[:, :k].reshape(x.shape)
 
 
 FLOAT_DTYPES: dict[str, torch.dtype] = {

@@ -8,7 +8,10 @@ and evaluation is deterministic, so both store the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 import logging
 import platform
 import time
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from quarl.errors import QuarlError
-from quarl.ptq import EvalSettings, evaluate_config
+from quarl.ptq import RESULT_FORMAT, EvalSettings, evaluate_config
 from quarl.quant.config import QuantConfig
 from quarl.study.store import KEY, StudyStore
 
@@ -42,7 +45,8 @@ class StudyConfig:
     episodes: int = 20
     n_envs: int = 8
     max_steps: int | None = None
-    int8_weights: str = "asymmetric"
+    int8_weights: str = "auto"
+    block_size: int = 32
     workers: int = 1
     """Cells evaluated at once; more than 1 runs them on a local Ray."""
     address: str | None = None
@@ -52,8 +56,8 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if not self.checkpoints:
             raise QuarlError("no agents to study: give checkpoints or a folder of agents")
-        for label in self.precisions:
-            QuantConfig.parse(label)  # one clear line for an unknown precision
+        for label in self.precisions:  # one clear line for an unknown precision or option
+            QuantConfig.parse(label, int8_weights=self.int8_weights, block_size=self.block_size)
         if self.episodes < 1:
             raise QuarlError(f"--episodes {self.episodes} must be at least 1")
         if self.workers < 1:
@@ -69,23 +73,44 @@ class StudyConfig:
 @dataclass(frozen=True)
 class StudyCell:
     checkpoint: str
+    policy_sha256: str
+    """Content of the policy the checkpoint held when the study was planned."""
     precision: str
+    config_key: str
+    """Hash of the full quantization config as this CPU runs it, and the result format."""
     seed: int
     episodes: int
     n_envs: int
     max_steps: int | None
     int8_weights: str
+    block_size: int
 
     def key(self) -> tuple:
-        return (self.checkpoint, self.precision, self.int8_weights if self.precision == "int8" else "",
-                self.seed, self.episodes, self.max_steps or 0)
+        return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
+                self.max_steps or 0)
+
+    def quant_config(self) -> QuantConfig:
+        return QuantConfig.parse(self.precision, int8_weights=self.int8_weights, block_size=self.block_size)
+
+
+def config_key(config: QuantConfig) -> str:
+    text = json.dumps([RESULT_FORMAT, dataclasses.asdict(config.resolved())], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cells(config: StudyConfig) -> list[StudyCell]:
+    """Every cell of the grid, keyed on each checkpoint's content (loaded here once)."""
     precisions = list(dict.fromkeys(["fp32", *(p.lower() for p in config.precisions)]))
-    return [StudyCell(str(Path(c).resolve()), p, s, config.episodes, config.n_envs, config.max_steps,
-                      config.int8_weights)
-            for c in config.checkpoints for s in config.seeds for p in precisions]
+    out = []
+    for checkpoint in config.checkpoints:
+        path = str(Path(checkpoint).resolve())
+        sha = _load(path)[0].policy.fingerprint()
+        for seed in config.seeds:
+            for p in precisions:
+                quant = QuantConfig.parse(p, int8_weights=config.int8_weights, block_size=config.block_size)
+                out.append(StudyCell(path, sha, p, config_key(quant), seed, config.episodes, config.n_envs,
+                                     config.max_steps, config.int8_weights, config.block_size))
+    return out
 
 
 @functools.lru_cache(maxsize=16)
@@ -103,13 +128,14 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
     torch.set_num_threads(1)
     started = time.perf_counter()
     ckpt, spec = _load(cell.checkpoint)
-    config = QuantConfig.parse(cell.precision, int8_weights=cell.int8_weights)
+    config = cell.quant_config()
     settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
                             max_steps=cell.max_steps)
     result = evaluate_config(ckpt.policy, spec, config, settings)
     return {
         **dict(zip(KEY, cell.key())),
         **result,
+        "policy_sha256": ckpt.policy.fingerprint(),  # what was evaluated, should the file have changed since
         "policy": f"{ckpt.algo} {spec.env_id}",
         "algo": ckpt.algo,
         "wall_s": time.perf_counter() - started,

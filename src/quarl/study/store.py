@@ -8,13 +8,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-KEY = ("checkpoint", "precision", "int8_weights", "seed", "episodes", "max_steps")
+KEY = ("checkpoint", "policy_sha256", "precision", "config_key", "seed", "episodes", "max_steps")
 """What identifies a cell: the same key is never evaluated twice."""
 
 _COLUMNS = {
     "checkpoint": "TEXT NOT NULL",
+    "policy_sha256": "TEXT NOT NULL",  # the policy's content (Policy.fingerprint)
     "precision": "TEXT NOT NULL",
-    "int8_weights": "TEXT NOT NULL",
+    "config_key": "TEXT NOT NULL",  # the quantization config as run, and the result format
     "seed": "INTEGER NOT NULL",
     "episodes": "INTEGER NOT NULL",
     "max_steps": "INTEGER NOT NULL",  # 0: the env's own limit
@@ -25,13 +26,16 @@ _COLUMNS = {
     "std": "REAL NOT NULL",
     "returns": "TEXT NOT NULL",  # JSON list
     "lengths": "TEXT NOT NULL",  # JSON list
+    "quant": "TEXT",  # JSON: mode, fp32 layers, agreement of a real int cell
     "steps_per_s": "REAL",
     "build_s": "REAL",
     "wall_s": "REAL",
     "host": "TEXT",
     "finished_at": "TEXT NOT NULL",
 }
-_JSON = ("returns", "lengths")
+_JSON = ("returns", "lengths", "quant")
+TABLE = "cells_v2"
+"""Versioned with the key: a store written by an older quarl keeps its old table, unread."""
 
 
 class StudyStore:
@@ -43,22 +47,22 @@ class StudyStore:
         self.db = sqlite3.connect(self.path)
         self.db.execute("PRAGMA journal_mode=WAL")  # readers (a report) never block the writer
         columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
-        self.db.execute(f"CREATE TABLE IF NOT EXISTS results ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
+        self.db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
         self.db.commit()
 
     def done(self) -> set[tuple]:
         """Keys of the cells already stored."""
-        return set(self.db.execute(f"SELECT {', '.join(KEY)} FROM results").fetchall())
+        return set(self.db.execute(f"SELECT {', '.join(KEY)} FROM {TABLE}").fetchall())
 
     def insert(self, record: dict[str, Any]) -> None:
-        row = {k: json.dumps(record[k]) if k in _JSON else record[k] for k in _COLUMNS}
+        row = {k: json.dumps(record.get(k)) if k in _JSON else record[k] for k in _COLUMNS}
         names = ", ".join(row)
         with self.db:  # one transaction per cell: committed when it returns
-            self.db.execute(f"INSERT OR REPLACE INTO results ({names}) VALUES ({', '.join('?' * len(row))})",
+            self.db.execute(f"INSERT OR REPLACE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(row))})",
                             list(row.values()))
 
     def records(self) -> list[dict[str, Any]]:
-        cursor = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM results ORDER BY rowid")
+        cursor = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM {TABLE} ORDER BY rowid")
         out = []
         for values in cursor.fetchall():
             record = dict(zip(_COLUMNS, values))

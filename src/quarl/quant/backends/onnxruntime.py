@@ -24,6 +24,7 @@ import logging
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -66,39 +67,46 @@ def export_onnx(network: nn.Module, input_shape: tuple[int, ...]) -> bytes:
 
 @contextlib.contextmanager
 def _quiet_quantizer():
-    """ONNX Runtime's quantizer logs advice through the root logger at WARNING."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+    """ONNX Runtime's quantizers log advice at WARNING and progress at INFO, through the
+    root logger and handlers of their own."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        root.setLevel(level)
+        logging.disable(previous)
 
 
-def quantize_dynamic_int8(model: bytes, weights: str = "asymmetric") -> bytes:
-    """8-bit weights per tensor and uint8 activations quantized per call.
+WEIGHT_TYPES = {"asymmetric": "QUInt8", "symmetric": "QInt8"}
+
+
+def quantize_dynamic_int8(model: bytes, weights: str = "asymmetric", per_channel: bool = False,
+                          exclude: Sequence[str] = ()) -> bytes:
+    """8-bit weights (per tensor, or per output channel) and uint8 activations quantized
+    per call from the whole input's range (``DynamicQuantizeLinear`` + ``MatMulInteger``).
 
     ``weights="asymmetric"``: uint8 with a zero point (the affine scheme, the kind the
     paper used); exact integer arithmetic on every x86 CPU. ``"symmetric"``: int8 with
     zero point 0, the u8 x s8 fast path (about 2x faster on the 3 x 2048 MLP), but
-    coarser for lopsided weight distributions (it drops the zoo's DQN CartPole from 500
-    to ~140) and, on CPUs without VNNI (see :func:`has_vnni`), inexact: the kernels sum
-    u8 x s8 pairs into saturating int16."""
+    coarser for lopsided weight distributions per tensor and, on CPUs without VNNI (see
+    :func:`has_vnni`), inexact: the kernels sum u8 x s8 pairs into saturating int16.
+    ``exclude``: node names left in fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    weight_type = {"asymmetric": QuantType.QUInt8, "symmetric": QuantType.QInt8}[weights]
 
     with tempfile.TemporaryDirectory() as tmp, _quiet_quantizer():
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        src.write_bytes(model)
-        quantize_dynamic(src, dst, weight_type=weight_type, per_channel=False)
+        # as MatMul nodes named like the layers: ONNX Runtime would rename a Gemm it converts,
+        # and nodes_to_exclude would miss it
+        src.write_bytes(gemm_to_matmul(model))
+        quantize_dynamic(src, dst, weight_type=getattr(QuantType, WEIGHT_TYPES[weights]), per_channel=per_channel,
+                         nodes_to_exclude=list(exclude))
         return dst.read_bytes()
 
 
-def quantize_static_int8(model: bytes, calibration: np.ndarray, weights: str = "asymmetric") -> bytes:
+def quantize_static_int8(model: bytes, calibration: np.ndarray, weights: str = "asymmetric",
+                         exclude: Sequence[str] = ()) -> bytes:
     """QDQ 8-bit with per-channel weights and uint8 activation ranges from
     ``calibration`` (a batch of preprocessed observations); ``weights`` as in
     :func:`quantize_dynamic_int8`."""
@@ -122,9 +130,69 @@ def quantize_static_int8(model: bytes, calibration: np.ndarray, weights: str = "
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,
-            weight_type={"asymmetric": QuantType.QUInt8, "symmetric": QuantType.QInt8}[weights],
+            weight_type=getattr(QuantType, WEIGHT_TYPES[weights]),
+            nodes_to_exclude=list(exclude),
         )
         return dst.read_bytes()
+
+
+def gemm_to_matmul(model: bytes) -> bytes:
+    """The same graph with every ``Gemm(x, W, b, transB=1)`` written as ``MatMul(x, W^T) +
+    b``: ONNX Runtime's block-wise n-bit kernels (``MatMulNBits``) replace MatMul nodes
+    only. Node names are kept (the MatMul takes the Gemm's name, the Add ``NAME/add``) so
+    that layers can still be excluded by name."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = not attrs.get("transA", 0) and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
+        if node.op_type != "Gemm" or node.input[1] not in inits or not plain:
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(inits[node.input[1]])
+        w = w.T if attrs.get("transB", 0) else w
+        graph.initializer.remove(inits.pop(node.input[1]))
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), node.input[1]))
+        if len(node.input) > 2 and node.input[2]:
+            product = node.output[0] + "/matmul"
+            nodes.append(helper.make_node("MatMul", [node.input[0], node.input[1]], [product], name=node.name))
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=node.name + "/add"))
+        else:
+            nodes.append(helper.make_node("MatMul", [node.input[0], node.input[1]], [node.output[0]], name=node.name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto.SerializeToString()
+
+
+def quantize_nbits(model: bytes, bits: int, block_size: int = 32, compute_int8: bool = False,
+                   exclude: Sequence[str] = ()) -> bytes:
+    """Block-wise n-bit weights (``MatMulNBits``, 8 or 4 bits): every ``block_size``
+    consecutive input weights of an output unit share a scale and a zero point (the
+    affine scheme). ``compute_int8=False``: activations stay fp32 (weight-only);
+    ``True``: ONNX Runtime's ``accuracy_level`` 4, activations rounded to int8 per row
+    and block of ``block_size`` (much finer than per tensor) for the integer kernels."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    with _quiet_quantizer():
+        quantizer = MatMulNBitsQuantizer(onnx.load_from_string(gemm_to_matmul(model)), bits=bits,
+                                         block_size=block_size, is_symmetric=False,
+                                         accuracy_level=4 if compute_int8 else None, nodes_to_exclude=list(exclude))
+        quantizer.process()
+        return quantizer.model.model.SerializeToString()
+
+
+def weight_node_names(model: bytes) -> list[str]:
+    """Names of the nodes that hold a layer's weights (Gemm, MatMul, Conv), in graph order:
+    one per Linear / Conv2d layer of an exported network."""
+    import onnx
+
+    return [n.name for n in onnx.load_from_string(model).graph.node if n.op_type in ("Gemm", "MatMul", "Conv")]
 
 
 def has_vnni() -> bool:

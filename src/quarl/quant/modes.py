@@ -1,0 +1,243 @@
+"""Real integer execution modes, one registry, and the automatic choice among them.
+
+Each :class:`IntMode` is something ONNX Runtime really executes on this CPU, with a
+PyTorch reference (:mod:`quarl.quant.backends.reference`) it is tested against:
+
+================  ====  =====================================================================
+mode              bits  what runs
+================  ====  =====================================================================
+dyn-tensor         8    MatMulInteger, weights per tensor, activations uint8 per call (range
+                        of the whole row)
+dyn-channel        8    as dyn-tensor with weights per output channel
+block              8/4  MatMulNBits, weights per block of ``block_size`` inputs, activations
+                        int8 per row and block (``accuracy_level`` 4)
+weight-only        8/4  MatMulNBits with fp32 activations: only the weights are rounded (the
+                        paper's PTQ); 8-bit has no fast kernel on CPU, 4-bit beats fp32 on
+                        large layers
+static             8    QDQ, weights per channel, activation ranges calibrated (CNNs)
+================  ====  =====================================================================
+
+``int8`` / ``int4`` without a mode is *automatic* (:func:`choose`): every mode the policy
+supports is built and run on calibration states (fp32 rollouts on seeds disjoint from
+evaluation), and the fastest whose actions agree with fp32 wins: at least
+``min_agreement`` of the states must give the same greedy action (discrete) or actions
+within ``action_tolerance`` of the action range (continuous). When no mode agrees with
+every layer quantized, each is tried again with the first and last layer kept in fp32
+(the layers most sensitive to rounding); when none agrees then, the most faithful one is
+used and its agreement is reported.
+
+Adding a mode is one :data:`MODES` entry: a builder from the fp32 ONNX model, a reference
+and what it supports.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.errors import QuarlError
+from quarl.policies.base import Policy, linear_layers
+from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits
+from quarl.timing import median_us
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What a mode needs to build its model."""
+
+    network: nn.Module
+    model: bytes
+    """The fp32 ONNX export of ``network``."""
+    calibration: np.ndarray | None
+    """Preprocessed observations (network inputs) for static activation ranges."""
+    weights: str = "asymmetric"
+    """8-bit weight format of the MatMulInteger / QDQ modes: asymmetric (uint8) or symmetric (int8)."""
+    block_size: int = 32
+    keep: frozenset[int] = frozenset()
+    """Indices of the weight layers (Linear / Conv2d, in order) left in fp32."""
+
+    def excluded_nodes(self) -> list[str]:
+        names = ortb.weight_node_names(self.model)
+        return [names[i] for i in sorted(self.keep)]
+
+
+@dataclass(frozen=True)
+class IntMode:
+    name: str
+    bits: int
+    summary: str
+    build: Callable[[BuildRequest], bytes]
+    reference: Callable[[BuildRequest], nn.Module] | None
+    """A PyTorch module computing the same in float (None: no exact reference, e.g. static
+    ranges chosen by ONNX Runtime's calibrator)."""
+    per_row: bool = False
+    """The engine must run rows one by one (activation ranges per call would mix rows)."""
+    convolutions: bool = False
+    """Whether it quantizes convolutions (True) or needs a network without them."""
+    needs_calibration: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"int{self.bits}-{self.name}"
+
+    def unsupported(self, network: nn.Module) -> str | None:
+        """Why this mode cannot run ``network`` (None when it can)."""
+        if ortb.has_conv(network) and not self.convolutions:
+            return (f"{self.label} has no fast kernel for convolutions (ONNX Runtime's ConvInteger is slower than "
+                    "fp32 and MatMulNBits covers MatMul only)")
+        return None
+
+
+def _dynamic(per_channel: bool) -> Callable[[BuildRequest], bytes]:
+    return lambda r: ortb.quantize_dynamic_int8(r.model, r.weights, per_channel, r.excluded_nodes())
+
+
+def _nbits(bits: int, compute_int8: bool) -> Callable[[BuildRequest], bytes]:
+    return lambda r: ortb.quantize_nbits(r.model, bits, r.block_size, compute_int8, r.excluded_nodes())
+
+
+def _static(r: BuildRequest) -> bytes:
+    if r.calibration is None:
+        raise QuarlError("int8-static needs calibration observations (static activation ranges)")
+    return ortb.quantize_static_int8(r.model, r.calibration, r.weights, r.excluded_nodes())
+
+
+MODES: dict[str, IntMode] = {
+    mode.label: mode
+    for mode in (
+        IntMode("dyn-tensor", 8, "MatMulInteger, weights per tensor, activations uint8 per call", _dynamic(False),
+                lambda r: simulate_dynamic_int8(r.network, r.weights, False, r.keep), per_row=True),
+        IntMode("dyn-channel", 8, "MatMulInteger, weights per output channel, activations uint8 per call",
+                _dynamic(True), lambda r: simulate_dynamic_int8(r.network, r.weights, True, r.keep), per_row=True),
+        IntMode("block", 8, "MatMulNBits, weights and activations int8 per block", _nbits(8, True),
+                lambda r: simulate_nbits(r.network, 8, r.block_size, True, r.keep)),
+        IntMode("weight-only", 8, "MatMulNBits, 8-bit block weights, fp32 activations", _nbits(8, False),
+                lambda r: simulate_nbits(r.network, 8, r.block_size, False, r.keep)),
+        IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static, None,
+                convolutions=True, needs_calibration=True),
+        IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations int8 per block", _nbits(4, True),
+                lambda r: simulate_nbits(r.network, 4, r.block_size, True, r.keep)),
+        IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
+                lambda r: simulate_nbits(r.network, 4, r.block_size, False, r.keep)),
+    )
+}
+"""Every real integer mode by label (``int8-dyn-channel``...), in order of preference when
+two are about as fast."""
+
+
+def modes_for(bits: int) -> list[IntMode]:
+    return [m for m in MODES.values() if m.bits == bits]
+
+
+def get_mode(label: str) -> IntMode:
+    if label not in MODES:
+        raise QuarlError(f"unknown int mode {label!r}: allowed {', '.join(MODES)}")
+    return MODES[label]
+
+
+@dataclass
+class Candidate:
+    """One mode built and checked on the calibration states."""
+
+    mode: str
+    keep: tuple[int, ...]
+    agreement: float
+    latency_us: float = float("nan")
+    model_bytes: int = 0
+    engine: ortb.OrtEngine | None = field(default=None, repr=False)
+    reference: nn.Module | None = field(default=None, repr=False)
+
+    def summary(self) -> dict:
+        def num(x: float, digits: int) -> float | None:  # JSON has no NaN: unmeasured is null
+            return None if x != x else round(x, digits)
+
+        return {"mode": self.mode, "fp32_layers": list(self.keep), "agreement": num(self.agreement, 4),
+                "latency_us": num(self.latency_us, 1), "model_bytes": self.model_bytes}
+
+
+def action_agreement(policy: Policy, reference: np.ndarray, actions: np.ndarray, tolerance: float) -> float:
+    """Share of states where ``actions`` agree with ``reference`` (fp32): the same greedy
+    action, or every action dimension within ``tolerance`` of its range (``high - low``;
+    2 where unbounded, the width of a tanh output)."""
+    if policy.head in ("argmax", "quantile_argmax"):
+        return float(np.mean(np.asarray(actions) == np.asarray(reference)))
+    space = policy.action_space
+    width = np.asarray(space.high, np.float64) - np.asarray(space.low, np.float64)
+    width = np.where(np.isfinite(width) & (width > 0), width, 2.0)
+    deviation = np.abs(np.asarray(actions, np.float64) - reference) / width
+    return float(np.mean(deviation.reshape(len(deviation), -1).max(axis=1) <= tolerance))
+
+
+def fp32_actions(policy: Policy, calibration: np.ndarray) -> np.ndarray:
+    """The fp32 policy's actions on preprocessed observations (the reference of agreement)."""
+    with torch.inference_mode():
+        return policy.postprocess(policy.network(torch.from_numpy(calibration)).float().numpy())
+
+
+def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, reference_actions: np.ndarray | None = None,
+                    tolerance: float = 0.02) -> Candidate:
+    """Build ``mode`` and, when ``reference_actions`` (fp32 actions on
+    ``request.calibration``) are given, measure its agreement with them."""
+    model = mode.build(request)
+    engine = ortb.OrtEngine(model, per_row=mode.per_row)
+    agreement = float("nan")
+    if reference_actions is not None and request.calibration is not None:
+        actions = policy.postprocess(engine(request.calibration))
+        agreement = action_agreement(policy, reference_actions, actions, tolerance)
+    simulated = mode.reference(request) if mode.reference is not None else None
+    return Candidate(mode.label, tuple(sorted(request.keep)), agreement, model_bytes=len(model), engine=engine,
+                     reference=simulated)
+
+
+def keep_options(network: nn.Module) -> list[frozenset[int]]:
+    """Every layer quantized, then the first and last kept in fp32 (when something is left)."""
+    n = len(linear_layers(network))
+    options = [frozenset()]
+    if n > 2:
+        options.append(frozenset({0, n - 1}))
+    return options
+
+
+def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, block_size: int,
+           min_agreement: float, tolerance: float, timing_budget_s: float = 0.05) -> tuple[Candidate, list[Candidate]]:
+    """The fastest mode of ``bits`` whose actions agree with fp32 on ``calibration``
+    (preprocessed observations); see the module docstring. Returns it and every
+    candidate tried."""
+    network = policy.network
+    modes = [m for m in modes_for(bits) if m.unsupported(network) is None]
+    if not modes:
+        reasons = "; ".join(m.unsupported(network) or "" for m in modes_for(bits))
+        raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
+    reference_actions = fp32_actions(policy, calibration)
+    fp32_model = ortb.export_onnx(network, policy.input_shape)
+    tried: list[Candidate] = []
+    for keep in keep_options(network):
+        agreeing = []
+        for mode in modes:
+            request = BuildRequest(network, fp32_model, calibration, weights, block_size, keep)
+            candidate = build_candidate(policy, mode, request, reference_actions, tolerance)
+            tried.append(candidate)
+            if candidate.agreement >= min_agreement:
+                candidate.latency_us = median_us(candidate.engine, calibration[:1], timing_budget_s)
+                agreeing.append(candidate)
+        if agreeing:
+            # the fastest; a mode earlier in the registry keeps its place unless beaten by 10 %
+            best = agreeing[0]
+            for candidate in agreeing[1:]:
+                if candidate.latency_us < 0.9 * best.latency_us:
+                    best = candidate
+            return best, tried
+    best = max(tried, key=lambda c: c.agreement)
+    log.warning("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; the closest, %s with "
+                "layers %s in fp32, agrees on %.1f%%", bits, 100 * min_agreement, best.mode, list(best.keep),
+                100 * best.agreement)
+    best.latency_us = median_us(best.engine, calibration[:1], timing_budget_s)
+    return best, tried

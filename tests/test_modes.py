@@ -1,0 +1,170 @@
+"""Real int modes against their references, and the automatic choice among them."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from quarl.errors import QuarlError
+from quarl.policies.base import Policy
+from quarl.quant.api import quantize
+from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.config import QuantConfig
+from quarl.quant.modes import MODES, BuildRequest, action_agreement
+from quarl.quant.primitives import quantize_dequantize, quantize_dequantize_blocks
+
+
+def _mlp(seed: int = 0, sizes=(6, 128, 96, 3)) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers).eval()
+
+
+MLP_MODES = [label for label, mode in MODES.items() if mode.reference is not None]
+
+
+@pytest.mark.parametrize("keep", [frozenset(), frozenset({0, 2})], ids=["all-layers", "first-last-fp32"])
+@pytest.mark.parametrize("weights", ["asymmetric", "symmetric"])
+@pytest.mark.parametrize("label", MLP_MODES)
+def test_mode_matches_its_reference(label: str, weights: str, keep: frozenset) -> None:
+    """The real kernels compute what the reference computes: 10x closer to it than to fp32
+    (chained layers can flip one rounding step of a later layer's activations)."""
+    if weights == "symmetric" and not ortb.has_vnni() and MODES[label].name.startswith("dyn"):
+        pytest.skip("u8 x s8 kernels saturate int16 sums on CPUs without VNNI: symmetric int8 is inexact here")
+    net = _mlp()
+    x = torch.from_numpy(np.random.default_rng(1).normal(size=(64, 6)).astype(np.float32) * 2)
+    request = BuildRequest(net, ortb.export_onnx(net, (6,)), x.numpy(), weights, 32, keep)
+    mode = MODES[label]
+    real = ortb.OrtEngine(mode.build(request), per_row=mode.per_row)(x.numpy())
+    with torch.inference_mode():
+        ref = mode.reference(request)(x).numpy()
+        fp32 = net(x).numpy()
+    to_fp32 = np.abs(real - fp32).max()
+    assert to_fp32 > 1e-5  # something really was rounded
+    assert np.abs(real - ref).max() <= max(0.1 * to_fp32, 1e-6), (np.abs(real - ref).max(), to_fp32)
+
+
+def test_block_weights_match_onnxruntime_exactly() -> None:
+    """Block-wise affine rounding (padding K to whole blocks) is bit-exact with the weights
+    MatMulNBits dequantizes: read back through an identity input at fp32 compute."""
+    torch.manual_seed(0)
+    for bits in (8, 4):
+        layer = nn.Linear(100, 7, bias=False)
+        with torch.no_grad():
+            layer.weight[0, :40] = torch.rand(40)  # an all-positive block
+            layer.weight[1, 32:64] = -torch.rand(32)  # an all-negative block
+        engine = ortb.OrtEngine(ortb.quantize_nbits(ortb.export_onnx(layer, (100,)), bits, 32))
+        dequantized = engine(np.eye(100, dtype=np.float32)).T
+        want = quantize_dequantize_blocks(layer.weight.detach(), bits, "affine", 32).numpy()
+        assert np.array_equal(dequantized, want)
+
+
+def test_weight_only_graph_runs_matmulnbits_and_keeps_layers_by_name() -> None:
+    net = _mlp()
+    model = ortb.export_onnx(net, (6,))
+    names = ortb.weight_node_names(model)
+    q = onnx.load_from_string(ortb.quantize_nbits(model, 4, 32, exclude=[names[0]]))
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("MatMulNBits") == 2 and ops.count("MatMul") == 1
+    assert next(n for n in q.graph.node if n.op_type == "MatMul").name == names[0]
+
+
+def _dominated_policy() -> tuple[Policy, np.ndarray]:
+    """A discrete policy whose input feature 0 spans +-1000 while its actions depend on
+    features 1..3 (+-1): any per-tensor or per-block rounding of the input wipes them out."""
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)).eval()
+    with torch.no_grad():
+        net[0].weight[:, 0] *= 1e-4  # feature 0 barely matters
+        net[0].weight[:, 1:] *= 5.0  # features 1..3 decide
+    space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    policy = Policy(net, space, gym.spaces.Discrete(3), "argmax")
+    rng = np.random.default_rng(0)
+    obs = rng.uniform(-1, 1, (512, 4)).astype(np.float32)
+    obs[:, 0] *= 1000
+    return policy, obs
+
+
+def test_auto_avoids_per_tensor_activations_when_one_feature_dominates() -> None:
+    policy, obs = _dominated_policy()
+    calibration, held_out = obs[:256], obs[256:]
+    per_tensor = quantize(policy, QuantConfig("int8", mode="dyn-tensor"), calibration)
+    assert per_tensor.meta["quant"]["agreement"] < 0.9  # the trap is real
+    auto = quantize(policy, QuantConfig("int8"), calibration)
+    quant = auto.meta["quant"]
+    assert quant["agreement"] >= 0.99
+    assert quant["mode"] == "int8-weight-only" or 0 in quant["fp32_layers"], quant
+    # and it holds on states it was not chosen on
+    assert np.mean(auto.act(held_out) == policy.act(held_out)) >= 0.98
+    tried = {(t["mode"], tuple(t["fp32_layers"])) for t in quant["tried"]}
+    assert ("int8-dyn-tensor", ()) in tried
+
+
+def test_auto_int4_records_its_choice_and_beats_nothing_it_should_not() -> None:
+    policy, obs = _dominated_policy()
+    int4 = quantize(policy, QuantConfig("int4"), obs[:256])
+    assert int4.meta["quant"]["mode"] in ("int4-weight-only", "int4-block")
+    assert int4.precision == "int4"
+    assert int4.meta["quant"]["model_bytes"] > 0
+
+
+def test_agreement_of_continuous_actions_is_relative_to_the_range() -> None:
+    space = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+    policy = Policy(nn.Sequential(nn.Linear(3, 2)), gym.spaces.Box(-1, 1, (3,)), space, "clip")
+    ref = np.zeros((4, 2))
+    got = np.array([[0.0, 0.0], [0.05, 0.0], [0.0, -0.079], [0.2, 0.0]])  # range 4: 2% = 0.08
+    assert action_agreement(policy, ref, got, 0.02) == 0.75
+
+
+def test_int4_on_a_cnn_is_refused_with_the_reason() -> None:
+    from quarl.policies.sb3 import _features
+
+    torch.manual_seed(0)
+    sd = {}
+    for i, (c_in, c_out, k) in zip((0, 2, 4), ((4, 32, 8), (32, 64, 4), (64, 64, 3))):
+        sd[f"cnn.{i}.weight"], sd[f"cnn.{i}.bias"] = torch.randn(c_out, c_in, k, k) * 0.05, torch.zeros(c_out)
+    sd["linear.0.weight"], sd["linear.0.bias"] = torch.randn(512, 3136) * 0.01, torch.zeros(512)
+    net = nn.Sequential(*_features(sd, "", (4, 84, 84)), nn.Linear(512, 6))
+    policy = Policy(net, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), "argmax", scale_images=True)
+    calibration = np.random.default_rng(0).uniform(0, 1, (8, 4, 84, 84)).astype(np.float32)
+    with pytest.raises(QuarlError, match="int4 cannot run this policy: .*convolutions"):
+        quantize(policy, QuantConfig("int4"), calibration)
+
+
+def test_block_granularity_for_simulated_widths() -> None:
+    w = torch.randn(8, 70)
+    blocks = quantize_dequantize(w, 4, "affine", "block", block_size=32)
+    assert torch.equal(blocks, quantize_dequantize_blocks(w, 4, "affine", 32))
+    per_tensor = quantize_dequantize(w, 4, "affine", "tensor")
+    assert (blocks - w).abs().mean() < (per_tensor - w).abs().mean()
+
+
+def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import quarl.ptq as ptq
+    from quarl.envs import EnvSpec
+
+    seen = []
+    real = ptq.evaluate
+
+    def spy(policy, spec, episodes=20, seed=0, **kwargs):
+        seen.append(set(range(seed, seed + episodes)))
+        return real(policy, spec, episodes=episodes, seed=seed, **kwargs)
+
+    monkeypatch.setattr(ptq, "evaluate", spy)
+    net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
+    settings = ptq.EvalSettings(episodes=5, seed=7, n_envs=2)
+    calibration = ptq.calibration_inputs(policy, EnvSpec("CartPole-v1"), settings.seed)
+    ptq.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), settings, calibration)
+    calibration_seeds, evaluation_seeds = seen[0], seen[-1]
+    assert evaluation_seeds == set(range(7, 12)) and not calibration_seeds & evaluation_seeds
+    with pytest.raises(QuarlError, match="would reach the calibration seeds"):
+        ptq.EvalSettings(episodes=ptq.CALIBRATION_SEED_OFFSET)
