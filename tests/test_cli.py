@@ -32,7 +32,8 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     r = quarl("ptq", str(tiny_run), "--env", "CartPole-v1", "--episodes", "4", "--out", str(out))
     assert r.returncode == 0, r.stderr
     rows = read_csv(out / "ptq.csv")
-    assert [row["precision"] for row in rows] == ["fp32", "fp16", "bf16", "int8"]
+    assert [row["precision"] for row in rows] == ["fp32", "fp16", "bf16", "int8", "int4"]
+    assert rows[3]["mode"].startswith("int8-") and rows[4]["mode"].startswith("int4-")
     assert float(rows[0]["E%"]) == 0.0
     for row in rows:
         mean = float(row["mean"])
@@ -47,7 +48,7 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     r = quarl("sweep", str(tiny_run), "--bits", "8,4,2", "--episodes", "3", "--out", str(sweep_out))
     assert r.returncode == 0, r.stderr
     rows = read_csv(sweep_out / "sweep.csv")
-    assert [row["precision"] for row in rows] == ["fp32", "q8", "q4", "q2"]
+    assert [row["precision"] for row in rows] == ["fp32", "sim8", "sim4", "sim2"]
     assert [int(row["bits"]) for row in rows] == [32, 8, 4, 2]
     assert (sweep_out / "sweep.png").stat().st_size > 10_000
 
@@ -69,15 +70,16 @@ def test_sweep_resumes_from_recorded_cells(tiny_run: Path, tmp_path: Path) -> No
     assert quarl("sweep", str(tiny_run), "--bits", "6", "--episodes", "2", "--out", str(out)).returncode == 0
     log = out / "results.jsonl"
     first = log.read_text().splitlines()
-    # poison the recorded q6 cell: a resumed run must reuse it instead of recomputing
+    # poison the recorded sim6 cell: a resumed run must reuse it instead of recomputing
     cell = json.loads(first[1])
     cell["mean"] = 12345.0
     log.write_text(first[0] + "\n" + json.dumps(cell) + "\n" + '{"truncated": tr')
     r = quarl("sweep", str(tiny_run), "--bits", "6,3", "--episodes", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     rows = {row["precision"]: row for row in read_csv(out / "sweep.csv")}
-    assert float(rows["q6"]["mean"]) == 12345.0
-    assert "q3" in rows and float(rows["q3"]["mean"]) != 12345.0
+    assert float(rows["sim6"]["mean"]) == 12345.0
+    assert "sim3" in rows and float(rows["sim3"]["mean"]) != 12345.0
+    assert "reused 2 finished cells" in r.stdout
 
 
 def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
@@ -90,9 +92,11 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
     r = quarl("demo", "--zoo", str(tmp_path / "zoo"), "--episodes", "3", "--out", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stderr
     rows = read_csv(tmp_path / "demo" / "table.csv")
+    mode = rows[0].pop("int modes")
     assert rows == [
         {"policy": "ppo CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "int8": "500.0", "E_int8%": "0.0"}
     ]
+    assert mode in ("dyn-tensor", "dyn-channel", "block", "weight-only")
 
 
 @pytest.mark.parametrize(
@@ -103,7 +107,11 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["ptq", "{corrupt}", "--env", "CartPole-v1"], "not a zip file"),
         (["ptq", "{run}", "--env", "Pendulum-v1"], "observations of shape (3,) but the policy expects (4,)"),
         (["ptq", "{run}", "--precisions", "fp32,int3x"], "unknown precision 'int3x'"),
-        (["ptq", "{run}", "--precisions", "int1"], "bits=1 is out of range: allowed 2..16"),
+        (["ptq", "{run}", "--precisions", "int1"], "unknown precision 'int1' (int1 has no real kernel"),
+        (["ptq", "{run}", "--precisions", "sim17"], "unknown precision 'sim17'"),
+        (["ptq", "{run}", "--block-size", "48"], "block size 48 is not allowed: a power of two >= 16"),
+        (["ptq", "{run}", "--max-steps", "0"], "max steps 0 must be at least 1"),
+        (["demo", "--zoo", "no/such/zoo"], "--zoo 'no/such/zoo' is not a folder of agents"),
         (["sweep", "{run}", "--bits", "8,17"], "bits '17' is out of range: allowed integers 2..16"),
         (["sweep", "{run}", "--scheme", "log"], "unknown scheme 'log'"),
         (["ptq", "{run}", "--episodes", "0"], "--episodes 0 must be at least 1"),
@@ -185,8 +193,10 @@ def test_sweep_with_activation_quantization(tiny_run: Path, tmp_path: Path) -> N
 
 def test_demo_trains_a_policy_when_no_zoo_is_found(tmp_path: Path) -> None:
     out = tmp_path / "demo"
+    empty = tmp_path / "empty-zoo"
+    empty.mkdir()
     r = quarl(
-        "demo", "--zoo", str(tmp_path / "none"), "--train-steps", "1024", "--episodes", "2", "--out", str(out)
+        "demo", "--zoo", str(empty), "--train-steps", "1024", "--episodes", "2", "--out", str(out)
     )
     assert r.returncode == 0, r.stderr
     assert (out / "trained" / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip").exists()

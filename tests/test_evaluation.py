@@ -9,6 +9,7 @@ from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.policies.sb3 import load_checkpoint
+from quarl.ptq import calibration_inputs
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from tests.conftest import zoo_run
@@ -27,7 +28,8 @@ def test_same_numbers_twice_and_for_any_batch_size() -> None:
 
 def test_int8_evaluation_is_deterministic() -> None:
     ckpt = load_checkpoint(zoo_run("sac", "Pendulum-v1"))
-    policy = quantize(ckpt.policy, QuantConfig("int8"))
+    calibration = calibration_inputs(ckpt.policy, ckpt.env_spec)
+    policy = quantize(ckpt.policy, QuantConfig("int8"), calibration)
     a = evaluate(policy, ckpt.env_spec, episodes=4, seed=0, n_envs=4)
     b = evaluate(policy, ckpt.env_spec, episodes=4, seed=0, n_envs=2)
     assert np.array_equal(a.returns, b.returns)
@@ -83,6 +85,7 @@ def test_zoo_policies_reach_published_reward(algo: str, env: str, mean: float, s
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
 def test_cartpole_reaches_500_at_fp32_and_int8(algo: str) -> None:
     ckpt = load_checkpoint(zoo_run(algo, "CartPole-v1"))
-    for config in (QuantConfig("fp32"), QuantConfig("int8")):
-        result = evaluate(quantize(ckpt.policy, config), ckpt.env_spec, episodes=10, seed=0)
+    calibration = calibration_inputs(ckpt.policy, ckpt.env_spec)
+    for config in (QuantConfig("fp32"), QuantConfig("int8"), QuantConfig("int8", mode="block")):
+        result = evaluate(quantize(ckpt.policy, config, calibration), ckpt.env_spec, episodes=10, seed=0)
         assert result.mean == 500.0, (config.label, result.returns)

@@ -15,13 +15,13 @@ import pytest
 from quarl.errors import QuarlError
 from quarl.study.grid import StudyConfig, find_agents, run_study
 from quarl.study.report import study_table
-from quarl.study.store import StudyStore
+from quarl.study.store import TABLE, StudyStore
 from tests.conftest import ROOT
 
 
 def _rows(db: Path) -> dict[tuple, str]:
     with sqlite3.connect(db) as conn:
-        return {(p, s): f for p, s, f in conn.execute("SELECT precision, seed, finished_at FROM results")}
+        return {(p, s): f for p, s, f in conn.execute(f"SELECT precision, seed, finished_at FROM {TABLE}")}
 
 
 def test_study_stores_each_cell_and_reruns_only_the_missing_ones(tiny_run: Path, tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_study_table_averages_seeds_and_tells_agents_apart() -> None:
 
 
 def test_killed_study_resumes_from_its_database(tiny_run: Path, tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "quarl.cli", "study", str(tiny_run), "--precisions", "fp32,fp16,int8,int6,int4,int3",
+    args = [sys.executable, "-m", "quarl.cli", "study", str(tiny_run), "--precisions", "fp32,fp16,int8,sim6,int4,sim3",
             "--seeds", "0,1", "--episodes", "3", "--n-envs", "2", "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -23,7 +23,7 @@ app = typer.Typer(
     help="quarl: quantize trained RL policies and measure what it costs in reward.",
 )
 console = Console(stderr=True)
-out_console = Console()
+out_console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables
 log = logging.getLogger("quarl")
 
 DEFAULT_ZOO = Path("../shared/zoo")
@@ -601,7 +601,8 @@ def bench(
 @app.command()
 @user_errors
 def demo(
-    zoo: Path = typer.Option(DEFAULT_ZOO, help="folder of trained agents: RL Zoo (ALGO/ENV_1/) or legacy (ALGO/ENV.pkl)"),
+    zoo: Optional[Path] = typer.Option(None, help="folder of trained agents: RL Zoo (ALGO/ENV_1/) or legacy "
+                                                  "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = EpisodesOpt,
     out: Path = typer.Option(Path("results/demo"), "--out"),
@@ -623,6 +624,9 @@ def demo(
     settings = _eval_settings(episodes, 0, 8, None)
     from quarl.study.grid import find_agents
 
+    if zoo is not None and not zoo.is_dir():
+        raise QuarlError(f"--zoo {str(zoo)!r} is not a folder of agents")
+    zoo = zoo or DEFAULT_ZOO
     runs = find_agents([zoo]) if zoo.is_dir() else []
     if not runs:
         from quarl.training.sb3_train import TrainConfig, train
@@ -634,7 +638,8 @@ def demo(
                                  run_dir=run_dir)
             train(config)
         runs = [run_dir]
-    per_policy = {}
+    per_policy: dict = {}
+    modes: dict = {}
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:
         for run in runs:
@@ -650,7 +655,12 @@ def demo(
                 out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}",
                 progress=lambda c, n, tasks=tasks: bar.update(tasks[c], completed=n),
             )
+            modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
     rows = paper_table(per_policy, cells)
+    for row in rows:  # which real kernel each int column ran
+        chosen = modes.get(row["policy"], {})
+        if chosen:
+            row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
     print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console)
     write_rows(rows, out, "table")
     out_console.print(f"wrote {out}/table.csv, table.md, table.json")

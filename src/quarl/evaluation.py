@@ -57,13 +57,14 @@ def evaluate(
     n_envs: int = 8,
     max_steps: int | None = None,
     keep_observations: int = 0,
+    keep_every: int = 4,
     on_episode: Callable[[int, float], None] | None = None,
 ) -> EvalResult:
     """Run ``episodes`` deterministic episodes; see the module docstring for seeding.
 
     ``max_steps`` truncates an episode (beyond the env's own time limit);
-    ``keep_observations`` keeps up to that many preprocessed observations, evenly
-    spread over the run, for calibrating static int8 or activation quantization."""
+    ``keep_observations`` keeps up to that many preprocessed observations (every env's,
+    every ``keep_every`` steps), for calibrating static int8 or activation quantization."""
     if episodes < 1:
         raise QuarlError(f"episodes={episodes} must be at least 1")
     n_envs = max(1, min(n_envs, episodes))
@@ -72,6 +73,7 @@ def evaluate(
     returns = np.zeros(episodes)
     lengths = np.zeros(episodes, dtype=np.int64)
     kept: list[np.ndarray] = []
+    n_kept = 0
     slot_episode = list(range(n_envs))
     next_episode = n_envs
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
@@ -82,8 +84,9 @@ def evaluate(
         while active:
             batch = np.stack([obs[i] for i in active])
             x = policy.preprocess(batch)
-            if keep_observations and step % 4 == 0 and len(kept) < keep_observations:
-                kept.append(x[:1].copy())
+            if keep_observations and step % keep_every == 0 and n_kept < keep_observations:
+                kept.append(x[: keep_observations - n_kept].copy())
+                n_kept += len(kept[-1])
             actions = policy.postprocess(policy.forward(x))
             step += 1
             still = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -83,8 +84,9 @@ class Cell:
 
 
 def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint: str) -> dict[str, Any]:
-    """What a stored record must match to be reused (see the module docstring)."""
-    return {
+    """What a stored record must match to be reused (see the module docstring), as it
+    reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps({
         "precision": cell.label,
         **cell.extra,
         **settings.key(),
@@ -92,7 +94,7 @@ def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettin
         "config": dataclasses.asdict(cell.config.resolved()),
         "env": dataclasses.asdict(env_spec),
         "format": RESULT_FORMAT,
-    }
+    }))
 
 
 @contextlib.contextmanager
@@ -192,13 +194,14 @@ def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_ste
     result = evaluate(
         policy,
         env_spec,
-        episodes=2,
+        episodes=8,
         seed=seed + CALIBRATION_SEED_OFFSET,
-        n_envs=2,
-        # every 4th step is kept: past 4 x CALIBRATION_SIZE steps nothing more would be
-        # (an untrained Atari policy that never serves would otherwise play for 27k steps)
-        max_steps=min(max_steps or 4 * CALIBRATION_SIZE, 4 * CALIBRATION_SIZE),
+        n_envs=8,
+        # every 16th step of 8 envs is kept: past 16 x CALIBRATION_SIZE / 8 steps nothing more
+        # would be (an untrained Atari policy that never serves would otherwise play for 27k)
+        max_steps=min(max_steps or 2 * CALIBRATION_SIZE, 2 * CALIBRATION_SIZE),
         keep_observations=CALIBRATION_SIZE,
+        keep_every=16,
     )
     if result.observations is None:
         raise QuarlError(f"no observations to calibrate on: {env_spec.env_id} episodes ended at once")

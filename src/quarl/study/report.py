@@ -38,8 +38,17 @@ def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) ->
                            for p, seeds in by_precision.items()]
                   for policy, by_precision in grouped.items()}
     rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])))
+    labels = _labels(records)
+    modes: dict[str, dict[str, str]] = defaultdict(dict)
+    for r in records:
+        if r.get("quant"):
+            mode = r["quant"]["mode"].split("-", 1)[1]
+            layers = r["quant"].get("fp32_layers") or []
+            modes[labels[r["checkpoint"]]][r["precision"]] = mode + (f" (fp32 {','.join(map(str, layers))})" if layers else "")
     for row in rows:
         row["seeds"] = len(grouped[row["policy"]]["fp32"])
+        if modes.get(row["policy"]):
+            row["int modes"] = ", ".join(f"{p}: {m}" for p, m in modes[row["policy"]].items())
     return rows
 
 
