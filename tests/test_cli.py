@@ -278,6 +278,29 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
     assert (actions == policy.act(obs)).mean() >= (1.0 if precision == "fp32" else 0.97)
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4-weight-only"])
+def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, precision: str) -> None:
+    """quarl ptq NAME.onnx evaluates the exported file itself: the same returns, episode by
+    episode, as the same precision evaluated from the checkpoint; the sidecar is strict JSON."""
+    out = tmp_path / "policy"
+    assert quarl("export", str(tiny_run), "--precision", precision, "--out", str(out)).returncode == 0
+
+    def reject(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    meta = json.loads(out.with_suffix(".json").read_text(), parse_constant=reject)
+    assert meta["env"]["env_id"] == "CartPole-v1" and meta["quant"]["mode"].startswith(precision.split("-")[0])
+    r = quarl("ptq", str(out.with_suffix(".onnx")), "--episodes", "5", "--out", str(tmp_path / "artifact"))
+    assert r.returncode == 0, r.stderr
+    r = quarl("ptq", str(tiny_run), "--precisions", precision, "--episodes", "5", "--out", str(tmp_path / "ckpt"))
+    assert r.returncode == 0, r.stderr
+    from_file = [json.loads(x) for x in (tmp_path / "artifact" / "results.jsonl").read_text().splitlines()]
+    from_ckpt = [json.loads(x) for x in (tmp_path / "ckpt" / "results.jsonl").read_text().splitlines()]
+    assert [r["precision"] for r in from_file] == [f"{precision} (onnx)"]
+    assert from_file[0]["returns"] == next(r for r in from_ckpt if r["precision"] == precision)["returns"]
+    assert from_file[0]["quant"]["mode"] == meta["quant"]["mode"]
+
+
 def test_bench_reports_every_precision(tiny_run: Path) -> None:
     r = quarl("bench", str(tiny_run), "--precisions", "fp32,int8", "--batches", "1", "--budget", "0.05")
     assert r.returncode == 0, r.stderr

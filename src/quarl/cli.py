@@ -132,7 +132,7 @@ def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
 
 def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
     path = checkpoint.resolve()
-    name = path.name.removesuffix(".zip").removesuffix(".pkl")
+    name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
     # zoo folder ALGO/ENV_1, zip ALGO/ENV_1/ENV.zip, legacy pickle ALGO/ENV.pkl
     algo = path.parent.name if checkpoint.is_dir() or path.suffix == ".pkl" else path.parent.parent.name
     return Path("results") / kind / f"{algo}-{name}-{env_id.replace('/', '_')}"
@@ -198,6 +198,17 @@ def ptq(
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     out = out or _default_out("ptq", checkpoint, spec.env_id)
+    if checkpoint.suffix == ".onnx":  # an exported model: evaluated as it is, nothing re-quantized
+        from quarl.ptq import run_artifact
+
+        with _progress() as bar:
+            task = bar.add_task(ckpt.policy.precision, total=episodes)
+            records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n))
+        print_table(ptq_rows(records), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), {episodes} episodes",
+                    out_console)
+        _say_reused(records, out / "results.jsonl")
+        out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
+        return
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
@@ -560,7 +571,7 @@ def export(
         default = _default_out("export", checkpoint, spec.env_id)
         out = default.with_name(f"{default.name}-{precision}")
     calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec)
-    meta = export_policy(ckpt.policy, precision, out, calibration, **options)
+    meta = export_policy(ckpt.policy, precision, out, calibration, spec, **options)
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
     out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and {out.with_suffix('.json')}")
 

@@ -9,6 +9,7 @@ normalization (mean, var, clip), whether images are divided by 255, and the acti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
+from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
@@ -68,14 +70,16 @@ def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | No
 
 
 def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None,
-                  **options: Any) -> dict[str, Any]:
-    """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes."""
+                  env_spec: EnvSpec | None = None, **options: Any) -> dict[str, Any]:
+    """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
+    ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file."""
     model, quant = quantized_model(policy, precision, calibration, **options)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
     onnx_path.write_bytes(model)
-    meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model)}
+    meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model),
+            "env": None if env_spec is None else dataclasses.asdict(env_spec)}
     if quant is not None:
         meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1, allow_nan=False))

@@ -227,6 +227,17 @@ def run_ptq(
     return records
 
 
+def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_dir: Path,
+                 progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Evaluate an exported model as it is (one cell labelled with its precision, e.g.
+    ``int8 (onnx)``); write ``ptq.{csv,md,json}``."""
+    cells = [Cell(policy.precision, QuantConfig(), policy=policy)]
+    with output_lock(out_dir):
+        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+        write_rows(ptq_rows(records), out_dir, "ptq")
+    return records
+
+
 def run_sweep(
     policy: Policy,
     env_spec: EnvSpec,

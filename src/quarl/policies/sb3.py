@@ -41,6 +41,7 @@ from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_nam
 from quarl.errors import QuarlError
 from quarl.policies.base import ObsNormalizer, Policy, linear_layers
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
+from quarl.policies.onnx_artifact import is_artifact, load_artifact
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
 
 log = logging.getLogger(__name__)
@@ -398,12 +399,17 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
 
 
 def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
-    """Load an SB3 ``.zip``, an RL Zoo run folder (``ppo/CartPole-v1_1``) or a legacy
+    """Load an SB3 ``.zip``, an RL Zoo run folder (``ppo/CartPole-v1_1``), a legacy
     stable-baselines pickle of rl-baselines-zoo (``ppo2/CartPole-v1.pkl``, see
-    :mod:`quarl.policies.legacy`)."""
+    :mod:`quarl.policies.legacy`) or a model written by ``quarl export`` (``NAME.onnx``
+    with its sidecar, see :mod:`quarl.policies.onnx_artifact`)."""
     path = Path(path)
     if not path.exists():
         raise QuarlError(f"checkpoint {str(path)!r} does not exist")
+    if is_artifact(path):  # quarl export's NAME.onnx + NAME.json: evaluated as exported
+        policy, spec = load_artifact(path)
+        policy.meta["env_spec"] = spec
+        return Checkpoint(policy=policy, env_spec=spec, algo=policy.algo, path=path)
     if is_legacy_pickle(path):
         policy, algo, env_id = load_legacy(path)
         spec = EnvSpec(env_id=current_env_id(env_id))

@@ -22,9 +22,9 @@ supports is built and run on calibration states (fp32 rollouts on seeds disjoint
 evaluation), and the fastest whose actions agree with fp32 wins: at least
 ``min_agreement`` of the states must give the same greedy action (discrete) or actions
 within ``action_tolerance`` of the action range (continuous). When no mode agrees with
-every layer quantized, each is tried again with the first and last layer kept in fp32
-(the layers most sensitive to rounding); when none agrees then, the most faithful one is
-used and its agreement is reported.
+every layer quantized, each is tried again with the last, the first, then both layers
+kept in fp32 (the layers most sensitive to rounding); when none agrees then, the most
+faithful one is used and its agreement is reported (with a warning).
 
 Adding a mode is one :data:`MODES` entry: a builder from the fp32 ONNX model, a reference
 and what it supports.
@@ -198,12 +198,12 @@ def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, refere
 
 
 def keep_options(network: nn.Module) -> list[frozenset[int]]:
-    """Every layer quantized, then the first and last kept in fp32 (when something is left)."""
+    """Every layer quantized; then the last layer kept in fp32 (the one that writes the
+    actions), the first (the one that reads raw observations), and both, as long as
+    something is left to quantize."""
     n = len(linear_layers(network))
-    options = [frozenset()]
-    if n > 2:
-        options.append(frozenset({0, n - 1}))
-    return options
+    options = [frozenset(), frozenset({n - 1}), frozenset({0}), frozenset({0, n - 1})]
+    return list(dict.fromkeys(o for o in options if len(o) < n))
 
 
 def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, block_size: int,
