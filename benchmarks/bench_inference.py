@@ -26,6 +26,7 @@ from quarl.quant.backends.onnxruntime import (  # noqa: E402
     export_onnx,
     has_vnni,
     quantize_dynamic_int8,
+    quantize_nbits,
     quantize_static_int8,
 )
 from quarl.timing import median_us  # noqa: E402
@@ -75,8 +76,13 @@ def engines(net: nn.Module, shape: tuple[int, ...], calib: np.ndarray) -> dict[s
         out["ORT int8 u8 (quarl)"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "asymmetric"))
         out["ORT int8 s8"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "symmetric"))
     else:
-        out["ORT int8 u8 (quarl)"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "asymmetric"))
-        out["ORT int8 s8"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "symmetric"))
+        out["ORT int8 u8 dyn-tensor"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "asymmetric"))
+        out["ORT int8 s8 dyn-tensor"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "symmetric"))
+        out["ORT int8 s8 dyn-channel"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "symmetric", per_channel=True))
+        out["ORT int8 block (MatMulNBits)"] = OrtEngine(quantize_nbits(onnx_fp32, 8, 32, compute_int8=True))
+        out["ORT int8 weight-only"] = OrtEngine(quantize_nbits(onnx_fp32, 8, 32))
+        out["ORT int4 block (MatMulNBits)"] = OrtEngine(quantize_nbits(onnx_fp32, 4, 32, compute_int8=True))
+        out["ORT int4 weight-only"] = OrtEngine(quantize_nbits(onnx_fp32, 4, 32))
     return out
 
 

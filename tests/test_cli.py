@@ -302,7 +302,12 @@ def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, 
 
 
 def test_bench_reports_every_precision(tiny_run: Path) -> None:
-    r = quarl("bench", str(tiny_run), "--precisions", "fp32,int8", "--batches", "1", "--budget", "0.05")
+    r = quarl("bench", str(tiny_run), "--precisions", "fp32,int8,int4", "--batches", "1", "--budget", "0.05",
+              "--out", str(tiny_run.parent / "bench"))
     assert r.returncode == 0, r.stderr
-    for name in ("torch-fp32", "OrtEngine", "int8"):
-        assert name in r.stdout
+    rows = {row["precision"]: row for row in read_csv(tiny_run.parent / "bench" / "bench.csv")}
+    assert list(rows) == ["fp32", "fp32-ort", "int8", "int4"]
+    assert rows["int8"]["mode"].startswith("int8-") and rows["int4"]["mode"].startswith("int4-")
+    # int8 stores a quarter of the fp32 weights plus scales and graph overhead; int4 less again
+    assert int(rows["int4"]["model_bytes"]) < int(rows["int8"]["model_bytes"]) < int(rows["fp32-ort"]["model_bytes"])
+    assert all(float(row["b1_us"]) > 0 for row in rows.values())

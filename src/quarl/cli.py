@@ -581,9 +581,11 @@ def export(
 def bench(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
-    precisions: str = typer.Option("fp32,fp16,bf16,int8", help="comma list (fp32 here = ONNX Runtime fp32)"),
+    precisions: str = typer.Option("fp16,bf16,int8,int4", help=PRECISIONS_HELP + "; PyTorch and ONNX Runtime fp32 "
+                                                                                 "are always measured"),
     batches: str = typer.Option("1,256", help="comma list of batch sizes"),
     budget: float = typer.Option(1.0, help="seconds of timing per cell"),
+    out: Optional[Path] = typer.Option(None, "--out", help="also write bench.csv, bench.md, bench.json here"),
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -598,6 +600,8 @@ def bench(
     from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)
+    if not budget > 0:
+        raise QuarlError(f"--budget {budget} must be a positive number of seconds")
     sizes = []
     for item in _split(batches, "--batches"):
         if not item.isdigit() or int(item) < 1:
@@ -607,6 +611,11 @@ def bench(
     rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget)
     print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup "
                       "over PyTorch fp32", out_console)
+    if out is not None:
+        from quarl.reports import write_rows
+
+        write_rows(rows, out, "bench")
+        out_console.print(f"wrote {out}/bench.csv, bench.md, bench.json")
 
 
 @app.command()

@@ -104,23 +104,29 @@ def bench_precisions(
     budget_s: float = 1.0,
 ) -> list[dict[str, Any]]:
     """Latency (median us per call) of each precision's engine at each batch size, the
-    model's size and the memory its engine took, next to PyTorch fp32. ``inputs`` are
-    network inputs (preprocessed observations, e.g. from ``ptq.calibration_inputs``)."""
+    model's size and the memory its engine took, next to PyTorch fp32 (the ``fp32`` row)
+    and ONNX Runtime fp32 (``fp32-ort``). ``inputs`` are network inputs (preprocessed
+    observations from ``ptq.calibration_inputs``, which also choose the int modes)."""
     x_all = inputs
     rows: list[dict[str, Any]] = []
     base: dict[int, float] = {}
-    cells = [("torch-fp32", policy)]
+    before = _rss_bytes()
+    ort_fp32 = OrtEngine(export_onnx(policy.network, policy.input_shape))
+    cells: list[tuple[str, Policy | OrtEngine, int | None]] = [("fp32", policy, None),
+                                                               ("fp32-ort", ort_fp32, _rss_bytes() - before)]
     for label in precisions:
+        if label == "fp32":
+            continue  # the baseline row
         before = _rss_bytes()
         quantized = quantize(policy, QuantConfig.parse(label), calibration=x_all[:256])
-        cells.append((label, quantized, _rss_bytes() - before))  # type: ignore[arg-type]
-    for cell in cells:
-        label, p = cell[0], cell[1]
-        engine = p.engine
+        cells.append((label, quantized, _rss_bytes() - before))
+    for label, p, memory in cells:
+        engine = p.engine if isinstance(p, Policy) else p
         size = len(engine.model) if isinstance(engine, OrtEngine) else sum(
             t.numel() * t.element_size() for t in p.network.state_dict().values())
-        row: dict[str, Any] = {"precision": label, "engine": type(engine).__name__, "model_bytes": size,
-                               "memory_bytes": cell[2] if len(cell) > 2 else None}
+        quant = p.meta.get("quant") if isinstance(p, Policy) else None
+        row: dict[str, Any] = {"precision": label, "engine": type(engine).__name__,
+                               "mode": quant["mode"] if quant else "", "model_bytes": size, "memory_bytes": memory}
         for b in batches:
             x = np.resize(x_all, (b, *x_all.shape[1:])).astype(np.float32)
             us = median_us(engine, x, budget_s)
