@@ -13,7 +13,7 @@ import torch
 from quarl.actorq import wire
 from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info
 from quarl.actorq.config import ActorQConfig
-from quarl.actorq.learners import D4PGLearner, DQNLearner
+from quarl.actorq.learners import D4PGLearner, DQNLearner, make_learner
 from quarl.actorq.replay import NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.errors import QuarlError
@@ -284,13 +284,39 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["learner_steps"] == summary["learner_steps"]
 
-    blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)  # plain tensors and numbers
     assert config.min_replay < blob["replay"]["size"] <= summary["env_steps"]  # pending n-step windows: fewer
     assert blob["replay"]["max_priority"] > 1.0  # learner's TD errors went back into the tree
 
     resumed = run_actorq(replace(config, max_minutes=summary["elapsed_s"] / 60 + 0.1, target_reward=1e9), resume=True)
     assert resumed["learner_steps"] > summary["learner_steps"]
     assert resumed["elapsed_s"] >= summary["elapsed_s"] + 5
+
+
+class _Payload:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch PWNED",))
+
+
+def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crafted checkpoint.pt in the output folder is refused in one line; its payload
+    does not run. A checkpoint of another network shape is refused in one line too."""
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    torch.save({"learner": _Payload()}, out / "checkpoint.pt")
+    config = ActorQConfig("CartPole-v1", local=True, max_minutes=0.2, out=out, **CARTPOLE)
+    with pytest.raises(QuarlError, match="not an ActorQ checkpoint of plain tensors"):
+        run_actorq(config, resume=True)
+    assert not (tmp_path / "PWNED").exists()
+    other = make_learner(replace(config, policy_layers=(32,)), 4, 2, "cpu")
+    torch.save({"learner": other.state_dict(), "state": {}, "limiter": (0, 0), "replay": None, "config": "{}"},
+               out / "checkpoint.pt")
+    with pytest.raises(QuarlError, match="does not fit this run's learner"):
+        run_actorq(config, resume=True)
 
 
 def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> None:

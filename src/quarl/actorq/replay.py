@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 Batch = dict[str, np.ndarray]
 """obs, action, reward (discounted n-step sum), discount (gamma^k, 0 at a terminal), next_obs."""
@@ -81,10 +82,14 @@ class Replay:
         return {k: v[idx] for k, v in self.data.items()}
 
     def state(self) -> dict:
-        return {"data": self.data, "size": self.size, "cursor": self.cursor}
+        """Tensors and numbers only: a checkpoint loads with ``torch.load(weights_only=True)``."""
+        data = None if self.data is None else {k: torch.from_numpy(v) for k, v in self.data.items()}
+        return {"data": data, "size": self.size, "cursor": self.cursor}
 
     def load_state(self, state: dict) -> None:
-        self.data, self.size, self.cursor = state["data"], state["size"], state["cursor"]
+        data = state["data"]
+        self.data = None if data is None else {k: v.numpy() for k, v in data.items()}
+        self.size, self.cursor = int(state["size"]), int(state["cursor"])
 
 
 class SumTree:
@@ -162,11 +167,11 @@ class PrioritizedReplay(Replay):
         self.tree.set(idx, p**self.alpha)
 
     def state(self) -> dict:
-        return super().state() | {"tree": self.tree.tree, "max_priority": self.max_priority}
+        return super().state() | {"tree": torch.from_numpy(self.tree.tree), "max_priority": float(self.max_priority)}
 
     def load_state(self, state: dict) -> None:
         super().load_state(state)
-        self.tree.tree, self.max_priority = state["tree"], state["max_priority"]
+        self.tree.tree, self.max_priority = state["tree"].numpy(), float(state["max_priority"])
 
 
 @dataclass

@@ -288,11 +288,23 @@ def _write_eval(out: Path, state: RunState) -> None:
 
 def _checkpoint(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, state: RunState,
                 config: ActorQConfig) -> None:
-    blob = {"learner": learner.state_dict(), "state": state.__dict__, "limiter": (limiter.inserts, limiter.samples),
+    blob = {"learner": learner.state_dict(), "state": _plain(state.__dict__),
+            "limiter": (int(limiter.inserts), int(limiter.samples)),
             "replay": replay.state() if config.checkpoint_replay else None, "config": config.to_json()}
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)
     tmp.replace(path)  # a kill during the save leaves the previous checkpoint intact
+
+
+def _plain(value: Any) -> Any:
+    """Containers of Python numbers (numpy scalars made plain), as weights_only loading wants."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> RunState:
@@ -300,8 +312,16 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> 
 
     if not path.exists():
         raise QuarlError(f"nothing to resume: {path} does not exist")
-    blob = torch.load(path, weights_only=False)  # our own file, written by _checkpoint
-    learner.load_state_dict(blob["learner"])
+    try:  # tensors, numbers and strings only: nothing in the file can run code
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a foreign or crafted file
+        raise QuarlError(f"{path} is not an ActorQ checkpoint of plain tensors ({exc.__class__.__name__}): refused") \
+            from None
+    try:
+        learner.load_state_dict(blob["learner"])
+    except (RuntimeError, KeyError) as exc:
+        raise QuarlError(f"{path} does not fit this run's learner (other --algo or --policy-layers?): "
+                         f"{str(exc).splitlines()[0]}") from None
     state = RunState(**blob["state"])
     if blob.get("replay") is not None:
         replay.load_state(blob["replay"])
