@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,41 @@ def test_run_folder_logs_and_checkpoints(tmp_path: Path) -> None:
     assert again.run_dir.name == "CartPole-v1_2"  # a new run never overwrites an old one
     with pytest.raises(QuarlError, match="already finished"):
         train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path), resume=True)
+
+
+class _Payload:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch PWNED",))
+
+
+def test_resume_reads_checkpoints_without_unpickling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resume restores weights, optimizer, replay and normalization from tensors and
+    arrays; a replay pickle (an older quarl's, or a planted one) is refused in one line and
+    its payload does not run; a failed start's empty folder is skipped."""
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    env_id, hp = TINY["dqn"]
+    config = TrainConfig("dqn", env_id, timesteps=600, hyperparams=hp, out=tmp_path, eval_freq=0, checkpoint_freq=300,
+                         tensorboard=False)
+    first = train(config)
+    run = first.run_dir
+    (run / "CartPole-v1.zip").unlink()  # as if killed after the 600-step checkpoint
+    (tmp_path / "dqn" / "CartPole-v1_2").mkdir()  # a start that failed before any checkpoint
+    saved = np.load(run / "checkpoints" / "step_600.replay.npz", allow_pickle=False)
+    resumed = train(replace(config, timesteps=900), resume=True)
+    assert resumed.run_dir == run and resumed.resumed_from == 600 and resumed.timesteps >= 900
+    buffer = resumed.model.replay_buffer
+    pos = int(saved["pos"])
+    assert pos > 500 and np.array_equal(buffer.observations[:pos], saved["observations"][:pos])  # the replay went on
+
+    (run / "CartPole-v1.zip").unlink()
+    for old in (run / "checkpoints").glob("*.replay.npz"):
+        old.unlink()
+    latest = sorted((run / "checkpoints").glob("step_*.zip"))[-1]
+    (run / "checkpoints" / latest.name.replace(".zip", ".replay.pkl")).write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(QuarlError, match=r"replay.pkl \(an older quarl's checkpoint\) needs unpickling: refused"):
+        train(replace(config, timesteps=1200), resume=True)
+    assert not (tmp_path / "PWNED").exists()

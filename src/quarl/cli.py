@@ -55,7 +55,8 @@ def user_errors(fn: Callable) -> Callable:
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            console.print("interrupted: finished cells are kept in the output folder; run again to resume")
+            console.print("interrupted: what finished is kept in the output folder; run the same command again to "
+                          "continue (quarl train: add --resume)")
             raise typer.Exit(130) from None
 
     return wrapper
@@ -350,8 +351,10 @@ def train_cmd(
     hp: list[str] = HpOpt,
     eval_freq: int = typer.Option(10_000, help="evaluate every N env steps (0: never)"),
     checkpoint_freq: int = typer.Option(0, help="checkpoint every N env steps (0: a tenth of the run)"),
-    resume: bool = typer.Option(False, "--resume", help="continue the latest unfinished run from its checkpoint"),
+    resume: bool = typer.Option(False, "--resume", help="continue the newest run that has a checkpoint"),
     episodes: int = typer.Option(10, "--episodes", help="episodes of the final evaluation"),
+    trust_pickle: bool = typer.Option(False, "--trust-pickle", help="--resume: allow the replay / normalization "
+                                                                    "pickles of an older quarl's checkpoint"),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Train with Stable-Baselines3 and the RL Zoo's hyperparameters; save an RL Zoo run
@@ -378,8 +381,10 @@ def train_cmd(
         raise QuarlError("--quant-delay needs --qat-bits")
     config = TrainConfig(algo.lower(), env_id, timesteps=total, seed=seed, out=out, precision=precision, qat=qat,
                          hyperparams=overrides, eval_freq=eval_freq, checkpoint_freq=checkpoint_freq,
-                         progress_bar=True)
+                         progress_bar=True, trust_pickle=trust_pickle)
     result = train(config, resume=resume)
+    if result.resumed_from:
+        console.print(f"resumed {result.run_dir} from step {result.resumed_from}")
     ckpt = load_checkpoint(result.run_dir)
     ev = evaluate(ckpt.policy, ckpt.env_spec, episodes=episodes, seed=seed + 100_000, n_envs=min(episodes, 8))
     out_console.print(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import yaml
 
 from quarl.envs import EnvSpec, check_env_id, make_env
@@ -62,6 +63,8 @@ class TrainConfig:
     save_replay: bool = True
     """Off-policy checkpoints include the replay buffer (resume continues it)."""
     tensorboard: bool = True
+    trust_pickle: bool = False
+    """Resume from a checkpoint written by an older quarl (replay / normalization pickles)."""
     progress_bar: bool = False
     run_dir: Path | None = None
     """Explicit run folder (overrides OUT/ALGO/ENV_N)."""
@@ -129,11 +132,63 @@ def run_folder(config: TrainConfig, resume: bool) -> Path:
     base = Path(config.out) / config.algo
     name = config.env_id.replace("/", "_")
     ids = sorted(int(p.name.rsplit("_", 1)[1]) for p in base.glob(f"{name}_*") if p.name.rsplit("_", 1)[1].isdigit())
-    if resume:
-        if not ids:
-            raise QuarlError(f"nothing to resume: no {config.algo} {config.env_id} run under {config.out}")
-        return base / f"{name}_{ids[-1]}"
+    if resume:  # the newest run that has a checkpoint (a start that failed leaves an empty folder)
+        with_checkpoint = [i for i in ids if _checkpoints(base / f"{name}_{i}")]
+        if not with_checkpoint:
+            raise QuarlError(f"nothing to resume: no {config.algo} {config.env_id} run with a checkpoint under "
+                             f"{config.out}")
+        return base / f"{name}_{with_checkpoint[-1]}"
     return base / f"{name}_{(ids[-1] if ids else 0) + 1}"
+
+
+# Checkpoints are read back without unpickling anything: the model's weights and optimizer
+# state through SB3's set_parameters (torch.load(weights_only=True)), the replay buffer and
+# the normalization statistics as plain numpy arrays (np.load(allow_pickle=False)).
+_REPLAY_FIELDS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+_RMS = ("obs_rms", "ret_rms")
+
+
+def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _load_arrays(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise QuarlError(f"{path} is not a quarl checkpoint array file ({exc.__class__.__name__}): refused") from None
+
+
+def replay_arrays(buffer: Any) -> dict[str, np.ndarray]:
+    arrays = {k: getattr(buffer, k) for k in _REPLAY_FIELDS if isinstance(getattr(buffer, k, None), np.ndarray)}
+    return arrays | {"pos": np.array(buffer.pos), "full": np.array(buffer.full)}
+
+
+def load_replay(buffer: Any, arrays: dict[str, np.ndarray]) -> None:
+    for key in _REPLAY_FIELDS:
+        if key in arrays:
+            if getattr(buffer, key).shape != arrays[key].shape:
+                raise QuarlError(f"the saved replay buffer's {key} has shape {arrays[key].shape}, this run's "
+                                 f"{getattr(buffer, key).shape}: resume with the settings the run started with")
+            setattr(buffer, key, arrays[key])
+    buffer.pos, buffer.full = int(arrays["pos"]), bool(arrays["full"])
+
+
+def vecnormalize_arrays(venv: Any) -> dict[str, np.ndarray]:
+    out = {}
+    for name in _RMS:
+        rms = getattr(venv, name)
+        out |= {f"{name}.mean": rms.mean, f"{name}.var": rms.var, f"{name}.count": np.array(rms.count)}
+    return out
+
+
+def load_vecnormalize_arrays(venv: Any, arrays: dict[str, np.ndarray]) -> None:
+    for name in _RMS:
+        rms = getattr(venv, name)
+        rms.mean, rms.var, rms.count = arrays[f"{name}.mean"], arrays[f"{name}.var"], float(arrays[f"{name}.count"])
 
 
 class _Checkpointer:
@@ -153,11 +208,11 @@ class _Checkpointer:
         self.folder.mkdir(parents=True, exist_ok=True)
         step = int(model.num_timesteps)
         stem = self.folder / f"step_{step}"
-        if self.save_replay and hasattr(model, "replay_buffer") and model.replay_buffer is not None:
-            model.save_replay_buffer(f"{stem}.replay.pkl")
+        if self.save_replay and getattr(model, "replay_buffer", None) is not None:
+            _save_arrays(Path(f"{stem}.replay.npz"), replay_arrays(model.replay_buffer))
         vecnorm = model.get_vec_normalize_env()
         if vecnorm is not None:
-            vecnorm.save(f"{stem}.vecnormalize.pkl")
+            _save_arrays(Path(f"{stem}.vecnormalize.npz"), vecnormalize_arrays(vecnorm))
         if self.qat is not None:
             write_qat_state(Path(f"{stem}.qat.json"), model.policy, self.qat)
         tmp = self.folder / f"tmp_{step}.zip"
@@ -169,6 +224,36 @@ class _Checkpointer:
                 f.unlink()
         log.info("checkpoint at step %d: %s", step, stem)
         return Path(f"{stem}.zip")
+
+
+def _resume_from(model: Any, path: Path, done: int, trust_pickle: bool) -> None:
+    """Weights, optimizer state, replay buffer and normalization of checkpoint ``path``,
+    read with nothing unpickled (see the note above :class:`_Checkpointer`); the pickles of
+    an older checkpoint only with ``trust_pickle``."""
+    stem = str(path)[: -len(".zip")]
+    try:
+        model.set_parameters(str(path), exact_match=True, device="cpu")
+    except Exception as exc:  # a foreign or unsafe zip
+        raise QuarlError(f"{path} cannot be read as plain tensors ({exc.__class__.__name__}): refused") from None
+    model.num_timesteps = done
+    vecnorm = model.get_vec_normalize_env()
+    for kind, target in (("replay", getattr(model, "replay_buffer", None)), ("vecnormalize", vecnorm)):
+        npz, pkl = Path(f"{stem}.{kind}.npz"), Path(f"{stem}.{kind}.pkl")
+        if target is None:
+            continue
+        if npz.exists():
+            arrays = _load_arrays(npz)
+            (load_replay if kind == "replay" else load_vecnormalize_arrays)(target, arrays)
+        elif pkl.exists():
+            if not trust_pickle:
+                raise QuarlError(f"{pkl} (an older quarl's checkpoint) needs unpickling: refused; pass --trust-pickle "
+                                 "if you trust this file")
+            if kind == "replay":
+                model.load_replay_buffer(str(pkl))
+            else:
+                import pickle
+
+                load_vecnormalize_arrays(target, vecnormalize_arrays(pickle.loads(pkl.read_bytes())))  # noqa: S301
 
 
 def _callbacks(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int, checkpointer: _Checkpointer,
@@ -280,13 +365,9 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     else:
         done, path = start
         stem = str(path)[: -len(".zip")]
-        if setup.normalize is not None:
-            from stable_baselines3.common.vec_env import VecNormalize
-
-            env = VecNormalize.load(f"{stem}.vecnormalize.pkl", env.venv)
-        model = algo_cls.load(path, env=env, device="cpu", tensorboard_log=tb)
-        if Path(f"{stem}.replay.pkl").exists():
-            model.load_replay_buffer(f"{stem}.replay.pkl")
+        model = algo_cls(setup.policy, env, seed=config.seed, verbose=0, device="cpu", tensorboard_log=tb,
+                         **setup.model_kwargs)
+        _resume_from(model, Path(path), done, config.trust_pickle)
         if config.qat is not None and Path(f"{stem}.qat.json").exists():
             qat_restore = json.loads(Path(f"{stem}.qat.json").read_text())
         log.info("resuming %s from step %d", run_dir, done)
