@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
 """Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
-RESULT_FORMAT = 2
-"""Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys)."""
+RESULT_FORMAT = 3
+"""Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
+3: static int8 left to CNNs and checked on states it was not fit to)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 

@@ -28,7 +28,7 @@ from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import REAL_BITS, QuantConfig
-from quarl.quant.modes import BuildRequest, build_candidate, choose, fp32_actions, get_mode
+from quarl.quant.modes import BuildRequest, build_candidate, choose, get_mode, split_calibration
 from quarl.quant.primitives import (
     FLOAT_DTYPES,
     dequantize,
@@ -140,10 +140,10 @@ def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | 
             raise QuarlError(reason)
         if mode.needs_calibration and calibration is None:
             raise QuarlError(f"{mode.label} needs calibration observations (static activation ranges)")
-        request = BuildRequest(policy.network, export_onnx(policy.network, policy.input_shape), calibration,
+        fit, check = split_calibration(mode, calibration)
+        request = BuildRequest(policy.network, export_onnx(policy.network, policy.input_shape), fit,
                                config.int8_weights, config.block_size)
-        reference = fp32_actions(policy, calibration) if calibration is not None else None
-        best = build_candidate(policy, mode, request, reference, config.action_tolerance)
+        best = build_candidate(policy, mode, request, check, config.action_tolerance)
         tried = [best]
     network = best.reference if best.reference is not None else policy.clone_network()
     quantized = policy.with_network(network, config.label, best.engine)

@@ -17,6 +17,11 @@ weight-only        8/4  MatMulNBits with fp32 activations: only the weights are 
 static             8    QDQ, weights per channel, activation ranges calibrated (CNNs)
 ================  ====  =====================================================================
 
+``static`` fixes activation ranges from observations, so states beyond them saturate: the
+automatic choice uses it for CNNs only (where it is the one fast mode), and checks it on
+calibration states it was not fit to. Measured: an A2C CartPole MLP whose static int8
+agreed with fp32 on the very states its ranges came from scored 144 instead of 500.
+
 ``int8`` / ``int4`` without a mode is *automatic* (:func:`choose`): every mode the policy
 supports is built and run on calibration states (fp32 rollouts on seeds disjoint from
 evaluation), and the fastest whose actions agree with fp32 wins: at least
@@ -182,16 +187,24 @@ def fp32_actions(policy: Policy, calibration: np.ndarray) -> np.ndarray:
         return policy.postprocess(policy.network(torch.from_numpy(calibration)).float().numpy())
 
 
-def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, reference_actions: np.ndarray | None = None,
+def split_calibration(mode: IntMode, calibration: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(states the mode is built from, states its agreement is checked on): a mode that
+    fits ranges on observations is checked on the other half, never on what it was fit to."""
+    if calibration is None or not mode.needs_calibration:
+        return calibration, calibration
+    return calibration[0::2], calibration[1::2]
+
+
+def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, check: np.ndarray | None = None,
                     tolerance: float = 0.02) -> Candidate:
-    """Build ``mode`` and, when ``reference_actions`` (fp32 actions on
-    ``request.calibration``) are given, measure its agreement with them."""
+    """Build ``mode`` and, given ``check`` states (preprocessed observations), measure how
+    often its actions agree with fp32's on them."""
     model = mode.build(request)
     engine = ortb.OrtEngine(model, per_row=mode.per_row)
     agreement = float("nan")
-    if reference_actions is not None and request.calibration is not None:
-        actions = policy.postprocess(engine(request.calibration))
-        agreement = action_agreement(policy, reference_actions, actions, tolerance)
+    if check is not None:
+        actions = policy.postprocess(engine(check))
+        agreement = action_agreement(policy, fp32_actions(policy, check), actions, tolerance)
     simulated = mode.reference(request) if mode.reference is not None else None
     return Candidate(mode.label, tuple(sorted(request.keep)), agreement, model_bytes=len(model), engine=engine,
                      reference=simulated)
@@ -212,18 +225,19 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     (preprocessed observations); see the module docstring. Returns it and every
     candidate tried."""
     network = policy.network
-    modes = [m for m in modes_for(bits) if m.unsupported(network) is None]
+    conv = ortb.has_conv(network)
+    modes = [m for m in modes_for(bits) if m.unsupported(network) is None and (conv or not m.needs_calibration)]
     if not modes:
         reasons = "; ".join(m.unsupported(network) or "" for m in modes_for(bits))
         raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
-    reference_actions = fp32_actions(policy, calibration)
     fp32_model = ortb.export_onnx(network, policy.input_shape)
     tried: list[Candidate] = []
     for keep in keep_options(network):
         agreeing = []
         for mode in modes:
-            request = BuildRequest(network, fp32_model, calibration, weights, block_size, keep)
-            candidate = build_candidate(policy, mode, request, reference_actions, tolerance)
+            fit, check = split_calibration(mode, calibration)
+            request = BuildRequest(network, fp32_model, fit, weights, block_size, keep)
+            candidate = build_candidate(policy, mode, request, check, tolerance)
             tried.append(candidate)
             if candidate.agreement >= min_agreement:
                 candidate.latency_us = median_us(candidate.engine, calibration[:1], timing_budget_s)
