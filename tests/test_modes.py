@@ -106,6 +106,18 @@ def test_auto_avoids_per_tensor_activations_when_one_feature_dominates() -> None
     assert np.mean(auto.act(held_out) == policy.act(held_out)) >= 0.98
     tried = {(t["mode"], tuple(t["fp32_layers"])) for t in quant["tried"]}
     assert ("int8-dyn-tensor", ()) in tried
+    # fixed activation ranges saturate on states beyond them: never chosen for an MLP
+    assert all(mode != "int8-static" for mode, _ in tried)
+
+
+def test_a_fitted_mode_is_checked_on_states_it_was_not_fit_to() -> None:
+    from quarl.quant.modes import split_calibration
+
+    states = np.arange(10, dtype=np.float32)[:, None]
+    fit, check = split_calibration(MODES["int8-static"], states)
+    assert not set(fit.ravel()) & set(check.ravel()) and len(fit) + len(check) == 10
+    fit, check = split_calibration(MODES["int8-dyn-tensor"], states)  # nothing fitted: every state checks
+    assert fit is states and check is states
 
 
 def test_auto_int4_records_its_choice_and_beats_nothing_it_should_not() -> None:

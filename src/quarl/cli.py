@@ -134,6 +134,8 @@ def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
 def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
     path = checkpoint.resolve()
     name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
+    if path.suffix == ".onnx":  # an exported model: its own name says enough
+        return Path("results") / kind / f"{name}-{env_id.replace('/', '_')}"
     # zoo folder ALGO/ENV_1, zip ALGO/ENV_1/ENV.zip, legacy pickle ALGO/ENV.pkl
     algo = path.parent.name if checkpoint.is_dir() or path.suffix == ".pkl" else path.parent.parent.name
     return Path("results") / kind / f"{algo}-{name}-{env_id.replace('/', '_')}"

@@ -43,7 +43,7 @@ CALIBRATION_SEED_OFFSET = 10_000
 """Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
 RESULT_FORMAT = 3
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
-3: static int8 left to CNNs and checked on states it was not fit to)."""
+3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -173,7 +173,8 @@ def evaluate_config(
     if quantized is None:
         if calibration is None and needs_calibration(policy, config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
-        quantized = quantize(policy, config, calibration=calibration)
+        quantized = quantize(policy, config, calibration=calibration,
+                             returns=calibration_returns(env_spec, settings.seed, settings.max_steps))
     build_s = time.perf_counter() - started
     result = evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed, n_envs=settings.n_envs,
                       max_steps=settings.max_steps, on_episode=on_episode)
@@ -187,6 +188,22 @@ def evaluate_config(
         "build_s": build_s,
         "env_id": env_spec.env_id,
     }
+
+
+CALIBRATION_EPISODES = 4
+
+
+def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> Callable[[Policy], float]:
+    """Mean return of a policy on calibration episodes ``seed + CALIBRATION_SEED_OFFSET +
+    100 + i`` (apart from evaluation's and from the calibration states' seeds): the
+    automatic int choice's closed-loop check."""
+    first = seed + CALIBRATION_SEED_OFFSET + 100
+
+    def returns(policy: Policy) -> float:
+        return evaluate(policy, env_spec, episodes=CALIBRATION_EPISODES, seed=first, n_envs=CALIBRATION_EPISODES,
+                        max_steps=max_steps).mean
+
+    return returns
 
 
 def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> np.ndarray:

@@ -26,6 +26,7 @@ def relative_error(r_fp32: float, r_q: float) -> float:
 def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``precision | mean | std | E%`` rows; E against the fp32 record."""
     base = next((r for r in records if r["precision"] == "fp32"), None)
+    with_modes = any(r.get("quant") for r in records)
     rows = []
     for r in records:
         err = relative_error(base["mean"], r["mean"]) if base is not None else math.nan
@@ -37,7 +38,7 @@ def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "E%": round(err, 2),
                 "episodes": r["episodes"],
                 "steps_per_s": round(r.get("steps_per_s", math.nan), 1),
-                **quant_columns(r),
+                **(quant_columns(r) if with_modes else {}),
             }
         )
     return rows

@@ -28,7 +28,7 @@ from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import REAL_BITS, QuantConfig
-from quarl.quant.modes import BuildRequest, build_candidate, choose, get_mode, split_calibration
+from quarl.quant.modes import Returns, BuildRequest, build_candidate, choose, get_mode, split_calibration
 from quarl.quant.primitives import (
     FLOAT_DTYPES,
     dequantize,
@@ -96,11 +96,14 @@ def with_activation_quant(network: nn.Module, ranges: dict[str, tuple[float, flo
     return nn.Sequential(*layers)
 
 
-def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None = None) -> Policy:
+def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None = None,
+             returns: Returns | None = None) -> Policy:
     """A new policy that acts at ``config``'s precision.
 
     ``calibration``: preprocessed observations (``policy.preprocess`` of rollout states),
-    needed for int8 CNNs (static activation ranges) and for ``activations=True``."""
+    needed for automatic int8 / int4 (modes checked against fp32 on them), static ranges
+    and ``activations=True``. ``returns``: mean return of a policy on calibration
+    episodes, for the automatic choice's closed-loop check (see :mod:`quarl.quant.modes`)."""
     network = policy.clone_network().float()
     shape = policy.input_shape
     label = config.label
@@ -111,7 +114,7 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
         network = network.to(dtype)
         return policy.with_network(network, label, TorchEngine(network, dtype))
     if config.precision in REAL_BITS:
-        return quantize_int(policy, config, calibration)
+        return quantize_int(policy, config, calibration, returns)
     # simulated n-bit
     rounded = quantize_weights(network, config)
     if config.activations:
@@ -122,7 +125,8 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
     return policy.with_network(rounded, label, OrtEngine(export_onnx(rounded, shape)))
 
 
-def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | None) -> Policy:
+def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | None,
+                 returns: Returns | None = None) -> Policy:
     """Real int8 / int4: the mode ``config`` names, or the automatic choice (see
     :mod:`quarl.quant.modes`). The new policy's ``meta["quant"]`` says which mode runs,
     which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
@@ -132,7 +136,7 @@ def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | 
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
                              "fp32 (quarl.ptq.calibration_inputs)")
         best, tried = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
-                             config.min_agreement, config.action_tolerance)
+                             config.min_agreement, config.action_tolerance, returns)
     else:
         mode = get_mode(config.label)
         reason = mode.unsupported(policy.network)
