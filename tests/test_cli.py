@@ -124,6 +124,8 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["train", "ppo", "CartPole-v1", "--qat-bits", "1"], "bits '1' is out of range: allowed integers 2..16"),
         (["train", "ppo", "CartPole-v1", "--precision", "fp8"], "unknown training precision 'fp8'"),
         (["train", "ppo", "CartPole-v1", "--hp", "n_envs"], "--hp 'n_envs' is not KEY=VALUE"),
+        (["train", "ppo", "CartPole-v1", "--hp", "no_such_key=3"], "--hp no_such_key: not a ppo hyperparameter; allowed: "),
+        (["train", "ppo", "CartPole-v1", "--hp", "n_steps=banana"], "--hp n_steps='banana': n_steps is a number"),
         (["train", "ppo", "CartPole-v1", "--resume", "--out", "{missing}"], "nothing to resume"),
         (["qat", "sac", "CartPole-v1"], "sac needs continuous actions"),
         (["qat", "ppo", "CartPole-v1", "--bits", "4,0"], "bits '0' is out of range"),

@@ -115,6 +115,24 @@ def _schedule(key: str, value: Any) -> Any:
     return value
 
 
+def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
+    """Every override names a constructor argument of the SB3 algorithm (or a key quarl
+    handles), and a number where the algorithm's default is one: one line otherwise."""
+    import inspect
+
+    import stable_baselines3 as sb3
+
+    params = inspect.signature(getattr(sb3, algo.upper()).__init__).parameters
+    allowed = sorted({p for p in params if not p.startswith("_")} - {"self", "policy", "env"} | set(_OWN_KEYS))
+    for key, value in overrides.items():
+        if key not in allowed:
+            raise QuarlError(f"--hp {key}: not a {algo} hyperparameter; allowed: {', '.join(allowed)}")
+        default = params[key].default if key in params else None
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and key not in _SCHEDULED and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise QuarlError(f"--hp {key}={value!r}: {key} is a number (default {default!r})")
+
+
 def prepare(
     algo: str, env_id: str, action_space: gym.spaces.Space, overrides: dict[str, Any] | None = None
 ) -> TrainSetup:
@@ -124,6 +142,7 @@ def prepare(
         log.warning("note: the RL Zoo has no %s hyperparameters for %s; SB3 defaults are used", algo, env_id)
     elif key != env_id:
         log.warning("note: using the RL Zoo's %s hyperparameters of %s for %s", algo, key, env_id)
+    check_overrides(algo, overrides or {})
     raw = {**raw, **(overrides or {})}
     kwargs = {k: v for k, v in raw.items() if k not in _OWN_KEYS}
     for k in _SCHEDULED:
