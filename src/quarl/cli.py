@@ -569,7 +569,7 @@ def export(
     """
     _setup(verbose)
     from quarl.deploy import export_policy
-    from quarl.ptq import calibration_inputs
+    from quarl.ptq import calibration_inputs, calibration_returns
 
     options = _quant_options(int8_weights, block_size)
     config = _parse_precisions(precision, **options)
@@ -578,7 +578,7 @@ def export(
         default = _default_out("export", checkpoint, spec.env_id)
         out = default.with_name(f"{default.name}-{precision}")
     calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec)
-    meta = export_policy(ckpt.policy, precision, out, calibration, spec, **options)
+    meta = export_policy(ckpt.policy, precision, out, calibration, spec, calibration_returns(spec), **options)
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
     out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and {out.with_suffix('.json')}")
 
@@ -603,7 +603,7 @@ def bench(
     """
     _setup(verbose)
     from quarl.deploy import bench_precisions
-    from quarl.ptq import calibration_inputs
+    from quarl.ptq import calibration_inputs, calibration_returns
     from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)
@@ -615,7 +615,8 @@ def bench(
             raise QuarlError(f"batch size {item!r} must be a positive integer")
         sizes.append(int(item))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget)
+    rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget,
+                            calibration_returns(spec))
     print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup "
                       "over PyTorch fp32", out_console)
     if out is not None:

@@ -1,6 +1,6 @@
 """Deployment: export a policy's acting network as an ONNX file (fp32 or real int8) with a
 JSON sidecar describing how to feed it and read its output, and measure the latency,
-size and memory of each precision on this machine.
+size of each precision on this machine.
 
 The sidecar holds what a deployment needs besides the network: the observation
 normalization (mean, var, clip), whether images are divided by 255, and the action head
@@ -23,6 +23,7 @@ from quarl.policies.base import Policy
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.config import REAL_BITS, QuantConfig
+from quarl.quant.modes import Returns
 from quarl.timing import median_us
 
 def _space(space: gym.spaces.Space) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
 
 
 def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | None = None,
-                    **options: Any) -> tuple[bytes, dict[str, Any] | None]:
+                    returns: Returns | None = None, **options: Any) -> tuple[bytes, dict[str, Any] | None]:
     """The ONNX model of ``policy`` at ``precision`` (``fp32``, or a real int label:
     ``int8``, ``int4``, ``int8-dyn-channel``...) and the int mode's summary (which mode,
     fp32 layers, agreement with fp32 on ``calibration``)."""
@@ -64,16 +65,16 @@ def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | No
         return export_onnx(policy.network, policy.input_shape), None
     if config.precision not in REAL_BITS:
         raise QuarlError(f"export precision {precision!r} has no ONNX model: allowed fp32, int8, int4 and their modes")
-    quantized = quantize(policy, config, calibration=calibration)
+    quantized = quantize(policy, config, calibration=calibration, returns=returns)
     assert isinstance(quantized.engine, OrtEngine)  # every real int mode runs on ONNX Runtime
     return quantized.engine.model, quantized.meta.get("quant")
 
 
 def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None,
-                  env_spec: EnvSpec | None = None, **options: Any) -> dict[str, Any]:
+                  env_spec: EnvSpec | None = None, returns: Returns | None = None, **options: Any) -> dict[str, Any]:
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file."""
-    model, quant = quantized_model(policy, precision, calibration, **options)
+    model, quant = quantized_model(policy, precision, calibration, returns, **options)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
@@ -86,47 +87,34 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
     return meta
 
 
-def _rss_bytes() -> int:
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        import os
-
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0
-
-
 def bench_precisions(
     policy: Policy,
     inputs: np.ndarray,
     precisions: Sequence[str],
     batches: Sequence[int] = (1, 256),
     budget_s: float = 1.0,
+    returns: Returns | None = None,
 ) -> list[dict[str, Any]]:
     """Latency (median us per call) of each precision's engine at each batch size, the
-    model's size and the memory its engine took, next to PyTorch fp32 (the ``fp32`` row)
-    and ONNX Runtime fp32 (``fp32-ort``). ``inputs`` are network inputs (preprocessed
-    observations from ``ptq.calibration_inputs``, which also choose the int modes)."""
+    model's size, next to PyTorch fp32 (the ``fp32`` row) and ONNX Runtime fp32
+    (``fp32-ort``). ``inputs`` are network inputs (preprocessed observations from
+    ``ptq.calibration_inputs``) and, with ``returns``, choose the int modes as ``ptq``
+    does. (Process memory is not reported: ONNX Runtime's arenas, not the model, set it.)"""
     x_all = inputs
     rows: list[dict[str, Any]] = []
     base: dict[int, float] = {}
-    before = _rss_bytes()
     ort_fp32 = OrtEngine(export_onnx(policy.network, policy.input_shape))
-    cells: list[tuple[str, Policy | OrtEngine, int | None]] = [("fp32", policy, None),
-                                                               ("fp32-ort", ort_fp32, _rss_bytes() - before)]
+    cells: list[tuple[str, Policy | OrtEngine]] = [("fp32", policy), ("fp32-ort", ort_fp32)]
     for label in precisions:
-        if label == "fp32":
-            continue  # the baseline row
-        before = _rss_bytes()
-        quantized = quantize(policy, QuantConfig.parse(label), calibration=x_all[:256])
-        cells.append((label, quantized, _rss_bytes() - before))
-    for label, p, memory in cells:
+        if label != "fp32":  # the baseline row
+            cells.append((label, quantize(policy, QuantConfig.parse(label), calibration=x_all[:256], returns=returns)))
+    for label, p in cells:
         engine = p.engine if isinstance(p, Policy) else p
         size = len(engine.model) if isinstance(engine, OrtEngine) else sum(
             t.numel() * t.element_size() for t in p.network.state_dict().values())
         quant = p.meta.get("quant") if isinstance(p, Policy) else None
         row: dict[str, Any] = {"precision": label, "engine": type(engine).__name__,
-                               "mode": quant["mode"] if quant else "", "model_bytes": size, "memory_bytes": memory}
+                               "mode": quant["mode"] if quant else "", "model_bytes": size}
         for b in batches:
             x = np.resize(x_all, (b, *x_all.shape[1:])).astype(np.float32)
             us = median_us(engine, x, budget_s)
