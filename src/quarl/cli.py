@@ -54,6 +54,10 @@ def user_errors(fn: Callable) -> Callable:
         except QuarlError as exc:
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+            # a path the user gave (--out naming a file, a folder we may not write)
+            console.print(f"[red]error:[/red] {exc.filename}: {exc.strerror}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             console.print("interrupted: what finished is kept in the output folder; run the same command again to "
                           "continue (quarl train: add --resume)")
@@ -372,6 +376,8 @@ def train_cmd(
 
     _check_count("--timesteps", timesteps, 1)
     _check_count("--episodes", episodes, 1)
+    _check_count("--eval-freq", eval_freq, 0)
+    _check_count("--checkpoint-freq", checkpoint_freq, 0)
     overrides = _parse_overrides(hp)
     total = resolve_timesteps(algo.lower(), env_id, timesteps, overrides)
     qat = None
@@ -705,6 +711,7 @@ def study(
     max_steps: Optional[int] = MaxStepsOpt,
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
+    trust_pickle: bool = TrustOpt,
     workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(Path("results/study"), "--out", help="folder of study.sqlite, the table and the plot"),
@@ -732,7 +739,7 @@ def study(
     labels = _parse_precisions(precisions, **options)
     _eval_settings(episodes, 0, n_envs, max_steps)
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
-                         int8_weights, block_size, workers, address, out)
+                         int8_weights, block_size, trust_pickle, workers, address, out)
     with _progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 

@@ -99,6 +99,11 @@ class ActorQConfig:
             raise QuarlError(f"--policy-layers {self.policy_layers} must be positive widths, e.g. 2048,2048,2048")
         if not 0 < self.gamma <= 1:
             raise QuarlError(f"gamma={self.gamma} must be in (0, 1]")
+        for name in ("learning_rate", "eval_every_s", "checkpoint_every_s"):
+            if not getattr(self, name) > 0:
+                raise QuarlError(f"{name}={getattr(self, name)} must be > 0")
+        if not self.v_min < self.v_max:
+            raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
         if self.samples_per_insert <= 0:
             raise QuarlError(f"samples_per_insert={self.samples_per_insert} must be > 0")
         if self.max_minutes <= 0:

@@ -114,7 +114,10 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False) -> dict[str, Any]:
     ``epsilon``, ``norm_obs``."""
     data = path.read_bytes()
     if trust_pickle:
-        obj = pickle.loads(data)  # noqa: S301 - the user vouched for this file
+        try:
+            obj = pickle.loads(data)  # noqa: S301 - the user vouched for this file
+        except Exception as exc:  # truncated, or a class that is not installed
+            raise QuarlError(f"{path} cannot be unpickled ({exc.__class__.__name__}: {exc})") from None
     else:
         try:
             obj = AllowListUnpickler(io.BytesIO(data)).load()

@@ -47,6 +47,8 @@ class StudyConfig:
     max_steps: int | None = None
     int8_weights: str = "auto"
     block_size: int = 32
+    trust_pickle: bool = False
+    """Allow arbitrary unpickling of the agents' vecnormalize.pkl."""
     workers: int = 1
     """Cells evaluated at once; more than 1 runs them on a local Ray."""
     address: str | None = None
@@ -84,6 +86,7 @@ class StudyCell:
     max_steps: int | None
     int8_weights: str
     block_size: int
+    trust_pickle: bool = False
 
     def key(self) -> tuple:
         return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
@@ -104,20 +107,29 @@ def cells(config: StudyConfig) -> list[StudyCell]:
     out = []
     for checkpoint in config.checkpoints:
         path = str(Path(checkpoint).resolve())
-        sha = _load(path)[0].policy.fingerprint()
+        sha = _load(path, config.trust_pickle)[0].policy.fingerprint()
         for seed in config.seeds:
             for p in precisions:
                 quant = QuantConfig.parse(p, int8_weights=config.int8_weights, block_size=config.block_size)
                 out.append(StudyCell(path, sha, p, config_key(quant), seed, config.episodes, config.n_envs,
-                                     config.max_steps, config.int8_weights, config.block_size))
+                                     config.max_steps, config.int8_weights, config.block_size, config.trust_pickle))
     return out
 
 
+def _load(checkpoint: str, trust_pickle: bool = False) -> tuple[Any, Any]:
+    """The checkpoint and its env, cached while its files stay as they are (a checkpoint
+    replaced in place is read again)."""
+    path = Path(checkpoint)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+    return _load_cached(checkpoint, trust_pickle, stamp)
+
+
 @functools.lru_cache(maxsize=16)
-def _load(checkpoint: str) -> tuple[Any, Any]:
+def _load_cached(checkpoint: str, trust_pickle: bool, _stamp: tuple) -> tuple[Any, Any]:
     from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 
-    ckpt = load_checkpoint(Path(checkpoint))
+    ckpt = load_checkpoint(Path(checkpoint), trust_pickle=trust_pickle)
     return ckpt, resolve_env_spec(ckpt, None)
 
 
@@ -127,7 +139,7 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    ckpt, spec = _load(cell.checkpoint)
+    ckpt, spec = _load(cell.checkpoint, cell.trust_pickle)
     config = cell.quant_config()
     settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
                             max_steps=cell.max_steps)

@@ -1,0 +1,157 @@
+"""Hostile use: stored results never shown for another policy, one output folder per
+run, and every user mistake answered with one line and exit status 2 (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import stable_baselines3 as sb3
+from typer.testing import CliRunner
+
+from quarl.cli import app
+from tests.test_cli import quarl, read_csv
+
+runner = CliRunner()
+
+
+def _cli(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def _untrained(tmp_path: Path, name: str, seed: int) -> Path:
+    """A CartPole PPO that never learned (its returns differ from a trained one's)."""
+    path = tmp_path / f"{name}.zip"
+    sb3.PPO("MlpPolicy", gym.make("CartPole-v1"), seed=seed, device="cpu").save(path)
+    return path
+
+
+def test_another_policy_in_the_same_out_is_evaluated_anew(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shared-out"
+    weak = _untrained(tmp_path, "weak", 0)
+    first = _cli("ptq", str(weak), "--env", "CartPole-v1", "--precisions", "fp32", "--episodes", "5", "--out", str(out))
+    assert first.exit_code == 0, first.output
+    weak_mean = float(read_csv(out / "ptq.csv")[0]["mean"])
+    second = _cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "5", "--out", str(out))
+    assert second.exit_code == 0, second.output
+    alone = _cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "5", "--out", str(tmp_path / "alone"))
+    trained_mean = float(read_csv(tmp_path / "alone" / "ptq.csv")[0]["mean"])
+    assert trained_mean != weak_mean  # the probe can tell the two apart
+    assert float(read_csv(out / "ptq.csv")[0]["mean"]) == trained_mean
+    assert "reused" not in second.output
+    again = _cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "5", "--out", str(out))
+    assert "reused 1 finished cell from" in again.output  # the same policy is reused, and says so
+
+
+def test_a_checkpoint_replaced_in_place_is_evaluated_anew_in_a_study(tiny_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "ppo" / "CartPole-v1_1"
+    shutil.copytree(tiny_run, run)
+    out = tmp_path / "study"
+    args = ["study", str(run), "--precisions", "fp32", "--seeds", "0", "--episodes", "3", "--out", str(out)]
+    assert _cli(*args).exit_code == 0
+    before = float(read_csv(out / "table.csv")[0]["fp32"])
+    shutil.copy(_untrained(tmp_path, "other", 1), run / "CartPole-v1.zip")  # same path, other weights
+    r = _cli(*args)
+    assert r.exit_code == 0, r.output
+    after = float(read_csv(out / "table.csv")[0]["fp32"])
+    fresh = ["study", str(run), "--precisions", "fp32", "--seeds", "0", "--episodes", "3", "--out", str(tmp_path / "f")]
+    assert _cli(*fresh).exit_code == 0
+    assert after == float(read_csv(tmp_path / "f" / "table.csv")[0]["fp32"]) and after != before
+
+
+def test_a_second_run_on_a_folder_in_use_fails_in_one_line(tiny_run: Path, tmp_path: Path) -> None:
+    from quarl.ptq import output_lock
+
+    out = tmp_path / "busy"
+    with output_lock(out):  # as a running ptq holds it
+        r = quarl("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "2", "--out", str(out))
+    assert r.returncode == 2 and "is being written by another quarl run" in r.stderr
+    assert "Traceback" not in r.stderr and not (out / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["study", "no/such/agent"], "does not exist"),
+    (["study", "{run}", "--precisions", "int17"], "unknown precision 'int17'"),
+    (["study", "{run}", "--precisions", "int8x"], "unknown precision 'int8x'"),
+    (["study", "{run}", "--episodes", "-2"], "--episodes -2 must be at least 1"),
+    (["study", "{run}", "--seeds", "a,b"], "--seeds: 'a' is not a non-negative integer"),
+    (["study", "{run}", "--workers", "0"], "--workers 0 must be at least 1"),
+    (["study", "{empty}"], "no agents to study"),
+    (["study", "{run}", "--block-size", "20"], "block size 20 is not allowed"),
+    (["actorq", "CartPole-v1", "--lr", "-1"], "learning_rate=-1.0 must be > 0"),
+    (["ptq", "{run}", "--out", "{file}"], "File exists"),
+    (["bench", "{run}", "--budget", "0"], "--budget 0.0 must be a positive number of seconds"),
+    (["ptq", "{run}", "--max-steps", "-1"], "max steps -1 must be at least 1"),
+    (["export", "{run}", "--precision", "sim4"], "has no ONNX model"),
+    (["ptq", "{missing_onnx}"], "has no sidecar"),
+])
+def test_bad_input_one_line(tiny_run: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "model.onnx").write_bytes(b"not onnx")
+    paths = {"run": str(tiny_run), "empty": str(tmp_path / "empty"), "file": str(tmp_path / "file"),
+             "missing_onnx": str(tmp_path / "model.onnx")}
+    r = _cli(*[a.format(**paths) for a in args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert isinstance(r.exception, SystemExit)
+
+
+# ---------------------------------------------------------------------------- fuzz
+
+BAD_VALUES = ["-1", "0", "abc", "", "1e999", "nan", "int1", "2,x", "../../etc/passwd", "🙂", "--", "9" * 30]
+COMMAND_OPTIONS = {
+    "ptq": ["--precisions", "--episodes", "--seed", "--n-envs", "--max-steps", "--int8-weights", "--block-size", "--env"],
+    "sweep": ["--bits", "--scheme", "--granularity", "--episodes", "--n-envs", "--max-steps", "--block-size"],
+    "analyze": ["--bits", "--scheme", "--granularity"],
+    "export": ["--precision", "--int8-weights", "--block-size", "--env"],
+    "bench": ["--precisions", "--batches", "--budget"],
+    "study": ["--precisions", "--seeds", "--episodes", "--n-envs", "--max-steps", "--workers", "--block-size"],
+    "train": ["--timesteps", "--precision", "--qat-bits", "--quant-delay", "--hp", "--eval-freq", "--episodes"],
+    "qat": ["--bits", "--timesteps", "--episodes", "--quant-delay"],
+    "actorq": ["--algo", "--actors", "--actor-precision", "--wire-bits", "--policy-layers", "--lr", "--batch-size",
+               "--min-replay", "--samples-per-insert", "--replay", "--priority-exponent", "--max-minutes"],
+    "demo": ["--zoo", "--precisions", "--episodes"],
+}
+# commands whose valid argument lists start long work get one bad option for sure
+GUARD = {"train": ["--timesteps", "0"], "qat": ["--timesteps", "0"], "actorq": ["--max-minutes", "-1"],
+         "demo": ["--episodes", "0"]}
+POSITIONAL = {"ptq": ["{run}"], "sweep": ["{run}"], "analyze": ["{run}"], "export": ["{run}"], "bench": ["{run}"],
+              "study": ["{run}"], "train": ["ppo", "CartPole-v1"], "qat": ["ppo", "CartPole-v1"],
+              "actorq": ["CartPole-v1"], "demo": []}
+
+
+def corpus(n: int = 240, seed: int = 0) -> list[list[str]]:
+    """Argument lists with at least one bad value each (so none starts a long valid run)."""
+    rng = random.Random(seed)
+    out = []
+    commands = list(COMMAND_OPTIONS)
+    while len(out) < n:
+        command = commands[len(out) % len(commands)]
+        args = [command, *POSITIONAL[command]]
+        if rng.random() < 0.15 and args[1:]:
+            args[1] = rng.choice(["no/such/thing", "Nope-v0", "", "bogus"])
+        for option in rng.sample(COMMAND_OPTIONS[command], k=rng.randint(1, 2)):
+            args += [option, rng.choice(BAD_VALUES)]
+        if rng.random() < 0.1:
+            args.append("--no-such-option")
+        out.append(args + GUARD.get(command, []))
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_cli_fuzz_never_tracebacks(tiny_run: Path, tmp_path: Path) -> None:
+    """240 generated argument lists over every command: exit 0 or 2, never a traceback."""
+    (tmp_path / "out").mkdir()
+    failures = []
+    for args in corpus():
+        args = [a.format(run=str(tiny_run)) for a in args]
+        r = runner.invoke(app, [*args, *(["--out", str(tmp_path / "out" / args[0])] if args[0] != "analyze" else [])],
+                          env={"COLUMNS": "200"})
+        if r.exit_code not in (0, 2) or (r.exception is not None and not isinstance(r.exception, SystemExit)):
+            failures.append((args, r.exit_code, repr(r.exception)))
+    assert not failures, json.dumps(failures[:5], indent=1)
