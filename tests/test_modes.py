@@ -180,3 +180,12 @@ def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.Monk
     assert evaluation_seeds == set(range(7, 12)) and not calibration_seeds & evaluation_seeds
     with pytest.raises(QuarlError, match="would reach the calibration seeds"):
         ptq.EvalSettings(episodes=ptq.CALIBRATION_SEED_OFFSET)
+
+
+def test_symmetric_int8_is_refused_where_the_cpu_lacks_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ortb, "has_vnni", lambda: False)
+    assert QuantConfig("int8").resolved().int8_weights == "asymmetric"
+    with pytest.raises(QuarlError, match="symmetric needs a CPU with VNNI"):
+        QuantConfig("int8", int8_weights="symmetric").resolved()
+    monkeypatch.setattr(ortb, "has_vnni", lambda: True)
+    assert QuantConfig("int8").resolved().int8_weights == "symmetric"

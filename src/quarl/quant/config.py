@@ -117,12 +117,16 @@ class QuantConfig:
 
     def resolved(self) -> "QuantConfig":
         """The config with ``int8_weights="auto"`` replaced by what this CPU runs (the key
-        of a stored result must say what was really computed)."""
-        if self.int8_weights != "auto":
-            return self
+        of a stored result must say what was really computed). Symmetric int8 weights on a
+        CPU without VNNI are refused: its u8 x s8 kernels saturate and are not exact there."""
         from quarl.quant.backends.onnxruntime import has_vnni
 
-        return replace(self, int8_weights="symmetric" if has_vnni() else "asymmetric")
+        if self.int8_weights == "auto":
+            return replace(self, int8_weights="symmetric" if has_vnni() else "asymmetric")
+        if self.int8_weights == "symmetric" and self.precision in REAL_BITS and not has_vnni():
+            raise QuarlError("--int8-weights symmetric needs a CPU with VNNI (AVX512-VNNI or AVX-VNNI), which this one "
+                             "lacks: its u8 x s8 kernels saturate int16 sums; use asymmetric or auto")
+        return self
 
 
 @dataclass(frozen=True)
