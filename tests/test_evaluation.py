@@ -89,3 +89,38 @@ def test_cartpole_reaches_500_at_fp32_and_int8(algo: str) -> None:
     for config in (QuantConfig("fp32"), QuantConfig("int8"), QuantConfig("int8", mode="block")):
         result = evaluate(quantize(ckpt.policy, config, calibration), ckpt.env_spec, episodes=10, seed=0)
         assert result.mean == 500.0, (config.label, result.returns)
+
+
+@pytest.mark.parametrize("algo,env,zip_name", [("ppo", "HalfCheetah-v3", "HalfCheetah-v3.zip"),
+                                               ("sac", "Pendulum-v1", "Pendulum-v1.zip")])
+def test_fp32_returns_equal_sb3_predict_on_the_same_seeds(algo: str, env: str, zip_name: str) -> None:
+    """Episode by episode, to the last bit, with 2 envs side by side (a chaotic MuJoCo
+    episode turns a 1e-7 difference in one action into another return)."""
+    import stable_baselines3 as sb3
+
+    from quarl.envs import make_env
+
+    run = zoo_run(algo, env)
+    ckpt = load_checkpoint(run)
+    policy = ckpt.policy
+    model = getattr(sb3, algo.upper()).load(
+        run / zip_name, device="cpu",
+        custom_objects={"observation_space": policy.observation_space, "action_space": policy.action_space,
+                        "learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0})
+    norm = policy.obs_normalizer
+    want = []
+    for episode in range(2):
+        env_ = make_env(ckpt.env_spec)
+        obs, _ = env_.reset(seed=episode)
+        total, done = 0.0, False
+        while not done:
+            if norm is not None:  # as VecNormalize.normalize_obs
+                obs = np.clip((obs - norm.mean) / np.sqrt(norm.var + norm.epsilon), -norm.clip, norm.clip)
+                obs = obs.astype(np.float32)
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, term, trunc, _ = env_.step(action)
+            total += float(reward)
+            done = term or trunc
+        want.append(total)
+    got = evaluate(policy, ckpt.env_spec, episodes=2, seed=0, n_envs=2)
+    assert got.returns.tolist() == want

@@ -2,8 +2,9 @@
 
 Episode ``i`` is reset with seed ``seed + i`` whatever the precision and whatever the
 number of envs, so every precision meets the same initial states and the same command
-gives the same numbers twice. ``n_envs`` envs run side by side; the policy acts on the
-batch of all active envs at once (one engine call per step).
+gives the same numbers twice. ``n_envs`` envs run side by side; the policy acts on each
+env's observation alone (batch 1, as deployed), so the returns do not depend on
+``n_envs`` and fp32 returns equal Stable-Baselines3's ``predict`` on the same seeds.
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def evaluate(
             if keep_observations and step % keep_every == 0 and n_kept < keep_observations:
                 kept.append(x[: keep_observations - n_kept].copy())
                 n_kept += len(kept[-1])
-            actions = policy.postprocess(policy.forward(x))
+            # one engine call per env, as a deployed policy acts: a batched matmul rounds
+            # differently from a batch of one, and a chaotic episode (MuJoCo) amplifies that
+            # into another return; row by row, every n_envs gives SB3's own numbers
+            actions = policy.postprocess(np.concatenate([policy.forward(x[i : i + 1]) for i in range(len(x))]))
             step += 1
             still = []
             for j, i in enumerate(active):
