@@ -155,3 +155,15 @@ def test_cli_fuzz_never_tracebacks(tiny_run: Path, tmp_path: Path) -> None:
         if r.exit_code not in (0, 2) or (r.exception is not None and not isinstance(r.exception, SystemExit)):
             failures.append((args, r.exit_code, repr(r.exception)))
     assert not failures, json.dumps(failures[:5], indent=1)
+
+
+def test_a_truncated_pickle_under_trust_pickle_is_one_line(tmp_path: Path) -> None:
+    import pickle
+
+    from quarl.errors import QuarlError
+    from quarl.policies.safe_load import load_vecnormalize
+
+    path = tmp_path / "vecnormalize.pkl"
+    path.write_bytes(pickle.dumps({"obs_rms": {"mean": [0.0] * 100}})[:20])
+    with pytest.raises(QuarlError, match="cannot be unpickled"):
+        load_vecnormalize(path, trust_pickle=True)

@@ -168,7 +168,7 @@ BitsOpt = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16")
 SchemeOpt = typer.Option("quarl", help="quarl (paper, unclamped), affine or symmetric")
 GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel, "
                                            "block (per --block-size inputs)")
-PRECISIONS_HELP = ("comma list of fp32, fp16, bf16, int8 / int4 (real kernels, fastest mode that agrees with fp32), "
+PRECISIONS_HELP = ("comma list of fp32, fp16, bf16, int8 / int4 (real kernels, a fast mode that agrees with fp32), "
                    "int8-dyn-tensor, int8-dyn-channel, int8-block, int8-weight-only, int8-static, int4-block, "
                    "int4-weight-only, sim2..sim16 (simulated n-bit weights)")
 Int8WeightsOpt = typer.Option("auto", help="8-bit weights of the MatMulInteger / QDQ modes: auto (symmetric int8 "

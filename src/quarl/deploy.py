@@ -110,8 +110,7 @@ def bench_precisions(
             cells.append((label, quantize(policy, QuantConfig.parse(label), calibration=x_all[:256], returns=returns)))
     for label, p in cells:
         engine = p.engine if isinstance(p, Policy) else p
-        size = len(engine.model) if isinstance(engine, OrtEngine) else sum(
-            t.numel() * t.element_size() for t in p.network.state_dict().values())
+        size = p.size_bytes() if isinstance(p, Policy) else len(p.model)
         quant = p.meta.get("quant") if isinstance(p, Policy) else None
         row: dict[str, Any] = {"precision": label, "engine": type(engine).__name__,
                                "mode": quant["mode"] if quant else "", "model_bytes": size}

@@ -34,17 +34,22 @@ from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_st
 from quarl.quant.api import quantize
 from quarl.quant.config import REAL_BITS, QuantConfig
 from quarl.records import ResultsLog
+from quarl.timing import median_us
 from quarl.reports import plot_sweep, ptq_rows, write_rows
 
 log = logging.getLogger(__name__)
 
+LATENCY_BUDGET_S = 0.05
+"""Batch-1 latency of each cell's engine is timed this long (a rough figure beside the
+returns; ``quarl bench`` measures properly)."""
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
 """Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
-RESULT_FORMAT = 4
+RESULT_FORMAT = 5
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
-4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs)."""
+4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
+5: int modes chosen in registry order unless 1.5x faster: the same choice run after run)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -177,6 +182,8 @@ def evaluate_config(
         quantized = quantize(policy, config, calibration=calibration,
                              returns=calibration_returns(env_spec, settings.seed, settings.max_steps))
     build_s = time.perf_counter() - started
+    one = np.zeros((1, *policy.input_shape), np.float32)
+    latency_us = median_us(quantized.forward, calibration[:1] if calibration is not None else one, LATENCY_BUDGET_S)
     result = evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed, n_envs=settings.n_envs,
                       max_steps=settings.max_steps, on_episode=on_episode)
     return {
@@ -186,6 +193,8 @@ def evaluate_config(
         "returns": [round(float(r), 4) for r in result.returns],
         "lengths": result.lengths.tolist(),
         "steps_per_s": result.steps_per_s,
+        "latency_us": latency_us,
+        "model_bytes": quantized.size_bytes(),
         "build_s": build_s,
         "env_id": env_spec.env_id,
     }

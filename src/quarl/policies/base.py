@@ -110,6 +110,14 @@ class Policy:
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""
         return replace(self, network=network, precision=precision, engine=engine, meta=dict(self.meta))
 
+    def size_bytes(self) -> int:
+        """What the acting model weighs: the engine's serialized model (ONNX) when it has
+        one, else the network's tensors."""
+        model = getattr(self.engine, "model", None)
+        if isinstance(model, bytes):
+            return len(model)
+        return sum(t.numel() * t.element_size() for t in self.network.state_dict().values())
+
     def fingerprint(self) -> str:
         """SHA-256 of everything that decides this policy's actions: the network's
         structure and every tensor, the observation normalization, the image scaling, the

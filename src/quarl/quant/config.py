@@ -27,7 +27,7 @@ class QuantConfig:
     bits: int = 8
     """Bit width of ``nbit`` (2..16); set from the precision for ``int8`` / ``int4``."""
     mode: str = "auto"
-    """``int8`` / ``int4``: ``auto`` (the fastest mode that agrees with fp32 on calibration
+    """``int8`` / ``int4``: ``auto`` (the first fast mode that agrees with fp32 on calibration
     states) or one mode of :data:`quarl.quant.modes.MODES` without its ``intN-`` prefix
     (``dyn-tensor``, ``dyn-channel``, ``block``, ``weight-only``, ``static``)."""
     scheme: str = "quarl"

@@ -40,15 +40,22 @@ def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) ->
     rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])))
     labels = _labels(records)
     modes: dict[str, dict[str, str]] = defaultdict(dict)
+    costs: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        if r.get("quant"):
-            mode = r["quant"]["mode"].split("-", 1)[1]
-            layers = r["quant"].get("fp32_layers") or []
+        quant = r.get("quant")
+        if quant:
+            mode = quant["mode"].split("-", 1)[1]
+            layers = quant.get("fp32_layers") or []
             modes[labels[r["checkpoint"]]][r["precision"]] = mode + (f" (fp32 {','.join(map(str, layers))})" if layers else "")
+        if r.get("latency_us") is not None and r.get("model_bytes") is not None:
+            costs[labels[r["checkpoint"]]][r["precision"]].append((r["model_bytes"], r["latency_us"]))
     for row in rows:
         row["seeds"] = len(grouped[row["policy"]]["fp32"])
         if modes.get(row["policy"]):
             row["int modes"] = ", ".join(f"{p}: {m}" for p, m in modes[row["policy"]].items())
+        for precision, measured in costs.get(row["policy"], {}).items():  # each engine's size and batch-1 speed
+            row[f"{precision} kB"] = round(float(np.mean([b for b, _ in measured])) / 1000, 1)
+            row[f"{precision} us"] = round(float(np.median([us for _, us in measured])), 1)
     return rows
 
 

@@ -28,6 +28,8 @@ _COLUMNS = {
     "lengths": "TEXT NOT NULL",  # JSON list
     "quant": "TEXT",  # JSON: mode, fp32 layers, agreement of a real int cell
     "steps_per_s": "REAL",
+    "latency_us": "REAL",  # batch-1 engine call, rough (see quarl.ptq.LATENCY_BUDGET_S)
+    "model_bytes": "INTEGER",
     "build_s": "REAL",
     "wall_s": "REAL",
     "host": "TEXT",
@@ -55,7 +57,7 @@ class StudyStore:
         return set(self.db.execute(f"SELECT {', '.join(KEY)} FROM {TABLE}").fetchall())
 
     def insert(self, record: dict[str, Any]) -> None:
-        row = {k: json.dumps(record.get(k)) if k in _JSON else record[k] for k in _COLUMNS}
+        row = {k: json.dumps(record.get(k)) if k in _JSON else record.get(k) for k in _COLUMNS}
         names = ", ".join(row)
         with self.db:  # one transaction per cell: committed when it returns
             self.db.execute(f"INSERT OR REPLACE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(row))})",
