@@ -189,3 +189,25 @@ def test_symmetric_int8_is_refused_where_the_cpu_lacks_vnni(monkeypatch: pytest.
         QuantConfig("int8", int8_weights="symmetric").resolved()
     monkeypatch.setattr(ortb, "has_vnni", lambda: True)
     assert QuantConfig("int8").resolved().int8_weights == "symmetric"
+
+
+def test_a_mode_that_agrees_on_states_but_loses_the_return_is_passed_over() -> None:
+    """The closed loop has the last word: a candidate whose calibration episodes lose more
+    than 5 % of fp32's return is skipped for the next one, and what was measured is kept."""
+    policy, obs = _mlp_policy()
+    scores = {"fp32": 100.0, "int8-block": 50.0}  # as if block lost half the return when acting
+
+    def returns(p: Policy) -> float:
+        return scores.get(p.precision, 99.0)
+
+    chosen = quantize(policy, QuantConfig("int8"), obs, returns=returns)
+    quant = chosen.meta["quant"]
+    assert quant["mode"] != "int8-block" and quant["calibration_return"] == 99.0
+    block = next(t for t in quant["tried"] if t["mode"] == "int8-block" and not t["fp32_layers"])
+    assert block["agreement"] >= 0.99 and block["calibration_return"] == 50.0
+
+
+def _mlp_policy() -> tuple[Policy, np.ndarray]:
+    net = _mlp(sizes=(6, 64, 64, 3))
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(3), "argmax")
+    return policy, np.random.default_rng(0).normal(size=(256, 6)).astype(np.float32)
