@@ -316,3 +316,13 @@ def test_bench_reports_every_precision(tiny_run: Path) -> None:
     # int8 stores a quarter of the fp32 weights plus scales and graph overhead; int4 less again
     assert int(rows["int4"]["model_bytes"]) < int(rows["int8"]["model_bytes"]) < int(rows["fp32-ort"]["model_bytes"])
     assert all(float(row["b1_us"]) > 0 for row in rows.values())
+
+
+def test_train_folder_runs_under_rl_zoo3_enjoy(tiny_run: Path, tmp_path: Path) -> None:
+    """The RL Zoo's own player loads a quarl train folder as one of its runs."""
+    root = tiny_run.parent.parent  # OUT of OUT/ppo/CartPole-v1_1
+    r = subprocess.run([sys.executable, "-m", "rl_zoo3.enjoy", "--algo", "ppo", "--env", "CartPole-v1", "-f", str(root),
+                        "--exp-id", "1", "-n", "300", "--no-render"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Mean reward" in r.stdout

@@ -203,6 +203,10 @@ def evaluate_config(
 
 
 CALIBRATION_EPISODES = 4
+CALIBRATION_EPISODE_STEPS = 1000
+"""Calibration episodes are cut here: a whole MuJoCo episode, a paired comparison for the
+rest (fp32 and the candidate are cut alike), and an untrained Atari policy that never
+serves does not play for 27k steps per candidate."""
 
 
 def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> Callable[[Policy], float]:
@@ -213,7 +217,7 @@ def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None 
 
     def returns(policy: Policy) -> float:
         return evaluate(policy, env_spec, episodes=CALIBRATION_EPISODES, seed=first, n_envs=CALIBRATION_EPISODES,
-                        max_steps=max_steps).mean
+                        max_steps=min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)).mean
 
     return returns
 

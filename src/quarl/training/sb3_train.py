@@ -394,7 +394,8 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     saved.update(n_envs=setup.n_envs, n_timesteps=total, policy=setup.policy)
     (config_dir / "config.yml").write_text(yaml.safe_dump(saved, sort_keys=True))
     args = {"algo": config.algo, "env": config.env_id, "seed": config.seed, "precision": config.precision,
-            "n_timesteps": total, "qat": asdict(config.qat) if config.qat else None}
+            "n_timesteps": total, "qat": asdict(config.qat) if config.qat else None,
+            "env_kwargs": dict(setup.env_spec.env_kwargs) or None}  # rl_zoo3.enjoy reads it
     (config_dir / "args.yml").write_text(yaml.safe_dump(args, sort_keys=True))
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
