@@ -326,3 +326,18 @@ def test_train_folder_runs_under_rl_zoo3_enjoy(tiny_run: Path, tmp_path: Path) -
                        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Mean reward" in r.stdout
+
+
+def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path) -> None:
+    import quarl as api
+
+    agent = api.load(tiny_run)
+    int8 = api.quantize(agent.policy, "int8", agent.env_spec)
+    got = api.evaluate(int8, agent.env_spec, episodes=4)
+    r = quarl("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "4", "--out", str(tmp_path / "ptq"))
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(x) for x in (tmp_path / "ptq" / "results.jsonl").read_text().splitlines()]
+    cell = next(rec for rec in records if rec["precision"] == "int8")
+    assert [round(float(x), 4) for x in got.returns] == cell["returns"]
+    assert int8.meta["quant"]["mode"] == cell["quant"]["mode"]
+    assert api.__version__

@@ -29,6 +29,20 @@ log = logging.getLogger("quarl")
 DEFAULT_ZOO = Path("../shared/zoo")
 
 
+def _version(value: bool) -> None:
+    if value:
+        import quarl
+
+        out_console.print(f"quarl {quarl.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print quarl's version and exit")) -> None:
+    """quarl: quantize trained RL policies and measure what it costs in reward."""
+
+
 def _setup(verbose: bool = False) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -120,19 +134,11 @@ def _progress() -> Progress:
 
 
 def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
-    from quarl.envs import check_env_id, make_env
-    from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
+    """quarl.load: fails before any work when the env does not fit the policy."""
+    from quarl.api import load
 
-    if env is not None:
-        check_env_id(env)
-    ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
-    spec = resolve_env_spec(ckpt, env)
-    probe = make_env(spec)  # fail before any work when the env does not fit the policy
-    try:
-        ckpt.policy.check_env(probe)
-    finally:
-        probe.close()
-    return ckpt, spec
+    ckpt = load(checkpoint, env, trust_pickle)
+    return ckpt, ckpt.env_spec
 
 
 def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:

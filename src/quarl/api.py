@@ -1,0 +1,62 @@
+"""The Python API: what the CLI does, in three calls.
+
+    import quarl
+
+    agent = quarl.load("../shared/zoo/ppo/LunarLander-v2_1")        # policy + its env
+    int8 = quarl.quantize(agent.policy, "int8", agent.env_spec)      # mode chosen on calibration seeds
+    print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=20).mean)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quarl.envs import EnvSpec, check_env_id, make_env
+from quarl.evaluation import EvalResult
+from quarl.evaluation import evaluate as _evaluate
+from quarl.policies.base import Policy
+from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
+from quarl.ptq import calibration_inputs, calibration_returns, needs_calibration
+from quarl.quant.api import quantize as _quantize
+from quarl.quant.config import QuantConfig
+
+
+def load(path: str | Path, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
+    """An SB3 zip, RL Zoo run folder, legacy stable-baselines pickle or exported ONNX
+    model; ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a
+    bare zip). Raises :class:`quarl.errors.QuarlError` with one line on bad input."""
+    if env is not None:
+        check_env_id(env)
+    checkpoint = load_checkpoint(path, trust_pickle=trust_pickle)
+    checkpoint.env_spec = resolve_env_spec(checkpoint, env)
+    probe = make_env(checkpoint.env_spec)
+    try:
+        checkpoint.policy.check_env(probe)
+    finally:
+        probe.close()
+    return checkpoint
+
+
+def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | None = None, seed: int = 0,
+             **options: object) -> Policy:
+    """``policy`` at ``precision`` (a label such as ``"int8"``, ``"int4-block"``, ``"sim6"``,
+    or a :class:`QuantConfig`). Modes that need calibration (automatic int8 / int4,
+    activation ranges) calibrate on ``env_spec`` with seeds ``seed + 10,000 + i``, apart
+    from the evaluation's ``seed + i``, exactly as ``quarl ptq`` does."""
+    config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
+    calibration = returns = None
+    if needs_calibration(policy, config):
+        if env_spec is None:
+            from quarl.errors import QuarlError
+
+            raise QuarlError(f"{config.label} calibrates on rollouts: pass the env_spec")
+        calibration = calibration_inputs(policy, env_spec, seed)
+        returns = calibration_returns(env_spec, seed)
+    return _quantize(policy, config, calibration, returns)
+
+
+def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 8,
+             max_steps: int | None = None) -> EvalResult:
+    """Deterministic returns; episode i is reset with seed ``seed + i`` (see
+    :mod:`quarl.evaluation`)."""
+    return _evaluate(policy, env_spec, episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
