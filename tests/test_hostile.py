@@ -39,6 +39,7 @@ def test_another_policy_in_the_same_out_is_evaluated_anew(tiny_run: Path, tmp_pa
     second = _cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "5", "--out", str(out))
     assert second.exit_code == 0, second.output
     alone = _cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "5", "--out", str(tmp_path / "alone"))
+    assert alone.exit_code == 0, alone.output
     trained_mean = float(read_csv(tmp_path / "alone" / "ptq.csv")[0]["mean"])
     assert trained_mean != weak_mean  # the probe can tell the two apart
     assert float(read_csv(out / "ptq.csv")[0]["mean"]) == trained_mean
