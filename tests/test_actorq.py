@@ -398,3 +398,25 @@ def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
     assert rows["fp32"]["energy_wh"] == 3.0 and rows["int8"]["energy_wh"] == 2.0
     for name in ("compare.csv", "compare.md", "convergence.png", "breakdown.png", "energy.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("d4pg", "Pendulum-v1")])
+def test_actorq_output_loads_as_a_policy(tmp_path: Path, algo: str, env_id: str) -> None:
+    """OUT/policy.pt + summary.json of an ActorQ run act as the learner's network does,
+    so ptq / export / bench take ActorQ's output."""
+    import quarl
+    from quarl.actorq.learners import policy_network
+
+    config = ActorQConfig(env_id, algo=algo, policy_layers=(32, 16), out=tmp_path)
+    info = env_info(config)
+    net = policy_network(config, info.obs_dim, info.act_dim)
+    torch.save(net.state_dict(), tmp_path / "policy.pt")
+    (tmp_path / "summary.json").write_text(json.dumps({"config": config.to_json()}))
+    agent = quarl.load(tmp_path)
+    obs = np.random.default_rng(0).normal(size=(64, info.obs_dim)).astype(np.float32)
+    with torch.no_grad():
+        out = net(torch.from_numpy(obs)).numpy()
+    want = out.argmax(1) if algo == "dqn" else np.stack([info.to_env(a) for a in out])
+    assert np.array_equal(agent.policy.act(obs), want)
+    assert agent.algo == algo and agent.env_spec.env_id == env_id
+    assert quarl.evaluate(quarl.quantize(agent.policy, "int8", agent.env_spec), agent.env_spec, episodes=2).steps > 0

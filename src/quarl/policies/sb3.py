@@ -41,6 +41,7 @@ from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_nam
 from quarl.errors import QuarlError
 from quarl.policies.base import ObsNormalizer, Policy, linear_layers
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
+from quarl.policies.actorq_run import is_actorq_run, load_actorq_run
 from quarl.policies.onnx_artifact import is_artifact, load_artifact
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
 
@@ -406,6 +407,10 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
     path = Path(path)
     if not path.exists():
         raise QuarlError(f"checkpoint {str(path)!r} does not exist")
+    if is_actorq_run(path):  # quarl actorq's OUT/policy.pt + summary.json
+        policy, spec, algo = load_actorq_run(path)
+        policy.meta["env_spec"] = spec
+        return Checkpoint(policy=policy, env_spec=spec, algo=algo, path=path)
     if is_artifact(path):  # quarl export's NAME.onnx + NAME.json: evaluated as exported
         policy, spec = load_artifact(path)
         policy.meta["env_spec"] = spec

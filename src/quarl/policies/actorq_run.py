@@ -1,0 +1,54 @@
+"""A policy trained by ``quarl actorq`` (``OUT/policy.pt`` + ``OUT/summary.json``) loaded as
+a Policy, so that ActorQ's output goes through ``ptq``, ``export`` and ``bench`` like any
+checkpoint. The weights are read with ``torch.load(weights_only=True)``; the network is
+rebuilt from their shapes (ReLU between layers, tanh after the last for D4PG) and the env
+from the run's own config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec, current_env_id, make_env
+from quarl.errors import QuarlError
+from quarl.policies.base import Policy
+
+POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
+
+
+def is_actorq_run(path: Path) -> bool:
+    return path.is_dir() and (path / POLICY_FILE).exists() and (path / SUMMARY_FILE).exists()
+
+
+def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
+    """(policy, env spec, algo) of an ActorQ output folder."""
+    from quarl.policies.sb3 import _mlp  # the slot-by-slot Sequential rebuild
+
+    try:
+        config = json.loads((path / SUMMARY_FILE).read_text())["config"]
+        algo, env_id = str(config["algo"]), str(config["env_id"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise QuarlError(f"{path / SUMMARY_FILE} is not an ActorQ summary (no config with algo and env_id)") from None
+    try:
+        sd = torch.load(path / POLICY_FILE, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad or unsafe file
+        raise QuarlError(f"{path / POLICY_FILE} cannot be read as plain tensors ({exc.__class__.__name__})") from None
+    layers = _mlp({k: v.float() for k, v in sd.items()}, "", nn.ReLU, trailing=False)
+    if not layers:
+        raise QuarlError(f"{path / POLICY_FILE} holds no Linear layers")
+    spec = EnvSpec(current_env_id(env_id))
+    env = make_env(spec)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if algo == "d4pg":
+        layers.append(nn.Tanh())  # actions in [-1, 1], mapped onto the bounds
+        head = "unscale"
+    elif isinstance(act_space, gym.spaces.Discrete):
+        head = "argmax"
+    else:
+        raise QuarlError(f"{path}: ActorQ algo {algo!r} on {env_id} is not a policy quarl can act with")
+    return Policy(nn.Sequential(*layers), obs_space, act_space, head, algo=algo), spec, algo
