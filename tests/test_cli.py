@@ -62,6 +62,8 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     for layer in ("0", "2", "4"):
         by_bits = {int(k["bits"]): float(k["kl"]) for k in kl if k["layer"] == layer}
         assert by_bits[2] > by_bits[4] > by_bits[8] >= 0  # fewer bits, further from fp32
+        sqnr = {int(k["bits"]): float(k["sqnr_db"]) for k in kl if k["layer"] == layer}
+        assert 18 < sqnr[8] - sqnr[4] < 30  # ~6 dB per bit, without any binning
     assert (analyze_out / "histograms.png").exists() and (analyze_out / "kl.png").exists()
 
 

@@ -319,11 +319,14 @@ def analyze(
         out_console,
     )
     summary = [
-        {"layer": layer, **{f"kl@{r['bits']}": round(r["kl"], 4) for r in kl if r["layer"] == layer}}
+        {"layer": layer, **{f"sqnr@{r['bits']}": round(r["sqnr_db"], 1) for r in kl if r["layer"] == layer},
+         **{f"kl@{r['bits']}": round(r["kl"], 4) for r in kl if r["layer"] == layer}}
         for layer in dict.fromkeys(r["layer"] for r in kl)
     ]
-    print_table(summary, "KL(fp32 || n-bit) per layer", out_console)
-    out_console.print(f"wrote {out}/weights.csv, kl.csv, histograms.png, kl.png")
+    print_table(summary, "per layer: SQNR of n-bit weights (dB, no binning) and KL(fp32 || n-bit) of 128-bin histograms",
+                out_console)
+    out_console.print(f"wrote {out}/weights.csv, weights.md, weights.json, kl.csv, kl.md, kl.json, histograms.png, "
+                      "kl.png")
 
 
 def _parse_overrides(items: list[str]) -> dict:

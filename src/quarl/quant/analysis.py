@@ -51,9 +51,18 @@ def kl_divergence(reference: np.ndarray, quantized: np.ndarray, bins: int = KL_B
     return float(np.sum(p * np.log(p / q)))
 
 
+def sqnr_db(reference: np.ndarray, quantized: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio in dB (inf when the rounding is exact)."""
+    noise = float(np.sum((reference.astype(np.float64) - quantized) ** 2))
+    signal = float(np.sum(reference.astype(np.float64) ** 2))
+    return float("inf") if noise == 0 else 10.0 * float(np.log10(signal / noise))
+
+
 def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", granularity: str = "auto") -> list[dict]:
-    """One row per layer and bit width: KL divergence of the n-bit weights from fp32,
-    and the mean absolute rounding error."""
+    """One row per layer and bit width: the signal-to-quantization-noise ratio (dB, no
+    binning: ``10 log10(sum w^2 / sum (w - w_q)^2)``, ~6 dB per bit for a uniform grid),
+    the mean squared and mean absolute rounding error, and the KL divergence of the n-bit
+    weights' histogram from fp32's (which also depends on the bins: see ``KL_BINS``)."""
     rows = []
     for name, layer in linear_layers(network):
         w = layer.weight.detach().float()
@@ -64,8 +73,10 @@ def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", g
                 {
                     "layer": name,
                     "bits": n,
-                    "kl": kl_divergence(ref, q),
+                    "sqnr_db": sqnr_db(ref, q),
+                    "mse": float(np.mean((ref - q) ** 2)),
                     "mean_abs_error": float(np.abs(ref - q).mean()),
+                    "kl": kl_divergence(ref, q),
                 }
             )
     return rows
@@ -85,7 +96,10 @@ def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) 
     for ax, (name, layer) in zip(axes.ravel(), layers):
         w = layer.weight.detach().float().numpy().ravel()
         ax.hist(w, bins=bins, color="tab:blue")
-        ax.set_title(f"{name}: range {w.max() - w.min():.2f}, std {w.std():.3f}", fontsize=9)
+        ax.set_yscale("log")  # the tails are what a quantization range has to cover
+        ax.set_xlabel("weight", fontsize=8)
+        ax.set_ylabel("count (log)", fontsize=8)
+        ax.set_title(f"layer {name}: range {w.max() - w.min():.2f}, std {w.std():.3f}", fontsize=9)
     for ax in axes.ravel()[len(layers) :]:
         ax.axis("off")
     fig.suptitle(title)
