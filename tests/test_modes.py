@@ -211,3 +211,14 @@ def _mlp_policy() -> tuple[Policy, np.ndarray]:
     net = _mlp(sizes=(6, 64, 64, 3))
     policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(3), "argmax")
     return policy, np.random.default_rng(0).normal(size=(256, 6)).astype(np.float32)
+
+
+def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MatMulNBits' int8 compute is a hint: the probe says what this CPU really does, the
+    reference follows it, and an inexact CPU makes block unsupported with the reason."""
+    from quarl.quant import modes
+
+    assert modes.int8_compute(8) in ("int8", "fp32", "inexact")
+    monkeypatch.setattr(modes, "int8_compute", lambda bits: "inexact")
+    assert "not exact" in MODES["int8-block"].unsupported(_mlp())
+    assert MODES["int8-dyn-channel"].unsupported(_mlp()) is None

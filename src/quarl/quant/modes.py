@@ -45,6 +45,7 @@ and what it supports.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -96,6 +97,8 @@ class IntMode:
     convolutions: bool = False
     """Whether it quantizes convolutions (True) or needs a network without them."""
     needs_calibration: bool = False
+    cpu_unsupported: Callable[[], str | None] = lambda: None
+    """Why this CPU cannot run the mode exactly (probed at run time), or None."""
 
     @property
     def label(self) -> str:
@@ -106,7 +109,7 @@ class IntMode:
         if ortb.has_conv(network) and not self.convolutions:
             return (f"{self.label} has no fast kernel for convolutions (ONNX Runtime's ConvInteger is slower than "
                     "fp32 and MatMulNBits covers MatMul only)")
-        return None
+        return self.cpu_unsupported()
 
 
 def _dynamic(per_channel: bool) -> Callable[[BuildRequest], bytes]:
@@ -115,6 +118,42 @@ def _dynamic(per_channel: bool) -> Callable[[BuildRequest], bytes]:
 
 def _nbits(bits: int, compute_int8: bool) -> Callable[[BuildRequest], bytes]:
     return lambda r: ortb.quantize_nbits(r.model, bits, r.block_size, compute_int8, r.excluded_nodes())
+
+
+@functools.lru_cache(maxsize=None)
+def int8_compute(bits: int) -> str:
+    """What ONNX Runtime's MatMulNBits at ``accuracy_level`` 4 really does on this CPU,
+    probed once on a small layer: ``"int8"`` (activations rounded per block, as the
+    reference says), ``"fp32"`` (the level is a hint; without int8 kernels it computes in
+    fp32) or ``"inexact"`` (neither: e.g. saturating u8 x s8 sums)."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(96, 24)).eval()
+    x = torch.randn(16, 96) * 3
+    real = ortb.OrtEngine(ortb.quantize_nbits(ortb.export_onnx(layer, (96,)), bits, 32, True))(x.numpy())
+    with torch.inference_mode():
+        as_int8 = simulate_nbits(layer, bits, 32, True)(x).numpy()
+        as_fp32 = simulate_nbits(layer, bits, 32, False)(x).numpy()
+    scale = float(np.abs(as_fp32).max())
+    if np.abs(real - as_int8).max() <= 1e-4 * scale:
+        return "int8"
+    if np.abs(real - as_fp32).max() <= 1e-4 * scale:
+        return "fp32"
+    return "inexact"
+
+
+def _block_cpu(bits: int) -> Callable[[], str | None]:
+    def check() -> str | None:
+        if int8_compute(bits) == "inexact":
+            return (f"int{bits}-block: this CPU's MatMulNBits int8 kernels are not exact (they match neither int8 nor "
+                    "fp32 arithmetic); use weight-only")
+        return None
+
+    return check
+
+
+def _block_reference(bits: int) -> Callable[[BuildRequest], nn.Module]:
+    """What block computes here: int8 activations per block where the CPU has the kernels."""
+    return lambda r: simulate_nbits(r.network, bits, r.block_size, int8_compute(bits) == "int8", r.keep)
 
 
 def _static(r: BuildRequest) -> bytes:
@@ -127,7 +166,7 @@ MODES: dict[str, IntMode] = {
     mode.label: mode
     for mode in (
         IntMode("block", 8, "MatMulNBits, weights and activations int8 per block", _nbits(8, True),
-                lambda r: simulate_nbits(r.network, 8, r.block_size, True, r.keep)),
+                _block_reference(8), cpu_unsupported=_block_cpu(8)),
         IntMode("dyn-channel", 8, "MatMulInteger, weights per output channel, activations uint8 per call",
                 _dynamic(True), lambda r: simulate_dynamic_int8(r.network, r.weights, True, r.keep), per_row=True),
         IntMode("dyn-tensor", 8, "MatMulInteger, weights per tensor, activations uint8 per call", _dynamic(False),
@@ -137,7 +176,7 @@ MODES: dict[str, IntMode] = {
         IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static, None,
                 convolutions=True, needs_calibration=True),
         IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations int8 per block", _nbits(4, True),
-                lambda r: simulate_nbits(r.network, 4, r.block_size, True, r.keep)),
+                _block_reference(4), cpu_unsupported=_block_cpu(4)),
         IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
                 lambda r: simulate_nbits(r.network, 4, r.block_size, False, r.keep)),
     )

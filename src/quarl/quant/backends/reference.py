@@ -80,6 +80,8 @@ def _replace_linears(network: nn.Module, make: Callable[[nn.Linear], nn.Module],
     """A copy with Linear layer ``i`` (counting Linear and Conv2d layers in module order,
     as :func:`quarl.policies.base.linear_layers` does) replaced by ``make(layer)``."""
     net = copy.deepcopy(network)
+    if isinstance(net, nn.Linear):  # the network is one layer: nothing to set it on
+        return net.eval() if 0 in keep else make(net).eval()
     layers = [(n, m) for n, m in net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     for i, (name, layer) in enumerate(layers):
         if isinstance(layer, nn.Linear) and i not in keep:
