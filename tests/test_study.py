@@ -21,7 +21,10 @@ from tests.conftest import ROOT
 
 def _rows(db: Path) -> dict[tuple, str]:
     with sqlite3.connect(db) as conn:
-        return {(p, s): f for p, s, f in conn.execute(f"SELECT precision, seed, finished_at FROM {TABLE}")}
+        try:
+            return {(p, s): f for p, s, f in conn.execute(f"SELECT precision, seed, finished_at FROM {TABLE}")}
+        except sqlite3.OperationalError:  # polled between the file's creation and its table's
+            return {}
 
 
 def test_study_stores_each_cell_and_reruns_only_the_missing_ones(tiny_run: Path, tmp_path: Path) -> None:
