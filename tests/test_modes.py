@@ -120,7 +120,7 @@ def test_a_fitted_mode_is_checked_on_states_it_was_not_fit_to() -> None:
     assert fit is states and check is states
 
 
-def test_auto_int4_records_its_choice_and_beats_nothing_it_should_not() -> None:
+def test_auto_int4_records_the_mode_it_chose() -> None:
     policy, obs = _dominated_policy()
     int4 = quantize(policy, QuantConfig("int4"), obs[:256])
     assert int4.meta["quant"]["mode"] in ("int4-weight-only", "int4-block")
@@ -222,3 +222,16 @@ def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(modes, "int8_compute", lambda bits: "inexact")
     assert "not exact" in MODES["int8-block"].unsupported(_mlp())
     assert MODES["int8-dyn-channel"].unsupported(_mlp()) is None
+
+
+def test_calibration_returns_play_the_fp32_policy_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import quarl.ptq as ptq
+    from quarl.envs import EnvSpec
+
+    played = []
+    monkeypatch.setattr(ptq, "evaluate", lambda p, *a, **k: played.append(p) or type("R", (), {"mean": 1.0})())
+    returns = ptq.calibration_returns(EnvSpec("CartPole-v1"))
+    fp32, candidate = object(), object()
+    for p in (fp32, candidate, fp32, candidate, fp32):
+        returns(p)
+    assert played.count(fp32) == 1 and played.count(candidate) == 2

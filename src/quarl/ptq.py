@@ -134,6 +134,7 @@ def run_cells(
     ``"reused": True`` (in memory only)."""
     records: list[dict[str, Any]] = []
     calibration: np.ndarray | None = None
+    returns = calibration_returns(env_spec, settings.seed, settings.max_steps)  # fp32's played once per run
     fingerprint = policy.fingerprint()
     for cell in cells:
         key = cell_key(policy, env_spec, cell, settings, fingerprint)
@@ -154,7 +155,7 @@ def run_cells(
         if cell.policy is None and calibration is None and needs_calibration(policy, cell.config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
         record = {**key, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
-                                           quantized=cell.policy)}
+                                           quantized=cell.policy, returns=returns)}
         log_file.append(record)
         records.append(record)
     return records
@@ -174,15 +175,17 @@ def evaluate_config(
     calibration: np.ndarray | None = None,
     on_episode: Callable[[int, float], None] | None = None,
     quantized: Policy | None = None,
+    returns: Callable[[Policy], float] | None = None,
 ) -> dict[str, Any]:
     """Quantize ``policy`` with ``config`` (or take ``quantized`` as it is) and evaluate
-    it: the fields of one result record."""
+    it: the fields of one result record. ``returns`` (default: a fresh
+    :func:`calibration_returns`) judges the automatic int modes on calibration episodes."""
     started = time.perf_counter()
     if quantized is None:
         if calibration is None and needs_calibration(policy, config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
-        quantized = quantize(policy, config, calibration=calibration,
-                             returns=calibration_returns(env_spec, settings.seed, settings.max_steps))
+        returns = returns or calibration_returns(env_spec, settings.seed, settings.max_steps)
+        quantized = quantize(policy, config, calibration=calibration, returns=returns)
     build_s = time.perf_counter() - started
     one = np.zeros((1, *policy.input_shape), np.float32)
     latency_us = median_us(quantized.forward, calibration[:1] if calibration is not None else one, LATENCY_BUDGET_S)
@@ -214,8 +217,17 @@ def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None 
     100 + i`` (apart from evaluation's and from the calibration states' seeds): the
     automatic int choice's closed-loop check."""
     first = seed + CALIBRATION_SEED_OFFSET + 100
+    reference: list = []  # [policy, return] of the first policy asked: the fp32 one, asked again per int cell
 
     def returns(policy: Policy) -> float:
+        if reference and reference[0] is policy:
+            return reference[1]
+        value = play(policy)
+        if not reference:
+            reference[:] = [policy, value]
+        return value
+
+    def play(policy: Policy) -> float:
         return evaluate(policy, env_spec, episodes=CALIBRATION_EPISODES, seed=first, n_envs=CALIBRATION_EPISODES,
                         max_steps=min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)).mean
 
