@@ -168,3 +168,15 @@ def test_a_truncated_pickle_under_trust_pickle_is_one_line(tmp_path: Path) -> No
     path.write_bytes(pickle.dumps({"obs_rms": {"mean": [0.0] * 100}})[:20])
     with pytest.raises(QuarlError, match="cannot be unpickled"):
         load_vecnormalize(path, trust_pickle=True)
+
+
+def test_an_int_result_from_another_cpu_is_not_reused(tiny_run: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import quarl.ptq as ptq
+
+    args = ("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "2", "--out", str(tmp_path / "out"))
+    assert _cli(*args).exit_code == 0
+    assert "reused 2 finished cells" in _cli(*args).output  # fp32 and int8, same machine
+    monkeypatch.setattr(ptq, "runtime_key", lambda: {"onnxruntime": "0.0", "cpu": "other", "vnni": "False"})
+    again = _cli(*args)
+    assert "reused 1 finished cell from" in again.output  # fp32 only: the int8 cell is evaluated anew

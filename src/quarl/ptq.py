@@ -33,6 +33,7 @@ from quarl.policies.base import Policy
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.api import quantize
 from quarl.quant.config import REAL_BITS, QuantConfig
+from quarl.quant.modes import runtime_key
 from quarl.records import ResultsLog
 from quarl.timing import median_us
 from quarl.reports import plot_sweep, ptq_rows, write_rows
@@ -103,6 +104,7 @@ def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettin
         "config": dataclasses.asdict(cell.config.resolved()),
         "env": dataclasses.asdict(env_spec),
         "format": RESULT_FORMAT,
+        **({"runtime": runtime_key()} if cell.config.precision in REAL_BITS else {}),
     }))
 
 

@@ -141,6 +141,22 @@ def int8_compute(bits: int) -> str:
     return "inexact"
 
 
+@functools.lru_cache(maxsize=None)
+def runtime_key() -> dict[str, str]:
+    """What, besides the config, decides a real int cell: the runtime's version and the CPU
+    (kernels, the int8-compute probe and the latency order differ between them). Part of
+    every stored int result's key, so a results folder moved to another machine is not
+    reused there."""
+    import onnxruntime
+
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"onnxruntime": onnxruntime.__version__, "cpu": cpu, "vnni": str(ortb.has_vnni())}
+
+
 def _block_cpu(bits: int) -> Callable[[], str | None]:
     def check() -> str | None:
         if int8_compute(bits) == "inexact":

@@ -97,7 +97,13 @@ class StudyCell:
 
 
 def config_key(config: QuantConfig) -> str:
-    text = json.dumps([RESULT_FORMAT, dataclasses.asdict(config.resolved())], sort_keys=True)
+    """Hash of the config as this CPU runs it, the result format, and for real int cells
+    the runtime and CPU (see :func:`quarl.quant.modes.runtime_key`)."""
+    from quarl.quant.config import REAL_BITS
+    from quarl.quant.modes import runtime_key
+
+    runtime = runtime_key() if config.precision in REAL_BITS else {}
+    text = json.dumps([RESULT_FORMAT, dataclasses.asdict(config.resolved()), runtime], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
