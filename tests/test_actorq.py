@@ -96,8 +96,27 @@ def test_wire_round_trip_within_bound(bits: int) -> None:
             scale = (hi - lo) / (2**bits - 1)
             assert np.abs(back[name] - w).max() <= scale / 2 * (1 + 1e-5)
     body = len(payload) - 4 - int.from_bytes(payload[:4], "little")
-    assert body == sum(int(np.ceil(w.size * bits / 8)) for w in weights.values()) or bits >= 16
-    assert body <= raw * bits / 32 + 3 * 1
+    assert body == sum(bits * -(-w.size // 8) for w in weights.values()) or bits >= 16
+    assert body <= raw * bits / 32 + 3 * bits
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1001])
+def test_wire_packing_matches_a_word_by_word_reference(bits: int, n: int) -> None:
+    """The vectorized packer against the layout written out one word at a time: word i =
+    sum over j of code[j*m + i] << (bits*j), its bytes stored row by row."""
+    codes = np.random.default_rng(n * bits).integers(0, 2**bits, size=n).astype(np.uint8)
+    m = -(-n // 8)
+    padded = np.zeros(8 * m, dtype=np.int64)
+    padded[:n] = codes
+    expected = bytearray(bits * m)
+    for i in range(m):
+        word = sum(int(padded[j * m + i]) << (bits * j) for j in range(8))
+        for b in range(bits):
+            expected[b * m + i] = (word >> (8 * b)) & 0xFF
+    packed = wire._pack(codes, bits)
+    assert packed == bytes(expected)
+    np.testing.assert_array_equal(wire._unpack(packed, bits, n), codes)
 
 
 def test_int8_actor_policy_acts_like_fp32() -> None:

@@ -2,7 +2,8 @@
 n-bit (2..8) per-tensor affine integers packed ``bits`` to the value.
 
 Layout: 4-byte little-endian header length, a JSON header (version, bits and per tensor:
-name, shape, scale, zero point, byte offset), then the packed payloads. Nothing is
+name, shape, scale, zero point, byte offset), then the packed payloads (``bits * ceil(n /
+8)`` bytes for n values; see :func:`_pack`). Nothing is
 pickled. An n-bit tensor comes back within ``scale / 2`` of the original everywhere
 (``scale = (max - min) / (2^bits - 1)``, range widened to include 0).
 """
@@ -16,25 +17,45 @@ import numpy as np
 import torch
 
 from quarl.errors import QuarlError
-from quarl.quant.primitives import QParams, dequantize, qparams, quantize
+from quarl.quant.primitives import qparams, quantize
 
 Weights = dict[str, np.ndarray]
 
 
 def _pack(codes: np.ndarray, bits: int) -> bytes:
+    """``bits``-wide codes, 8 to a ``bits``-byte word, laid out so decoding is 8 shifts of
+    contiguous arrays: the codes (zero-padded to 8m) are cut into 8 segments of m; word i
+    holds codes i, m+i, .., 7m+i at bit offsets 0, bits, .., 7*bits; byte b of every word
+    is stored together (row b of a bits x m array)."""
+    codes = codes.astype(np.uint8).reshape(-1)
     if bits == 8:
-        return codes.astype(np.uint8).tobytes()
-    planes = np.unpackbits(codes.astype(np.uint8)[:, None], axis=1)[:, 8 - bits :]
-    return np.packbits(planes.reshape(-1)).tobytes()
+        return codes.tobytes()
+    m = -(-codes.size // 8)
+    segments = np.zeros(8 * m, dtype=np.uint8)
+    segments[: codes.size] = codes
+    segments = segments.reshape(8, m)
+    rows = np.zeros((bits, m), dtype=np.uint8)
+    for j in range(8):
+        byte, shift = divmod(bits * j, 8)
+        rows[byte] |= segments[j] << np.uint8(shift)
+        if shift + bits > 8:  # the code straddles two bytes
+            rows[byte + 1] |= segments[j] >> np.uint8(8 - shift)
+    return rows.tobytes()
 
 
 def _unpack(raw: bytes, bits: int, n: int) -> np.ndarray:
     if bits == 8:
         return np.frombuffer(raw, dtype=np.uint8, count=n)
-    planes = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[: n * bits].reshape(n, bits)
-    full = np.zeros((n, 8), dtype=np.uint8)
-    full[:, 8 - bits :] = planes
-    return np.packbits(full, axis=1).reshape(n)
+    m = -(-n // 8)
+    rows = np.frombuffer(raw, dtype=np.uint8, count=bits * m).reshape(bits, m)
+    segments = np.empty((8, m), dtype=np.uint8)
+    for j in range(8):
+        byte, shift = divmod(bits * j, 8)
+        value = np.right_shift(rows[byte], np.uint8(shift), out=segments[j])
+        if shift + bits > 8:  # uint8 drops the high bits; the mask below drops them anyway
+            value |= rows[byte + 1] << np.uint8(8 - shift)
+    segments &= np.uint8((1 << bits) - 1)
+    return segments.reshape(-1)[:n]
 
 
 def encode(weights: Weights, version: int, bits: int = 32) -> bytes:
@@ -77,9 +98,9 @@ def decode(payload: bytes) -> tuple[int, Weights]:
         elif bits == 16:
             x = np.frombuffer(raw, dtype=np.float16, count=count).astype(np.float32)
         else:
-            codes = torch.from_numpy(_unpack(bytes(raw), bits, count).astype(np.int32))
-            qp = QParams(torch.tensor(e["scale"]), torch.tensor(e["zero_point"]), bits, "affine", 0, 2**bits - 1)
-            x = dequantize(codes, qp).numpy()
+            x = _unpack(raw, bits, count).astype(np.float32)
+            x -= np.float32(e["zero_point"])
+            x *= np.float32(e["scale"])
         out[e["name"]] = x.reshape(e["shape"])
     return int(header["version"]), out
 
