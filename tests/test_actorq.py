@@ -331,7 +331,7 @@ def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(QuarlError, match="not an ActorQ checkpoint of plain tensors"):
         run_actorq(config, resume=True)
     assert not (tmp_path / "PWNED").exists()
-    other = make_learner(replace(config, policy_layers=(32,)), 4, 2, "cpu")
+    other = make_learner(replace(config, policy_layers=(32,)), 4, 2)
     torch.save({"learner": other.state_dict(), "state": {}, "limiter": (0, 0), "replay": None, "config": "{}"},
                out / "checkpoint.pt")
     with pytest.raises(QuarlError, match="does not fit this run's learner"):

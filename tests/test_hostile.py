@@ -74,6 +74,12 @@ def test_a_second_run_on_a_folder_in_use_fails_in_one_line(tiny_run: Path, tmp_p
     assert "Traceback" not in r.stderr and not (out / "results.jsonl").exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_learner_without_a_gpu_is_one_line() -> None:
+    r = _cli("actorq", "run", "CartPole-v1", "--learner-device", "cuda", "--policy-layers", "8")
+    assert r.exit_code == 2 and "--learner-device cuda: this machine has no CUDA GPU" in r.output, r.output
+
+
 @pytest.mark.parametrize("args,message", [
     (["study", "no/such/agent"], "does not exist"),
     (["study", "{run}", "--precisions", "int17"], "unknown precision 'int17'"),
@@ -83,7 +89,10 @@ def test_a_second_run_on_a_folder_in_use_fails_in_one_line(tiny_run: Path, tmp_p
     (["study", "{run}", "--workers", "0"], "--workers 0 must be at least 1"),
     (["study", "{empty}"], "no agents to study"),
     (["study", "{run}", "--block-size", "20"], "block size 20 is not allowed"),
-    (["actorq", "CartPole-v1", "--lr", "-1"], "learning_rate=-1.0 must be > 0"),
+    (["actorq", "run", "CartPole-v1", "--lr", "-1"], "learning_rate=-1.0 must be > 0"),
+    (["actorq", "compare", "CartPole-v1", "--learner-device", "tpu"], "--learner-device 'tpu' is not a device"),
+    (["actorq", "run", "CartPole-v1", "--learner-device", "cuda:x"], "is not a device: allowed cpu, cuda, cuda:N"),
+    (["actorq", "CartPole-v1"], "No such command 'CartPole-v1'"),
     (["ptq", "{run}", "--out", "{file}"], "File exists"),
     (["bench", "{run}", "--budget", "0"], "--budget 0.0 must be a positive number of seconds"),
     (["ptq", "{run}", "--max-steps", "-1"], "max steps -1 must be at least 1"),
@@ -115,7 +124,8 @@ COMMAND_OPTIONS = {
     "train": ["--timesteps", "--precision", "--qat-bits", "--quant-delay", "--hp", "--eval-freq", "--episodes"],
     "qat": ["--bits", "--timesteps", "--episodes", "--quant-delay"],
     "actorq": ["--algo", "--actors", "--actor-precision", "--wire-bits", "--policy-layers", "--lr", "--batch-size",
-               "--min-replay", "--samples-per-insert", "--replay", "--priority-exponent", "--max-minutes"],
+               "--min-replay", "--samples-per-insert", "--replay", "--priority-exponent", "--max-minutes",
+               "--learner-device", "--wire-bits"],
     "demo": ["--zoo", "--precisions", "--episodes"],
 }
 # commands whose valid argument lists start long work get one bad option for sure
@@ -123,7 +133,7 @@ GUARD = {"train": ["--timesteps", "0"], "qat": ["--timesteps", "0"], "actorq": [
          "demo": ["--episodes", "0"]}
 POSITIONAL = {"ptq": ["{run}"], "sweep": ["{run}"], "analyze": ["{run}"], "export": ["{run}"], "bench": ["{run}"],
               "study": ["{run}"], "train": ["ppo", "CartPole-v1"], "qat": ["ppo", "CartPole-v1"],
-              "actorq": ["CartPole-v1"], "demo": []}
+              "actorq": ["run", "CartPole-v1"], "demo": []}
 
 
 def corpus(n: int = 240, seed: int = 0) -> list[list[str]]:

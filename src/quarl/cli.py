@@ -4,6 +4,7 @@ it; a user mistake (QuarlError) prints one line and exits with status 2."""
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import sys
@@ -471,10 +472,12 @@ def _progress_line(state, line: dict) -> None:
     )
 
 
-@app.command()
-@user_errors
-def actorq(
-    args: list[str] = typer.Argument(..., help="ENV_ID, or: compare ENV_ID"),
+actorq_app = typer.Typer(no_args_is_help=True, help="ActorQ: distributed actor-learner training with a "
+                         "full-precision learner and quantized actors, on Ray.")
+app.add_typer(actorq_app, name="actorq")
+
+
+def _actorq_options(
     algo: str = typer.Option("dqn", help="dqn (discrete actions) or d4pg (continuous)"),
     actors: int = typer.Option(2, help="actor processes"),
     actor_precision: str = typer.Option("int8", help="fp32, fp16, bf16 or int8 (ONNX Runtime)"),
@@ -495,63 +498,68 @@ def actorq(
     eval_every: float = typer.Option(10.0, help="seconds between evaluations"),
     eval_episodes: int = typer.Option(5),
     seed: int = SeedOpt,
-    address: Optional[str] = typer.Option(None, help="join this Ray cluster (default: start a local one)"),
+    address: Optional[str] = typer.Option(None, help="join this Ray cluster, HOST:PORT (default: start a local one)"),
     local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
-    resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
-    precisions: str = typer.Option("fp32,int8", help="compare: actor precisions, one run each"),
-    repeats: int = typer.Option(3, help="compare: runs per precision"),
+    learner_device: str = typer.Option("cpu", help="cpu, or cuda / cuda:N for a GPU learner"),
     out: Optional[Path] = OutOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """ActorQ: distributed actor-learner training with a full-precision learner and
-    quantized actors, on Ray. ``quarl actorq compare ENV_ID`` runs it once per precision
-    and writes the paper's table and plots.
+    """The options ``actorq run`` and ``actorq compare`` share (typer reads this signature)."""
 
-    Example: quarl actorq CartPole-v1 --algo dqn --actors 2 --actor-precision int8 --policy-layers 256,256
-    """
-    _setup(verbose)
+
+def _with_options(options: Callable) -> Callable:
+    """Gives a command ``options``' parameters as well as its own, passed in ``**kwargs``."""
+
+    def wrap(fn: Callable) -> Callable:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        fn.__signature__ = inspect.signature(fn).replace(
+            parameters=own + list(inspect.signature(options).parameters.values()))
+        fn.__annotations__ = {**options.__annotations__, **fn.__annotations__}
+        return fn
+
+    return wrap
+
+
+def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", Path]:  # noqa: F821
+    from quarl.actorq.acting import env_info
     from quarl.actorq.config import ActorQConfig
-    from quarl.reports import print_table
-
-    compare = args[0] == "compare"
-    rest = args[1:] if compare else args
-    if len(rest) != 1:
-        raise QuarlError(f"expected ENV_ID or 'compare ENV_ID', got {' '.join(args)!r}")
-    env_id = rest[0]
     from quarl.envs import check_env_id
 
+    _setup(opts["verbose"])
     check_env_id(env_id)
-    name = f"{algo}-{env_id.replace('/', '_')}"
-    out = out or Path("results") / "actorq" / (f"compare-{name}" if compare else f"{name}-{actor_precision}")
+    name = f"{opts['algo']}-{env_id.replace('/', '_')}"
+    out = opts["out"] or Path("results") / "actorq" / (f"compare-{name}" if kind == "compare" else
+                                                       f"{name}-{opts['actor_precision']}")
     config = ActorQConfig(
-        env_id, algo=algo, actors=actors, actor_precision=actor_precision, wire_bits=wire_bits,
-        update_period=update_period, push_period=push_period, policy_layers=_parse_layers(policy_layers),
-        target_reward=target_reward, max_minutes=max_minutes, learning_rate=learning_rate, batch_size=batch_size,
-        min_replay=min_replay, samples_per_insert=samples_per_insert, eval_every_s=eval_every,
-        eval_episodes=eval_episodes, seed=seed, address=address, local=local, out=out, replay=replay,
-        priority_exponent=priority_exponent, importance_exponent=importance_exponent,
-        checkpoint_replay=checkpoint_replay,
+        env_id, algo=opts["algo"], actors=opts["actors"], actor_precision=opts["actor_precision"],
+        wire_bits=opts["wire_bits"], update_period=opts["update_period"], push_period=opts["push_period"],
+        policy_layers=_parse_layers(opts["policy_layers"]), target_reward=opts["target_reward"],
+        max_minutes=opts["max_minutes"], learning_rate=opts["learning_rate"], batch_size=opts["batch_size"],
+        min_replay=opts["min_replay"], samples_per_insert=opts["samples_per_insert"],
+        eval_every_s=opts["eval_every"], eval_episodes=opts["eval_episodes"], seed=opts["seed"],
+        address=opts["address"], local=opts["local"], out=out, replay=opts["replay"],
+        priority_exponent=opts["priority_exponent"], importance_exponent=opts["importance_exponent"],
+        checkpoint_replay=opts["checkpoint_replay"], learner_device=opts["learner_device"],
     )
-    from quarl.actorq.acting import env_info
-
     info = env_info(config)  # env / algorithm mismatch: one line before anything starts
-    if compare and target_reward is None and info.reward_threshold is None:
+    if kind == "compare" and config.target_reward is None and info.reward_threshold is None:
         raise QuarlError(f"{env_id} has no reward threshold: pass --target-reward for the time-to-reward comparison")
-    if compare:
-        from quarl.actorq.compare import run_compare
-        from quarl.actorq.config import ACTOR_PRECISIONS
+    return config, out
 
-        labels = _split(precisions, "--precisions")
-        bad = [p for p in labels if p not in ACTOR_PRECISIONS]
-        if bad:
-            raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
-        _check_count("--repeats", repeats, 1)
-        rows = run_compare(config, labels, repeats, out,
-                           on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
-                           on_progress=_progress_line)
-        print_table(rows, f"ActorQ {algo} {env_id}: {actors} actors, policy {policy_layers}", out_console)
-        out_console.print(f"wrote {out}/compare.csv, compare.md, convergence.png, breakdown.png, energy.png")
-        return
+
+@actorq_app.command("run")
+@user_errors
+@_with_options(_actorq_options)
+def actorq_run(
+    env_id: str = typer.Argument(..., help="environment id, e.g. CartPole-v1 or dm_control/cartpole-balance-v0"),
+    resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
+    **opts,
+) -> None:
+    """Train with a full-precision learner and quantized actors until the target reward.
+
+    Example: quarl actorq run CartPole-v1 --algo dqn --actors 2 --actor-precision int8 --policy-layers 256,256
+    """
+    config, out = _actorq_config(env_id, "run", opts)
     from quarl.actorq.system import run_actorq
 
     summary = run_actorq(config, resume=resume, on_progress=_progress_line)
@@ -559,9 +567,43 @@ def actorq(
     out_console.print(
         (f"reached {summary['target_reward']} in {ttr:.1f} s" if ttr is not None else
          f"did not reach {summary['target_reward']} in {summary['elapsed_s']:.0f} s")
-        + f" ({summary['env_steps']} env steps, {summary['learner_steps']} learner steps); wrote {out}/summary.json",
+        + f" ({summary['env_steps']} env steps, {summary['learner_steps']} learner steps); wrote {out}/summary.json, "
+        f"evals.csv, actor_nodes.json, checkpoint.pt, policy.pt, tb/",
         soft_wrap=True,
     )
+
+
+@actorq_app.command("compare")
+@user_errors
+@_with_options(_actorq_options)
+def actorq_compare(
+    env_id: str = typer.Argument(..., help="environment id"),
+    precisions: str = typer.Option("fp32,int8", help="actor precisions, one run each"),
+    repeats: int = typer.Option(3, help="runs per precision (seeds seed, seed+1, ...)"),
+    **opts,
+) -> None:
+    """The same run once per actor precision and repeat, then the paper's table (time to
+    reward, speedup, actor steps/s, where actor time goes), convergence, breakdown and
+    energy plots. Finished runs are reused, so an interrupted comparison resumes.
+
+    Example: quarl actorq compare CartPole-v1 --precisions fp32,int8 --repeats 3 --policy-layers 256,256
+    """
+    config, out = _actorq_config(env_id, "compare", opts)
+    from quarl.actorq.compare import run_compare
+    from quarl.actorq.config import ACTOR_PRECISIONS
+    from quarl.reports import print_table
+
+    labels = _split(precisions, "--precisions")
+    bad = [p for p in labels if p not in ACTOR_PRECISIONS]
+    if bad:
+        raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
+    _check_count("--repeats", repeats, 1)
+    rows = run_compare(config, labels, repeats, out,
+                       on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
+                       on_progress=_progress_line)
+    print_table(rows, f"ActorQ {config.algo} {env_id}: {config.actors} actors, policy {opts['policy_layers']}",
+                out_console)
+    out_console.print(f"wrote {out}/compare.csv, compare.md, convergence.png, breakdown.png, energy.png")
 
 
 @app.command()

@@ -36,11 +36,31 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
         check_reachable(address)
     try:
         if address:
-            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR)
+            extra = {}
+            if _is_loopback(address):  # else the driver registers under this machine's LAN address
+                extra["_node_ip_address"] = "127.0.0.1"
+            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR, **extra)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
+            # "local": a new Ray of our own even when another one runs on this machine
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
                      logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"--address {address!r}" if address else "a local Ray"
         raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}") from None
     return True
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    host = address.split("://", 1)[-1].rpartition(":")[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def free_cpus(ray_module) -> float:
+    return float(ray_module.available_resources().get("CPU", 0.0))

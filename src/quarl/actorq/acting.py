@@ -188,6 +188,8 @@ class ActorResult:
     pulls: int = 0
     loads: int = 0
     wall_s: float = 0.0
+    node: str = "local"
+    """The Ray node id the actor ran on ("local" in this process)."""
 
 
 class Actor:

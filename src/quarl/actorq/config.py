@@ -76,6 +76,8 @@ class ActorQConfig:
     """Run every piece in this process (tests, debugging) instead of on Ray."""
     address: str | None = None
     """Ray cluster to join; None starts a local Ray."""
+    learner_device: str = "cpu"
+    """Where the learner trains: cpu, or cuda / cuda:N (the paper's GPU learner)."""
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -108,6 +110,7 @@ class ActorQConfig:
             raise QuarlError(f"samples_per_insert={self.samples_per_insert} must be > 0")
         if self.max_minutes <= 0:
             raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
+        _check_device(self.learner_device)
         if self.min_replay > self.replay_size:
             raise QuarlError(f"min_replay={self.min_replay} exceeds replay_size={self.replay_size}")
 
@@ -118,3 +121,17 @@ class ActorQConfig:
 
     def exploration(self, actor_index: int) -> float:
         return self.max_exploration * (actor_index + 1) / self.actors
+
+
+def _check_device(device: str) -> None:
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise QuarlError(f"--learner-device {device!r} is not a device: allowed cpu, cuda, cuda:N")
+    if kind == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise QuarlError(f"--learner-device {device}: this machine has no CUDA GPU that PyTorch can use; "
+                             "use --learner-device cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            raise QuarlError(f"--learner-device {device}: only {torch.cuda.device_count()} CUDA device(s) here")

@@ -196,7 +196,8 @@ class D4PGLearner:
         self.steps = int(state["steps"])
 
 
-def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int, device: str | None = None) -> DQNLearner | D4PGLearner:
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int) -> DQNLearner | D4PGLearner:
+    """The learner on ``config.learner_device`` (validated with the config)."""
+    device = config.learner_device
     cls = DQNLearner if config.algo == "dqn" else D4PGLearner
     return cls(config, obs_dim, act_dim, device)

@@ -11,6 +11,8 @@ from quarl.actorq.system import ActorFailure, Evaluator
 
 
 class LocalFleet:
+    node = "local"
+
     def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
         self.config, self.info = config, info
         self.broadcaster = Broadcaster(config, info)

@@ -17,7 +17,8 @@ import numpy as np
 from quarl.actorq.acting import Actor, ActorResult, Broadcaster, EnvInfo
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.system import ActorFailure, Evaluator
-from quarl.ray_cluster import start_ray
+from quarl.errors import QuarlError
+from quarl.ray_cluster import free_cpus, start_ray
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,11 @@ class RemoteActor:
         self.actor = Actor(config, info, index, lambda version: ray.get(broadcaster.pull.remote(version)))
 
     def run(self, steps: int) -> ActorResult:
-        return self.actor.run(steps)
+        import ray
+
+        result = self.actor.run(steps)
+        result.node = ray.get_runtime_context().get_node_id()
+        return result
 
     def pid(self) -> int:
         return os.getpid()
@@ -45,8 +50,21 @@ class RayFleet:
         self.ray = ray
         self.config, self.info = config, info
         self.owns_ray = start_ray(config.address, max(os.cpu_count() or 1, config.actors + 1))
-        self.broadcaster = ray.remote(num_cpus=0)(Broadcaster).remote(config, info)
-        self.evaluator = ray.remote(num_cpus=0)(Evaluator).remote(config, info)
+        free = free_cpus(ray)
+        if free < config.actors:
+            if self.owns_ray:
+                ray.shutdown()
+            where = f"the Ray cluster at {config.address}" if config.address else "the local Ray"
+            raise QuarlError(f"{where} has {free:g} free CPUs and --actors {config.actors} needs one each: "
+                             "add nodes (or --num-cpus) or ask for fewer --actors")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # the broadcaster and the evaluator live on the driver's node: a worker node that
+        # leaves takes only actors with it, and those are restarted elsewhere
+        self.node = ray.get_runtime_context().get_node_id()
+        here = NodeAffinitySchedulingStrategy(self.node, soft=False)
+        self.broadcaster = ray.remote(num_cpus=0, scheduling_strategy=here)(Broadcaster).remote(config, info)
+        self.evaluator = ray.remote(num_cpus=0, scheduling_strategy=here)(Evaluator).remote(config, info)
         # SPREAD: on a cluster, actors go to different nodes rather than filling one
         self.actor_cls = ray.remote(num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(RemoteActor)
         self.actors = [self._start(i) for i in range(config.actors)]

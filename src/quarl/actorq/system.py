@@ -49,6 +49,9 @@ class ActorFailure:
 class Fleet(Protocol):
     """Where the actors, the broadcaster and the evaluator live."""
 
+    node: str
+    """Where the driver (learner, broadcaster, evaluator) runs."""
+
     def publish(self, version: int, weights: dict[str, np.ndarray]) -> None: ...
     def submit(self, index: int, steps: int) -> None: ...
     def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]: ...
@@ -100,6 +103,15 @@ class RunState:
     time_to_reward_s: float | None = None
     actor_times: dict[str, float] = field(default_factory=dict)
     actor_steps: dict[int, int] = field(default_factory=dict)
+    actor_wait_s: float = 0.0
+    """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
+    actor_dispatch_s: float = 0.0
+    """Actor seconds between a chunk's submit and its result beyond the actor's own work
+    (Ray scheduling, transfer of the transitions)."""
+    actor_wall_s: float = 0.0
+    """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
+    actor_nodes: dict[int, list[str]] = field(default_factory=dict)
+    """Nodes each actor has run on, in order (a restart after its node left adds one)."""
     restarts: int = 0
     pulls: int = 0
     loads: int = 0
@@ -167,6 +179,8 @@ def run_actorq(
         state.version += 1
         fleet.publish(state.version, learner.weights())
         idle = set(range(config.actors))
+        idle_since = {i: now() for i in idle}
+        submitted_at: dict[int, float] = {}
         next_eval = next_ckpt = next_line = now()
         next_ckpt += config.checkpoint_every_s
         learner_t, metrics = 0.0, {}
@@ -177,8 +191,14 @@ def run_actorq(
                     fleet.restart(result.index)
                     state.restarts += 1
                     idle.add(result.index)
+                    submitted_at.pop(result.index, None)
+                    idle_since[result.index] = now()
                     continue
-                _account(state, result, tb, now())
+                if _account(state, result, tb, now()):
+                    _write_nodes(out, fleet.node, state)
+                state.actor_wall_s += result.wall_s
+                state.actor_dispatch_s += max(0.0, now() - submitted_at.pop(result.index, now()) - result.wall_s)
+                idle_since[result.index] = now()
                 if result.batch is not None:
                     n = replay.insert(result.batch)
                     limiter.inserted(n)
@@ -187,6 +207,8 @@ def run_actorq(
                 if limiter.can_insert(config.chunk_steps):
                     fleet.submit(index, config.chunk_steps)
                     idle.discard(index)
+                    state.actor_wait_s += now() - idle_since.pop(index, now())
+                    submitted_at[index] = now()
             t = time.perf_counter()
             for _ in range(32):
                 if not limiter.can_sample(config.batch_size):
@@ -237,13 +259,18 @@ def run_actorq(
         emissions = _stop_energy(energy)
         tb.close()
     _checkpoint(ckpt_path, learner, replay, limiter, state, config)
-    torch.save(learner.policy_network().state_dict(), out / "policy.pt")
+    torch.save({k: v.cpu() for k, v in learner.policy_network().state_dict().items()}, out / "policy.pt")
     summary = _summary(config, info, target, state, broadcast, emissions, learner_t)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-def _account(state: RunState, result: ActorResult, tb: Any, at_s: float) -> None:
+def _account(state: RunState, result: ActorResult, tb: Any, at_s: float) -> bool:
+    """Adds a finished chunk; True when the actor ran on a node it was not on before."""
+    nodes = state.actor_nodes.setdefault(result.index, [])
+    moved = not nodes or nodes[-1] != result.node
+    if moved:
+        nodes.append(result.node)
     state.env_steps += result.steps
     state.actor_steps[result.index] = state.actor_steps.get(result.index, 0) + result.steps
     for k, v in result.times.items():
@@ -258,6 +285,14 @@ def _account(state: RunState, result: ActorResult, tb: Any, at_s: float) -> None
     if result.steps:
         for k, v in result.times.items():
             tb.add_scalar(f"time/{k}_ms_per_step", 1000 * v / result.steps, state.env_steps)
+    return moved
+
+
+def _write_nodes(out: Path, driver_node: str, state: RunState) -> None:
+    """OUT/actor_nodes.json, rewritten as actors move: where each actor has run."""
+    tmp = out / "actor_nodes.json.tmp"
+    tmp.write_text(json.dumps({"driver_node": driver_node, "actors": {str(k): v for k, v in state.actor_nodes.items()}}))
+    tmp.replace(out / "actor_nodes.json")
 
 
 def _progress(state: RunState, learner_t: float, at_s: float, metrics: dict, target: float | None) -> dict[str, Any]:
@@ -386,15 +421,32 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         "learner_steps_per_s": state.learner_steps / max(state.elapsed_s, 1e-9),
         "actor_env_steps_per_s": {str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
         "actor_ms_per_step": per_step_ms,
+        "actor_time_share": _actor_shares(state, config.actors),
+        "learner_time_share": {"learning": learner_s / max(state.elapsed_s, 1e-9),
+                               "waiting": 1 - learner_s / max(state.elapsed_s, 1e-9)},
         "learner_busy_s": learner_s,
         "weight_versions": state.version,
         "pulls": state.pulls,
         "loads": state.loads,
         "restarts": state.restarts,
+        "actor_nodes": {str(k): v for k, v in state.actor_nodes.items()},
         "episodes": state.episodes,
         "broadcast": broadcast,
         "energy": energy,
     }
+
+
+def _actor_shares(state: RunState, actors: int) -> dict[str, float]:
+    """Fraction of the actors' wall time (elapsed x actors) in each part; "other" is the
+    actor loop's own overhead, "rate_limit" waiting to be allowed to insert, "dispatch"
+    Ray's scheduling and transfer, "unaccounted" what remains (start-up, the last chunk)."""
+    total = max(state.elapsed_s * actors, 1e-9)
+    shares = {k: v / total for k, v in state.actor_times.items()}
+    shares["other"] = max(0.0, state.actor_wall_s - sum(state.actor_times.values())) / total
+    shares["rate_limit"] = state.actor_wait_s / total
+    shares["dispatch"] = state.actor_dispatch_s / total
+    shares["unaccounted"] = max(0.0, 1 - sum(shares.values()))
+    return shares
 
 
 def _machine() -> dict[str, Any]:

@@ -1,0 +1,138 @@
+"""ActorQ on a real two-node Ray cluster on the loopback address: a head and a second
+node started with ``ray start`` (each with its own CPUs), the driver joining with
+``--address 127.0.0.1:PORT``. Only the processes these tests start are stopped; never
+``ray stop``, which would stop every Ray on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+QUARL = [sys.executable, "-m", "quarl.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One ``ray start --block`` in its own process group: SIGTERM to the group stops this
+    node's raylet, workers and (for a head) GCS, and nothing else."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+def _nodes_alive(address: str) -> int:
+    code = ("import ray, logging; ray.init(address=%r, _node_ip_address='127.0.0.1', logging_level=logging.ERROR);"
+            "print(sum(n['Alive'] for n in ray.nodes()))" % address)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return int(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else 0
+
+
+def _start_cluster(tmp_path: Path, head_cpus: int, second_cpus: int | None) -> tuple[str, list[Node]]:
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    nodes = [Node(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), f"--num-cpus={head_cpus}",
+                   "--include-dashboard=false"], tmp_path / "head.log")]
+    if second_cpus is not None:
+        time.sleep(5)
+        nodes.append(Node([f"--address={address}", "--node-ip-address", "127.0.0.1", f"--num-cpus={second_cpus}"],
+                          tmp_path / "second.log"))
+    want = len(nodes)
+    for _ in range(30):
+        if _nodes_alive(address) >= want:
+            return address, nodes
+        time.sleep(2)
+    for node in nodes:
+        node.stop()
+    pytest.fail(f"the Ray cluster did not come up: {(tmp_path / 'head.log').read_text()[-2000:]}")
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[tuple[str, list[Node]]]:
+    address, nodes = _start_cluster(tmp_path, head_cpus=2, second_cpus=2)
+    try:
+        yield address, nodes
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+def test_actors_spread_over_two_nodes_and_survive_the_second_leaving(two_nodes, tmp_path: Path) -> None:
+    address, (head, second) = two_nodes
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2", "--actor-precision", "int8",
+         "--policy-layers", "64,64", "--lr", "1e-3", "--batch-size", "64", "--samples-per-insert", "4",
+         "--target-reward", "150", "--eval-every", "3", "--eval-episodes", "3", "--max-minutes", "5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        nodes_file = out / "actor_nodes.json"
+        deadline = time.time() + 180
+        placed: dict = {}
+        while time.time() < deadline and run.poll() is None:
+            if nodes_file.exists():
+                placed = json.loads(nodes_file.read_text())
+                if len({v[0] for v in placed["actors"].values()}) == 2:
+                    break
+            time.sleep(0.5)
+        assert len({v[0] for v in placed.get("actors", {}).values()}) == 2, f"actors not on two nodes: {placed}"
+        driver = placed["driver_node"]
+        assert driver in {v[0] for v in placed["actors"].values()}
+        second.stop()  # the second node leaves mid-run
+        output, _ = run.communicate(timeout=400)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reached"], output[-3000:]
+    assert summary["restarts"] >= 1
+    moved = [v for v in summary["actor_nodes"].values() if len(v) > 1]
+    assert moved, summary["actor_nodes"]
+    for nodes in moved:  # the actor that lived on the second node now runs on the head
+        assert nodes[0] != driver and nodes[-1] == driver
+    assert "restarting it" in output
+
+
+def test_a_cluster_with_no_free_cpu_is_refused_in_one_line(tmp_path: Path) -> None:
+    address, nodes = _start_cluster(tmp_path, head_cpus=0, second_cpus=None)
+    try:
+        r = subprocess.run([*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2",
+                            "--policy-layers", "32", "--out", str(tmp_path / "run")],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        for node in nodes:
+            node.stop()
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "has 0 free CPUs and --actors 2 needs one each" in lines[0], r.stderr
