@@ -606,6 +606,50 @@ def actorq_compare(
     out_console.print(f"wrote {out}/compare.csv, compare.md, convergence.png, breakdown.png, energy.png")
 
 
+@actorq_app.command("model")
+@user_errors
+def actorq_model(
+    runs: list[Path] = typer.Argument(..., help="run or compare folders whose summary.json give the component costs"),
+    actors: str = typer.Option("1,2,4,8,16,32,64,128", help="actor counts to predict"),
+    nodes: int = typer.Option(1, help="nodes the actors are spread over"),
+    cores_per_node: Optional[int] = typer.Option(None, help="CPU cores per node (default: this machine's)"),
+    learner_speedup: float = typer.Option(1.0, help="learner steps this many times faster than measured (a GPU)"),
+    bandwidth_gbps: Optional[float] = typer.Option(None, help="broadcaster-to-actor network, Gbit/s (default: "
+                                                              "the measured same-machine pulls)"),
+    wire_bits: str = typer.Option("", help="also model float actors pulling weights at these widths, e.g. 16,8,4"),
+    validate: Optional[list[Path]] = typer.Option(None, help="runs to predict from RUNS' costs (e.g. 2-actor runs)"),
+    out: Path = typer.Option(Path("results/actorq/model"), "--out", help="output folder"),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Predict ActorQ at cluster scale from measured component costs: the bound (actors,
+    learner, cores or network), env steps/s and time-to-reward speedup over fp32 actors for
+    each actor count, validated against every measured run.
+
+    Example: quarl actorq model results/actorq/actor-bound-dqn --learner-speedup 20 --nodes 4 --cores-per-node 16
+    """
+    _setup(verbose)
+    from quarl.actorq.model import Cluster, load_runs, model_report
+    from quarl.reports import print_table
+
+    counts = [int(a) for a in _split(actors, "--actors") if _is_count(a, "--actors")]
+    widths = [int(b) for b in _split(wire_bits, "--wire-bits") if _is_count(b, "--wire-bits")] if wire_bits else []
+    if bandwidth_gbps is not None and not bandwidth_gbps > 0:
+        raise QuarlError(f"--bandwidth-gbps {bandwidth_gbps} must be > 0")
+    cluster = Cluster(actors=1, nodes=nodes, cores_per_node=cores_per_node or os.cpu_count() or 1,
+                      learner_speedup=learner_speedup,
+                      bandwidth_bytes_per_s=bandwidth_gbps * 1e9 / 8 if bandwidth_gbps else float("inf"))
+    report = model_report(load_runs(runs), counts, cluster, out, load_runs(validate) if validate else None, widths)
+    print_table(report["rows"], f"ActorQ model, {report['where']}", out_console)
+    print_table(report["validation"], "measured runs against the model", out_console)
+    out_console.print("wrote " + ", ".join(str(f) for f in report["files"]), soft_wrap=True)
+
+
+def _is_count(text: str, option: str) -> bool:
+    if not text.isdigit() or int(text) < 1:
+        raise QuarlError(f"{option}: {text!r} is not a positive integer")
+    return True
+
+
 @app.command()
 @user_errors
 def export(

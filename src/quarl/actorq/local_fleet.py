@@ -17,7 +17,7 @@ class LocalFleet:
         self.config, self.info = config, info
         self.broadcaster = Broadcaster(config, info)
         self.actors = [self._actor(i) for i in range(config.actors)]
-        self.pending: dict[int, int] = {}
+        self.pending: list[tuple[int, int]] = []
         self.evaluator = Evaluator(config, info)
         self.done_evals: list[tuple[int, float, float]] = []
 
@@ -28,12 +28,12 @@ class LocalFleet:
         self.broadcaster.publish(version, weights)
 
     def submit(self, index: int, steps: int) -> None:
-        self.pending[index] = steps
+        self.pending.append((index, steps))
 
     def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]:
         out: list[ActorResult | ActorFailure] = []
-        for index, steps in list(self.pending.items()):
-            del self.pending[index]
+        pending, self.pending = self.pending, []
+        for index, steps in pending:
             try:
                 out.append(self.actors[index].run(steps))
             except Exception as exc:  # an actor that breaks is replaced, as on Ray
@@ -41,6 +41,7 @@ class LocalFleet:
         return out
 
     def restart(self, index: int) -> None:
+        self.pending = [(i, s) for i, s in self.pending if i != index]
         self.actors[index].close()
         self.actors[index] = self._actor(index)
 

@@ -97,15 +97,21 @@ class RayFleet:
             return []
         done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout_s)
         out: list[ActorResult | ActorFailure] = []
+        failed: set[int] = set()
         for ref in done:
+            if ref not in self.pending:  # dropped by a restart of its actor
+                continue
             index = self.pending.pop(ref)
             try:
                 out.append(self.ray.get(ref))
             except self.ray.exceptions.RayError as exc:
-                out.append(ActorFailure(index, type(exc).__name__))
+                if index not in failed:  # its queued chunks fail with it: one failure, one restart
+                    failed.add(index)
+                    out.append(ActorFailure(index, type(exc).__name__))
         return out
 
     def restart(self, index: int) -> None:
+        self.pending = {ref: i for ref, i in self.pending.items() if i != index}
         try:
             self.ray.kill(self.actors[index])
         except Exception:  # already gone

@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 WINDOW = 10
 """Evaluations in the running mean that time-to-reward uses (as the paper)."""
+QUEUE_DEPTH = 2
+"""Chunks queued per actor."""
+LEARNER_SLICE_S = 0.02
+"""Learner time between two polls of the actors (at least one step)."""
 
 
 @dataclass
@@ -101,13 +105,11 @@ class RunState:
     evals: list[tuple[float, int, float]] = field(default_factory=list)
     """(seconds since start, weight version, mean return)."""
     time_to_reward_s: float | None = None
+    env_steps_at_target: int | None = None
     actor_times: dict[str, float] = field(default_factory=dict)
     actor_steps: dict[int, int] = field(default_factory=dict)
     actor_wait_s: float = 0.0
     """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
-    actor_dispatch_s: float = 0.0
-    """Actor seconds between a chunk's submit and its result beyond the actor's own work
-    (Ray scheduling, transfer of the transitions)."""
     actor_wall_s: float = 0.0
     """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
     actor_nodes: dict[int, list[str]] = field(default_factory=dict)
@@ -178,9 +180,10 @@ def run_actorq(
     try:
         state.version += 1
         fleet.publish(state.version, learner.weights())
-        idle = set(range(config.actors))
-        idle_since = {i: now() for i in idle}
-        submitted_at: dict[int, float] = {}
+        # each actor has up to QUEUE_DEPTH chunks queued, so it starts the next one while the
+        # coordinator is still busy with learner steps (no idle round trip per chunk)
+        in_flight = {i: 0 for i in range(config.actors)}
+        idle_since = {i: now() for i in in_flight}
         next_eval = next_ckpt = next_line = now()
         next_ckpt += config.checkpoint_every_s
         learner_t, metrics = 0.0, {}
@@ -188,30 +191,33 @@ def run_actorq(
             for result in fleet.ready(timeout_s=0.0 if limiter.can_sample(config.batch_size) else 0.02):
                 if isinstance(result, ActorFailure):
                     log.warning("actor %d died (%s): restarting it", result.index, result.error)
-                    fleet.restart(result.index)
+                    fleet.restart(result.index)  # drops the dead actor's other queued chunks
                     state.restarts += 1
-                    idle.add(result.index)
-                    submitted_at.pop(result.index, None)
+                    in_flight[result.index] = 0
                     idle_since[result.index] = now()
                     continue
                 if _account(state, result, tb, now()):
                     _write_nodes(out, fleet.node, state)
                 state.actor_wall_s += result.wall_s
-                state.actor_dispatch_s += max(0.0, now() - submitted_at.pop(result.index, now()) - result.wall_s)
-                idle_since[result.index] = now()
+                in_flight[result.index] = max(0, in_flight[result.index] - 1)
+                if in_flight[result.index] == 0:
+                    idle_since[result.index] = now()
                 if result.batch is not None:
                     n = replay.insert(result.batch)
                     limiter.inserted(n)
-                idle.add(result.index)
-            for index in sorted(idle):
-                if limiter.can_insert(config.chunk_steps):
-                    fleet.submit(index, config.chunk_steps)
-                    idle.discard(index)
-                    state.actor_wait_s += now() - idle_since.pop(index, now())
-                    submitted_at[index] = now()
+            for depth in range(QUEUE_DEPTH):  # first one chunk for every actor, then a second
+                for index in in_flight:
+                    queued = sum(in_flight.values())
+                    if in_flight[index] == depth and limiter.can_insert(config.chunk_steps * (queued + 1)):
+                        fleet.submit(index, config.chunk_steps)
+                        if depth == 0:
+                            state.actor_wait_s += now() - idle_since.pop(index, now())
+                        in_flight[index] += 1
             t = time.perf_counter()
             for _ in range(32):
-                if not limiter.can_sample(config.batch_size):
+                # on Ray, back to the actors' results after a slice (in-process actors wait anyway)
+                if not limiter.can_sample(config.batch_size) or (
+                        not config.local and time.perf_counter() - t > LEARNER_SLICE_S):
                     break
                 batch = replay.sample(config.batch_size)
                 metrics = learner.step(batch)
@@ -235,6 +241,7 @@ def run_actorq(
                 # the running mean covers the last WINDOW evaluations (fewer at the start)
                 if target is not None and state.time_to_reward_s is None and state.running_mean() >= target:
                     state.time_to_reward_s = at_s
+                    state.env_steps_at_target = state.env_steps
             if state.time_to_reward_s is not None:
                 break
             if now() >= next_line:
@@ -361,7 +368,7 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> 
     if blob.get("replay") is not None:
         replay.load_state(blob["replay"])
         limiter.inserts, limiter.samples = blob["limiter"]
-    state.time_to_reward_s = None
+    state.time_to_reward_s = state.env_steps_at_target = None
     return state
 
 
@@ -422,6 +429,9 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         "actor_env_steps_per_s": {str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
         "actor_ms_per_step": per_step_ms,
         "actor_time_share": _actor_shares(state, config.actors),
+        "actor_busy_ms_per_step": 1000 * state.actor_wall_s / steps,
+        "learner_ms_per_step": 1000 * learner_s / max(state.learner_steps, 1),
+        "env_steps_at_target": state.env_steps_at_target,
         "learner_time_share": {"learning": learner_s / max(state.elapsed_s, 1e-9),
                                "waiting": 1 - learner_s / max(state.elapsed_s, 1e-9)},
         "learner_busy_s": learner_s,
@@ -438,14 +448,13 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
 
 def _actor_shares(state: RunState, actors: int) -> dict[str, float]:
     """Fraction of the actors' wall time (elapsed x actors) in each part; "other" is the
-    actor loop's own overhead, "rate_limit" waiting to be allowed to insert, "dispatch"
-    Ray's scheduling and transfer, "unaccounted" what remains (start-up, the last chunk)."""
+    actor loop's own overhead, "rate_limit" idle with nothing queued because the rate limiter
+    held inserts back, "dispatch" the rest: Ray's scheduling and transfers, start-up."""
     total = max(state.elapsed_s * actors, 1e-9)
     shares = {k: v / total for k, v in state.actor_times.items()}
     shares["other"] = max(0.0, state.actor_wall_s - sum(state.actor_times.values())) / total
     shares["rate_limit"] = state.actor_wait_s / total
-    shares["dispatch"] = state.actor_dispatch_s / total
-    shares["unaccounted"] = max(0.0, 1 - sum(shares.values()))
+    shares["dispatch"] = max(0.0, 1 - sum(shares.values()))
     return shares
 
 

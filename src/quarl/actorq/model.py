@@ -1,0 +1,259 @@
+"""The ActorQ scaling model: from the component costs that runs measured, predict which
+part bounds progress, the env steps per second and the time-to-reward speedup of int8 (or
+any) actors over fp32 ones for N actors on M nodes, a learner g times faster (a GPU) and a
+network of a given bandwidth.
+
+The throughput X (env steps / s) is the smallest of four limits::
+
+    actors    N / a                      a: an actor's busy seconds per env step, plus the
+                                            network time of one pull every U steps
+    learner   E / l                      E = batch / samples_per_insert env steps per
+                                            learner step; l: seconds per learner step / g
+    cores     K / (a + l/E + b/(E P))    the K cores the actors share with a CPU learner
+                                            and the broadcaster (b: seconds to build one
+                                            weight version, P: learner steps per version)
+    network   W U / B                    every actor pulls B bytes at most every U steps
+
+The time to reward is S / X for the S env steps a run needed: at one replay ratio the
+learner sees the same data whatever the actors compute in, so S does not depend on the
+actors' precision and the speedup of precision p is X_p / X_fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from quarl.errors import QuarlError
+
+PAPER_SPEEDUPS = {
+    "Cartpole Balance": 3.12, "Walker Stand": 1.63, "Hopper Stand": 1.57, "Reacher Hard": 1.82,
+    "Cheetah Run": 2.82, "Finger Spin": 3.06, "Humanoid Stand": 1.51, "Humanoid Walk": 2.89,
+    "Cartpole (Gym)": 3.70, "Mountain Car (Gym)": 2.22, "Acrobot (Gym)": 5.41,
+}
+"""Time-to-reward speedups of int8 over fp32 actors in the paper (GPU learner, many actors)."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one actor precision costs, averaged over the runs that measured it."""
+
+    precision: str
+    actor_s_per_step: float
+    """An actor's busy seconds per env step (inference, env, pulls, decode, loop)."""
+    learner_s_per_step: float
+    build_s_per_version: float
+    """Broadcaster seconds to serialize (or quantize) one weight version."""
+    broadcast_bytes: float
+    env_steps_per_learner_step: float
+    push_period: int
+    update_period: int
+    env_steps_to_target: float | None
+    """Env steps the runs needed to reach the target (None: none reached it)."""
+    measured: tuple[tuple[int, int, float], ...] = ()
+    """(actors, machine cores, measured env steps / s) of each run."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    actors: int
+    nodes: int = 1
+    cores_per_node: int = 2
+    learner_speedup: float = 1.0
+    """How much faster the learner steps than in the measured runs (a GPU: 10-50x)."""
+    bandwidth_bytes_per_s: float = math.inf
+    """Broadcaster to actors; inf: the same machine (its cost is in the measured pulls)."""
+
+    def __post_init__(self) -> None:
+        if self.actors < 1 or self.nodes < 1 or self.cores_per_node < 1:
+            raise QuarlError(f"actors {self.actors}, nodes {self.nodes} and cores per node {self.cores_per_node} "
+                             "must each be at least 1")
+        if not self.learner_speedup > 0 or not self.bandwidth_bytes_per_s > 0:
+            raise QuarlError("learner speedup and bandwidth must be > 0")
+
+    @property
+    def learner_on_cpu(self) -> bool:
+        return self.learner_speedup <= 1.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    env_steps_per_s: float
+    regime: str
+    """Which limit binds: actors, learner, cores or network."""
+    limits: dict[str, float]
+    time_to_reward_s: float | None
+
+
+def predict(costs: Costs, cluster: Cluster) -> Prediction:
+    e = costs.env_steps_per_learner_step
+    learner = costs.learner_s_per_step / cluster.learner_speedup
+    actor = costs.actor_s_per_step + costs.broadcast_bytes / cluster.bandwidth_bytes_per_s / costs.update_period
+    per_step_cpu = actor + costs.build_s_per_version / (e * costs.push_period)
+    if cluster.learner_on_cpu:
+        per_step_cpu += learner / e
+    limits = {
+        "actors": cluster.actors / actor,
+        "learner": e / learner,
+        "cores": cluster.nodes * cluster.cores_per_node / per_step_cpu,
+        "network": cluster.bandwidth_bytes_per_s * costs.update_period / max(costs.broadcast_bytes, 1.0),
+    }
+    regime = min(limits, key=limits.get)
+    x = limits[regime]
+    ttr = costs.env_steps_to_target / x if costs.env_steps_to_target else None
+    return Prediction(x, regime, limits, ttr)
+
+
+def costs_from_summaries(precision: str, summaries: Sequence[dict[str, Any]]) -> Costs:
+    if not summaries:
+        raise QuarlError(f"no runs for actor precision {precision!r}")
+    try:
+        def mean(values: Iterable[float]) -> float:
+            return float(np.mean(list(values)))
+
+        reached = [s["env_steps_at_target"] for s in summaries if s.get("env_steps_at_target")]
+        config = summaries[0]["config"]
+        return Costs(
+            precision=precision,
+            actor_s_per_step=mean(s["actor_busy_ms_per_step"] / 1000 for s in summaries),
+            learner_s_per_step=mean(s["learner_ms_per_step"] / 1000 for s in summaries),
+            build_s_per_version=mean(s["broadcast"].get("build_s", 0.0) for s in summaries),
+            broadcast_bytes=mean(s["broadcast"].get("bytes", 0.0) for s in summaries),
+            env_steps_per_learner_step=config["batch_size"] / config["samples_per_insert"],
+            push_period=int(config["push_period"]),
+            update_period=int(config["update_period"]),
+            env_steps_to_target=mean(reached) if reached else None,
+            measured=tuple((int(s["config"]["actors"]), int(s["machine"]["cores"]), float(s["env_steps_per_s"]))
+                           for s in summaries),
+        )
+    except KeyError as exc:
+        raise QuarlError(f"a {precision} run's summary.json lacks {exc}: it was written by an older quarl; "
+                         "rerun it") from None
+
+
+def load_runs(folders: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+    """Summaries by actor precision, from run folders or compare folders (any depth)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for folder in folders:
+        if not Path(folder).exists():
+            raise QuarlError(f"{folder} does not exist")
+        paths = [Path(folder)] if Path(folder).is_file() else sorted(Path(folder).rglob("summary.json"))
+        if not paths:
+            raise QuarlError(f"{folder} holds no ActorQ summary.json")
+        for path in paths:
+            try:
+                summary = json.loads(path.read_text())
+                precision = summary["config"]["actor_precision"]
+            except (ValueError, KeyError, TypeError):
+                raise QuarlError(f"{path} is not an ActorQ summary.json") from None
+            found.setdefault(precision, []).append(summary)
+    return found
+
+
+def validation_rows(train: dict[str, list[dict]], test: dict[str, list[dict]] | None = None) -> list[dict[str, Any]]:
+    """Each measured run against the model: costs from ``train`` runs predict the
+    throughput of each ``test`` run (its actor count, its machine's cores)."""
+    rows = []
+    for precision, runs in (test or train).items():
+        if precision not in train:
+            continue
+        costs = costs_from_summaries(precision, train[precision])
+        for s in runs:
+            actors, cores = int(s["config"]["actors"]), int(s["machine"]["cores"])
+            p = predict(costs, Cluster(actors=actors, cores_per_node=cores))
+            measured = float(s["env_steps_per_s"])
+            rows.append({"actor_precision": precision, "actors": actors, "cores": cores, "regime": p.regime,
+                         "predicted_steps_per_s": round(p.env_steps_per_s, 1), "measured_steps_per_s": round(measured, 1),
+                         "error_pct": round(100 * (p.env_steps_per_s - measured) / measured, 1)})
+    return rows
+
+
+def scaling_rows(costs: dict[str, Costs], actors: Sequence[int], cluster: Cluster, baseline: str = "fp32") -> list[dict]:
+    if baseline not in costs:
+        raise QuarlError(f"the runs have no {baseline} actors to compare against (have {', '.join(costs)})")
+    rows = []
+    for n in actors:
+        c = Cluster(n, cluster.nodes, cluster.cores_per_node, cluster.learner_speedup, cluster.bandwidth_bytes_per_s)
+        base = predict(costs[baseline], c)
+        for precision, cost in costs.items():
+            p = predict(cost, c)
+            rows.append({"actors": n, "actor_precision": precision, "regime": p.regime,
+                         "env_steps_per_s": round(p.env_steps_per_s, 1),
+                         "time_to_reward_s": round(p.time_to_reward_s, 1) if p.time_to_reward_s else math.nan,
+                         "speedup": round(p.env_steps_per_s / base.env_steps_per_s, 2)})
+    return rows
+
+
+def wire_variants(costs: Costs, bits: Sequence[int]) -> dict[str, Costs]:
+    """A float precision's costs with the weights sent at other widths (bytes scale with
+    the width; the measured decode time is kept)."""
+    out = {}
+    for b in bits:
+        out[f"{costs.precision}@{b}"] = Costs(**{**costs.__dict__, "precision": f"{costs.precision}@{b}",
+                                                 "broadcast_bytes": costs.broadcast_bytes * b / 32})
+    return out
+
+
+def plot_scaling(rows: list[dict], path: Path, title: str, validation: list[dict] | None = None) -> Path:
+    """Predicted speedup over fp32 actors against the number of actors, one line per
+    precision (and wire width), with the paper's int8 speedups beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from quarl.reports import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for precision in dict.fromkeys(r["actor_precision"] for r in rows):
+        pts = [(r["actors"], r["speedup"]) for r in rows if r["actor_precision"] == precision]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=f"{precision} (model)")
+    if validation:
+        for v in validation:
+            ax.scatter([v["actors"]], [v["measured_speedup"]], marker="x", color="k", zorder=5)
+        ax.scatter([], [], marker="x", color="k", label="measured here")
+    xmax = max(r["actors"] for r in rows)
+    paper = list(PAPER_SPEEDUPS.values())
+    ax.scatter([xmax * 1.6] * len(paper), paper, marker="_", s=200, color="tab:red", label="paper, int8 (GPU learner)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("actors")
+    ax.set_ylabel("time-to-reward speedup over fp32 actors")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def model_report(runs: dict[str, list[dict]], actors: Sequence[int], cluster: Cluster, out: Path,
+                 validate: dict[str, list[dict]] | None = None, wire_bits: Sequence[int] = ()) -> dict[str, Any]:
+    """The model's whole output: the scaling table and plot for ``cluster`` at each actor
+    count, and the validation of every measured run (``validate`` runs predicted from
+    ``runs``' costs, or ``runs`` themselves). Writes model.{csv,md,json},
+    validation.{csv,md,json} and scaling.png under ``out``."""
+    from quarl.reports import write_rows
+
+    costs = {p: costs_from_summaries(p, r) for p, r in runs.items()}
+    for precision in list(costs):
+        if wire_bits and precision != "int8":  # int8 actors are sent a ready int8 model
+            costs.update(wire_variants(costs[precision], [b for b in wire_bits if b != 32]))
+    rows = scaling_rows(costs, actors, cluster)
+    check = validation_rows(runs, validate)
+    measured: dict[tuple[int, str], list[float]] = {}
+    for summaries in (validate or runs).values():
+        for s in summaries:
+            measured.setdefault((int(s["config"]["actors"]), s["config"]["actor_precision"]), []).append(
+                float(s["env_steps_per_s"]))
+    points = [{"actors": n, "measured_speedup": float(np.mean(v) / np.mean(measured[(n, "fp32")]))}
+              for (n, p), v in measured.items() if p != "fp32" and (n, "fp32") in measured]
+    out.mkdir(parents=True, exist_ok=True)
+    files = write_rows(rows, out, "model") + write_rows(check, out, "validation")
+    where = (f"{cluster.nodes} node(s) x {cluster.cores_per_node} cores, learner x{cluster.learner_speedup:g}, "
+             + ("same machine" if math.isinf(cluster.bandwidth_bytes_per_s)
+                else f"{8 * cluster.bandwidth_bytes_per_s / 1e9:g} Gbit/s"))
+    files.append(plot_scaling(rows, out / "scaling.png", f"ActorQ model: {where}", points))
+    return {"rows": rows, "validation": check, "files": files, "where": where}
