@@ -143,6 +143,11 @@ def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
 
 
 def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
+    from quarl import hub
+
+    if hub.is_hub(checkpoint):  # hf://ORG/REPO
+        repo = hub.parse(str(checkpoint))[0].replace("/", "-")
+        return Path("results") / kind / f"hf-{repo}-{env_id.replace('/', '_')}"
     path = checkpoint.resolve()
     name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
     if path.suffix == ".onnx":  # an exported model: its own name says enough

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
+from quarl import env_wrappers
 from quarl.errors import QuarlError
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,8 @@ _RENAMED = {
     "Pendulum-v0": "Pendulum-v1",
 }
 
-WRAPPERS = ("time_feature", "atari")
+WRAPPERS = tuple(env_wrappers.KINDS)
 """Env wrappers quarl applies by name (from a zoo config's ``env_wrapper``)."""
-_WRAPPER_NAMES = {
-    "sb3_contrib.common.wrappers.TimeFeatureWrapper": "time_feature",
-    "rl_zoo3.wrappers.TimeFeatureWrapper": "time_feature",
-    "utils.wrappers.TimeFeatureWrapper": "time_feature",
-    "stable_baselines3.common.atari_wrappers.AtariWrapper": "atari",
-}
 
 _registered_ale = False
 _noted: set[str] = set()
@@ -100,18 +95,9 @@ def check_env_id(env_id: str) -> str:
     return new
 
 
-def wrapper_names(spec: object) -> tuple[str, ...]:
-    """Wrapper names from a zoo ``env_wrapper`` entry (str, list of str or of dicts)."""
-    if spec is None:
-        return ()
-    items = spec if isinstance(spec, list) else [spec]
-    names = []
-    for item in items:
-        name = next(iter(item)) if isinstance(item, dict) else str(item)
-        if name not in _WRAPPER_NAMES:
-            raise QuarlError(f"env wrapper {name!r} is not supported: allowed {', '.join(sorted(_WRAPPER_NAMES))}")
-        names.append(_WRAPPER_NAMES[name])
-    return tuple(names)
+def wrapper_names(spec: object) -> tuple[env_wrappers.Wrapper, ...]:
+    """Wrappers (with their arguments) from a zoo ``env_wrapper`` entry."""
+    return env_wrappers.from_zoo(spec)
 
 
 @dataclass(frozen=True)
@@ -120,14 +106,12 @@ class EnvSpec:
 
     env_id: str
     env_kwargs: dict = field(default_factory=dict)
-    wrappers: tuple[str, ...] = ()
-    """Names from :data:`WRAPPERS`, applied in order."""
+    wrappers: tuple[env_wrappers.Wrapper, ...] = ()
+    """Names from :data:`WRAPPERS` (or (name, arguments) pairs), applied in order."""
     frame_stack: int = 1
 
     def __post_init__(self) -> None:
-        bad = [w for w in self.wrappers if w not in WRAPPERS]
-        if bad:
-            raise QuarlError(f"unknown env wrapper {bad[0]!r}: allowed {', '.join(WRAPPERS)}")
+        object.__setattr__(self, "wrappers", tuple(env_wrappers.canonical(w) for w in self.wrappers))
         if self.frame_stack < 1:
             raise QuarlError(f"frame_stack={self.frame_stack} must be at least 1")
 
@@ -136,7 +120,7 @@ def make_env(spec: EnvSpec) -> gym.Env:
     """Build one env (no vectorization; :mod:`quarl.evaluation` batches them)."""
     env_id = check_env_id(spec.env_id)
     kwargs = dict(spec.env_kwargs)
-    atari = "atari" in spec.wrappers
+    atari = env_wrappers.has(spec.wrappers, "atari")
     if atari and env_id.startswith("ALE/"):
         kwargs.setdefault("frameskip", 1)  # AtariWrapper skips frames itself
     try:
@@ -145,16 +129,7 @@ def make_env(spec: EnvSpec) -> gym.Env:
         raise QuarlError(f"env {env_id!r} needs a package that is missing: {exc}") from None
     except TypeError as exc:
         raise QuarlError(f"env {env_id!r} rejects env kwargs {kwargs}: {exc}") from None
-    for name in spec.wrappers:
-        if name == "time_feature":
-            from sb3_contrib.common.wrappers import TimeFeatureWrapper
-
-            env = TimeFeatureWrapper(env)
-        elif name == "atari":
-            from stable_baselines3.common.atari_wrappers import AtariWrapper
-
-            # Evaluation reports game scores: whole games, unclipped rewards.
-            env = AtariWrapper(env, terminal_on_life_loss=False, clip_reward=False)
+    env = env_wrappers.apply(env, spec.wrappers)  # Atari: whole games, unclipped scores
     if isinstance(env.observation_space, gym.spaces.Dict):  # DeepMind Control Suite: flat float32 vector
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.TransformObservation(

@@ -403,7 +403,12 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
     """Load an SB3 ``.zip``, an RL Zoo run folder (``ppo/CartPole-v1_1``), a legacy
     stable-baselines pickle of rl-baselines-zoo (``ppo2/CartPole-v1.pkl``, see
     :mod:`quarl.policies.legacy`) or a model written by ``quarl export`` (``NAME.onnx``
-    with its sidecar, see :mod:`quarl.policies.onnx_artifact`)."""
+    with its sidecar, see :mod:`quarl.policies.onnx_artifact`) or an agent on the Hugging
+    Face Hub, ``hf://ORG/REPO`` (see :mod:`quarl.hub`)."""
+    from quarl import hub
+
+    if hub.is_hub(path):
+        path = hub.fetch(str(path))
     path = Path(path)
     if not path.exists():
         raise QuarlError(f"checkpoint {str(path)!r} does not exist")

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
+from quarl import env_wrappers
 from quarl.envs import EnvSpec, is_atari, wrapper_names
 from quarl.errors import QuarlError
 from quarl.policies.safe_load import parse_literal
@@ -192,7 +193,7 @@ def prepare(
     return TrainSetup(
         raw=raw,
         model_kwargs=kwargs,
-        policy=str(raw.get("policy", "CnnPolicy" if len(spec.wrappers) and "atari" in spec.wrappers else "MlpPolicy")),
+        policy=str(raw.get("policy", "CnnPolicy" if env_wrappers.has(spec.wrappers, "atari") else "MlpPolicy")),
         n_envs=int(raw.get("n_envs", 1)),
         n_timesteps=int(float(steps)) if steps is not None else None,
         normalize=norm_kwargs,

@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
+from quarl import env_wrappers
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.quant.config import QATConfig
@@ -94,19 +95,10 @@ def _vec_env(setup: TrainSetup, n_envs: int, seed: int, training: bool):
     spec = setup.env_spec
 
     def wrap(env: gym.Env) -> gym.Env:
-        for name in spec.wrappers:
-            if name == "time_feature":
-                from sb3_contrib.common.wrappers import TimeFeatureWrapper
-
-                env = TimeFeatureWrapper(env)
-            elif name == "atari":
-                from stable_baselines3.common.atari_wrappers import AtariWrapper
-
-                env = AtariWrapper(env)  # training: life loss ends episodes, clipped rewards
-        return env
+        return env_wrappers.apply(env, spec.wrappers, training=True)  # Atari: life loss ends, clipped rewards
 
     env_kwargs = dict(spec.env_kwargs)
-    if "atari" in spec.wrappers and spec.env_id.startswith("ALE/"):
+    if env_wrappers.has(spec.wrappers, "atari") and spec.env_id.startswith("ALE/"):
         env_kwargs.setdefault("frameskip", 1)
     venv = make_vec_env(check_env_id(spec.env_id), n_envs=n_envs, seed=seed, wrapper_class=wrap, env_kwargs=env_kwargs)
     if spec.frame_stack > 1:
