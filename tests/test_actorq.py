@@ -407,6 +407,7 @@ def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
     for (precision, rep), summary in runs.items():
         folder = tmp_path / precision / f"rep{rep}"
         folder.mkdir(parents=True)
+        summary["config"] = replace(ActorQConfig("CartPole-v1"), actor_precision=precision, seed=rep).to_json()
         (folder / "summary.json").write_text(json.dumps(summary))
     rows = {r["actor_precision"]: r for r in run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 2, tmp_path)}
     assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == 100.0
@@ -417,6 +418,9 @@ def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
     assert rows["fp32"]["energy_wh"] == 3.0 and rows["int8"]["energy_wh"] == 2.0
     for name in ("compare.csv", "compare.md", "convergence.png", "breakdown.png", "energy.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # a stored run of another configuration is never taken for this one
+    with pytest.raises(QuarlError, match="holds a run of another configuration \\(target_reward differ\\)"):
+        run_compare(ActorQConfig("CartPole-v1", target_reward=150.0), ["fp32", "int8"], 2, tmp_path)
 
 
 @pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("d4pg", "Pendulum-v1")])

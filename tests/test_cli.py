@@ -124,10 +124,13 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["train", "ppo", "CartPole-v1", "--qat-bits", "4", "--quant-delay", "900", "--timesteps", "500"],
          "quant delay 900 is not below the training length 500"),
         (["train", "ppo", "CartPole-v1", "--qat-bits", "1"], "bits '1' is out of range: allowed integers 2..16"),
-        (["train", "ppo", "CartPole-v1", "--precision", "fp8"], "unknown training precision 'fp8'"),
+        (["train", "ppo", "CartPole-v1", "--train-precision", "fp8"], "unknown training precision 'fp8'"),
         (["train", "ppo", "CartPole-v1", "--hp", "n_envs"], "--hp 'n_envs' is not KEY=VALUE"),
         (["train", "ppo", "CartPole-v1", "--hp", "no_such_key=3"], "--hp no_such_key: not a ppo hyperparameter; allowed: "),
         (["train", "ppo", "CartPole-v1", "--hp", "n_steps=banana"], "--hp n_steps='banana': n_steps is a number"),
+        (["train", "ppo", "CartPole-v1", "-n", "0"], "--timesteps 0 must be at least 1"),  # RL Zoo's names too
+        (["train", "ppo", "CartPole-v1", "--hyperparams", "no_such_key:3"], "--hp no_such_key: not a ppo hyperparameter"),
+        (["train", "ppo", "CartPole-v1", "--hyperparams", "n_steps:banana"], "n_steps is a number"),
         (["train", "ppo", "CartPole-v1", "--resume", "--out", "{missing}"], "nothing to resume"),
         (["qat", "sac", "CartPole-v1"], "sac needs continuous actions"),
         (["qat", "ppo", "CartPole-v1", "--bits", "4,0"], "bits '0' is out of range"),
@@ -306,6 +309,15 @@ def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, 
     assert [r["precision"] for r in from_file] == [f"{precision} (onnx)"]
     assert from_file[0]["returns"] == next(r for r in from_ckpt if r["precision"] == precision)["returns"]
     assert from_file[0]["quant"]["mode"] == meta["quant"]["mode"]
+    # provenance: what produced each number, and of which policy
+    import onnxruntime
+    import torch
+
+    for record in (meta, from_file[0], *from_ckpt):
+        assert record["provenance"]["versions"]["torch"] == torch.__version__
+        assert record["provenance"]["versions"]["onnxruntime"] == onnxruntime.__version__
+        assert record["provenance"]["cores"] >= 1 and isinstance(record["provenance"]["cpu_flags"], list)
+    assert meta["policy_sha256"] == from_ckpt[0]["policy_sha256"]
 
 
 def test_bench_reports_every_precision(tiny_run: Path) -> None:

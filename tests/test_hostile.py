@@ -121,7 +121,7 @@ COMMAND_OPTIONS = {
     "export": ["--precision", "--int8-weights", "--block-size", "--env"],
     "bench": ["--precisions", "--batches", "--budget"],
     "study": ["--precisions", "--seeds", "--episodes", "--n-envs", "--max-steps", "--workers", "--block-size"],
-    "train": ["--timesteps", "--precision", "--qat-bits", "--quant-delay", "--hp", "--eval-freq", "--episodes"],
+    "train": ["--timesteps", "-n", "--train-precision", "--hyperparams", "--save-freq", "--qat-bits", "--quant-delay", "--hp", "--eval-freq", "--episodes"],
     "qat": ["--bits", "--timesteps", "--episodes", "--quant-delay"],
     "actorq": ["--algo", "--actors", "--actor-precision", "--wire-bits", "--policy-layers", "--lr", "--batch-size",
                "--min-replay", "--samples-per-insert", "--replay", "--priority-exponent", "--max-minutes",

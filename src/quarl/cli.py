@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import os
 import sys
@@ -340,9 +341,11 @@ def _parse_overrides(items: list[str]) -> dict:
 
     out = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise QuarlError(f"--hp {item!r} is not KEY=VALUE (e.g. --hp n_envs=4)")
+        eq, colon = item.find("="), item.find(":")
+        sep = "=" if eq >= 0 and (colon < 0 or eq < colon) else ":"  # the RL Zoo's KEY:VALUE too
+        key, found, value = item.partition(sep)
+        if not found or not key.strip():
+            raise QuarlError(f"--hp {item!r} is not KEY=VALUE or KEY:VALUE (e.g. --hp n_envs=4)")
         out[key.strip()] = yaml.safe_load(value)
     return out
 
@@ -354,8 +357,10 @@ def _check_count(name: str, value: Optional[int], minimum: int) -> None:
 
 AlgoArg = typer.Argument(..., help="a2c, ppo, dqn, ddpg, td3 or sac")
 EnvIdArg = typer.Argument(..., help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
-TimestepsOpt = typer.Option(None, "--timesteps", help="env steps (default: the RL Zoo's budget for this env)")
-HpOpt = typer.Option([], "--hp", help="override a zoo hyperparameter, KEY=VALUE (repeatable)")
+TimestepsOpt = typer.Option(None, "--timesteps", "-n", "--n-timesteps",
+                            help="env steps (default: the RL Zoo's budget for this env)")
+HpOpt = typer.Option([], "--hp", "--hyperparams", help="override a zoo hyperparameter, KEY=VALUE or KEY:VALUE "
+                                                       "as the RL Zoo writes it (repeatable)")
 
 
 @app.command("train")
@@ -365,13 +370,15 @@ def train_cmd(
     env_id: str = EnvIdArg,
     timesteps: Optional[int] = TimestepsOpt,
     seed: int = SeedOpt,
-    out: Path = typer.Option(Path("runs"), "--out", help="run folders go to OUT/ALGO/ENV_N"),
-    precision: str = typer.Option("fp32", help="gradient updates in fp32, bf16 or fp16 (autocast)"),
+    out: Path = typer.Option(Path("runs"), "--out", "-f", "--log-folder", help="run folders go to OUT/ALGO/ENV_N"),
+    precision: str = typer.Option("fp32", "--train-precision",
+                                  help="gradient updates in fp32, bf16 or fp16 (autocast)"),
     qat_bits: Optional[int] = typer.Option(None, "--qat-bits", help="quantization-aware training at this width (2..16)"),
     quant_delay: Optional[int] = typer.Option(None, "--quant-delay", help="QAT: fp32 steps first (default: half)"),
     hp: list[str] = HpOpt,
     eval_freq: int = typer.Option(10_000, help="evaluate every N env steps (0: never)"),
-    checkpoint_freq: int = typer.Option(0, help="checkpoint every N env steps (0: a tenth of the run)"),
+    checkpoint_freq: int = typer.Option(0, "--checkpoint-freq", "--save-freq",
+                                        help="checkpoint every N env steps (0: a tenth of the run)"),
     resume: bool = typer.Option(False, "--resume", help="continue the newest run that has a checkpoint"),
     episodes: int = typer.Option(10, "--episodes", help="episodes of the final evaluation"),
     trust_pickle: bool = typer.Option(False, "--trust-pickle", help="--resume: allow the replay / normalization "
@@ -728,8 +735,12 @@ def bench(
     if out is not None:
         from quarl.reports import write_rows
 
+        from quarl.provenance import provenance
+
         write_rows(rows, out, "bench")
-        out_console.print(f"wrote {out}/bench.csv, bench.md, bench.json")
+        (out / "provenance.json").write_text(json.dumps({"checkpoint": str(checkpoint), "policy_sha256":
+                                                         ckpt.policy.fingerprint(), **provenance()}, indent=1))
+        out_console.print(f"wrote {out}/bench.csv, bench.md, bench.json, provenance.json")
 
 
 @app.command()

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
+from quarl.provenance import provenance
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy
@@ -80,7 +81,8 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
     onnx_path = out.with_suffix(".onnx")
     onnx_path.write_bytes(model)
     meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model),
-            "env": None if env_spec is None else dataclasses.asdict(env_spec)}
+            "env": None if env_spec is None else dataclasses.asdict(env_spec),
+            "policy_sha256": policy.fingerprint(), "provenance": provenance()}
     if quant is not None:
         meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1, allow_nan=False))

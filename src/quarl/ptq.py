@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from quarl.envs import EnvSpec
+from quarl.provenance import provenance
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.policies.base import Policy
@@ -157,7 +158,7 @@ def run_cells(
         if cell.policy is None and calibration is None and needs_calibration(policy, cell.config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
         record = {**key, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
-                                           quantized=cell.policy, returns=returns)}
+                                           quantized=cell.policy, returns=returns), "provenance": provenance()}
         log_file.append(record)
         records.append(record)
     return records

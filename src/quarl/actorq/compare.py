@@ -40,12 +40,13 @@ def run_compare(
         for rep in range(repeats):
             run_out = out / precision / f"rep{rep}"
             done = run_out / "summary.json"
+            config = replace(base, actor_precision=precision, seed=base.seed + rep, out=run_out)
             if done.exists():
+                _check_same_run(done, config)
                 log.info("%s rep %d: reusing %s", precision, rep, done)
             else:
                 if on_run:
                     on_run(precision, rep)
-                config = replace(base, actor_precision=precision, seed=base.seed + rep, out=run_out)
                 run_actorq(config, on_progress=on_progress)
             summaries.setdefault(precision, []).append(json.loads(done.read_text()))
     rows = compare_rows(summaries)
@@ -54,6 +55,20 @@ def run_compare(
     plot_breakdown(summaries, out / "breakdown.png")
     plot_energy(summaries, out / "energy.png")
     return rows
+
+
+def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
+    """A finished run is reused only for the configuration it ran (never another target,
+    policy or address's result)."""
+    from quarl.errors import QuarlError
+
+    stored = json.loads(summary_path.read_text()).get("config", {})
+    wanted = config.to_json()
+    ignore = {"out", "address", "local", "max_minutes"}  # where and how long, not what
+    differ = sorted(k for k in wanted if k not in ignore and json.dumps(stored.get(k)) != json.dumps(wanted[k]))
+    if differ:
+        raise QuarlError(f"{summary_path.parent} holds a run of another configuration ({', '.join(differ[:4])} "
+                         "differ): use another --out")
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -92,6 +107,11 @@ def compare_rows(summaries: dict[str, list[dict]]) -> list[dict[str, Any]]:
             "learner_steps_per_s": round(float(np.mean([r["learner_steps_per_s"] for r in runs])), 2),
             "actor_steps_per_s": round(steps, 1),
             "inference_ms": round(float(np.mean([r["actor_ms_per_step"].get("inference", 0) for r in runs])), 3),
+            # where the actors' wall time went, and how busy the learner was
+            **{f"actor_{part}": round(float(np.mean([r.get("actor_time_share", {}).get(part, math.nan) for r in runs])),
+                                      3) for part in ("inference", "rate_limit")},
+            "learner_busy": round(float(np.mean([r.get("learner_time_share", {}).get("learning", math.nan)
+                                                 for r in runs])), 3),
             "broadcast_bytes": int(np.mean([r["broadcast"].get("bytes", 0) for r in runs])),
             "energy_wh": round(1000 * float(np.mean([e["energy_kwh"] for e in energy])), 3) if energy else math.nan,
             "co2_g": round(1000 * float(np.mean([e["co2_kg"] for e in energy])), 3) if energy else math.nan,
@@ -144,9 +164,10 @@ def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -
 
 
 def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
-    """Stacked bars: where an actor step's time goes, per precision (ms per env step)."""
+    """Stacked bars per precision: ms per actor env step by part (left) and the share of
+    the actors' wall time each part took, waiting on the rate limiter included (right)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, share_ax) = plt.subplots(1, 2, figsize=(9, 4))
     names = list(summaries)
     bottom = np.zeros(len(names))
     for part in PARTS:
@@ -154,8 +175,18 @@ def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
         ax.bar(names, vals, bottom=bottom, label=part)
         bottom += vals
     ax.set_ylabel("ms per actor env step")
-    ax.set_title("actor runtime breakdown")
-    ax.legend()
+    ax.set_title("actor time per env step")
+    ax.legend(fontsize=8)
+    bottom = np.zeros(len(names))
+    for part in (*PARTS, "other", "rate_limit", "dispatch"):
+        vals = np.array([np.mean([r.get("actor_time_share", {}).get(part, 0.0) for r in runs])
+                         for runs in summaries.values()])
+        share_ax.bar(names, 100 * vals, bottom=bottom, label=part.replace("rate_limit", "waiting (rate limiter)"))
+        bottom += 100 * vals
+    share_ax.set_ylabel("% of actor wall time")
+    share_ax.set_ylim(0, 100)
+    share_ax.set_title("where the actors' time went")
+    share_ax.legend(fontsize=7, loc="lower right")
     return save_figure(fig, path)
 
 

@@ -33,6 +33,7 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import make_learner
 from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
 from quarl.envs import EnvSpec, make_env
+from quarl.provenance import provenance
 
 log = logging.getLogger(__name__)
 
@@ -416,6 +417,7 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
     return {
         "config": config.to_json(),
         "machine": _machine(),
+        "provenance": provenance(),
         "target_reward": target,
         "reached": state.time_to_reward_s is not None,
         "time_to_reward_s": state.time_to_reward_s,

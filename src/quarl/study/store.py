@@ -33,9 +33,10 @@ _COLUMNS = {
     "build_s": "REAL",
     "wall_s": "REAL",
     "host": "TEXT",
+    "provenance": "TEXT",  # JSON: package versions, CPU model and flags
     "finished_at": "TEXT NOT NULL",
 }
-_JSON = ("returns", "lengths", "quant")
+_JSON = ("returns", "lengths", "quant", "provenance")
 TABLE = "cells_v2"
 """Versioned with the key: a store written by an older quarl keeps its old table, unread."""
 
@@ -50,6 +51,10 @@ class StudyStore:
         self.db.execute("PRAGMA journal_mode=WAL")  # readers (a report) never block the writer
         columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
         self.db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
+        have = {row[1] for row in self.db.execute(f"PRAGMA table_info({TABLE})")}
+        for name, kind in _COLUMNS.items():  # a store from an earlier quarl gains the newer nullable columns
+            if name not in have and "NOT NULL" not in kind:
+                self.db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
         self.db.commit()
 
     def done(self) -> set[tuple]:

@@ -1,0 +1,38 @@
+"""Where a result came from: package versions and the CPU, stored with every result
+record (ptq / study cells, export sidecars, bench tables, ActorQ summaries) so a number
+can be traced to the software and hardware that produced it."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+PACKAGES = ("quarl", "torch", "onnxruntime", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy", "ray")
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+"""The flags that decide which int8 / bf16 kernels a CPU runs."""
+
+
+@functools.cache
+def provenance() -> dict[str, Any]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name") and cpu in ("", platform.machine(), platform.processor()):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {"versions": versions, "python": platform.python_version(), "cpu": cpu,
+            "cpu_flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(), "host": platform.node()}
