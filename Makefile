@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/quarl demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check --select F,E9 src tests benchmarks
 	$(VENV)/bin/python -m pytest
 
 test-slow: $(STAMP)

@@ -136,14 +136,14 @@ def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """The paper's QAT figure: x = Fp, 8*, 8, 7, ... 2; one line for PTQ, one for QAT."""
+    """The paper's QAT figure: x = fp32, 8*, 8, 7, ... 2; one line for PTQ, one for QAT."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = study_rows(records)
-    labels = [("Fp" if r["bits"] == "fp32" else r["bits"]) for r in rows]
+    labels = [str(r["bits"]) for r in rows]
     x = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(6.5, 4))
     styles = {"PTQ_w": ("o", "PTQ (weights)"), "PTQ_wa": ("^", "PTQ (weights + activations)"),

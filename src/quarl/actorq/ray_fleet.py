@@ -16,7 +16,7 @@ import numpy as np
 
 from quarl.actorq.acting import Actor, ActorResult, Broadcaster, EnvInfo
 from quarl.actorq.config import ActorQConfig
-from quarl.actorq.system import ActorFailure, Evaluator
+from quarl.actorq.fleet import ActorFailure, Evaluator
 from quarl.errors import QuarlError
 from quarl.ray_cluster import free_cpus, start_ray
 

@@ -23,16 +23,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from quarl.actorq.acting import ActorResult, EnvInfo, env_info, make_network
+from quarl.actorq.acting import ActorResult, EnvInfo, env_info
 from quarl.actorq.config import ActorQConfig
+from quarl.actorq.fleet import ActorFailure, Evaluator, Fleet  # noqa: F401 (Evaluator: also importable from here)
 from quarl.actorq.learners import make_learner
 from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
-from quarl.envs import EnvSpec, make_env
 from quarl.provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -43,56 +43,6 @@ QUEUE_DEPTH = 2
 """Chunks queued per actor."""
 LEARNER_SLICE_S = 0.02
 """Learner time between two polls of the actors (at least one step)."""
-
-
-@dataclass
-class ActorFailure:
-    index: int
-    error: str
-
-
-class Fleet(Protocol):
-    """Where the actors, the broadcaster and the evaluator live."""
-
-    node: str
-    """Where the driver (learner, broadcaster, evaluator) runs."""
-
-    def publish(self, version: int, weights: dict[str, np.ndarray]) -> None: ...
-    def submit(self, index: int, steps: int) -> None: ...
-    def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]: ...
-    def restart(self, index: int) -> None: ...
-    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None: ...
-    def evaluations(self) -> list[tuple[int, float, float]]: ...
-    def broadcast_stats(self) -> dict[str, float]: ...
-    def close(self) -> None: ...
-
-
-class Evaluator:
-    """Runs the learner's fp32 policy without exploration on its own env instances."""
-
-    def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
-        torch.set_num_threads(1)
-        self.config, self.info = config, info
-        self.network = make_network(config, info).eval()
-        self.env = make_env(EnvSpec(config.env_id))
-        self.calls = 0
-
-    def evaluate(self, weights: dict[str, np.ndarray]) -> float:
-        self.network.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-        returns = []
-        for episode in range(self.config.eval_episodes):
-            obs, _ = self.env.reset(seed=self.config.seed + 1_000_000 + self.calls * 1000 + episode)
-            total, done = 0.0, False
-            while not done:
-                with torch.inference_mode():
-                    out = self.network(torch.from_numpy(np.asarray(obs, np.float32)[None]))[0].numpy()
-                action = int(out.argmax()) if self.info.discrete else self.info.to_env(out)
-                obs, reward, terminated, truncated, _ = self.env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
-        self.calls += 1
-        return float(np.mean(returns))
 
 
 @dataclass

@@ -16,6 +16,7 @@ from torch import nn
 from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy
+from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 
 POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
 
@@ -26,7 +27,6 @@ def is_actorq_run(path: Path) -> bool:
 
 def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     """(policy, env spec, algo) of an ActorQ output folder."""
-    from quarl.policies.sb3 import _mlp  # the slot-by-slot Sequential rebuild
 
     try:
         config = json.loads((path / SUMMARY_FILE).read_text())["config"]

@@ -29,14 +29,14 @@ from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import REAL_BITS, QuantConfig
 from quarl.quant.modes import Returns, BuildRequest, build_candidate, choose, get_mode, split_calibration
-from quarl.quant.primitives import (
+from quarl.quant.primitives import (  # noqa: F401 (ActivationFakeQuant: quarl.quant.api's public name)
     FLOAT_DTYPES,
+    ActivationFakeQuant,
     dequantize,
     qparams_from_range,
     quantize_dequantize,
     resolve_granularity,
 )
-from quarl.quant.primitives import quantize as quantize_codes
 
 
 def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
@@ -48,22 +48,6 @@ def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
             w = layer.weight
             w.copy_(quantize_dequantize(w, config.bits, config.scheme, resolve_granularity(config.granularity, w.dim())))
     return net
-
-
-class ActivationFakeQuant(nn.Module):
-    """Fake-quantizes a layer's output to ``bits`` within a fixed calibrated range.
-
-    Activations always use the clamped affine scheme: values outside the monitored range
-    saturate at its ends (TensorFlow's FakeQuantWithMinMaxVars), whatever scheme the
-    weights use; the paper's unclamped scheme would let the grid grow past 2^n levels."""
-
-    def __init__(self, lo: float, hi: float, bits: int) -> None:
-        super().__init__()
-        self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, "affine")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # plain ops (no straight-through autograd function): inference only, and ONNX-exportable
-        return dequantize(quantize_codes(x, self.qp), self.qp)
 
 
 def calibrate_ranges(network: nn.Module, calibration: np.ndarray) -> dict[str, tuple[float, float]]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import nn
 
 Scheme = Literal["quarl", "affine", "symmetric"]
 Granularity = Literal["tensor", "channel", "block"]
@@ -235,3 +236,19 @@ def dynamic_quantize_uint8(x: torch.Tensor) -> torch.Tensor:
     """What ONNX Runtime's DynamicQuantizeLinear does to an activation tensor, as
     quantize-dequantize: uint8 with range ``[min(x, 0), max(x, 0)]`` of the whole tensor."""
     return fake_quantize(x, qparams(x, 8, "affine", "tensor"))
+
+
+class ActivationFakeQuant(nn.Module):
+    """Fake-quantizes a layer's output to ``bits`` within a fixed calibrated range.
+
+    Activations always use the clamped affine scheme: values outside the monitored range
+    saturate at its ends (TensorFlow's FakeQuantWithMinMaxVars), whatever scheme the
+    weights use; the paper's unclamped scheme would let the grid grow past 2^n levels."""
+
+    def __init__(self, lo: float, hi: float, bits: int) -> None:
+        super().__init__()
+        self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, "affine")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # plain ops (no straight-through autograd function): inference only, and ONNX-exportable
+        return dequantize(quantize(x, self.qp), self.qp)

@@ -24,9 +24,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from quarl.quant.api import ActivationFakeQuant
 from quarl.quant.observers import MinMaxObserver, MovingAverageMinMaxObserver
-from quarl.quant.primitives import check_bits, fake_quantize, qparams, qparams_from_range, resolve_granularity
+from quarl.quant.primitives import ActivationFakeQuant, check_bits, fake_quantize, qparams, qparams_from_range, resolve_granularity
 
 
 class QATLayer(nn.Module):

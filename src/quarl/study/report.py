@@ -60,8 +60,8 @@ def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) ->
 
 
 def plot_study(records: Sequence[dict[str, Any]], precisions: Sequence[str], path: Path, title: str) -> Path:
-    """E% (reward lost against fp32, per seed) for each precision: one line per policy,
-    mean and min..max over seeds."""
+    """E% (reward lost against fp32, per seed) for each precision: one marker per policy
+    (side by side, not joined: precisions are categories), mean and min..max over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,18 +69,20 @@ def plot_study(records: Sequence[dict[str, Any]], precisions: Sequence[str], pat
 
     labels = [p for p in dict.fromkeys(precisions) if p != "fp32"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for policy, by_precision in sorted(_by_policy(records).items()):
+    policies = sorted(_by_policy(records).items())
+    width = 0.7 / max(len(policies), 1)
+    for k, (policy, by_precision) in enumerate(policies):
         base = by_precision.get("fp32", {})
         xs, mean, low, high = [], [], [], []
         for i, p in enumerate(labels):
             errors = [relative_error(base[s], r) for s, r in by_precision.get(p, {}).items() if s in base]
             if errors:
-                xs.append(i)
+                xs.append(i - 0.35 + width * (k + 0.5))
                 mean.append(np.mean(errors))
                 low.append(np.mean(errors) - min(errors))
                 high.append(max(errors) - np.mean(errors))
         if xs:
-            ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=3, label=policy)
+            ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=2, linestyle="none", label=policy)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlabel("precision")

@@ -1,0 +1,65 @@
+"""Where the actors, the broadcaster and the evaluator live: the :class:`Fleet` protocol
+the coordinator (:mod:`quarl.actorq.system`) drives, and the pieces both fleets share
+(in this process: :mod:`~quarl.actorq.local_fleet`; on Ray: :mod:`~quarl.actorq.ray_fleet`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from quarl.actorq.acting import ActorResult, EnvInfo, make_network
+from quarl.actorq.config import ActorQConfig
+from quarl.envs import EnvSpec, make_env
+
+
+@dataclass
+class ActorFailure:
+    index: int
+    error: str
+
+
+class Fleet(Protocol):
+    """Where the actors, the broadcaster and the evaluator live."""
+
+    node: str
+    """Where the driver (learner, broadcaster, evaluator) runs."""
+
+    def publish(self, version: int, weights: dict[str, np.ndarray]) -> None: ...
+    def submit(self, index: int, steps: int) -> None: ...
+    def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]: ...
+    def restart(self, index: int) -> None: ...
+    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None: ...
+    def evaluations(self) -> list[tuple[int, float, float]]: ...
+    def broadcast_stats(self) -> dict[str, float]: ...
+    def close(self) -> None: ...
+
+
+class Evaluator:
+    """Runs the learner's fp32 policy without exploration on its own env instances."""
+
+    def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
+        torch.set_num_threads(1)
+        self.config, self.info = config, info
+        self.network = make_network(config, info).eval()
+        self.env = make_env(EnvSpec(config.env_id))
+        self.calls = 0
+
+    def evaluate(self, weights: dict[str, np.ndarray]) -> float:
+        self.network.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+        returns = []
+        for episode in range(self.config.eval_episodes):
+            obs, _ = self.env.reset(seed=self.config.seed + 1_000_000 + self.calls * 1000 + episode)
+            total, done = 0.0, False
+            while not done:
+                with torch.inference_mode():
+                    out = self.network(torch.from_numpy(np.asarray(obs, np.float32)[None]))[0].numpy()
+                action = int(out.argmax()) if self.info.discrete else self.info.to_env(out)
+                obs, reward, terminated, truncated, _ = self.env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+        self.calls += 1
+        return float(np.mean(returns))
