@@ -390,6 +390,7 @@ def test_d4pg_actor_on_the_control_suite() -> None:
 def _summary(ttr: float | None, learner_steps: int, inference_ms: float, energy_kwh: float) -> dict:
     evals = [[10.0 * i, i, 50.0 * i] for i in range(1, 6)]
     return {"target_reward": 195.0, "reached": ttr is not None, "time_to_reward_s": ttr, "final_running_mean": 200.0,
+            "elapsed_s": ttr or 600.0, "env_steps_at_target": None if ttr is None else int(100 * ttr),
             "evals": evals, "learner_steps": learner_steps, "learner_steps_per_s": learner_steps / 100.0,
             "actor_env_steps_per_s": {"0": 40.0, "1": 60.0},
             "actor_ms_per_step": {"inference": inference_ms, "env": 0.1, "pull": 0.2, "deserialize": 0.0, "load": 0.0},
@@ -413,6 +414,9 @@ def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
     assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == 100.0
     assert rows["fp32"]["reached"] == "2/2" and rows["int8"]["reached"] == "1/2"
     assert rows["int8"]["time_to_reward_s"] == 100.0 and rows["int8"]["speedup"] == 2.0  # over the runs that reached
+    # over all runs, the one that did not reach counts at its whole budget (600 s)
+    assert rows["int8"]["time_all_runs_s"] == 350.0 and rows["int8"]["speedup_all_runs"] == round(200 / 350, 2)
+    assert rows["fp32"]["env_steps_to_target"] == 20000 and rows["int8"]["env_steps_to_target"] == 10000
     assert rows["fp32"]["learner_steps"] == 2000 and rows["int8"]["learner_steps"] == 3000
     assert rows["fp32"]["actor_steps_per_s"] == 50.0 and rows["int8"]["inference_ms"] == 0.5
     assert rows["fp32"]["energy_wh"] == 3.0 and rows["int8"]["energy_wh"] == 2.0

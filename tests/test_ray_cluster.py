@@ -136,3 +136,28 @@ def test_a_cluster_with_no_free_cpu_is_refused_in_one_line(tmp_path: Path) -> No
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "has 0 free CPUs and --actors 2 needs one each" in lines[0], r.stderr
+
+
+def test_losing_the_cpus_the_actors_need_is_one_line(tmp_path: Path) -> None:
+    """Head with 1 CPU, second node with 2, two actors: when the second node leaves, no
+    node can hold the restarted actor, and the run stops in one line instead of hanging."""
+    address, nodes = _start_cluster(tmp_path, head_cpus=1, second_cpus=2)
+    out = tmp_path / "run"
+    try:
+        run = subprocess.Popen([*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2",
+                                "--policy-layers", "32", "--target-reward", "1e9", "--max-minutes", "5", "--out",
+                                str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 180
+        while time.time() < deadline and not (out / "actor_nodes.json").exists() and run.poll() is None:
+            time.sleep(0.5)
+        assert (out / "actor_nodes.json").exists(), run.communicate(timeout=30)
+        nodes[1].stop()
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for node in reversed(nodes):
+            node.stop()
+    assert run.returncode == 2, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.lower().startswith("error")]
+    assert len(errors) == 1 and "the Ray cluster lost nodes: 1 CPUs are left for --actors 2" in errors[0], stderr[-2000:]

@@ -6,7 +6,6 @@ default they go to a temporary folder."""
 from __future__ import annotations
 
 import csv
-import json
 import os
 from pathlib import Path
 
@@ -53,47 +52,44 @@ def test_qat_against_ptq(name: str, tmp_path: Path) -> None:
         assert float(rows["8"]["QAT_wa"]) >= fp32 - 0.1 * abs(fp32), rows
 
 
-# ActorQ compare: fp32 against int8 actors, 2 actors, the paper's 3 x 2048 policy. On a
-# 2-core CPU one such run takes tens of minutes (the learner does ~8 DQN / ~3 D4PG steps a
-# second alone), so QUARL_ACTORQ_LAYERS / _LR / _MINUTES / _REPEATS let a shorter study use
-# a smaller policy; the README says which was run.
+# ActorQ compare where acting bounds progress on 2 cores: one actor with a 3 x 1024 policy
+# (its inference is ~85 % of its time at fp32), a learner that is cheap per env step (batch
+# 64, 0.25 samples per insert: 256 env steps per learner step), three repeats per precision.
+# QUARL_ACTORQ_LAYERS / _REPEATS / _MINUTES change it; the README says which was run.
 ACTORQ = {
     "dqn-cartpole": ["CartPole-v1", "--algo", "dqn", "--target-reward", "195", "--batch-size", "64",
-                     "--min-replay", "500", "--samples-per-insert", "8", "--update-period", "100", "--push-period", "50",
-                     "--eval-every", "5", "--eval-episodes", "3"],
-    # batch 64 (not the paper's 256): the 3 x 2048 learner steps ~4x faster on a CPU; 8
-    # samples per insert keeps 8 env steps per learner step, as batch 256 with 32 does
-    # (each transition is then replayed 8 times instead of 32)
-    "d4pg-cartpole-balance": ["dm_control/cartpole-balance-v0", "--algo", "d4pg", "--target-reward", "900",
-                              "--batch-size", "64", "--samples-per-insert", "8", "--eval-every", "15",
+                     "--samples-per-insert", "0.25", "--lr", "3e-4", "--target-update-period", "20",
+                     "--push-period", "25", "--eval-every", "5", "--eval-episodes", "3"],
+    "d4pg-cartpole-balance": ["dm_control/cartpole-balance-v0", "--algo", "d4pg", "--target-reward", "{d4pg_target}",
+                              "--batch-size", "64", "--samples-per-insert", "0.5", "--lr", "1e-4",
+                              "--target-update-period", "20", "--push-period", "25", "--eval-every", "10",
                               "--eval-episodes", "1"],
 }
 
 
 @pytest.mark.timeout(14400)
 @pytest.mark.parametrize("name", list(ACTORQ))
-def test_actorq_compare_fp32_vs_int8(name: str, tmp_path: Path) -> None:
-    layers = os.environ.get("QUARL_ACTORQ_LAYERS", "2048,2048,2048")
-    # Adam's step moves a wide layer's outputs more: 1e-4 for 2048 units (1e-3 suits 256)
-    lr = os.environ.get("QUARL_ACTORQ_LR", "1e-4")
-    minutes = os.environ.get("QUARL_ACTORQ_MINUTES", "25")
+def test_actorq_actor_bound_compare_fp32_vs_int8(name: str, tmp_path: Path) -> None:
+    layers = os.environ.get("QUARL_ACTORQ_LAYERS", "1024,1024,1024")
+    minutes = os.environ.get("QUARL_ACTORQ_MINUTES", "6")
     repeats = os.environ.get("QUARL_ACTORQ_REPEATS", "3")
+    args = [a.format(d4pg_target=os.environ.get("QUARL_D4PG_TARGET", "700")) for a in ACTORQ[name]]
     out = _out(tmp_path, f"actorq-{name}-{layers.replace(',', 'x')}")
-    r = quarl("actorq", "compare", *ACTORQ[name], "--policy-layers", layers, "--lr", lr, "--actors", "2",
-              "--precisions", "fp32,int8", "--repeats", repeats, "--max-minutes", minutes, "--out", str(out),
-              timeout=14400)
+    r = quarl("actorq", "compare", *args, "--policy-layers", layers, "--actors", "1", "--precisions", "fp32,int8",
+              "--repeats", repeats, "--max-minutes", minutes, "--out", str(out), timeout=14400)
     assert r.returncode == 0, r.stderr
     print(r.stdout)
     with (out / "compare.csv").open() as fh:
         rows = {row["actor_precision"]: row for row in csv.DictReader(fh)}
     assert set(rows) == {"fp32", "int8"}
-    # int8 actors spend less time in inference (the benchmark measures by how much); both
-    # learn: reward against the target is reported, reaching it within the budget is not
-    # asserted, since on 2 cores the 3 x 2048 learner may not get there in time
-    assert float(rows["int8"]["inference_ms"]) < float(rows["fp32"]["inference_ms"])
-    for summary in out.glob("*/rep*/summary.json"):
-        s = json.loads(summary.read_text())
-        assert s["final_running_mean"] > s["evals"][0][2], (summary, s["evals"][:3], s["final_running_mean"])
+    fp32, int8 = rows["fp32"], rows["int8"]
+    # the mechanism: fp32 actors never wait on the rate limiter (acting bounds progress),
+    # int8 actors step their env >= 1.5x as fast, and the learner idles part of the time
+    assert float(fp32["actor_rate_limit"]) < 0.05 and float(fp32["learner_busy"]) < 0.8, fp32
+    assert float(int8["actor_steps_per_s"]) >= 1.5 * float(fp32["actor_steps_per_s"]), rows
+    # the result: every int8 run reaches the target, and sooner than fp32 on average
+    assert int8["reached"] == f"{repeats}/{repeats}", int8
+    assert float(int8["speedup"]) > 1.2, rows
 
 
 @pytest.mark.timeout(3600)

@@ -74,6 +74,7 @@ class RayFleet:
         self.eval_ref: Any = None
         self.eval_meta: tuple[int, float] | None = None
         self.done_evals: list[tuple[int, float, float]] = []
+        self.next_capacity_check = 0.0
 
     def _start(self, index: int) -> Any:
         return self.actor_cls.remote(self.config, self.info, index, self.broadcaster)
@@ -89,7 +90,21 @@ class RayFleet:
     def submit(self, index: int, steps: int) -> None:
         self.pending[self.actors[index].run.remote(steps)] = index
 
+    def _check_capacity(self) -> None:
+        """A node that leaves takes its CPUs along: when the cluster can no longer hold one
+        CPU per actor, the restarted actors would wait forever, so stop in one line."""
+        import time
+
+        if time.monotonic() < self.next_capacity_check:
+            return
+        self.next_capacity_check = time.monotonic() + 5.0
+        cpus = float(self.ray.cluster_resources().get("CPU", 0.0))
+        if cpus < self.config.actors:
+            raise QuarlError(f"the Ray cluster lost nodes: {cpus:g} CPUs are left for --actors {self.config.actors}; "
+                             "the last checkpoint is in OUT (rerun with --resume on a cluster with room)")
+
     def ready(self, timeout_s: float) -> list[ActorResult | ActorFailure]:
+        self._check_capacity()
         if self.queued is not None:
             self.publish(*self.queued)
         self._poll_eval()

@@ -380,6 +380,7 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         "learner_steps_per_s": state.learner_steps / max(state.elapsed_s, 1e-9),
         "actor_env_steps_per_s": {str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
         "actor_ms_per_step": per_step_ms,
+        "actor_quant": _actor_quant(config),
         "actor_time_share": _actor_shares(state, config.actors),
         "actor_busy_ms_per_step": 1000 * state.actor_wall_s / steps,
         "learner_ms_per_step": 1000 * learner_s / max(state.learner_steps, 1),
@@ -396,6 +397,15 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         "broadcast": broadcast,
         "energy": energy,
     }
+
+
+def _actor_quant(config: ActorQConfig) -> dict[str, Any]:
+    """How the actors' network was quantized (part of what a stored run is)."""
+    if config.actor_precision != "int8":
+        return {"precision": config.actor_precision, "wire_bits": config.wire_bits}
+    from quarl.actorq.acting import INT8_ACTOR_KEEP, INT8_ACTOR_MODE
+
+    return {"precision": "int8", "mode": INT8_ACTOR_MODE, "fp32_layers": sorted(INT8_ACTOR_KEEP)}
 
 
 def _actor_shares(state: RunState, actors: int) -> dict[str, float]:
