@@ -16,7 +16,8 @@ from quarl.errors import QuarlError
 
 
 def _costs(precision: str, actor_ms: float, learner_ms: float = 50.0, **kw) -> Costs:
-    base = dict(precision=precision, actor_s_per_step=actor_ms / 1000, learner_s_per_step=learner_ms / 1000,
+    base = dict(precision=precision, actor_s_per_step=actor_ms / 1000, actor_cpu_s_per_step=actor_ms / 1000,
+                evaluator_cores=0.0, learner_s_per_step=learner_ms / 1000,
                 build_s_per_version=0.0, broadcast_bytes=8e6, env_steps_per_learner_step=256.0, push_period=25,
                 update_period=300, env_steps_to_target=100_000.0)
     return Costs(**{**base, **kw})
@@ -32,6 +33,14 @@ def test_limits_match_the_formulas() -> None:
     assert math.isinf(p.limits["network"])
     assert p.regime == "actors" and p.env_steps_per_s == pytest.approx(500.0)
     assert p.time_to_reward_s == pytest.approx(200.0)  # 100k steps at 500 / s
+
+
+def test_actor_wall_time_bounds_actors_and_cpu_time_bounds_cores() -> None:
+    c = _costs("fp32", actor_ms=2.0, learner_ms=100.0, actor_cpu_s_per_step=0.0015, evaluator_cores=0.5)
+    p = predict(c, Cluster(actors=4, cores_per_node=2))
+    assert p.limits["actors"] == pytest.approx(2000.0)  # 4 / 2 ms of wall time
+    assert p.limits["cores"] == pytest.approx((2 - 0.5) / (0.0015 + 0.1 / 256))  # 1.5 ms of CPU, 0.5 core evaluating
+    assert p.regime == "cores"
 
 
 def test_regimes_move_with_actors_learner_and_network() -> None:
@@ -59,6 +68,7 @@ def _summary(precision: str, actors: int, steps_per_s: float, actor_ms: float) -
     return {"config": {"actor_precision": precision, "actors": actors, "batch_size": 64, "samples_per_insert": 0.25,
                        "push_period": 25, "update_period": 300},
             "machine": {"cores": 2}, "env_steps_per_s": steps_per_s, "actor_busy_ms_per_step": actor_ms,
+            "actor_wall_ms_per_step": actor_ms * 1.1, "evaluator_busy_s": 10.0, "elapsed_s": 100.0,
             "learner_ms_per_step": 40.0, "broadcast": {"bytes": 4e6, "build_s": 0.2}, "env_steps_at_target": 50_000}
 
 

@@ -4,6 +4,7 @@ the coordinator (:mod:`quarl.actorq.system`) drives, and the pieces both fleets 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +35,7 @@ class Fleet(Protocol):
     def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None: ...
     def evaluations(self) -> list[tuple[int, float, float]]: ...
     def broadcast_stats(self) -> dict[str, float]: ...
+    def evaluator_busy_s(self) -> float: ...
     def close(self) -> None: ...
 
 
@@ -46,8 +48,11 @@ class Evaluator:
         self.network = make_network(config, info).eval()
         self.env = make_env(EnvSpec(config.env_id))
         self.calls = 0
+        self.busy_s = 0.0
+        """Seconds spent evaluating (CPU the scaling model accounts for)."""
 
     def evaluate(self, weights: dict[str, np.ndarray]) -> float:
+        started = time.perf_counter()
         self.network.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         returns = []
         for episode in range(self.config.eval_episodes):
@@ -62,4 +67,8 @@ class Evaluator:
                 done = terminated or truncated
             returns.append(total)
         self.calls += 1
+        self.busy_s += time.perf_counter() - started
         return float(np.mean(returns))
+
+    def busy(self) -> float:
+        return self.busy_s

@@ -55,6 +55,9 @@ class LocalFleet:
     def broadcast_stats(self) -> dict[str, float]:
         return dict(self.broadcaster.stats)
 
+    def evaluator_busy_s(self) -> float:
+        return self.evaluator.busy_s
+
     def close(self) -> None:
         for actor in self.actors:
             actor.close()

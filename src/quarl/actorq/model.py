@@ -5,13 +5,16 @@ network of a given bandwidth.
 
 The throughput X (env steps / s) is the smallest of four limits::
 
-    actors    N / a                      a: an actor's busy seconds per env step, plus the
+    actors    N / a                      a: an actor's wall seconds per env step when not
+                                            held back (its work, Ray's dispatch), plus the
                                             network time of one pull every U steps
     learner   E / l                      E = batch / samples_per_insert env steps per
                                             learner step; l: seconds per learner step / g
-    cores     K / (a + l/E + b/(E P))    the K cores the actors share with a CPU learner
-                                            and the broadcaster (b: seconds to build one
-                                            weight version, P: learner steps per version)
+    cores     (K - e) / (c + l/E + b/(E P))  the K cores the actors (c: their CPU seconds
+                                            per step) share with a CPU learner, the
+                                            broadcaster (b: seconds to build one weight
+                                            version, P: learner steps per version) and the
+                                            evaluator (e: the cores it keeps busy)
     network   W U / B                    every actor pulls B bytes at most every U steps
 
 The time to reward is S / X for the S env steps a run needed: at one replay ratio the
@@ -45,7 +48,10 @@ class Costs:
 
     precision: str
     actor_s_per_step: float
-    """An actor's busy seconds per env step (inference, env, pulls, decode, loop)."""
+    """An actor's wall seconds per env step when the rate limiter does not hold it back."""
+    actor_cpu_s_per_step: float
+    """Of which computing (inference, env, pulls, decode, loop)."""
+    evaluator_cores: float
     learner_s_per_step: float
     build_s_per_version: float
     """Broadcaster seconds to serialize (or quantize) one weight version."""
@@ -93,14 +99,15 @@ class Prediction:
 def predict(costs: Costs, cluster: Cluster) -> Prediction:
     e = costs.env_steps_per_learner_step
     learner = costs.learner_s_per_step / cluster.learner_speedup
-    actor = costs.actor_s_per_step + costs.broadcast_bytes / cluster.bandwidth_bytes_per_s / costs.update_period
-    per_step_cpu = actor + costs.build_s_per_version / (e * costs.push_period)
+    transfer = costs.broadcast_bytes / cluster.bandwidth_bytes_per_s / costs.update_period
+    actor = costs.actor_s_per_step + transfer
+    per_step_cpu = costs.actor_cpu_s_per_step + costs.build_s_per_version / (e * costs.push_period)
     if cluster.learner_on_cpu:
         per_step_cpu += learner / e
     limits = {
         "actors": cluster.actors / actor,
         "learner": e / learner,
-        "cores": cluster.nodes * cluster.cores_per_node / per_step_cpu,
+        "cores": max(cluster.nodes * cluster.cores_per_node - costs.evaluator_cores, 0.0) / per_step_cpu,
         "network": cluster.bandwidth_bytes_per_s * costs.update_period / max(costs.broadcast_bytes, 1.0),
     }
     regime = min(limits, key=limits.get)
@@ -120,7 +127,9 @@ def costs_from_summaries(precision: str, summaries: Sequence[dict[str, Any]]) ->
         config = summaries[0]["config"]
         return Costs(
             precision=precision,
-            actor_s_per_step=mean(s["actor_busy_ms_per_step"] / 1000 for s in summaries),
+            actor_s_per_step=mean(s["actor_wall_ms_per_step"] / 1000 for s in summaries),
+            actor_cpu_s_per_step=mean(s["actor_busy_ms_per_step"] / 1000 for s in summaries),
+            evaluator_cores=mean(s["evaluator_busy_s"] / max(s["elapsed_s"], 1e-9) for s in summaries),
             learner_s_per_step=mean(s["learner_ms_per_step"] / 1000 for s in summaries),
             build_s_per_version=mean(s["broadcast"].get("build_s", 0.0) for s in summaries),
             broadcast_bytes=mean(s["broadcast"].get("bytes", 0.0) for s in summaries),

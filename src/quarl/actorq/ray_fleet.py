@@ -159,6 +159,12 @@ class RayFleet:
         except Exception:
             return {}
 
+    def evaluator_busy_s(self) -> float:
+        try:
+            return float(self.ray.get(self.evaluator.busy.remote(), timeout=30))
+        except Exception:
+            return 0.0
+
     def close(self) -> None:
         for handle in [*self.actors, self.broadcaster, self.evaluator]:
             try:

@@ -61,6 +61,7 @@ class RunState:
     actor_steps: dict[int, int] = field(default_factory=dict)
     actor_wait_s: float = 0.0
     """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
+    evaluator_busy_s: float = 0.0
     actor_wall_s: float = 0.0
     """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
     actor_nodes: dict[int, list[str]] = field(default_factory=dict)
@@ -213,6 +214,7 @@ def run_actorq(
     finally:
         state.elapsed_s = now()
         broadcast = fleet.broadcast_stats()
+        state.evaluator_busy_s = fleet.evaluator_busy_s()
         fleet.close()
         emissions = _stop_energy(energy)
         tb.close()
@@ -383,6 +385,9 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         "actor_quant": _actor_quant(config),
         "actor_time_share": _actor_shares(state, config.actors),
         "actor_busy_ms_per_step": 1000 * state.actor_wall_s / steps,
+        # an actor's wall time per step when not held by the rate limiter (Ray's dispatch included)
+        "actor_wall_ms_per_step": 1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
+        "evaluator_busy_s": state.evaluator_busy_s,
         "learner_ms_per_step": 1000 * learner_s / max(state.learner_steps, 1),
         "env_steps_at_target": state.env_steps_at_target,
         "learner_time_share": {"learning": learner_s / max(state.elapsed_s, 1e-9),
