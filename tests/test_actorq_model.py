@@ -17,7 +17,7 @@ from quarl.errors import QuarlError
 
 def _costs(precision: str, actor_ms: float, learner_ms: float = 50.0, **kw) -> Costs:
     base = dict(precision=precision, actor_s_per_step=actor_ms / 1000, actor_cpu_s_per_step=actor_ms / 1000,
-                evaluator_cores=0.0, learner_s_per_step=learner_ms / 1000,
+                evaluator_cores=0.0, coordinator_s_per_step=0.0, learner_s_per_step=learner_ms / 1000,
                 build_s_per_version=0.0, broadcast_bytes=8e6, env_steps_per_learner_step=256.0, push_period=25,
                 update_period=300, env_steps_to_target=100_000.0)
     return Costs(**{**base, **kw})
@@ -36,10 +36,12 @@ def test_limits_match_the_formulas() -> None:
 
 
 def test_actor_wall_time_bounds_actors_and_cpu_time_bounds_cores() -> None:
-    c = _costs("fp32", actor_ms=2.0, learner_ms=100.0, actor_cpu_s_per_step=0.0015, evaluator_cores=0.5)
+    c = _costs("fp32", actor_ms=2.0, learner_ms=100.0, actor_cpu_s_per_step=0.0015, evaluator_cores=0.5,
+               coordinator_s_per_step=0.0002)
     p = predict(c, Cluster(actors=4, cores_per_node=2))
     assert p.limits["actors"] == pytest.approx(2000.0)  # 4 / 2 ms of wall time
-    assert p.limits["cores"] == pytest.approx((2 - 0.5) / (0.0015 + 0.1 / 256))  # 1.5 ms of CPU, 0.5 core evaluating
+    # 1.5 ms of actor CPU and 0.2 ms of the coordinator's per step, 0.5 core evaluating
+    assert p.limits["cores"] == pytest.approx((2 - 0.5) / (0.0015 + 0.0002 + 0.1 / 256))
     assert p.regime == "cores"
 
 
@@ -69,6 +71,7 @@ def _summary(precision: str, actors: int, steps_per_s: float, actor_ms: float) -
                        "push_period": 25, "update_period": 300},
             "machine": {"cores": 2}, "env_steps_per_s": steps_per_s, "actor_busy_ms_per_step": actor_ms,
             "actor_wall_ms_per_step": actor_ms * 1.1, "evaluator_busy_s": 10.0, "elapsed_s": 100.0,
+            "coordinator_ms_per_step": 0.05,
             "learner_ms_per_step": 40.0, "broadcast": {"bytes": 4e6, "build_s": 0.2}, "env_steps_at_target": 50_000}
 
 

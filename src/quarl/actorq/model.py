@@ -10,8 +10,10 @@ The throughput X (env steps / s) is the smallest of four limits::
                                             network time of one pull every U steps
     learner   E / l                      E = batch / samples_per_insert env steps per
                                             learner step; l: seconds per learner step / g
-    cores     (K - e) / (c + l/E + b/(E P))  the K cores the actors (c: their CPU seconds
-                                            per step) share with a CPU learner, the
+    cores     (K - e) / (c + d + l/E + b/(E P))  the K cores the actors (c: their CPU
+                                            seconds per step) share with the coordinator
+                                            (d: its CPU per step beyond learner steps), a
+                                            CPU learner, the
                                             broadcaster (b: seconds to build one weight
                                             version, P: learner steps per version) and the
                                             evaluator (e: the cores it keeps busy)
@@ -52,6 +54,8 @@ class Costs:
     actor_cpu_s_per_step: float
     """Of which computing (inference, env, pulls, decode, loop)."""
     evaluator_cores: float
+    coordinator_s_per_step: float
+    """The driver's CPU per env step beyond learner steps (receiving chunks, replay)."""
     learner_s_per_step: float
     build_s_per_version: float
     """Broadcaster seconds to serialize (or quantize) one weight version."""
@@ -101,7 +105,8 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     learner = costs.learner_s_per_step / cluster.learner_speedup
     transfer = costs.broadcast_bytes / cluster.bandwidth_bytes_per_s / costs.update_period
     actor = costs.actor_s_per_step + transfer
-    per_step_cpu = costs.actor_cpu_s_per_step + costs.build_s_per_version / (e * costs.push_period)
+    per_step_cpu = (costs.actor_cpu_s_per_step + costs.coordinator_s_per_step
+                    + costs.build_s_per_version / (e * costs.push_period))
     if cluster.learner_on_cpu:
         per_step_cpu += learner / e
     limits = {
@@ -130,6 +135,7 @@ def costs_from_summaries(precision: str, summaries: Sequence[dict[str, Any]]) ->
             actor_s_per_step=mean(s["actor_wall_ms_per_step"] / 1000 for s in summaries),
             actor_cpu_s_per_step=mean(s["actor_busy_ms_per_step"] / 1000 for s in summaries),
             evaluator_cores=mean(s["evaluator_busy_s"] / max(s["elapsed_s"], 1e-9) for s in summaries),
+            coordinator_s_per_step=mean(s["coordinator_ms_per_step"] / 1000 for s in summaries),
             learner_s_per_step=mean(s["learner_ms_per_step"] / 1000 for s in summaries),
             build_s_per_version=mean(s["broadcast"].get("build_s", 0.0) for s in summaries),
             broadcast_bytes=mean(s["broadcast"].get("bytes", 0.0) for s in summaries),

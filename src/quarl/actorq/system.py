@@ -62,6 +62,8 @@ class RunState:
     actor_wait_s: float = 0.0
     """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
     evaluator_busy_s: float = 0.0
+    driver_cpu_s: float = 0.0
+    """CPU seconds of this process (learner steps, and the coordinator's own work)."""
     actor_wall_s: float = 0.0
     """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
     actor_nodes: dict[int, list[str]] = field(default_factory=dict)
@@ -128,6 +130,7 @@ def run_actorq(
     tb = SummaryWriter(str(out / "tb"))
     energy = _energy_tracker(out)
     started = time.perf_counter() - state.elapsed_s
+    cpu_started = time.process_time()
     now = lambda: time.perf_counter() - started  # noqa: E731
     try:
         state.version += 1
@@ -215,6 +218,7 @@ def run_actorq(
         state.elapsed_s = now()
         broadcast = fleet.broadcast_stats()
         state.evaluator_busy_s = fleet.evaluator_busy_s()
+        state.driver_cpu_s += time.process_time() - cpu_started
         fleet.close()
         emissions = _stop_energy(energy)
         tb.close()
@@ -388,6 +392,8 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         # an actor's wall time per step when not held by the rate limiter (Ray's dispatch included)
         "actor_wall_ms_per_step": 1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
         "evaluator_busy_s": state.evaluator_busy_s,
+        # the coordinator's CPU beyond learner steps (receiving chunks, replay, logging), per env step
+        "coordinator_ms_per_step": 1000 * max(state.driver_cpu_s - learner_s, 0.0) / steps,
         "learner_ms_per_step": 1000 * learner_s / max(state.learner_steps, 1),
         "env_steps_at_target": state.env_steps_at_target,
         "learner_time_share": {"learning": learner_s / max(state.elapsed_s, 1e-9),
