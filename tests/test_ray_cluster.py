@@ -22,6 +22,9 @@ pytestmark = pytest.mark.slow
 
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
 QUARL = [sys.executable, "-m", "quarl.cli"]
+# one authentication mode for every process, whatever ~/.ray holds: a head that finds a
+# token file turns token authentication on, and a node or driver without it cannot join
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
 
 
 def _free_port() -> int:
@@ -37,7 +40,7 @@ class Node:
     def __init__(self, args: list[str], log: Path) -> None:
         self.log = log.open("w")
         self.proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args], stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=ENV)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -53,7 +56,7 @@ class Node:
 def _nodes_alive(address: str) -> int:
     code = ("import ray, logging; ray.init(address=%r, _node_ip_address='127.0.0.1', logging_level=logging.ERROR);"
             "print(sum(n['Alive'] for n in ray.nodes()))" % address)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     return int(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else 0
 
 
@@ -93,7 +96,7 @@ def test_actors_spread_over_two_nodes_and_survive_the_second_leaving(two_nodes, 
         [*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2", "--actor-precision", "int8",
          "--policy-layers", "64,64", "--lr", "1e-3", "--batch-size", "64", "--samples-per-insert", "4",
          "--target-reward", "150", "--eval-every", "3", "--eval-episodes", "3", "--max-minutes", "5", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     try:
         nodes_file = out / "actor_nodes.json"
         deadline = time.time() + 180
@@ -129,7 +132,7 @@ def test_a_cluster_with_no_free_cpu_is_refused_in_one_line(tmp_path: Path) -> No
     try:
         r = subprocess.run([*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2",
                             "--policy-layers", "32", "--out", str(tmp_path / "run")],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=300, env=ENV)
     finally:
         for node in nodes:
             node.stop()
@@ -146,7 +149,7 @@ def test_losing_the_cpus_the_actors_need_is_one_line(tmp_path: Path) -> None:
     try:
         run = subprocess.Popen([*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2",
                                 "--policy-layers", "32", "--target-reward", "1e9", "--max-minutes", "5", "--out",
-                                str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         deadline = time.time() + 180
         while time.time() < deadline and not (out / "actor_nodes.json").exists() and run.poll() is None:
             time.sleep(0.5)

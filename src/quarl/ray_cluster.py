@@ -46,7 +46,10 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
                      logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"--address {address!r}" if address else "a local Ray"
-        raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}") from None
+        hint = ""
+        if address and os.environ.get("RAY_AUTH_MODE") != "token":  # Ray's default for new clusters
+            hint = " (a cluster with token authentication needs RAY_AUTH_MODE=token here too)"
+        raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}{hint}") from None
     return True
 
 
