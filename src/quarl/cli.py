@@ -355,6 +355,10 @@ def _check_count(name: str, value: Optional[int], minimum: int) -> None:
         raise QuarlError(f"{name} {value} must be at least {minimum}")
 
 
+MAX_BENCH_BUDGET_S = 600.0
+"""Seconds of timing per bench cell: a larger value (or inf) is a typo, not a wish."""
+MAX_BENCH_BATCH = 65_536
+
 AlgoArg = typer.Argument(..., help="a2c, ppo, dqn, ddpg, td3 or sac")
 EnvIdArg = typer.Argument(..., help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
 TimestepsOpt = typer.Option(None, "--timesteps", "-n", "--n-timesteps",
@@ -723,12 +727,12 @@ def bench(
     from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)
-    if not budget > 0:
-        raise QuarlError(f"--budget {budget} must be a positive number of seconds")
+    if not 0 < budget <= MAX_BENCH_BUDGET_S:
+        raise QuarlError(f"--budget {budget} must be a positive number of seconds, at most {MAX_BENCH_BUDGET_S:g}")
     sizes = []
     for item in _split(batches, "--batches"):
-        if not item.isdigit() or int(item) < 1:
-            raise QuarlError(f"batch size {item!r} must be a positive integer")
+        if not item.isdigit() or not 1 <= int(item) <= MAX_BENCH_BATCH:
+            raise QuarlError(f"batch size {item!r} must be an integer in 1..{MAX_BENCH_BATCH}")
         sizes.append(int(item))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget,

@@ -30,7 +30,7 @@ import torch
 
 from quarl.actorq.acting import ActorResult, EnvInfo, env_info
 from quarl.actorq.config import ActorQConfig
-from quarl.actorq.fleet import ActorFailure, Evaluator, Fleet  # noqa: F401 (Evaluator: also importable from here)
+from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.learners import make_learner
 from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
 from quarl.provenance import provenance
