@@ -235,3 +235,16 @@ def test_calibration_returns_play_the_fp32_policy_once(monkeypatch: pytest.Monke
     for p in (fp32, candidate, fp32, candidate, fp32):
         returns(p)
     assert played.count(fp32) == 1 and played.count(candidate) == 2
+
+
+def test_a_later_mode_wins_only_when_much_faster_in_ratio_and_in_microseconds() -> None:
+    from quarl.quant.modes import Candidate, _ranked
+
+    def ranked(*latencies: float) -> list[str]:
+        cands = [Candidate(f"m{i}", (), 1.0, latency_us=lat) for i, lat in enumerate(latencies)]
+        return [c.mode for c in _ranked(cands, np.zeros((1, 4), np.float32), 0.01)]
+
+    assert ranked(30.0, 15.0) == ["m0", "m1"]  # 2x faster but 15 us: timer noise, registry order stays
+    assert ranked(300.0, 150.0) == ["m1", "m0"]  # 2x and 150 us: the later mode wins
+    assert ranked(300.0, 220.0) == ["m0", "m1"]  # 80 us but only 1.36x
+    assert ranked(900.0, 500.0, 200.0) == ["m2", "m1", "m0"]
