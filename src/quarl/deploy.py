@@ -23,7 +23,8 @@ from quarl.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
-from quarl.quant.config import REAL_BITS, QuantConfig
+from quarl.quant import precisions as registry
+from quarl.quant.config import QuantConfig
 from quarl.quant.modes import Returns
 from quarl.timing import median_us
 
@@ -64,7 +65,7 @@ def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | No
     config = QuantConfig.parse(precision, **options)
     if config.precision == "fp32":  # a QAT policy exports as it acts (n-bit weights, fake-quantized outputs)
         return export_onnx(policy.network, policy.input_shape), None
-    if config.precision not in REAL_BITS:
+    if not registry.get(config.precision).real_int:
         raise QuarlError(f"export precision {precision!r} has no ONNX model: allowed fp32, int8, int4 and their modes")
     quantized = quantize(policy, config, calibration=calibration, returns=returns)
     assert isinstance(quantized.engine, OrtEngine)  # every real int mode runs on ONNX Runtime

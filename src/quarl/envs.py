@@ -9,9 +9,11 @@ Old ids that gymnasium no longer makes (MuJoCo ``-v2``/``-v3`` needed mujoco-py,
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -39,20 +41,45 @@ _RENAMED = {
 WRAPPERS = tuple(env_wrappers.KINDS)
 """Env wrappers quarl applies by name (from a zoo config's ``env_wrapper``)."""
 
-_registered_ale = False
 _noted: set[str] = set()
 
 
-def _register_ale() -> None:
-    global _registered_ale
-    if not _registered_ale:
-        try:
-            import ale_py
+def _identity(env: gym.Env) -> gym.Env:
+    return env
 
-            gym.register_envs(ale_py)
-        except ImportError:  # pragma: no cover - ale-py is a dependency
-            pass
-        _registered_ale = True
+
+@dataclass(frozen=True)
+class EnvFamily:
+    """A family of env ids and what it takes to make them: evaluation, training and ActorQ
+    all build envs through :func:`make_env`, which asks the first family that claims an id.
+    Adding a family (a simulator, a suite) is one :func:`register_env_family` call."""
+
+    name: str
+    claims: Callable[[str], bool]
+    """Whether an env id belongs to this family."""
+    register: Callable[[], None] = lambda: None
+    """Makes the family's ids known to gymnasium (called before an id is checked; once is enough)."""
+    make_kwargs: Callable[[str, dict, tuple], dict] = lambda env_id, kwargs, wrappers: kwargs
+    """``(id, env kwargs, wrappers) -> kwargs for gym.make``."""
+    adapt: Callable[[gym.Env], gym.Env] = _identity
+    """Turns the made env (after the zoo's wrappers) into what a policy reads: a Box observation."""
+
+
+ENV_FAMILIES: dict[str, EnvFamily] = {}
+"""Asked in order, newest registered first; ``gymnasium`` (any registered id) is last."""
+
+
+def register_env_family(family: EnvFamily) -> EnvFamily:
+    """Add a family, asked before those registered earlier; returns it."""
+    rest = {k: v for k, v in ENV_FAMILIES.items() if k != family.name}
+    ENV_FAMILIES.clear()
+    ENV_FAMILIES.update({family.name: family, **rest})
+    return family
+
+
+def env_family(env_id: str) -> EnvFamily:
+    """The first family that claims ``env_id`` (``gymnasium`` claims every id)."""
+    return next(f for f in ENV_FAMILIES.values() if f.claims(env_id))
 
 
 def current_env_id(env_id: str) -> str:
@@ -72,6 +99,17 @@ def is_atari(env_id: str) -> bool:
     return "NoFrameskip" in env_id or env_id.startswith("ALE/")
 
 
+@functools.cache
+def _register_ale() -> None:
+    try:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    except ImportError:  # pragma: no cover - ale-py is a dependency
+        pass
+
+
+@functools.cache
 def _register_dm_control() -> None:
     try:
         import shimmy
@@ -81,12 +119,31 @@ def _register_dm_control() -> None:
         pass
 
 
+def _atari_kwargs(env_id: str, kwargs: dict, wrappers: tuple) -> dict:
+    if env_wrappers.has(wrappers, "atari") and env_id.startswith("ALE/"):
+        return {"frameskip": 1, **kwargs}  # AtariWrapper skips frames itself
+    return kwargs
+
+
+def _flat_float32(env: gym.Env) -> gym.Env:
+    """The DeepMind Control Suite's dict of arrays as one float32 vector."""
+    if not isinstance(env.observation_space, gym.spaces.Dict):
+        return env
+    env = gym.wrappers.FlattenObservation(env)
+    return gym.wrappers.TransformObservation(
+        env, lambda o: o.astype(np.float32), gym.spaces.Box(-np.inf, np.inf, env.observation_space.shape, np.float32)
+    )
+
+
+register_env_family(EnvFamily("gymnasium", lambda env_id: True))  # classic control, Box2D, MuJoCo: gymnasium's own
+register_env_family(EnvFamily("atari", is_atari, _register_ale, _atari_kwargs))
+register_env_family(EnvFamily("dm_control", lambda env_id: env_id.startswith("dm_control/"), _register_dm_control,
+                              adapt=_flat_float32))
+
+
 def check_env_id(env_id: str) -> str:
     """Return the id to make, or raise a one-line error naming ``env_id``."""
-    if is_atari(env_id):
-        _register_ale()
-    if env_id.startswith("dm_control/") and env_id not in gym.registry:
-        _register_dm_control()
+    env_family(env_id).register()
     new = current_env_id(env_id)
     if new not in gym.registry:
         close = difflib.get_close_matches(new, list(gym.registry), n=3)
@@ -116,26 +173,25 @@ class EnvSpec:
             raise QuarlError(f"frame_stack={self.frame_stack} must be at least 1")
 
 
-def make_env(spec: EnvSpec) -> gym.Env:
-    """Build one env (no vectorization; :mod:`quarl.evaluation` batches them)."""
+def make_env(spec: EnvSpec, training: bool = False, stack_frames: bool = True,
+             on_made: Callable[[gym.Env], gym.Env] = _identity) -> gym.Env:
+    """Build one env (no vectorization; :mod:`quarl.evaluation` batches them) through its
+    family. ``training``: the zoo wrappers' training settings (Atari: a lost life ends an
+    episode, rewards clipped) instead of evaluation's (whole games, raw scores).
+    ``stack_frames=False`` leaves frame stacking to the caller (SB3's VecFrameStack).
+    ``on_made`` wraps the bare env before the zoo's wrappers (training's Monitor, so it
+    logs the game's own episodes and scores, as the RL Zoo does)."""
     env_id = check_env_id(spec.env_id)
-    kwargs = dict(spec.env_kwargs)
-    atari = env_wrappers.has(spec.wrappers, "atari")
-    if atari and env_id.startswith("ALE/"):
-        kwargs.setdefault("frameskip", 1)  # AtariWrapper skips frames itself
+    family = env_family(spec.env_id)
+    kwargs = family.make_kwargs(env_id, dict(spec.env_kwargs), spec.wrappers)
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         raise QuarlError(f"env {env_id!r} needs a package that is missing: {exc}") from None
     except TypeError as exc:
         raise QuarlError(f"env {env_id!r} rejects env kwargs {kwargs}: {exc}") from None
-    env = env_wrappers.apply(env, spec.wrappers)  # Atari: whole games, unclipped scores
-    if isinstance(env.observation_space, gym.spaces.Dict):  # DeepMind Control Suite: flat float32 vector
-        env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.TransformObservation(
-            env, lambda o: o.astype(np.float32), gym.spaces.Box(-np.inf, np.inf, env.observation_space.shape, np.float32)
-        )
-    if spec.frame_stack > 1:
+    env = family.adapt(env_wrappers.apply(on_made(env), spec.wrappers, training=training))
+    if stack_frames and spec.frame_stack > 1:
         env = _stack_frames(env, spec.frame_stack)
     return env
 

@@ -33,7 +33,8 @@ from quarl.evaluation import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.api import quantize
-from quarl.quant.config import REAL_BITS, QuantConfig
+from quarl.quant import precisions as registry
+from quarl.quant.config import QuantConfig
 from quarl.quant.modes import runtime_key
 from quarl.records import ResultsLog
 from quarl.timing import median_us
@@ -106,7 +107,7 @@ def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettin
         "config": dataclasses.asdict(cell.config.resolved()),
         "env": dataclasses.asdict(env_spec),
         "format": RESULT_FORMAT,
-        **({"runtime": runtime_key()} if cell.config.precision in REAL_BITS else {}),
+        **({"runtime": runtime_key()} if registry.get(cell.config.precision).real_int else {}),
     }))
 
 
@@ -168,7 +169,7 @@ def run_cells(
 def needs_calibration(policy: Policy, config: QuantConfig) -> bool:
     """Activation ranges are calibrated on observations, and every real int mode is
     checked (or chosen) against fp32 on them."""
-    return config.activations or config.precision in REAL_BITS
+    return registry.needs_calibration(config)
 
 
 def evaluate_config(

@@ -30,7 +30,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 QAT_FILE = "qat.json"
 """Written by quantization-aware training next to config.yml."""
 
-ALGOS = ("a2c", "ppo", "trpo", "ppo_mask", "ars", "dqn", "qrdqn", "sac", "tqc", "crossq", "td3", "ddpg")
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "ReLU": nn.ReLU,
@@ -140,35 +139,146 @@ def _features(sd: dict, prefix: str, obs_shape: tuple[int, ...]) -> list[nn.Modu
     return layers
 
 
-def _family(sd: dict) -> str:
+@dataclass(frozen=True)
+class LayoutInput:
+    """What a layout's builder reads: the state dict and the policy's settings."""
+
+    sd: dict[str, torch.Tensor]
+    obs_shape: tuple[int, ...]
+    activation: type[nn.Module]
+    policy_kwargs: dict
+    action_space: gym.spaces.Space
+
+    @property
+    def continuous(self) -> bool:
+        return isinstance(self.action_space, gym.spaces.Box)
+
+
+@dataclass(frozen=True)
+class Acting:
+    """A layout's acting network: its layers and the head that turns outputs into actions."""
+
+    layers: list[nn.Module]
+    head: str
+    """``argmax``, ``quantile_argmax``, ``clip`` or ``unscale`` (see :class:`Policy`)."""
+    n_quantiles: int = 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one family of SB3 policies keeps its acting network in the state dict (the
+    algorithms that share a policy class share a layout: A2C, PPO and TRPO; SAC, TQC
+    and CrossQ; TD3 and DDPG). Adding a layout is one :func:`register_layout` call."""
+
+    name: str
+    """Also the algorithm's name when the checkpoint does not say it."""
+    matches: Callable[[dict], bool]
+    """Whether a state dict has this layout (asked newest registered first)."""
+    build: Callable[[LayoutInput], Acting]
+    default_activation: type[nn.Module] = nn.ReLU
+    """The activation SB3 uses when ``policy_kwargs`` names none."""
+    algos: tuple[str, ...] = ()
+    """SB3 / sb3-contrib algorithm names saved with this layout (as their policy module names them)."""
+
+
+LAYOUTS: dict[str, Layout] = {}
+
+
+def register_layout(layout: Layout) -> Layout:
+    """Add a layout, asked before those registered earlier; returns it."""
+    rest = {k: v for k, v in LAYOUTS.items() if k != layout.name}
+    LAYOUTS.clear()
+    LAYOUTS.update({layout.name: layout, **rest})
+    return layout
+
+
+def algos() -> tuple[str, ...]:
+    """Every algorithm name a registered layout loads."""
+    return tuple(dict.fromkeys(a for layout in reversed(LAYOUTS.values()) for a in (*layout.algos, layout.name)))
+
+
+def _layout(sd: dict) -> Layout:
     keys = set(sd)
     if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in keys):
         raise QuarlError(
             "recurrent policies (RecurrentPPO, LSTM) are not supported: their actions depend on a hidden state "
             "that quarl's stateless engines do not carry"
         )
-    if any(k.startswith("q_net.q_net.") for k in keys):
-        return "dqn"
-    if any(k.startswith("quantile_net.quantile_net.") for k in keys):
-        return "qrdqn"
-    if any(k.startswith("actor.latent_pi.") for k in keys):
-        return "sac"
-    if any(k.startswith("actor.mu.") for k in keys):
-        return "td3"
-    if "action_net.weight" in keys:
-        return "ppo"
-    if "action_net.0.weight" in keys:
-        return "ars"
+    for layout in LAYOUTS.values():
+        if layout.matches(sd):
+            return layout
     raise QuarlError(
-        "unsupported policy layout: the state dict has none of q_net, quantile_net, actor.mu, action_net "
+        f"unsupported policy layout: the state dict matches none of {', '.join(LAYOUTS)} "
         f"(keys: {', '.join(sorted(keys)[:6])}...)"
     )
 
 
-def _activation(policy_kwargs: dict, family: str) -> type[nn.Module]:
+def _has_prefix(prefix: str) -> Callable[[dict], bool]:
+    return lambda sd: any(k.startswith(prefix) for k in sd)
+
+
+def _dqn(x: LayoutInput) -> Acting:
+    return Acting(_features(x.sd, "q_net.features_extractor.", x.obs_shape) + _mlp(x.sd, "q_net.q_net.", x.activation, False),
+                  "argmax")
+
+
+def _qrdqn(x: LayoutInput) -> Acting:
+    layers = _features(x.sd, "quantile_net.features_extractor.", x.obs_shape)
+    layers += _mlp(x.sd, "quantile_net.quantile_net.", x.activation, False)
+    return Acting(layers, "quantile_argmax", layers[-1].out_features // int(x.action_space.n))
+
+
+def _ars(x: LayoutInput) -> Acting:
+    layers = _features(x.sd, "features_extractor.", x.obs_shape) + _mlp(x.sd, "action_net.", x.activation, False)
+    if x.continuous and x.policy_kwargs.get("squash_output", True):
+        return Acting([*layers, nn.Tanh()], "unscale")
+    return Acting(layers, "clip" if x.continuous else "argmax")
+
+
+def _sac(x: LayoutInput) -> Acting:
+    sd = x.sd
+    # CrossQ's latent_pi has Batch Renorm slots and no trailing activation after them
+    crossq = any(k.startswith("actor.latent_pi.") and k.endswith(".ra_mean") for k in sd)
+    latent = _mlp(sd, "actor.latent_pi.", x.activation, not crossq, float(x.policy_kwargs.get("batch_norm_eps", 1e-3)))
+    layers = _features(sd, "actor.features_extractor.", x.obs_shape) + latent
+    if "actor.mu.0.weight" in sd:  # gSDE: mu = Sequential(Linear, Hardtanh(-clip_mean, clip_mean))
+        clip_mean = float(x.policy_kwargs.get("clip_mean", 2.0))
+        layers += [_linear(sd, "actor.mu.0"), nn.Hardtanh(-clip_mean, clip_mean)]
+    else:
+        layers.append(_linear(sd, "actor.mu"))
+    return Acting([*layers, nn.Tanh()], "unscale")
+
+
+def _td3(x: LayoutInput) -> Acting:
+    layers = _features(x.sd, "actor.features_extractor.", x.obs_shape) + _mlp(x.sd, "actor.mu.", x.activation, False)
+    return Acting([*layers, nn.Tanh()], "unscale")
+
+
+def _actor_critic(x: LayoutInput) -> Acting:
+    sd = x.sd
+    fe = "pi_features_extractor." if any(k.startswith("pi_features_extractor.") for k in sd) else "features_extractor."
+    layers = _features(sd, fe, x.obs_shape)
+    layers += _mlp(sd, "mlp_extractor.shared_net.", x.activation, True)
+    layers += _mlp(sd, "mlp_extractor.policy_net.", x.activation, True)
+    layers.append(_linear(sd, "action_net"))
+    if x.continuous and x.policy_kwargs.get("squash_output"):
+        return Acting([*layers, nn.Tanh()], "unscale")
+    return Acting(layers, "clip" if x.continuous else "argmax")
+
+
+# asked newest first: the later registrations below are the more specific markers
+register_layout(Layout("ars", lambda sd: "action_net.0.weight" in sd, _ars))
+register_layout(Layout("ppo", lambda sd: "action_net.weight" in sd, _actor_critic, nn.Tanh, ("a2c", "trpo", "ppo_mask")))
+register_layout(Layout("td3", _has_prefix("actor.mu."), _td3, algos=("ddpg",)))
+register_layout(Layout("sac", _has_prefix("actor.latent_pi."), _sac, algos=("tqc", "crossq")))
+register_layout(Layout("qrdqn", _has_prefix("quantile_net.quantile_net."), _qrdqn))
+register_layout(Layout("dqn", _has_prefix("q_net.q_net."), _dqn))
+
+
+def _activation(policy_kwargs: dict, layout: Layout) -> type[nn.Module]:
     name = policy_kwargs.get("activation_fn")
     if name is None:  # SB3 defaults: tanh for on-policy actor-critic, ReLU elsewhere (ARS too)
-        return nn.Tanh if family == "ppo" else nn.ReLU
+        return layout.default_activation
     short = str(name).rsplit(".", 1)[-1]
     if short not in _ACTIVATIONS:
         raise QuarlError(f"activation {name!r} is not supported: allowed {', '.join(_ACTIVATIONS)}")
@@ -182,65 +292,25 @@ def build_policy(
     policy_kwargs: dict,
     algo: str | None = None,
 ) -> Policy:
-    """Rebuild the acting network of an SB3 policy from its state dict."""
-    family = _family(sd)
-    act = _activation(policy_kwargs, family)
+    """Rebuild the acting network of an SB3 policy from its state dict (through the
+    first :data:`LAYOUTS` entry that matches it)."""
+    layout = _layout(sd)
     obs_shape = tuple(observation_space.shape or ())
     continuous = isinstance(action_space, gym.spaces.Box)
     if not continuous and not isinstance(action_space, gym.spaces.Discrete):
         raise QuarlError(f"action space {action_space} is not supported: allowed Box and Discrete")
-    n_quantiles = 0
-    if family == "dqn":
-        layers = _features(sd, "q_net.features_extractor.", obs_shape) + _mlp(sd, "q_net.q_net.", act, False)
-        head = "argmax"
-    elif family == "qrdqn":
-        layers = _features(sd, "quantile_net.features_extractor.", obs_shape)
-        layers += _mlp(sd, "quantile_net.quantile_net.", act, False)
-        n_quantiles = layers[-1].out_features // int(action_space.n)
-        head = "quantile_argmax"
-    elif family == "ars":
-        layers = _features(sd, "features_extractor.", obs_shape) + _mlp(sd, "action_net.", act, False)
-        head = "clip" if continuous else "argmax"
-        if continuous and policy_kwargs.get("squash_output", True):
-            layers.append(nn.Tanh())
-            head = "unscale"
-    elif family == "sac":
-        # CrossQ's latent_pi has Batch Renorm slots and no trailing activation after them
-        crossq = any(k.startswith("actor.latent_pi.") and k.endswith(".ra_mean") for k in sd)
-        latent = _mlp(sd, "actor.latent_pi.", act, not crossq, float(policy_kwargs.get("batch_norm_eps", 1e-3)))
-        layers = _features(sd, "actor.features_extractor.", obs_shape) + latent
-        if "actor.mu.0.weight" in sd:  # gSDE: mu = Sequential(Linear, Hardtanh(-clip_mean, clip_mean))
-            clip_mean = float(policy_kwargs.get("clip_mean", 2.0))
-            layers += [_linear(sd, "actor.mu.0"), nn.Hardtanh(-clip_mean, clip_mean)]
-        else:
-            layers.append(_linear(sd, "actor.mu"))
-        layers.append(nn.Tanh())
-        head = "unscale"
-    elif family == "td3":
-        layers = _features(sd, "actor.features_extractor.", obs_shape) + _mlp(sd, "actor.mu.", act, False)
-        layers.append(nn.Tanh())
-        head = "unscale"
-    else:
-        fe = "pi_features_extractor." if any(k.startswith("pi_features_extractor.") for k in sd) else "features_extractor."
-        layers = _features(sd, fe, obs_shape)
-        layers += _mlp(sd, "mlp_extractor.shared_net.", act, True)
-        layers += _mlp(sd, "mlp_extractor.policy_net.", act, True)
-        layers.append(_linear(sd, "action_net"))
-        head = "clip" if continuous else "argmax"
-        if continuous and policy_kwargs.get("squash_output"):
-            layers.append(nn.Tanh())
-            head = "unscale"
-    if continuous != (head in ("clip", "unscale")):
-        raise QuarlError(f"a {family} network with {'box' if continuous else 'discrete'} actions is not supported")
+    acting = layout.build(LayoutInput(sd, obs_shape, _activation(policy_kwargs, layout), policy_kwargs, action_space))
+    if continuous != (acting.head in ("clip", "unscale")):
+        raise QuarlError(f"a {layout.name} network with {'box' if continuous else 'discrete'} actions is not supported")
     image = len(obs_shape) == 3 and np.issubdtype(observation_space.dtype, np.integer)
     policy = Policy(
-        network=nn.Sequential(*layers),
+        network=nn.Sequential(*acting.layers),
         observation_space=observation_space,
         action_space=action_space,
-        head=head,
-        algo=algo or family,
+        head=acting.head,
+        algo=algo or layout.name,
         scale_images=image and bool(policy_kwargs.get("normalize_images", True)),
-        n_quantiles=n_quantiles,
+        n_quantiles=acting.n_quantiles,
     )
     policy.meta["layer_names"] = [getattr(m, "sb3_name", None) for _, m in linear_layers(policy.network)]
     _check_shapes(policy)
@@ -303,7 +373,7 @@ def _algo_from_data(data: dict, family: str) -> str:
     hyperparameters they save (PPO's clip range; DDPG is TD3 without delay or noise)."""
     module = str((data.get("policy_class") or {}).get("__module__", ""))
     m = re.match(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies", module)
-    algo = m.group(1) if m and m.group(1) in ALGOS else family
+    algo = m.group(1) if m and m.group(1) in algos() else family
     if algo == "ppo":  # A2C, PPO and TRPO share ActorCriticPolicy
         return "ppo" if "clip_range" in data else "trpo" if "cg_max_steps" in data else "a2c"
     if algo == "td3" and data.get("policy_delay") == 1 and data.get("target_noise_clip") == 0.0:
@@ -340,7 +410,7 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
     env_name = zip_path.stem
     config_dir = folder / env_name if (folder / env_name / "config.yml").exists() else None
     algo_dir = folder.parent.name.lower()
-    return zip_path, config_dir, algo_dir if algo_dir in ALGOS else None
+    return zip_path, config_dir, algo_dir if algo_dir in algos() else None
 
 
 def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
@@ -377,7 +447,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
     kwargs = _policy_kwargs(data, config)
     if _policy_class_name(data) == "ARSLinearPolicy":  # ARS's linear policy clips; its MLP squashes
         kwargs.setdefault("squash_output", False)
-    algo = zoo_algo or _algo_from_data(data, _family(sd))
+    algo = zoo_algo or _algo_from_data(data, _layout(sd).name)
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
     policy.meta["checkpoint"] = str(path)
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from quarl.errors import QuarlError
+from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4", "nbit")
-"""``fp32``: unchanged, PyTorch (Stable-Baselines3's own numbers). ``fp16`` / ``bf16``:
+PRECISIONS: tuple[str, ...] = tuple(registry.PRECISIONS)
+"""The built-in precisions (the registry, :mod:`quarl.quant.precisions`, may hold more).
+``fp32``: unchanged, PyTorch (Stable-Baselines3's own numbers). ``fp16`` / ``bf16``:
 weights and arithmetic in that float format (PyTorch kernels). ``int8`` / ``int4``: real
 integer execution (ONNX Runtime kernels, see :mod:`quarl.quant.modes`). ``nbit``:
 simulated n-bit uniform quantization of the weights (fp32 arithmetic on the rounded
 weights), any width from 2 to 16 bits, as in the paper's sweeps; labelled ``simN``."""
 
 INT8_WEIGHTS: tuple[str, ...] = ("auto", "asymmetric", "symmetric")
-REAL_BITS = {"int8": 8, "int4": 4}
+REAL_BITS = registry.real_bits()
+"""The built-in real-integer precisions and their widths (``registry.real_bits()`` is current)."""
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class QuantConfig:
     """How to quantize the network that picks the actions."""
 
     precision: str = "fp32"
-    """One of :data:`PRECISIONS`."""
+    """A name in the precision registry (:data:`quarl.quant.precisions.PRECISIONS`)."""
     bits: int = 8
     """Bit width of ``nbit`` (2..16); set from the precision for ``int8`` / ``int4``."""
     mode: str = "auto"
@@ -55,10 +58,10 @@ class QuantConfig:
     def __post_init__(self) -> None:
         from quarl.quant.modes import MODES
 
-        if self.precision not in PRECISIONS:
-            raise QuarlError(f"unknown precision {self.precision!r}: allowed {', '.join(PRECISIONS)}")
-        if self.precision in REAL_BITS:
-            object.__setattr__(self, "bits", REAL_BITS[self.precision])
+        entry = registry.get(self.precision)
+        if entry.bits is not None:
+            object.__setattr__(self, "bits", entry.bits)
+        if entry.real_int:
             modes = [m.name for m in MODES.values() if m.bits == self.bits]
             if self.mode != "auto" and self.mode not in modes:
                 raise QuarlError(f"unknown {self.precision} mode {self.mode!r}: allowed auto, {', '.join(modes)}")
@@ -91,7 +94,7 @@ class QuantConfig:
         from quarl.quant.modes import MODES
 
         text = label.strip().lower()
-        if text in ("fp32", "fp16", "bf16", "int8", "int4"):
+        if text in registry.PRECISIONS and text != "nbit":
             return cls(precision=text, **kwargs)  # type: ignore[arg-type]
         if text in MODES:
             precision, mode = text.split("-", 1)
@@ -102,8 +105,9 @@ class QuantConfig:
         if text.startswith("int") and text[3:].isdigit():
             hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)"
         raise QuarlError(
-            f"unknown precision {label!r}{hint}: allowed fp32, fp16, bf16, int8, int4 (real kernels, automatic mode), "
-            f"{', '.join(MODES)}, sim{MIN_BITS}..sim{MAX_BITS} (simulated n-bit weights)"
+            f"unknown precision {label!r}{hint}: allowed {', '.join(p for p in registry.PRECISIONS if p != 'nbit')} "
+            f"(int8 / int4: real kernels, automatic mode), {', '.join(MODES)}, sim{MIN_BITS}..sim{MAX_BITS} "
+            "(simulated n-bit weights)"
         )
 
     @property
@@ -111,7 +115,7 @@ class QuantConfig:
         """Name for tables: ``fp32``, ``int8`` (automatic), ``int8-dyn-channel``, ``sim4``..."""
         if self.precision == "nbit":
             return f"sim{self.bits}"
-        if self.precision in REAL_BITS and self.mode != "auto":
+        if registry.get(self.precision).real_int and self.mode != "auto":
             return f"{self.precision}-{self.mode}"
         return self.precision
 
@@ -123,7 +127,7 @@ class QuantConfig:
 
         if self.int8_weights == "auto":
             return replace(self, int8_weights="symmetric" if has_vnni() else "asymmetric")
-        if self.int8_weights == "symmetric" and self.precision in REAL_BITS and not has_vnni():
+        if self.int8_weights == "symmetric" and registry.get(self.precision).real_int and not has_vnni():
             raise QuarlError("--int8-weights symmetric needs a CPU with VNNI (AVX512-VNNI or AVX-VNNI), which this one "
                              "lacks: its u8 x s8 kernels saturate int16 sums; use asymmetric or auto")
         return self

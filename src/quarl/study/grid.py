@@ -99,10 +99,10 @@ class StudyCell:
 def config_key(config: QuantConfig) -> str:
     """Hash of the config as this CPU runs it, the result format, and for real int cells
     the runtime and CPU (see :func:`quarl.quant.modes.runtime_key`)."""
-    from quarl.quant.config import REAL_BITS
+    from quarl.quant import precisions as registry
     from quarl.quant.modes import runtime_key
 
-    runtime = runtime_key() if config.precision in REAL_BITS else {}
+    runtime = runtime_key() if registry.get(config.precision).real_int else {}
     text = json.dumps([RESULT_FORMAT, dataclasses.asdict(config.resolved()), runtime], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -18,13 +18,12 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 import yaml
 
-from quarl import env_wrappers
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.quant.config import QATConfig
@@ -89,18 +88,22 @@ def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space:
 
 
 def _vec_env(setup: TrainSetup, n_envs: int, seed: int, training: bool):
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
 
     spec = setup.env_spec
 
-    def wrap(env: gym.Env) -> gym.Env:
-        return env_wrappers.apply(env, spec.wrappers, training=True)  # Atari: life loss ends, clipped rewards
+    def builder(rank: int) -> Callable[[], gym.Env]:
+        def build() -> gym.Env:
+            # the one make_env (its family's kwargs and observation adapter); Atari trains with
+            # life loss ending episodes and clipped rewards, Monitor inside sees whole games
+            env = make_env(spec, training=True, stack_frames=False, on_made=Monitor)
+            env.action_space.seed(seed + rank)
+            return env
+        return build
 
-    env_kwargs = dict(spec.env_kwargs)
-    if env_wrappers.has(spec.wrappers, "atari") and spec.env_id.startswith("ALE/"):
-        env_kwargs.setdefault("frameskip", 1)
-    venv = make_vec_env(check_env_id(spec.env_id), n_envs=n_envs, seed=seed, wrapper_class=wrap, env_kwargs=env_kwargs)
+    venv = DummyVecEnv([builder(rank) for rank in range(n_envs)])
+    venv.seed(seed)
     if spec.frame_stack > 1:
         venv = VecFrameStack(venv, spec.frame_stack)
     if setup.normalize is not None:

@@ -1,0 +1,195 @@
+"""The precision registry: one entry per value of ``QuantConfig.precision``.
+
+Each :class:`Precision` says which labels name it, how it turns an fp32 policy into one
+that acts at that precision, and what it needs (calibration observations, a fixed width).
+:class:`~quarl.quant.config.QuantConfig` validates against this registry,
+:func:`quarl.quant.api.quantize` dispatches through it, and ``quarl ptq`` / ``study`` /
+``export`` read whether a precision runs real integer kernels from it. Adding a precision
+is one :func:`register` call::
+
+    register(Precision("fp8-sim", "fp8 weights, simulated", build=my_builder))
+
+=========  =============================================  ==============================
+precision  network held by the new policy                 engine that acts
+=========  =============================================  ==============================
+fp32       a copy                                         PyTorch fp32 (SB3's own numbers)
+fp16/bf16  a copy cast to that dtype                      PyTorch in that dtype
+int8/int4  simulated reference of the chosen mode        ONNX Runtime integer kernels
+           (see quarl.quant.modes)                        (mode chosen per policy)
+nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on the
+           fake-quant when asked)                         rounded weights (PyTorch when
+                                                          activations are quantized)
+=========  =============================================  ==============================
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.errors import QuarlError
+from quarl.policies.base import Policy, linear_layers
+from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
+from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.modes import BuildRequest, Returns, build_candidate, choose, get_mode, split_calibration
+from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
+
+if TYPE_CHECKING:  # config validates against this module; only annotations need it here
+    from quarl.quant.config import QuantConfig
+
+Builder = Callable[[Policy, "QuantConfig", "np.ndarray | None", "Returns | None"], Policy]
+"""``build(policy, config, calibration, returns) -> new policy`` (the input is never modified)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One way for a policy to act."""
+
+    name: str
+    """The value of ``QuantConfig.precision`` (and the label that parses to it)."""
+    summary: str
+    """One line for tables and help."""
+    build: Builder
+    bits: int | None = None
+    """Fixed width (int8: 8); None where ``QuantConfig.bits`` is the width (nbit) or unused."""
+    real_int: bool = False
+    """Runs integer kernels whose choice depends on this CPU and runtime (stored results
+    are keyed by the runtime too, and an automatic mode is checked against fp32)."""
+    calibrates: Callable[["QuantConfig"], bool] = lambda config: False
+    """Whether a config needs calibration observations (fp32 rollout states)."""
+
+
+PRECISIONS: dict[str, Precision] = {}
+
+
+def register(precision: Precision) -> Precision:
+    """Add (or replace) a precision; returns it."""
+    PRECISIONS[precision.name] = precision
+    return precision
+
+
+def get(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise QuarlError(f"unknown precision {name!r}: allowed {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def real_bits() -> dict[str, int]:
+    """Precisions with real integer kernels and their widths (``{"int8": 8, "int4": 4}``)."""
+    return {p.name: p.bits for p in PRECISIONS.values() if p.real_int and p.bits is not None}
+
+
+def needs_calibration(config: "QuantConfig") -> bool:
+    return get(config.precision).calibrates(config)
+
+
+# ---------------------------------------------------------------- the builders
+
+
+def quantize_weights(network: nn.Module, config: "QuantConfig") -> nn.Module:
+    """A copy of ``network`` whose Linear / Conv2d weights are rounded to ``config.bits``
+    (biases stay fp32, as in the paper)."""
+    net = copy.deepcopy(network)
+    with torch.no_grad():
+        for _, layer in linear_layers(net):
+            w = layer.weight
+            w.copy_(quantize_dequantize(w, config.bits, config.scheme, resolve_granularity(config.granularity, w.dim())))
+    return net
+
+
+def calibrate_ranges(network: nn.Module, calibration: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Min / max of every Linear / Conv2d output over a batch of preprocessed inputs."""
+    ranges: dict[str, tuple[float, float]] = {}
+    hooks = []
+    for name, layer in linear_layers(network):
+        def hook(_m, _inp, out, name=name):
+            ranges[name] = (float(out.min()), float(out.max()))
+        hooks.append(layer.register_forward_hook(hook))
+    with torch.inference_mode():
+        network(torch.as_tensor(calibration, dtype=torch.float32))
+    for h in hooks:
+        h.remove()
+    return ranges
+
+
+def with_activation_quant(network: nn.Module, ranges: dict[str, tuple[float, float]], bits: int) -> nn.Module:
+    """``network`` with an :class:`ActivationFakeQuant` after each layer named in ``ranges``."""
+    if not isinstance(network, nn.Sequential):
+        raise QuarlError("activation quantization needs a sequential network")
+    layers: list[nn.Module] = []
+    names = dict((id(m), n) for n, m in network.named_modules())
+    for module in network:
+        layers.append(module)
+        name = names.get(id(module))
+        if name in ranges:
+            lo, hi = ranges[name]
+            layers.append(ActivationFakeQuant(lo, hi, bits))
+    return nn.Sequential(*layers)
+
+
+def _fp32(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None, returns: Returns | None) -> Policy:
+    network = policy.clone_network().float()  # PyTorch, as Stable-Baselines3 runs it: the same bits, the same returns
+    return policy.with_network(network, config.label, TorchEngine(network))
+
+
+def _float(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None, returns: Returns | None) -> Policy:
+    dtype = FLOAT_DTYPES[config.precision]
+    network = policy.clone_network().float().to(dtype)
+    return policy.with_network(network, config.label, TorchEngine(network, dtype))
+
+
+def _nbit(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None, returns: Returns | None) -> Policy:
+    rounded = quantize_weights(policy.clone_network().float(), config)
+    if config.activations:
+        if calibration is None:
+            raise QuarlError("activation quantization needs calibration observations")
+        rounded = with_activation_quant(rounded, calibrate_ranges(rounded, calibration), config.bits)
+        return policy.with_network(rounded, config.label, TorchEngine(rounded))
+    return policy.with_network(rounded, config.label, OrtEngine(export_onnx(rounded, policy.input_shape)))
+
+
+def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
+                 returns: Returns | None = None) -> Policy:
+    """Real int8 / int4: the mode ``config`` names, or the automatic choice (see
+    :mod:`quarl.quant.modes`). The new policy's ``meta["quant"]`` says which mode runs,
+    which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
+    config = config.resolved()
+    if config.mode == "auto":
+        if calibration is None:
+            raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
+                             "fp32 (quarl.ptq.calibration_inputs)")
+        best, tried = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
+                             config.min_agreement, config.action_tolerance, returns)
+    else:
+        mode = get_mode(config.label)
+        reason = mode.unsupported(policy.network)
+        if reason is not None:
+            raise QuarlError(reason)
+        if mode.needs_calibration and calibration is None:
+            raise QuarlError(f"{mode.label} needs calibration observations (static activation ranges)")
+        fit, check = split_calibration(mode, calibration)
+        request = BuildRequest(policy.network, export_onnx(policy.network, policy.input_shape), fit,
+                               config.int8_weights, config.block_size)
+        best = build_candidate(policy, mode, request, check, config.action_tolerance)
+        tried = [best]
+    network = best.reference if best.reference is not None else policy.clone_network()
+    quantized = policy.with_network(network, config.label, best.engine)
+    quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
+                               "tried": [c.summary() for c in tried]}
+    return quantized
+
+
+register(Precision("fp32", "unchanged, PyTorch (Stable-Baselines3's own numbers)", _fp32))
+register(Precision("fp16", "weights and arithmetic in fp16 (PyTorch kernels)", _float))
+register(Precision("bf16", "weights and arithmetic in bf16 (PyTorch kernels)", _float))
+register(Precision("int8", "real int8 execution (ONNX Runtime kernels, mode chosen per policy)", quantize_int, 8, True,
+                   lambda config: True))
+register(Precision("int4", "real 4-bit weights (ONNX Runtime MatMulNBits, mode chosen per policy)", quantize_int, 4,
+                   True, lambda config: True))
+register(Precision("nbit", "simulated n-bit weights (fp32 arithmetic on rounded weights), labelled simN", _nbit,
+                   calibrates=lambda config: config.activations))
