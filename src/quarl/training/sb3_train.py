@@ -89,7 +89,8 @@ def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space:
 
 def _vec_env(setup: TrainSetup, n_envs: int, seed: int, training: bool):
     from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
+    from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize, VecTransposeImage
 
     spec = setup.env_spec
 
@@ -106,6 +107,8 @@ def _vec_env(setup: TrainSetup, n_envs: int, seed: int, training: bool):
     venv.seed(seed)
     if spec.frame_stack > 1:
         venv = VecFrameStack(venv, spec.frame_stack)
+    if is_image_space(venv.observation_space) and not is_image_space_channels_first(venv.observation_space):
+        venv = VecTransposeImage(venv)  # what SB3 does to the training env; the eval env must match it
     if setup.normalize is not None:
         kwargs = dict(setup.normalize)
         if not training:
