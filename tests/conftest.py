@@ -4,6 +4,7 @@ CartPole policy trained once per session."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,24 @@ def tiny_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trained")
     config = TrainConfig("ppo", "CartPole-v1", timesteps=4096, out=out, eval_freq=0, tensorboard=False)
     return train(config).run_dir
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str) -> CliResult:
+    """``quarl ARGS`` in this process (typer's CliRunner): the same app, exit code and
+    stdout / stderr as the console script, without a new interpreter importing torch.
+    Tests of the console script itself (signals, kills, entry point) use a subprocess."""
+    from typer.testing import CliRunner
+
+    from quarl.cli import app
+
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return CliResult(result.exit_code, result.stdout, result.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import zoo_run
+from tests.conftest import run_cli, zoo_run
 
 
 def quarl(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def read_csv(path: Path) -> list[dict]:
 
 def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "ptq"
-    r = quarl("ptq", str(tiny_run), "--env", "CartPole-v1", "--episodes", "4", "--out", str(out))
+    r = run_cli("ptq", str(tiny_run), "--env", "CartPole-v1", "--episodes", "4", "--out", str(out))
     assert r.returncode == 0, r.stderr
     rows = read_csv(out / "ptq.csv")
     assert [row["precision"] for row in rows] == ["fp32", "fp16", "bf16", "int8", "int4"]
@@ -45,7 +45,7 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     assert all(len(rec["returns"]) == 4 for rec in records)
 
     sweep_out = tmp_path / "sweep"
-    r = quarl("sweep", str(tiny_run), "--bits", "8,4,2", "--episodes", "3", "--out", str(sweep_out))
+    r = run_cli("sweep", str(tiny_run), "--bits", "8,4,2", "--episodes", "3", "--out", str(sweep_out))
     assert r.returncode == 0, r.stderr
     rows = read_csv(sweep_out / "sweep.csv")
     assert [row["precision"] for row in rows] == ["fp32", "sim8", "sim4", "sim2"]
@@ -53,7 +53,7 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     assert (sweep_out / "sweep.png").stat().st_size > 10_000
 
     analyze_out = tmp_path / "analyze"
-    r = quarl("analyze", str(tiny_run), "--bits", "8,4,2", "--out", str(analyze_out))
+    r = run_cli("analyze", str(tiny_run), "--bits", "8,4,2", "--out", str(analyze_out))
     assert r.returncode == 0, r.stderr
     stats = read_csv(analyze_out / "weights.csv")
     assert [s["layer"] for s in stats] == ["0", "2", "4"]
@@ -69,14 +69,14 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
 
 def test_sweep_resumes_from_recorded_cells(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    assert quarl("sweep", str(tiny_run), "--bits", "6", "--episodes", "2", "--out", str(out)).returncode == 0
+    assert run_cli("sweep", str(tiny_run), "--bits", "6", "--episodes", "2", "--out", str(out)).returncode == 0
     log = out / "results.jsonl"
     first = log.read_text().splitlines()
     # poison the recorded sim6 cell: a resumed run must reuse it instead of recomputing
     cell = json.loads(first[1])
     cell["mean"] = 12345.0
     log.write_text(first[0] + "\n" + json.dumps(cell) + "\n" + '{"truncated": tr')
-    r = quarl("sweep", str(tiny_run), "--bits", "6,3", "--episodes", "2", "--out", str(out))
+    r = run_cli("sweep", str(tiny_run), "--bits", "6,3", "--episodes", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     rows = {row["precision"]: row for row in read_csv(out / "sweep.csv")}
     assert float(rows["sim6"]["mean"]) == 12345.0
@@ -91,7 +91,7 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
     small = tmp_path / "zoo" / "ppo"
     small.mkdir(parents=True)
     (small / "CartPole-v1_1").symlink_to(ZOO / "ppo" / "CartPole-v1_1")
-    r = quarl("demo", "--zoo", str(tmp_path / "zoo"), "--episodes", "3", "--out", str(tmp_path / "demo"))
+    r = run_cli("demo", "--zoo", str(tmp_path / "zoo"), "--episodes", "3", "--out", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stderr
     rows = read_csv(tmp_path / "demo" / "table.csv")
     mode = rows[0].pop("int modes")
@@ -143,11 +143,23 @@ def test_bad_input_gives_one_line(tiny_run: Path, tmp_path: Path, args: list[str
     bare = tmp_path / "bare.zip"
     bare.write_bytes((tiny_run / "CartPole-v1.zip").read_bytes())
     paths = {"run": tiny_run, "missing": tmp_path / "nope.zip", "corrupt": corrupt, "bare": bare}
-    r = quarl(*[a.format(**paths) for a in args])
+    r = run_cli(*[a.format(**paths) for a in args])
     assert r.returncode == 2
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, r.stderr
     assert message in lines[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["ptq", "{missing}"], "does not exist"),
+    (["train", "foo", "CartPole-v1"], "unknown algorithm 'foo'"),
+])
+def test_the_console_script_gives_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    """The same errors through the real entry point (a new interpreter), not in-process."""
+    r = quarl(*[a.format(missing=tmp_path / "nope.zip") for a in args])
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], r.stderr
 
 
 def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
@@ -160,7 +172,7 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     model = sb3.PPO("CnnPolicy", ImageEnv(), seed=0, device="cpu", n_steps=16, batch_size=16)
     model.save(tmp_path / "cnn.zip")
     out = tmp_path / "out"
-    r = quarl(
+    r = run_cli(
         "ptq", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--precisions", "int8",
         "--episodes", "2", "--max-steps", "150", "--out", str(out),
     )
@@ -178,10 +190,11 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import calibration_inputs
 
-    r = quarl("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--out", str(tmp_path / "cnn8"))
+    r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "150",
+                "--out", str(tmp_path / "cnn8"))
     assert r.returncode == 0, r.stderr
     policy = load_checkpoint(tmp_path / "cnn.zip").policy
-    x = calibration_inputs(policy, env_spec_for_policy("BreakoutNoFrameskip-v4", policy.input_shape), seed=5)
+    x = calibration_inputs(policy, env_spec_for_policy("BreakoutNoFrameskip-v4", policy.input_shape), seed=5, max_steps=150)
     assert 0.0 <= x.min() and x.max() <= 1.0
     session = ort.InferenceSession(str(tmp_path / "cnn8.onnx"), providers=["CPUExecutionProvider"])
     q = session.run(None, {"obs": x[:64]})[0]
@@ -191,7 +204,7 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
 
 def test_sweep_with_activation_quantization(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "act"
-    r = quarl("sweep", str(tiny_run), "--bits", "8,2", "--activations", "--episodes", "2", "--out", str(out))
+    r = run_cli("sweep", str(tiny_run), "--bits", "8,2", "--activations", "--episodes", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [rec.get("activations") for rec in records] == [None, True, True]
@@ -202,7 +215,7 @@ def test_demo_trains_a_policy_when_no_zoo_is_found(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     empty = tmp_path / "empty-zoo"
     empty.mkdir()
-    r = quarl(
+    r = run_cli(
         "demo", "--zoo", str(empty), "--train-steps", "1024", "--episodes", "2", "--out", str(out)
     )
     assert r.returncode == 0, r.stderr
@@ -231,7 +244,7 @@ def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
     proc.wait()
     assert list(ckpts.glob("step_2000.zip")), "no checkpoint appeared"
     assert not (tmp_path / "dqn" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
-    r = quarl(*args, "--resume")
+    r = run_cli(*args, "--resume")
     assert r.returncode == 0, r.stderr
     import re
 
@@ -248,8 +261,8 @@ def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
 
 def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
     out = tmp_path / "qat"
-    args = ["qat", "ppo", "CartPole-v1", "--bits", "6,3", "--timesteps", "6000", "--episodes", "3", "--out", str(out)]
-    r = quarl(*args)
+    args = ["qat", "ppo", "CartPole-v1", "--bits", "6,3", "--timesteps", "2048", "--episodes", "3", "--out", str(out)]
+    r = run_cli(*args)
     assert r.returncode == 0, r.stderr
     rows = read_csv(out / "qat.csv")
     assert [row["bits"] for row in rows] == ["fp32", "8*", "6", "3"]
@@ -257,13 +270,18 @@ def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
     assert rows[1]["QAT_wa"] == ""  # 8* is real int8 PTQ only
     assert (out / "qat.png").stat().st_size > 10_000
     runs = sorted(p.name for p in (out / "runs").iterdir())
-    assert runs == ["fp32-seed0-6000", "qat3-quarl-delay3000-seed0-6000", "qat6-quarl-delay3000-seed0-6000"]
-    again = quarl(*args)  # everything is reused: no training, no evaluation
-    assert again.returncode == 0 and "training" in again.stderr
+    assert runs == ["fp32-seed0-2048", "qat3-quarl-delay1024-seed0-2048", "qat6-quarl-delay1024-seed0-2048"]
+    zips = sorted((out / "runs").glob("*/*.zip"))
+    stamps = [z.stat().st_mtime_ns for z in zips]
+    evaluations = (out / "results.jsonl").read_text()
+    again = run_cli(*args)  # everything is reused: no training, no evaluation
+    assert again.returncode == 0, again.stderr
+    assert [z.stat().st_mtime_ns for z in zips] == stamps and len(zips) == 3
+    assert (out / "results.jsonl").read_text() == evaluations
     assert read_csv(out / "qat.csv") == rows
 
-    qat_run = out / "runs" / "qat3-quarl-delay3000-seed0-6000"
-    r = quarl("ptq", str(qat_run), "--precisions", "int8", "--episodes", "3", "--out", str(tmp_path / "ptq"))
+    qat_run = out / "runs" / "qat3-quarl-delay1024-seed0-2048"
+    r = run_cli("ptq", str(qat_run), "--precisions", "int8", "--episodes", "3", "--out", str(tmp_path / "ptq"))
     assert r.returncode == 0, r.stderr
     ptq = read_csv(tmp_path / "ptq" / "ptq.csv")
     assert [row["precision"] for row in ptq] == ["fp32", "int8"]
@@ -277,7 +295,7 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
     from quarl.policies.sb3 import load_checkpoint
 
     out = tmp_path / f"policy-{precision}"
-    r = quarl("export", str(tiny_run), "--precision", precision, "--out", str(out))
+    r = run_cli("export", str(tiny_run), "--precision", precision, "--out", str(out))
     assert r.returncode == 0, r.stderr
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["precision"] == precision and meta["head"] == "argmax" and meta["action_space"] == {"type": "discrete", "n": 2}
@@ -293,16 +311,16 @@ def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, 
     """quarl ptq NAME.onnx evaluates the exported file itself: the same returns, episode by
     episode, as the same precision evaluated from the checkpoint; the sidecar is strict JSON."""
     out = tmp_path / "policy"
-    assert quarl("export", str(tiny_run), "--precision", precision, "--out", str(out)).returncode == 0
+    assert run_cli("export", str(tiny_run), "--precision", precision, "--out", str(out)).returncode == 0
 
     def reject(constant: str) -> None:
         raise ValueError(f"not JSON: {constant}")
 
     meta = json.loads(out.with_suffix(".json").read_text(), parse_constant=reject)
     assert meta["env"]["env_id"] == "CartPole-v1" and meta["quant"]["mode"].startswith(precision.split("-")[0])
-    r = quarl("ptq", str(out.with_suffix(".onnx")), "--episodes", "5", "--out", str(tmp_path / "artifact"))
+    r = run_cli("ptq", str(out.with_suffix(".onnx")), "--episodes", "5", "--out", str(tmp_path / "artifact"))
     assert r.returncode == 0, r.stderr
-    r = quarl("ptq", str(tiny_run), "--precisions", precision, "--episodes", "5", "--out", str(tmp_path / "ckpt"))
+    r = run_cli("ptq", str(tiny_run), "--precisions", precision, "--episodes", "5", "--out", str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr
     from_file = [json.loads(x) for x in (tmp_path / "artifact" / "results.jsonl").read_text().splitlines()]
     from_ckpt = [json.loads(x) for x in (tmp_path / "ckpt" / "results.jsonl").read_text().splitlines()]
@@ -321,7 +339,7 @@ def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, 
 
 
 def test_bench_reports_every_precision(tiny_run: Path) -> None:
-    r = quarl("bench", str(tiny_run), "--precisions", "fp32,int8,int4", "--batches", "1", "--budget", "0.05",
+    r = run_cli("bench", str(tiny_run), "--precisions", "fp32,int8,int4", "--batches", "1", "--budget", "0.05",
               "--out", str(tiny_run.parent / "bench"))
     assert r.returncode == 0, r.stderr
     rows = {row["precision"]: row for row in read_csv(tiny_run.parent / "bench" / "bench.csv")}
@@ -348,7 +366,7 @@ def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path) -> Non
     agent = api.load(tiny_run)
     int8 = api.quantize(agent.policy, "int8", agent.env_spec)
     got = api.evaluate(int8, agent.env_spec, episodes=4)
-    r = quarl("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "4", "--out", str(tmp_path / "ptq"))
+    r = run_cli("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "4", "--out", str(tmp_path / "ptq"))
     assert r.returncode == 0, r.stderr
     records = [json.loads(x) for x in (tmp_path / "ptq" / "results.jsonl").read_text().splitlines()]
     cell = next(rec for rec in records if rec["precision"] == "int8")

@@ -116,12 +116,13 @@ def test_not_a_model_file_fails_with_one_line(tmp_path: Path) -> None:
 
 
 def test_demo_table_on_the_paper_agents(tmp_path: Path) -> None:
-    from tests.test_cli import quarl, read_csv
+    from tests.conftest import run_cli
+    from tests.test_cli import read_csv
 
     agents = tmp_path / "paper"
     (agents / "dqn").mkdir(parents=True)
     (agents / "dqn" / "CartPole-v1.pkl").symlink_to(paper_agent("dqn/CartPole-v1.pkl"))
-    r = quarl("demo", "--zoo", str(agents), "--episodes", "3", "--out", str(tmp_path / "demo"))
+    r = run_cli("demo", "--zoo", str(agents), "--episodes", "3", "--out", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stderr
     rows = read_csv(tmp_path / "demo" / "table.csv")
     assert rows[0].pop("int modes")  # the int8 kernel that ran is named

@@ -679,6 +679,8 @@ def export(
     out: Optional[Path] = typer.Option(None, "--out", help="output path without suffix (default results/export/<policy>-<precision>)"),
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
+    seed: int = typer.Option(0, "--seed", help="calibration episodes start at seed + 10,000 (as quarl ptq --seed)"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="cut calibration episodes after this many steps"),
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -697,8 +699,11 @@ def export(
     if out is None:
         default = _default_out("export", checkpoint, spec.env_id)
         out = default.with_name(f"{default.name}-{precision}")
-    calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec)
-    meta = export_policy(ckpt.policy, precision, out, calibration, spec, calibration_returns(spec), **options)
+    if max_steps is not None and max_steps < 1:
+        raise QuarlError(f"--max-steps {max_steps} must be at least 1 (or unset)")
+    calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec, seed, max_steps)
+    returns = calibration_returns(spec, seed, max_steps)
+    meta = export_policy(ckpt.policy, precision, out, calibration, spec, returns, **options)
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
     out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and {out.with_suffix('.json')}")
 
