@@ -83,7 +83,8 @@ def main() -> int:
 
     from quarl.envs import EnvSpec
     from quarl.policies.sb3 import load_checkpoint
-    from quarl.ptq import EvalSettings, run_ptq
+    from quarl.measure import EvalSettings
+    from quarl.ptq import run_ptq
     from quarl.reports import paper_table, print_table, write_rows
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)

@@ -188,7 +188,7 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
 
     from quarl.envs import env_spec_for_policy
     from quarl.policies.sb3 import load_checkpoint
-    from quarl.ptq import calibration_inputs
+    from quarl.measure import calibration_inputs
 
     r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "150",
                 "--out", str(tmp_path / "cnn8"))

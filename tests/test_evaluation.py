@@ -9,7 +9,7 @@ from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.policies.sb3 import load_checkpoint
-from quarl.ptq import calibration_inputs
+from quarl.measure import calibration_inputs
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from tests.conftest import zoo_run

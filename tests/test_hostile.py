@@ -65,7 +65,7 @@ def test_a_checkpoint_replaced_in_place_is_evaluated_anew_in_a_study(tiny_run: P
 
 
 def test_a_second_run_on_a_folder_in_use_fails_in_one_line(tiny_run: Path, tmp_path: Path) -> None:
-    from quarl.ptq import output_lock
+    from quarl.measure import output_lock
 
     out = tmp_path / "busy"
     with output_lock(out):  # as a running ptq holds it
@@ -184,7 +184,7 @@ def test_a_truncated_pickle_under_trust_pickle_is_one_line(tmp_path: Path) -> No
 
 def test_an_int_result_from_another_cpu_is_not_reused(tiny_run: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.ptq as ptq
+    import quarl.measure as ptq
 
     args = ("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "2", "--out", str(tmp_path / "out"))
     assert _cli(*args).exit_code == 0

@@ -13,7 +13,8 @@ import torch
 from quarl.errors import QuarlError
 from quarl.policies.legacy import read_pickle
 from quarl.policies.sb3 import load_checkpoint
-from quarl.ptq import EvalSettings, run_ptq
+from quarl.measure import EvalSettings
+from quarl.ptq import run_ptq
 from tests.conftest import ROOT
 
 PAPER = Path(os.environ.get("QUARL_PAPER_AGENTS", ROOT.parent / "shared" / "paper-agents"))

@@ -160,7 +160,7 @@ def test_block_granularity_for_simulated_widths() -> None:
 
 
 def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.ptq as ptq
+    import quarl.measure as ptq
     from quarl.envs import EnvSpec
 
     seen = []
@@ -225,7 +225,7 @@ def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatc
 
 
 def test_calibration_returns_play_the_fp32_policy_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.ptq as ptq
+    import quarl.measure as ptq
     from quarl.envs import EnvSpec
 
     played = []

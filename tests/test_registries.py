@@ -20,7 +20,8 @@ from quarl import envs
 from quarl.errors import QuarlError
 from quarl.policies import sb3
 from quarl.policies.base import linear_layers
-from quarl.ptq import EvalSettings, run_ptq
+from quarl.measure import EvalSettings
+from quarl.ptq import run_ptq
 from quarl.quant import precisions
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig

@@ -107,3 +107,23 @@ def test_bad_study_input_fails_with_one_line(tiny_run: Path, tmp_path: Path) -> 
     (tmp_path / "ppo2" / "Env-v0.pkl").unlink()
     with pytest.raises(QuarlError, match="no agents to study"):
         StudyConfig(tuple(find_agents([tmp_path])))
+
+
+def test_one_eval_record_definition_serves_results_jsonl_and_the_store(tiny_run: Path, tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from quarl.measure import EvalRecord, EvalSettings
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.ptq import run_ptq
+    from quarl.study.store import TABLE, StudyStore
+
+    fields = [f.name for f in dataclasses.fields(EvalRecord)]
+    ckpt = load_checkpoint(tiny_run)
+    run_ptq(ckpt.policy, ckpt.env_spec, ["fp16"], EvalSettings(episodes=2), tmp_path / "ptq")
+    stored = [json.loads(line) for line in (tmp_path / "ptq" / "results.jsonl").read_text().splitlines()]
+    assert len(stored) == 2 and all(set(fields) <= set(r) for r in stored)
+    EvalRecord(**{k: stored[1][k] for k in fields})  # reads back as the record it was
+    store = StudyStore(tmp_path / "study.db")
+    columns = [row[1] for row in store.db.execute(f"PRAGMA table_info({TABLE})")]
+    assert columns[columns.index("env_id"):columns.index("env_id") + len(fields)] == fields

@@ -16,7 +16,7 @@ from quarl.evaluation import EvalResult
 from quarl.evaluation import evaluate as _evaluate
 from quarl.policies.base import Policy
 from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
-from quarl.ptq import calibration_inputs, calibration_returns, needs_calibration
+from quarl.measure import calibration_inputs, calibration_returns, needs_calibration
 from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import QuantConfig
 

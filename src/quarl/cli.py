@@ -159,7 +159,7 @@ def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
 
 
 def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[int]):
-    from quarl.ptq import EvalSettings
+    from quarl.measure import EvalSettings
 
     if episodes < 1:
         raise QuarlError(f"--episodes {episodes} must be at least 1")
@@ -691,7 +691,7 @@ def export(
     """
     _setup(verbose)
     from quarl.deploy import export_policy
-    from quarl.ptq import calibration_inputs, calibration_returns
+    from quarl.measure import calibration_inputs, calibration_returns
 
     options = _quant_options(int8_weights, block_size)
     config = _parse_precisions(precision, **options)
@@ -728,7 +728,7 @@ def bench(
     """
     _setup(verbose)
     from quarl.deploy import bench_precisions
-    from quarl.ptq import calibration_inputs, calibration_returns
+    from quarl.measure import calibration_inputs, calibration_returns
     from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from quarl.errors import QuarlError
 from quarl.policies.sb3 import load_checkpoint
-from quarl.ptq import Cell, EvalSettings, run_cells
+from quarl.measure import Cell, EvalSettings, run_cells
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.records import ResultsLog
 from quarl.reports import relative_error, save_figure, write_rows

@@ -162,7 +162,7 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
-                             "fp32 (quarl.ptq.calibration_inputs)")
+                             "fp32 (quarl.measure.calibration_inputs)")
         best, tried = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
                              config.min_agreement, config.action_tolerance, returns)
     else:

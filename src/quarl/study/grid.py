@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from quarl.errors import QuarlError
-from quarl.ptq import RESULT_FORMAT, EvalSettings, evaluate_config
+from quarl.measure import RESULT_FORMAT, EvalSettings, evaluate_config
 from quarl.quant.config import QuantConfig
 from quarl.study.store import KEY, StudyStore
 

@@ -8,6 +8,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from quarl.measure import json_fields, sql_columns
+
 KEY = ("checkpoint", "policy_sha256", "precision", "config_key", "seed", "episodes", "max_steps")
 """What identifies a cell: the same key is never evaluated twice."""
 
@@ -21,22 +23,13 @@ _COLUMNS = {
     "max_steps": "INTEGER NOT NULL",  # 0: the env's own limit
     "policy": "TEXT NOT NULL",
     "algo": "TEXT NOT NULL",
-    "env_id": "TEXT NOT NULL",
-    "mean": "REAL NOT NULL",
-    "std": "REAL NOT NULL",
-    "returns": "TEXT NOT NULL",  # JSON list
-    "lengths": "TEXT NOT NULL",  # JSON list
-    "quant": "TEXT",  # JSON: mode, fp32 layers, agreement of a real int cell
-    "steps_per_s": "REAL",
-    "latency_us": "REAL",  # batch-1 engine call, rough (see quarl.ptq.LATENCY_BUDGET_S)
-    "model_bytes": "INTEGER",
-    "build_s": "REAL",
+    **sql_columns(),  # what the evaluation measured: quarl.measure.EvalRecord, one definition
     "wall_s": "REAL",
     "host": "TEXT",
     "provenance": "TEXT",  # JSON: package versions, CPU model and flags
     "finished_at": "TEXT NOT NULL",
 }
-_JSON = ("returns", "lengths", "quant", "provenance")
+_JSON = (*json_fields(), "provenance")
 TABLE = "cells_v2"
 """Versioned with the key: a store written by an older quarl keeps its old table, unread."""
 

@@ -1,0 +1,295 @@
+"""Measuring one policy at one precision, shared by ``ptq``, ``sweep``, ``study``, the
+QAT study, ``export`` and the Python API.
+
+- :class:`EvalSettings`: episodes and seeds (episode i resets with ``seed + i``);
+- calibration on fp32 rollouts of seeds ``seed + CALIBRATION_SEED_OFFSET + i``, never the
+  evaluation's (:func:`calibration_inputs`, :func:`calibration_returns`);
+- :class:`EvalRecord`: what one evaluation measured, one definition for ``results.jsonl``,
+  the study's SQLite columns and the tables;
+- :func:`run_cells`: evaluate cells, appending each record as it finishes and reusing a
+  stored record only when its key (:func:`cell_key`: the policy's content, the config as
+  this CPU runs it, env, settings, :data:`RESULT_FORMAT`) matches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.evaluation import evaluate
+from quarl.policies.base import Policy
+from quarl.provenance import provenance
+from quarl.quant import precisions as registry
+from quarl.quant.api import quantize
+from quarl.quant.config import QuantConfig
+from quarl.quant.modes import runtime_key
+from quarl.records import ResultsLog
+from quarl.timing import median_us
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUDGET_S = 0.05
+"""Batch-1 latency of each cell's engine is timed this long (a rough figure beside the
+returns; ``quarl bench`` measures properly)."""
+CALIBRATION_SIZE = 256
+CALIBRATION_SEED_OFFSET = 10_000
+"""Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
+RESULT_FORMAT = 8
+"""Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
+3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
+4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
+5: int modes chosen in registry order unless 1.5x faster: the same choice run after run;
+6: an int mode must also keep fp32's return on calibration episodes;
+7: an MLP's input layer stays fp32 in the automatic int modes;
+8: a later int mode must also save 50 us per call, and modes are timed interleaved)."""
+Progress = Callable[[str, int], None]
+"""Called with (cell label, episodes finished so far in that cell)."""
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """What evaluating one policy at one precision measured. ``ptq`` / ``sweep`` append it
+    (with its key) to ``results.jsonl``, the study stores it as SQLite columns
+    (:func:`sql_columns`), the tables read it."""
+
+    env_id: str
+    mean: float
+    std: float
+    returns: list
+    """Per-episode returns (rounded to 4 digits), episode i reset with seed ``seed + i``."""
+    lengths: list
+    quant: dict | None
+    """A real int cell's mode, fp32 layers, agreement with fp32 and every mode tried."""
+    steps_per_s: float | None
+    latency_us: float | None
+    """Batch-1 engine call, rough (``quarl bench`` measures properly)."""
+    model_bytes: int | None
+    build_s: float | None
+    """Seconds to quantize (calibration and the automatic mode choice included)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SQL = {"str": "TEXT NOT NULL", "float": "REAL NOT NULL", "list": "TEXT NOT NULL", "dict | None": "TEXT",
+        "float | None": "REAL", "int | None": "INTEGER"}
+
+
+def sql_columns() -> dict[str, str]:
+    """SQLite column types of :class:`EvalRecord`'s fields (lists and dicts as JSON text)."""
+    return {f.name: _SQL[str(f.type)] for f in dataclasses.fields(EvalRecord)}
+
+
+def json_fields() -> tuple[str, ...]:
+    """:class:`EvalRecord` fields stored as JSON text."""
+    return tuple(f.name for f in dataclasses.fields(EvalRecord) if str(f.type).split(" ")[0] in ("list", "dict"))
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How every cell is evaluated (the same for all precisions of a run)."""
+
+    episodes: int = 20
+    """Episodes per precision; episode i is reset with seed ``seed + i``."""
+    seed: int = 0
+    n_envs: int = 8
+    """Envs stepped side by side (the policy acts on their batch)."""
+    max_steps: int | None = None
+    """Cut episodes longer than this (None: the env's own limit)."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise QuarlError(f"episodes={self.episodes} must be at least 1")
+        if self.episodes >= CALIBRATION_SEED_OFFSET:
+            raise QuarlError(f"episodes={self.episodes} would reach the calibration seeds: allowed < "
+                             f"{CALIBRATION_SEED_OFFSET}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise QuarlError(f"max steps {self.max_steps} must be at least 1 (or unset)")
+
+    def key(self) -> dict[str, Any]:
+        return {"episodes": self.episodes, "seed": self.seed, "max_steps": self.max_steps}
+
+
+@dataclass
+class Cell:
+    """One configuration to evaluate."""
+
+    label: str
+    config: QuantConfig
+    extra: dict[str, Any] = field(default_factory=dict)
+    policy: Policy | None = None
+    """Evaluate this policy as it is (e.g. a QAT-trained one) instead of quantizing."""
+
+
+def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint: str) -> dict[str, Any]:
+    """What a stored record must match to be reused (see the module docstring), as it
+    reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps({
+        "precision": cell.label,
+        **cell.extra,
+        **settings.key(),
+        "policy_sha256": fingerprint if cell.policy is None else cell.policy.fingerprint(),
+        "config": dataclasses.asdict(cell.config.resolved()),
+        "env": dataclasses.asdict(env_spec),
+        "format": RESULT_FORMAT,
+        **({"runtime": runtime_key()} if registry.get(cell.config.precision).real_int else {}),
+    }))
+
+
+@contextlib.contextmanager
+def output_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``OUT/.lock`` for the length of a run: a second run on the same folder fails
+    at once with one line instead of interleaving its cells and tables."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / ".lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise QuarlError(f"{out_dir} is being written by another quarl run: wait for it or pass another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def run_cells(
+    policy: Policy,
+    env_spec: EnvSpec,
+    cells: Sequence[Cell],
+    settings: EvalSettings,
+    log_file: ResultsLog,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    """Evaluate each cell, or reuse its stored record; a reused record carries
+    ``"reused": True`` (in memory only)."""
+    records: list[dict[str, Any]] = []
+    calibration: np.ndarray | None = None
+    returns = calibration_returns(env_spec, settings.seed, settings.max_steps)  # fp32's played once per run
+    fingerprint = policy.fingerprint()
+    for cell in cells:
+        key = cell_key(policy, env_spec, cell, settings, fingerprint)
+        done = log_file.find(**key)
+        if done is not None:
+            log.info("%s: reusing the result in %s", cell.label, log_file.path)
+            records.append({**done, "reused": True})
+            if progress:
+                progress(cell.label, settings.episodes)
+            continue
+        finished = [0]
+
+        def on_episode(_ep: int, _ret: float, label: str = cell.label) -> None:
+            finished[0] += 1
+            if progress:
+                progress(label, finished[0])
+
+        if cell.policy is None and calibration is None and needs_calibration(policy, cell.config):
+            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
+        record = {**key, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
+                                           quantized=cell.policy, returns=returns), "provenance": provenance()}
+        log_file.append(record)
+        records.append(record)
+    return records
+
+
+def needs_calibration(policy: Policy, config: QuantConfig) -> bool:
+    """Activation ranges are calibrated on observations, and every real int mode is
+    checked (or chosen) against fp32 on them."""
+    return registry.needs_calibration(config)
+
+
+def evaluate_config(
+    policy: Policy,
+    env_spec: EnvSpec,
+    config: QuantConfig,
+    settings: EvalSettings,
+    calibration: np.ndarray | None = None,
+    on_episode: Callable[[int, float], None] | None = None,
+    quantized: Policy | None = None,
+    returns: Callable[[Policy], float] | None = None,
+) -> dict[str, Any]:
+    """Quantize ``policy`` with ``config`` (or take ``quantized`` as it is) and evaluate
+    it: the fields of one result record. ``returns`` (default: a fresh
+    :func:`calibration_returns`) judges the automatic int modes on calibration episodes."""
+    started = time.perf_counter()
+    if quantized is None:
+        if calibration is None and needs_calibration(policy, config):
+            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
+        returns = returns or calibration_returns(env_spec, settings.seed, settings.max_steps)
+        quantized = quantize(policy, config, calibration=calibration, returns=returns)
+    build_s = time.perf_counter() - started
+    one = np.zeros((1, *policy.input_shape), np.float32)
+    latency_us = median_us(quantized.forward, calibration[:1] if calibration is not None else one, LATENCY_BUDGET_S)
+    result = evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed, n_envs=settings.n_envs,
+                      max_steps=settings.max_steps, on_episode=on_episode)
+    return EvalRecord(
+        env_id=env_spec.env_id,
+        mean=result.mean,
+        std=result.std,
+        returns=[round(float(r), 4) for r in result.returns],
+        lengths=result.lengths.tolist(),
+        quant=quantized.meta.get("quant"),
+        steps_per_s=result.steps_per_s,
+        latency_us=latency_us,
+        model_bytes=quantized.size_bytes(),
+        build_s=build_s,
+    ).to_dict()
+
+
+CALIBRATION_EPISODES = 4
+CALIBRATION_EPISODE_STEPS = 1000
+"""Calibration episodes are cut here: a whole MuJoCo episode, a paired comparison for the
+rest (fp32 and the candidate are cut alike), and an untrained Atari policy that never
+serves does not play for 27k steps per candidate."""
+
+
+def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> Callable[[Policy], float]:
+    """Mean return of a policy on calibration episodes ``seed + CALIBRATION_SEED_OFFSET +
+    100 + i`` (apart from evaluation's and from the calibration states' seeds): the
+    automatic int choice's closed-loop check."""
+    first = seed + CALIBRATION_SEED_OFFSET + 100
+    reference: list = []  # [policy, return] of the first policy asked: the fp32 one, asked again per int cell
+
+    def returns(policy: Policy) -> float:
+        if reference and reference[0] is policy:
+            return reference[1]
+        value = play(policy)
+        if not reference:
+            reference[:] = [policy, value]
+        return value
+
+    def play(policy: Policy) -> float:
+        return evaluate(policy, env_spec, episodes=CALIBRATION_EPISODES, seed=first, n_envs=CALIBRATION_EPISODES,
+                        max_steps=min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)).mean
+
+    return returns
+
+
+def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> np.ndarray:
+    """Preprocessed observations (network inputs) from fp32 rollouts on seeds disjoint
+    from evaluation's: calibration for int8 CNNs and activation ranges, inputs for timing."""
+    result = evaluate(
+        policy,
+        env_spec,
+        episodes=8,
+        seed=seed + CALIBRATION_SEED_OFFSET,
+        n_envs=8,
+        # every 16th step of 8 envs is kept: past 16 x CALIBRATION_SIZE / 8 steps nothing more
+        # would be (an untrained Atari policy that never serves would otherwise play for 27k)
+        max_steps=min(max_steps or 2 * CALIBRATION_SIZE, 2 * CALIBRATION_SIZE),
+        keep_observations=CALIBRATION_SIZE,
+        keep_every=16,
+    )
+    if result.observations is None:
+        raise QuarlError(f"no observations to calibrate on: {env_spec.env_id} episodes ended at once")
+    return result.observations
