@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
+import gymnasium as gym
 import numpy as np
 
 from quarl.envs import EnvSpec, make_env
@@ -60,16 +61,22 @@ def evaluate(
     keep_observations: int = 0,
     keep_every: int = 4,
     on_episode: Callable[[int, float], None] | None = None,
+    envs: Sequence[gym.Env] | None = None,
 ) -> EvalResult:
     """Run ``episodes`` deterministic episodes; see the module docstring for seeding.
 
     ``max_steps`` truncates an episode (beyond the env's own time limit);
     ``keep_observations`` keeps up to that many preprocessed observations (every env's,
-    every ``keep_every`` steps), for calibrating static int8 or activation quantization."""
+    every ``keep_every`` steps), for calibrating static int8 or activation quantization.
+    ``envs``: envs of ``env_spec`` to play on (kept open; their number is ``n_envs``), for a
+    caller that evaluates again and again (ActorQ's evaluator)."""
     if episodes < 1:
         raise QuarlError(f"episodes={episodes} must be at least 1")
-    n_envs = max(1, min(n_envs, episodes))
-    envs = [make_env(env_spec) for _ in range(n_envs)]
+    owned = envs is None
+    if envs is None:
+        envs = [make_env(env_spec) for _ in range(max(1, min(n_envs, episodes)))]
+    envs = list(envs[:episodes])
+    n_envs = len(envs)
     policy.check_env(envs[0])
     returns = np.zeros(episodes)
     lengths = np.zeros(episodes, dtype=np.int64)
@@ -114,7 +121,7 @@ def evaluate(
                 still.append(i)
             active = still
     finally:
-        for env in envs:
+        for env in envs if owned else ():
             env.close()
     wall = time.perf_counter() - start
     observations = np.concatenate(kept) if kept else None

@@ -33,6 +33,9 @@ from quarl.actorq.learners import policy_network
 from quarl.actorq.replay import NStep, stack
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
+from quarl.policies.base import Policy, unscale_action
+from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.primitives import FLOAT_DTYPES
 
 _ONNX_MAGIC = b"QONX"
 INT8_ACTOR_MODE = "int8-dyn-tensor"
@@ -43,7 +46,6 @@ INT8_ACTOR_KEEP = frozenset({0})
 (:func:`quarl.quant.modes.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
 (~1 rad/s) share one activation range per call, and with that layer in int8 the DQN actors
 needed about twice the env steps to reach the target (README, ActorQ results)."""
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,18 @@ class EnvInfo:
     act_dim: int
     """Number of actions (discrete) or action dimensions (continuous)."""
     discrete: bool
-    low: np.ndarray | None = None
-    high: np.ndarray | None = None
+    observation_space: gym.spaces.Box
+    action_space: gym.spaces.Space
     reward_threshold: float | None = None
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
-        """A continuous action in [-1, 1] (the policy's tanh range) -> the env's bounds."""
-        return self.low + (action + 1.0) * 0.5 * (self.high - self.low)
+        """A continuous action in [-1, 1] (the policy's tanh range) -> the env's bounds
+        (the core's scaling, :func:`quarl.policies.base.unscale_action`)."""
+        return unscale_action(self.action_space, action)
+
+    def policy(self, network: torch.nn.Module) -> Policy:
+        """``network`` (the learner's layout) as a core :class:`Policy` of this env."""
+        return Policy(network, self.observation_space, self.action_space, "argmax" if self.discrete else "unscale")
 
 
 def env_info(config: ActorQConfig) -> EnvInfo:
@@ -75,9 +82,8 @@ def env_info(config: ActorQConfig) -> EnvInfo:
     if config.algo == "d4pg" and not isinstance(act, gym.spaces.Box):
         raise QuarlError(f"d4pg needs continuous actions but {config.env_id} has {act}: use --algo dqn")
     if isinstance(act, gym.spaces.Discrete):
-        return EnvInfo(int(obs.shape[0]), int(act.n), True, reward_threshold=threshold)
-    return EnvInfo(int(obs.shape[0]), int(np.prod(act.shape)), False, act.low.astype(np.float32),
-                   act.high.astype(np.float32), threshold)
+        return EnvInfo(int(obs.shape[0]), int(act.n), True, obs, act, threshold)
+    return EnvInfo(int(obs.shape[0]), int(np.prod(act.shape)), False, obs, act, threshold)
 
 
 def make_network(config: ActorQConfig, info: EnvInfo) -> torch.nn.Sequential:
@@ -152,10 +158,10 @@ class ActorPolicy:
         else:
             version, weights = wire.decode(payload)
             t1 = time.perf_counter()
-            dtype = _DTYPES[self.precision]
+            dtype = FLOAT_DTYPES[self.precision]
             self.network.float().load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
             self.network.to(dtype)
-            self.engine = _torch_engine(self.network, dtype)
+            self.engine = TorchEngine(self.network, dtype)
         self.version = version
         return t1 - t0, time.perf_counter() - t1
 
@@ -163,14 +169,6 @@ class ActorPolicy:
         if self.engine is None:
             raise RuntimeError("the actor has no weights yet")
         return self.engine(obs)
-
-
-def _torch_engine(network: torch.nn.Module, dtype: torch.dtype) -> Callable[[np.ndarray], np.ndarray]:
-    def run(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return network(torch.from_numpy(x).to(dtype)).float().numpy()
-
-    return run
 
 
 @dataclass

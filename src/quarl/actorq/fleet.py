@@ -14,6 +14,7 @@ import torch
 from quarl.actorq.acting import ActorResult, EnvInfo, make_network
 from quarl.actorq.config import ActorQConfig
 from quarl.envs import EnvSpec, make_env
+from quarl.evaluation import evaluate
 
 
 @dataclass
@@ -40,13 +41,16 @@ class Fleet(Protocol):
 
 
 class Evaluator:
-    """Runs the learner's fp32 policy without exploration on its own env instances."""
+    """Runs the learner's fp32 policy without exploration on its own env, through the
+    core's :func:`quarl.evaluation.evaluate` (the policy, action head and seeding ptq uses)."""
 
     def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
         torch.set_num_threads(1)
         self.config, self.info = config, info
         self.network = make_network(config, info).eval()
-        self.env = make_env(EnvSpec(config.env_id))
+        self.policy = info.policy(self.network)  # acts through the network loaded in place
+        self.spec = EnvSpec(config.env_id)
+        self.envs = [make_env(self.spec)]
         self.calls = 0
         self.busy_s = 0.0
         """Seconds spent evaluating (CPU the scaling model accounts for)."""
@@ -54,21 +58,12 @@ class Evaluator:
     def evaluate(self, weights: dict[str, np.ndarray]) -> float:
         started = time.perf_counter()
         self.network.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-        returns = []
-        for episode in range(self.config.eval_episodes):
-            obs, _ = self.env.reset(seed=self.config.seed + 1_000_000 + self.calls * 1000 + episode)
-            total, done = 0.0, False
-            while not done:
-                with torch.inference_mode():
-                    out = self.network(torch.from_numpy(np.asarray(obs, np.float32)[None]))[0].numpy()
-                action = int(out.argmax()) if self.info.discrete else self.info.to_env(out)
-                obs, reward, terminated, truncated, _ = self.env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+        # episode i of evaluation k resets with seed + 1,000,000 + 1000 k + i: apart from the actors' seeds
+        result = evaluate(self.policy, self.spec, episodes=self.config.eval_episodes,
+                          seed=self.config.seed + 1_000_000 + self.calls * 1000, envs=self.envs)
         self.calls += 1
         self.busy_s += time.perf_counter() - started
-        return float(np.mean(returns))
+        return result.mean
 
     def busy(self) -> float:
         return self.busy_s

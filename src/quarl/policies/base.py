@@ -29,6 +29,10 @@ clipped to the bounds (A2C / PPO). ``unscale``: continuous, the network ends in 
 its output in [-1, 1] is mapped onto the bounds (SAC, TD3, DDPG, TQC)."""
 
 
+def unscale_action(space: gym.spaces.Box, action: np.ndarray) -> np.ndarray:
+    """An action in [-1, 1] (a tanh output) mapped onto the space's bounds, as SB3 does."""
+    return space.low + (0.5 * (action + 1.0)) * (space.high - space.low)
+
 @dataclass(frozen=True)
 class ObsNormalizer:
     """VecNormalize observation statistics (applied as Stable-Baselines3 does)."""
@@ -97,10 +101,9 @@ class Policy:
         if self.head == "quantile_argmax":
             # QR-DQN lays its output out as (quantile, action)
             return out.reshape(out.shape[0], self.n_quantiles, -1).mean(1).argmax(-1)
-        low, high = self.action_space.low, self.action_space.high
         if self.head == "clip":
-            return np.clip(out, low, high)
-        return low + (0.5 * (out + 1.0)) * (high - low)
+            return np.clip(out, self.action_space.low, self.action_space.high)
+        return unscale_action(self.action_space, out)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for a batch of raw observations."""
