@@ -14,7 +14,7 @@ from quarl.actorq import wire
 from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import D4PGLearner, DQNLearner, make_learner
-from quarl.actorq.replay import NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
+from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.errors import QuarlError
 
@@ -27,9 +27,9 @@ CARTPOLE = dict(algo="dqn", actors=2, actor_precision="int8", policy_layers=(256
 
 
 def _batch(rng: np.random.Generator, n: int, obs_dim: int, action: np.ndarray) -> dict[str, np.ndarray]:
-    return {"obs": rng.normal(size=(n, obs_dim)).astype(np.float32), "action": action,
-            "reward": rng.normal(size=n).astype(np.float32), "discount": np.full(n, 0.99, np.float32),
-            "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32)}
+    return Batch(obs=rng.normal(size=(n, obs_dim)).astype(np.float32), action=action,
+                 reward=rng.normal(size=n).astype(np.float32), discount=np.full(n, 0.99, np.float32),
+                 next_obs=rng.normal(size=(n, obs_dim)).astype(np.float32))
 
 
 # ---------------------------------------------------------------------------- learners
@@ -155,9 +155,9 @@ def test_actor_loads_only_when_the_version_moves() -> None:
     assert (r.pulls, r.loads, r.version) == (3, 1, 2)
     assert set(r.times) == {"inference", "env", "pull", "deserialize", "load"} and r.times["inference"] > 0
     batch = r.batch
-    assert batch is not None and batch["obs"].shape[1] == 4
+    assert batch is not None and batch.obs.shape[1] == 4
     allowed = np.array([0.0, 0.99**3], np.float32)  # CartPole only terminates: no partial bootstraps
-    assert np.isclose(batch["discount"][:, None], allowed[None]).any(1).all()
+    assert np.isclose(batch.discount[:, None], allowed[None]).any(1).all()
 
 
 def test_exploration_is_spread_over_actors() -> None:
@@ -182,26 +182,24 @@ def test_nstep_returns_terminals_and_truncation() -> None:
     out = ns.add(o[6], 0, 1.0, o[7], False, True)  # time limit: bootstrap from the last state
     assert [x[3] for x in out] == [0.25, 0.5] and all(x[4] is o[7] for x in out)
     batch = stack(out)
-    assert batch["obs"].dtype == np.float32 and batch["reward"].tolist() == [1.5, 1.0]
+    assert batch.obs.dtype == np.float32 and batch.reward.tolist() == [1.5, 1.0]
 
 
 def test_replay_ring_and_uniform_sampling() -> None:
     replay = Replay(capacity=10, seed=0)
     for start in (0, 6):
         n = 6
-        replay.insert({"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "action": np.zeros(n),
-                       "reward": np.zeros(n, np.float32), "discount": np.ones(n, np.float32),
-                       "next_obs": np.zeros((n, 1), np.float32)})
+        replay.insert(_items(start, n))
     assert replay.size == 10 and replay.cursor == 2
     assert sorted(replay.data["obs"][:, 0].tolist()) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # 0, 1 overwritten
-    sample = replay.sample(5000)["obs"][:, 0]
+    sample = replay.sample(5000).obs[:, 0]
     counts = np.bincount(sample.astype(int))[2:]
     assert counts.min() > 400  # uniform over the ten stored items
 
 
-def _items(start: int, n: int) -> dict[str, np.ndarray]:
-    return {"obs": np.arange(start, start + n, dtype=np.float32)[:, None], "action": np.zeros(n),
-            "reward": np.zeros(n, np.float32), "discount": np.ones(n, np.float32), "next_obs": np.zeros((n, 1), np.float32)}
+def _items(start: int, n: int) -> Batch:
+    return Batch(obs=np.arange(start, start + n, dtype=np.float32)[:, None], action=np.zeros(n),
+                 reward=np.zeros(n, np.float32), discount=np.ones(n, np.float32), next_obs=np.zeros((n, 1), np.float32))
 
 
 def test_sum_tree_sums_and_finds_prefix_intervals() -> None:
@@ -219,22 +217,22 @@ def test_prioritized_replay_samples_by_priority_with_importance_weights() -> Non
     replay = PrioritizedReplay(capacity=4, seed=0, priority_exponent=1.0, importance_exponent=0.5)
     replay.insert(_items(0, 4))
     sample = replay.sample(8)
-    assert np.allclose(sample["weight"], 1.0)  # new items all get the same (largest) priority
+    assert np.allclose(sample.weight, 1.0)  # new items all get the same (largest) priority
     replay.update_priorities(np.arange(4), np.array([1.0, 2.0, 3.0, 4.0]))
-    draws = np.concatenate([replay.sample(100)["index"] for _ in range(400)])
+    draws = np.concatenate([replay.sample(100).index for _ in range(400)])
     freq = np.bincount(draws, minlength=4) / len(draws)
     np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.01)
     batch = replay.sample(64)
-    expected = (4 * (batch["index"] + 1) / 10.0) ** -0.5  # (N P(i))^-beta, normalized by the largest
-    np.testing.assert_allclose(batch["weight"], expected / expected.max(), rtol=1e-5)
-    assert np.array_equal(batch["obs"][:, 0], batch["index"].astype(np.float32))  # rows match their index
+    expected = (4 * (batch.index + 1) / 10.0) ** -0.5  # (N P(i))^-beta, normalized by the largest
+    np.testing.assert_allclose(batch.weight, expected / expected.max(), rtol=1e-5)
+    assert np.array_equal(batch.obs[:, 0], batch.index.astype(np.float32))  # rows match their index
     replay.insert(_items(4, 1))  # overwrites item 0 with the largest priority seen (4)
     assert replay.tree.get(np.array([0]))[0] == pytest.approx(4.0)
     # alpha = 0 is uniform whatever the priorities
     flat = PrioritizedReplay(capacity=4, seed=0, priority_exponent=0.0)
     flat.insert(_items(0, 4))
     flat.update_priorities(np.arange(4), np.array([1.0, 10.0, 100.0, 1000.0]))
-    freq = np.bincount(np.concatenate([flat.sample(100)["index"] for _ in range(200)]), minlength=4) / 20_000
+    freq = np.bincount(np.concatenate([flat.sample(100).index for _ in range(200)]), minlength=4) / 20_000
     np.testing.assert_allclose(freq, 0.25, atol=0.01)
     copy = PrioritizedReplay(capacity=4, seed=0, priority_exponent=1.0)
     copy.load_state(replay.state())
@@ -252,14 +250,14 @@ def test_learners_weight_losses_and_report_priorities(algo: str) -> None:
     key = "loss" if algo == "dqn" else "critic_loss"
     ones = plain.step(batch)
     assert "priority" not in ones  # uniform replay: nothing to send back
-    out = weighted.step(batch | {"weight": np.ones(32, np.float32), "index": np.arange(32)})
+    out = weighted.step(replace(batch, weight=np.ones(32, np.float32), index=np.arange(32)))
     assert out[key] == pytest.approx(ones[key], rel=1e-6)  # unit weights: the plain loss
     assert out["priority"].shape == (32,) and (out["priority"] >= 0).all() and out["priority"].max() > 0
     # weight 0 on half the batch: the loss is the weighted mean of the per-sample losses
     half = make()
     w = np.r_[np.ones(16), np.zeros(16)].astype(np.float32)
-    got = half.step(batch | {"weight": w, "index": np.arange(32)})[key]
-    first = {k: v[:16] for k, v in batch.items()}
+    got = half.step(replace(batch, weight=w, index=np.arange(32)))[key]
+    first = batch.rows(slice(0, 16))
     assert got == pytest.approx(0.5 * make().step(first)[key], rel=1e-5)
 
 
@@ -382,8 +380,8 @@ def test_d4pg_actor_on_the_control_suite() -> None:
     b.publish(1, learner.weights())
     r = Actor(config, info, 1, b.pull).run(40)
     assert r.steps == 40 and r.batch is not None
-    assert np.abs(r.batch["action"]).max() <= 1.0 and r.batch["obs"].shape == (len(r.batch["reward"]), 5)
-    metrics = learner.step({k: v[:32] if len(v) >= 32 else np.resize(v, (32, *v.shape[1:])) for k, v in r.batch.items()})
+    assert np.abs(r.batch.action).max() <= 1.0 and r.batch.obs.shape == (len(r.batch), 5)
+    metrics = learner.step(r.batch.rows(np.arange(32) % len(r.batch)))
     assert np.isfinite(list(metrics.values())).all()
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from quarl.actorq.config import ActorQConfig
+from quarl.actorq.replay import Batch
 
 
 def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation: type[nn.Module] | None = None) -> nn.Sequential:
@@ -49,16 +50,16 @@ def adam(params: Any, lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
-def weighted_mean(per_sample: torch.Tensor, batch: dict[str, np.ndarray]) -> torch.Tensor:
+def weighted_mean(per_sample: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Mean loss; with importance weights (prioritized replay) their weighted mean."""
-    if "weight" not in batch:
+    if batch.weight is None:
         return per_sample.mean()
-    return (torch.as_tensor(batch["weight"], device=per_sample.device) * per_sample).mean()
+    return (torch.as_tensor(batch.weight, device=per_sample.device) * per_sample).mean()
 
 
-def with_priority(metrics: dict[str, Any], priority: torch.Tensor, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+def with_priority(metrics: dict[str, Any], priority: torch.Tensor, batch: Batch) -> dict[str, Any]:
     """Adds the per-sample ``priority`` array for a batch from prioritized replay."""
-    if "index" in batch:
+    if batch.index is not None:
         metrics["priority"] = priority.cpu().numpy()
     return metrics
 
@@ -77,10 +78,10 @@ class DQNLearner:
         self.opt = adam(self.q.parameters(), config.learning_rate)
         self.steps = 0
 
-    def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+    def _tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {k: torch.as_tensor(v, device=self.device) for k, v in batch.transitions().items()}
 
-    def losses(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    def losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample Huber loss and absolute TD error."""
         b = self._tensors(batch)
         q = self.q(b["obs"]).gather(1, b["action"].long().view(-1, 1)).squeeze(1)
@@ -90,7 +91,7 @@ class DQNLearner:
             target = b["reward"] + b["discount"] * bootstrap
         return F.smooth_l1_loss(q, target, reduction="none"), (q - target).detach().abs()
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    def step(self, batch: Batch) -> dict[str, Any]:
         per_sample, td = self.losses(batch)
         loss = weighted_mean(per_sample, batch)
         self.opt.zero_grad()
@@ -151,8 +152,8 @@ class D4PGLearner:
     def _q_logits(self, critic: nn.Module, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return critic(torch.cat([obs, action], dim=1))
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        b = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+    def step(self, batch: Batch) -> dict[str, Any]:
+        b = {k: torch.as_tensor(v, device=self.device) for k, v in batch.transitions().items()}
         action = b["action"].float().view(len(b["reward"]), -1)
         with torch.no_grad():
             next_probs = F.softmax(self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"])), 1)

@@ -5,13 +5,39 @@ prioritized variant, and a rate limiter with the semantics of Reverb's
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
 
-Batch = dict[str, np.ndarray]
-"""obs, action, reward (discounted n-step sum), discount (gamma^k, 0 at a terminal), next_obs."""
+@dataclass(frozen=True)
+class Batch:
+    """n-step transitions, one row each: what actors send, replay stores and learners read."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    """Discounted n-step sum of rewards."""
+    discount: np.ndarray
+    """gamma^k for the k steps summed; 0 at a terminal (no bootstrap)."""
+    next_obs: np.ndarray
+    weight: np.ndarray | None = None
+    """Importance weights (prioritized replay only)."""
+    index: np.ndarray | None = None
+    """Replay slots the rows came from (prioritized replay only: where priorities go back)."""
+
+    def __len__(self) -> int:
+        return len(self.reward)
+
+    def transitions(self) -> dict[str, np.ndarray]:
+        """The stored fields (not the sampling ones), by name."""
+        return {name: getattr(self, name) for name in TRANSITION_FIELDS}
+
+    def rows(self, idx: np.ndarray | slice) -> "Batch":
+        return Batch(**{name: getattr(self, name)[idx] for name in TRANSITION_FIELDS})
+
+
+TRANSITION_FIELDS = tuple(f.name for f in fields(Batch) if f.name not in ("weight", "index"))
 
 
 class NStep:
@@ -45,13 +71,13 @@ class NStep:
 
 def stack(transitions: list[tuple]) -> Batch:
     obs, action, reward, discount, next_obs = zip(*transitions)
-    return {
-        "obs": np.asarray(obs, dtype=np.float32),
-        "action": np.asarray(action),
-        "reward": np.asarray(reward, dtype=np.float32),
-        "discount": np.asarray(discount, dtype=np.float32),
-        "next_obs": np.asarray(next_obs, dtype=np.float32),
-    }
+    return Batch(
+        obs=np.asarray(obs, dtype=np.float32),
+        action=np.asarray(action),
+        reward=np.asarray(reward, dtype=np.float32),
+        discount=np.asarray(discount, dtype=np.float32),
+        next_obs=np.asarray(next_obs, dtype=np.float32),
+    )
 
 
 class Replay:
@@ -59,17 +85,19 @@ class Replay:
 
     def __init__(self, capacity: int, seed: int = 0) -> None:
         self.capacity = capacity
-        self.data: Batch | None = None
+        self.data: dict[str, np.ndarray] | None = None
+        """One array per transition field, ``capacity`` rows each."""
         self.size = 0
         self.cursor = 0
         self.rng = np.random.default_rng(seed)
 
     def insert(self, batch: Batch) -> int:
-        n = len(batch["reward"])
+        n = len(batch)
+        arrays = batch.transitions()
         if self.data is None:
-            self.data = {k: np.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype) for k, v in batch.items()}
+            self.data = {k: np.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype) for k, v in arrays.items()}
         idx = (self.cursor + np.arange(n)) % self.capacity
-        for k, v in batch.items():
+        for k, v in arrays.items():
             self.data[k][idx] = v
         self.cursor = int((self.cursor + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
@@ -79,7 +107,7 @@ class Replay:
         if self.data is None or self.size == 0:
             raise ValueError("cannot sample from an empty replay")
         idx = self.rng.integers(0, self.size, batch_size)
-        return {k: v[idx] for k, v in self.data.items()}
+        return Batch(**{k: v[idx] for k, v in self.data.items()})
 
     def state(self) -> dict:
         """Tensors and numbers only: a checkpoint loads with ``torch.load(weights_only=True)``."""
@@ -156,10 +184,8 @@ class PrioritizedReplay(Replay):
         idx = np.minimum(self.tree.find(np.minimum(targets, np.nextafter(total, 0))), self.size - 1)
         probs = self.tree.get(idx) / total
         weight = (self.size * probs) ** -self.beta
-        batch = {k: v[idx] for k, v in self.data.items()}
-        batch["weight"] = (weight / weight.max()).astype(np.float32)
-        batch["index"] = idx
-        return batch
+        rows = Batch(**{k: v[idx] for k, v in self.data.items()})
+        return replace(rows, weight=(weight / weight.max()).astype(np.float32), index=idx)
 
     def update_priorities(self, idx: np.ndarray, priorities: np.ndarray) -> None:
         p = np.abs(np.asarray(priorities, dtype=np.float64)) + 1e-6  # never zero: every item stays reachable

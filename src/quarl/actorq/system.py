@@ -177,7 +177,7 @@ def run_actorq(
                 batch = replay.sample(config.batch_size)
                 metrics = learner.step(batch)
                 if "priority" in metrics:
-                    replay.update_priorities(batch["index"], metrics.pop("priority"))
+                    replay.update_priorities(batch.index, metrics.pop("priority"))
                 limiter.sampled(config.batch_size)
                 state.learner_steps += 1
                 if state.learner_steps % config.push_period == 0:
