@@ -53,3 +53,19 @@ def run_cli(*args: str) -> CliResult:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+def actorq_summary(**fields: object) -> dict:
+    """A complete ActorQ summary.json (neutral values) with ``fields`` set, for tests of
+    what reads stored runs (compare, the scaling model)."""
+    base: dict = {
+        "config": {}, "machine": {"cores": 2}, "target_reward": None, "reached": False, "time_to_reward_s": None,
+        "elapsed_s": 1.0, "final_running_mean": None, "evals": [], "env_steps": 0, "learner_steps": 0,
+        "env_steps_per_s": 0.0, "learner_steps_per_s": 0.0, "actor_env_steps_per_s": {}, "actor_ms_per_step": {},
+        "actor_time_share": {}, "actor_busy_ms_per_step": 0.0, "actor_wall_ms_per_step": 0.0,
+        "evaluator_busy_s": 0.0, "coordinator_ms_per_step": 0.0, "learner_ms_per_step": 0.0,
+        "env_steps_at_target": None, "learner_time_share": {}, "learner_busy_s": 0.0, "weight_versions": 0,
+        "pulls": 0, "loads": 0, "restarts": 0, "actor_nodes": {}, "episodes": 0, "broadcast": {},
+        "energy": {"available": False},
+    }
+    return {**base, **fields}

@@ -17,6 +17,7 @@ from quarl.actorq.learners import D4PGLearner, DQNLearner, make_learner
 from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.errors import QuarlError
+from tests.conftest import actorq_summary
 
 SMALL = dict(policy_layers=(64, 64), critic_layers=(64, 64), batch_size=32, min_replay=100, eval_episodes=2)
 
@@ -290,24 +291,24 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     config = ActorQConfig("CartPole-v1", local=True, max_minutes=2.0, out=tmp_path / "run", replay="prioritized",
                           checkpoint_replay=True, **CARTPOLE)
     summary = run_actorq(config)
-    assert summary["reached"], summary["evals"][-5:]
-    assert summary["final_running_mean"] >= 195
-    assert summary["time_to_reward_s"] <= summary["elapsed_s"]
-    assert summary["loads"] < summary["pulls"]  # versioned pulls skip unchanged weights
-    assert set(summary["actor_ms_per_step"]) == {"inference", "env", "pull", "deserialize", "load"}
-    assert summary["broadcast"]["bytes"] > 0 and summary["energy"]["available"]
+    assert summary.reached, summary.evals[-5:]
+    assert summary.final_running_mean >= 195
+    assert summary.time_to_reward_s <= summary.elapsed_s
+    assert summary.loads < summary.pulls  # versioned pulls skip unchanged weights
+    assert set(summary.actor_ms_per_step) == {"inference", "env", "pull", "deserialize", "load"}
+    assert summary.broadcast["bytes"] > 0 and summary.energy["available"]
     assert (tmp_path / "run" / "evals.csv").read_text().startswith("t_s,version,return,running_mean")
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert saved["learner_steps"] == summary["learner_steps"]
+    assert saved["learner_steps"] == summary.learner_steps
 
     blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)  # plain tensors and numbers
-    assert config.min_replay < blob["replay"]["size"] <= summary["env_steps"]  # pending n-step windows: fewer
+    assert config.min_replay < blob["replay"]["size"] <= summary.env_steps  # pending n-step windows: fewer
     assert blob["replay"]["max_priority"] > 1.0  # learner's TD errors went back into the tree
 
-    resumed = run_actorq(replace(config, max_minutes=summary["elapsed_s"] / 60 + 0.1, target_reward=1e9), resume=True)
-    assert resumed["learner_steps"] > summary["learner_steps"]
-    assert resumed["elapsed_s"] >= summary["elapsed_s"] + 5
+    resumed = run_actorq(replace(config, max_minutes=summary.elapsed_s / 60 + 0.1, target_reward=1e9), resume=True)
+    assert resumed.learner_steps > summary.learner_steps
+    assert resumed.elapsed_s >= summary.elapsed_s + 5
 
 
 class _Payload:
@@ -348,9 +349,9 @@ def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> Non
 
     config = ActorQConfig("CartPole-v1", max_minutes=3.0, out=tmp_path / "ray", **CARTPOLE)
     summary = run_actorq(config, on_tick=kill_once)
-    assert killed and summary["restarts"] >= 1
-    assert summary["reached"], summary["evals"][-5:]
-    assert summary["final_running_mean"] >= 195
+    assert killed and summary.restarts >= 1
+    assert summary.reached, summary.evals[-5:]
+    assert summary.final_running_mean >= 195
 
 
 def test_bad_configs_fail_with_one_line() -> None:
@@ -387,13 +388,14 @@ def test_d4pg_actor_on_the_control_suite() -> None:
 
 def _summary(ttr: float | None, learner_steps: int, inference_ms: float, energy_kwh: float) -> dict:
     evals = [[10.0 * i, i, 50.0 * i] for i in range(1, 6)]
-    return {"target_reward": 195.0, "reached": ttr is not None, "time_to_reward_s": ttr, "final_running_mean": 200.0,
-            "elapsed_s": ttr or 600.0, "env_steps_at_target": None if ttr is None else int(100 * ttr),
-            "evals": evals, "learner_steps": learner_steps, "learner_steps_per_s": learner_steps / 100.0,
-            "actor_env_steps_per_s": {"0": 40.0, "1": 60.0},
-            "actor_ms_per_step": {"inference": inference_ms, "env": 0.1, "pull": 0.2, "deserialize": 0.0, "load": 0.0},
-            "broadcast": {"bytes": 1000}, "energy": {"available": True, "energy_kwh": energy_kwh, "co2_kg": 0.001,
-                                                    "method": "estimated"}}
+    return actorq_summary(
+        target_reward=195.0, reached=ttr is not None, time_to_reward_s=ttr, final_running_mean=200.0,
+        elapsed_s=ttr or 600.0, env_steps_at_target=None if ttr is None else int(100 * ttr),
+        evals=evals, learner_steps=learner_steps, learner_steps_per_s=learner_steps / 100.0,
+        actor_env_steps_per_s={"0": 40.0, "1": 60.0},
+        actor_ms_per_step={"inference": inference_ms, "env": 0.1, "pull": 0.2, "deserialize": 0.0, "load": 0.0},
+        broadcast={"bytes": 1000}, energy={"available": True, "energy_kwh": energy_kwh, "co2_kg": 0.001,
+                                           "method": "estimated"})
 
 
 def test_compare_table_from_stored_runs(tmp_path: Path) -> None:

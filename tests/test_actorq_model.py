@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from quarl.actorq.summary import ActorQSummary
 from quarl.actorq.model import Cluster, Costs, costs_from_summaries, load_runs, predict, scaling_rows, validation_rows
 from quarl.cli import app
 from quarl.errors import QuarlError
+from tests.conftest import actorq_summary
 
 
 def _costs(precision: str, actor_ms: float, learner_ms: float = 50.0, **kw) -> Costs:
@@ -67,17 +69,17 @@ def test_speedup_is_the_throughput_ratio_and_vanishes_when_the_learner_binds() -
 
 
 def _summary(precision: str, actors: int, steps_per_s: float, actor_ms: float) -> dict:
-    return {"config": {"actor_precision": precision, "actors": actors, "batch_size": 64, "samples_per_insert": 0.25,
-                       "push_period": 25, "update_period": 300},
-            "machine": {"cores": 2}, "env_steps_per_s": steps_per_s, "actor_busy_ms_per_step": actor_ms,
-            "actor_wall_ms_per_step": actor_ms * 1.1, "evaluator_busy_s": 10.0, "elapsed_s": 100.0,
-            "coordinator_ms_per_step": 0.05,
-            "learner_ms_per_step": 40.0, "broadcast": {"bytes": 4e6, "build_s": 0.2}, "env_steps_at_target": 50_000}
+    return actorq_summary(
+        config={"actor_precision": precision, "actors": actors, "batch_size": 64, "samples_per_insert": 0.25,
+                "push_period": 25, "update_period": 300},
+        machine={"cores": 2}, env_steps_per_s=steps_per_s, actor_busy_ms_per_step=actor_ms,
+        actor_wall_ms_per_step=actor_ms * 1.1, evaluator_busy_s=10.0, elapsed_s=100.0, coordinator_ms_per_step=0.05,
+        learner_ms_per_step=40.0, broadcast={"bytes": 4e6, "build_s": 0.2}, env_steps_at_target=50_000)
 
 
 def test_validation_reports_the_error_of_each_run() -> None:
-    train = {"fp32": [_summary("fp32", 1, 500.0, 2.0)]}
-    test = {"fp32": [_summary("fp32", 2, 800.0, 2.0)]}
+    train = {"fp32": [ActorQSummary.from_json(_summary("fp32", 1, 500.0, 2.0))]}
+    test = {"fp32": [ActorQSummary.from_json(_summary("fp32", 2, 800.0, 2.0))]}
     rows = validation_rows(train, test)
     predicted = predict(costs_from_summaries("fp32", train["fp32"]), Cluster(actors=2, cores_per_node=2))
     assert rows == [{"actor_precision": "fp32", "actors": 2, "cores": 2, "regime": predicted.regime,

@@ -582,11 +582,11 @@ def actorq_run(
     from quarl.actorq.system import run_actorq
 
     summary = run_actorq(config, resume=resume, on_progress=_progress_line)
-    ttr = summary["time_to_reward_s"]
+    ttr = summary.time_to_reward_s
     out_console.print(
-        (f"reached {summary['target_reward']} in {ttr:.1f} s" if ttr is not None else
-         f"did not reach {summary['target_reward']} in {summary['elapsed_s']:.0f} s")
-        + f" ({summary['env_steps']} env steps, {summary['learner_steps']} learner steps); wrote {out}/summary.json, "
+        (f"reached {summary.target_reward} in {ttr:.1f} s" if ttr is not None else
+         f"did not reach {summary.target_reward} in {summary.elapsed_s:.0f} s")
+        + f" ({summary.env_steps} env steps, {summary.learner_steps} learner steps); wrote {out}/summary.json, "
         f"evals.csv, actor_nodes.json, checkpoint.pt, policy.pt, tb/",
         soft_wrap=True,
     )

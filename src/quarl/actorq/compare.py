@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from quarl.actorq.config import ActorQConfig
+from quarl.actorq.summary import ActorQSummary, running_means
 from quarl.actorq.system import run_actorq
 from quarl.reports import save_figure, write_rows
 
@@ -35,7 +36,7 @@ def run_compare(
     on_run: Callable[[str, int], None] | None = None,
     on_progress: Callable | None = None,
 ) -> list[dict[str, Any]]:
-    summaries: dict[str, list[dict]] = {}
+    summaries: dict[str, list[ActorQSummary]] = {}
     for precision in precisions:
         for rep in range(repeats):
             run_out = out / precision / f"rep{rep}"
@@ -48,7 +49,7 @@ def run_compare(
                 if on_run:
                     on_run(precision, rep)
                 run_actorq(config, on_progress=on_progress)
-            summaries.setdefault(precision, []).append(json.loads(done.read_text()))
+            summaries.setdefault(precision, []).append(ActorQSummary.read(done))
     rows = compare_rows(summaries)
     write_rows(rows, out, "compare")
     plot_convergence(summaries, out / "convergence.png", f"{base.algo} {base.env_id}: {base.actors} actors")
@@ -84,7 +85,7 @@ def _mean_std(values: list[float | None]) -> tuple[float, float]:
     return float(np.mean(vals)), float(np.std(vals))
 
 
-def compare_rows(summaries: dict[str, list[dict]]) -> list[dict[str, Any]]:
+def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:
     """One row per precision: reward, time to reward (mean over the runs that reached the
     target, and over all runs with the others at their whole budget), speedup over the
     first precision, env steps to the target, actor steps/s, time shares, bytes per
@@ -92,41 +93,41 @@ def compare_rows(summaries: dict[str, list[dict]]) -> list[dict[str, Any]]:
     rows = []
     base_t = base_all = None
     for precision, runs in summaries.items():
-        ttr, ttr_sd = _mean_std([r["time_to_reward_s"] for r in runs])
-        reached = sum(bool(r["reached"]) for r in runs)
+        ttr, ttr_sd = _mean_std([r.time_to_reward_s for r in runs])
+        reached = sum(bool(r.reached) for r in runs)
         # a run that did not reach the target counts at its whole budget (a lower bound)
-        ttr_all, _ = _mean_std([r["time_to_reward_s"] if r["reached"] else r["elapsed_s"] for r in runs])
+        ttr_all, _ = _mean_std([r.time_to_reward_s if r.reached else r.elapsed_s for r in runs])
         if base_t is None:
             base_t, base_all = ttr, ttr_all
-        reward, _ = _mean_std([r["final_running_mean"] for r in runs])
-        steps, _ = _mean_std([sum(r["actor_env_steps_per_s"].values()) / max(len(r["actor_env_steps_per_s"]), 1)
+        reward, _ = _mean_std([r.final_running_mean for r in runs])
+        steps, _ = _mean_std([sum(r.actor_env_steps_per_s.values()) / max(len(r.actor_env_steps_per_s), 1)
                               for r in runs])
-        energy = [r["energy"] for r in runs if r["energy"].get("available")]
+        energy = [r.energy for r in runs if r.energy.get("available")]
         rows.append({
             "actor_precision": precision,
             "reward": round(reward, 2),
-            "target": runs[0]["target_reward"],
+            "target": runs[0].target_reward,
             "reached": f"{reached}/{len(runs)}",
             "time_to_reward_s": round(ttr, 1),
             "time_std_s": round(ttr_sd, 1),
             "speedup": round(base_t / ttr, 2) if ttr and not math.isnan(ttr) and base_t else math.nan,
             "time_all_runs_s": round(ttr_all, 1),
             "speedup_all_runs": round(base_all / ttr_all, 2) if ttr_all and base_all else math.nan,
-            "env_steps_to_target": int(np.mean([r["env_steps_at_target"] for r in runs
-                                                if r.get("env_steps_at_target")] or [0])),
+            "env_steps_to_target": int(np.mean([r.env_steps_at_target for r in runs
+                                                if r.env_steps_at_target] or [0])),
             # learner steps taken (to the target, when reached) and their rate: a faster
             # time to reward at the same rate means fewer steps were needed, i.e. run-to-run
             # variance of learning rather than faster acting
-            "learner_steps": int(np.mean([r["learner_steps"] for r in runs])),
-            "learner_steps_per_s": round(float(np.mean([r["learner_steps_per_s"] for r in runs])), 2),
+            "learner_steps": int(np.mean([r.learner_steps for r in runs])),
+            "learner_steps_per_s": round(float(np.mean([r.learner_steps_per_s for r in runs])), 2),
             "actor_steps_per_s": round(steps, 1),
-            "inference_ms": round(float(np.mean([r["actor_ms_per_step"].get("inference", 0) for r in runs])), 3),
+            "inference_ms": round(float(np.mean([r.actor_ms_per_step.get("inference", 0) for r in runs])), 3),
             # where the actors' wall time went, and how busy the learner was
-            **{f"actor_{part}": round(float(np.mean([r.get("actor_time_share", {}).get(part, math.nan) for r in runs])),
+            **{f"actor_{part}": round(float(np.mean([r.actor_time_share.get(part, math.nan) for r in runs])),
                                       3) for part in ("inference", "rate_limit")},
-            "learner_busy": round(float(np.mean([r.get("learner_time_share", {}).get("learning", math.nan)
+            "learner_busy": round(float(np.mean([r.learner_time_share.get("learning", math.nan)
                                                  for r in runs])), 3),
-            "broadcast_bytes": int(np.mean([r["broadcast"].get("bytes", 0) for r in runs])),
+            "broadcast_bytes": int(np.mean([r.broadcast.get("bytes", 0) for r in runs])),
             "energy_wh": round(1000 * float(np.mean([e["energy_kwh"] for e in energy])), 3) if energy else math.nan,
             "co2_g": round(1000 * float(np.mean([e["co2_kg"] for e in energy])), 3) if energy else math.nan,
         })
@@ -142,19 +143,18 @@ def _plt():
     return plt
 
 
-def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -> Path:
+def plot_convergence(summaries: dict[str, list[ActorQSummary]], path: Path, title: str) -> Path:
     """Running mean of evaluations against wall-clock time: mean and min..max over repeats."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for precision, runs in summaries.items():
         curves = []
         for r in runs:
-            evals = r["evals"]
+            evals = r.evals
             if not evals:
                 continue
             t = np.array([e[0] for e in evals])
-            v = np.array([e[2] for e in evals])
-            running = np.array([v[max(0, i - 9) : i + 1].mean() for i in range(len(v))])
+            running = running_means(evals)
             curves.append((t, running))
         if not curves:
             continue
@@ -167,7 +167,7 @@ def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -
         line, = ax.plot(grid, mean, label=f"{precision} actors")
         if len(curves) > 1:
             ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2)
-    target = next(iter(summaries.values()))[0].get("target_reward")
+    target = next(iter(summaries.values()))[0].target_reward
     if target is not None:
         ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("wall-clock time (s)")
@@ -177,7 +177,7 @@ def plot_convergence(summaries: dict[str, list[dict]], path: Path, title: str) -
     return save_figure(fig, path)
 
 
-def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
+def plot_breakdown(summaries: dict[str, list[ActorQSummary]], path: Path) -> Path:
     """Stacked bars per precision: ms per actor env step by part (left) and the share of
     the actors' wall time each part took, waiting on the rate limiter included (right)."""
     plt = _plt()
@@ -185,7 +185,7 @@ def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
     names = list(summaries)
     bottom = np.zeros(len(names))
     for part in PARTS:
-        vals = np.array([np.mean([r["actor_ms_per_step"].get(part, 0.0) for r in runs]) for runs in summaries.values()])
+        vals = np.array([np.mean([r.actor_ms_per_step.get(part, 0.0) for r in runs]) for runs in summaries.values()])
         ax.bar(names, vals, bottom=bottom, label=part)
         bottom += vals
     ax.set_ylabel("ms per actor env step")
@@ -193,7 +193,7 @@ def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
     ax.legend(fontsize=8)
     bottom = np.zeros(len(names))
     for part in (*PARTS, "other", "rate_limit", "dispatch"):
-        vals = np.array([np.mean([r.get("actor_time_share", {}).get(part, 0.0) for r in runs])
+        vals = np.array([np.mean([r.actor_time_share.get(part, 0.0) for r in runs])
                          for runs in summaries.values()])
         share_ax.bar(names, 100 * vals, bottom=bottom, label=part.replace("rate_limit", "waiting (rate limiter)"))
         bottom += 100 * vals
@@ -204,14 +204,14 @@ def plot_breakdown(summaries: dict[str, list[dict]], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_energy(summaries: dict[str, list[dict]], path: Path) -> Path:
+def plot_energy(summaries: dict[str, list[ActorQSummary]], path: Path) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(7, 3.5))
     names = list(summaries)
     for ax, key, label in ((axes[0], "energy_kwh", "energy (Wh)"), (axes[1], "co2_kg", "CO2 (g)")):
-        vals = [1000 * np.mean([r["energy"].get(key, np.nan) for r in runs]) for runs in summaries.values()]
+        vals = [1000 * np.mean([r.energy.get(key, np.nan) for r in runs]) for runs in summaries.values()]
         ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(names)])
         ax.set_title(label)
-    method = next(iter(summaries.values()))[0]["energy"].get("method", "unavailable")
+    method = next(iter(summaries.values()))[0].energy.get("method", "unavailable")
     fig.suptitle(f"whole run, codecarbon: {method}", fontsize=9)
     return save_figure(fig, path)

@@ -26,7 +26,6 @@ actors' precision and the speedup of precision p is X_p / X_fp32.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from quarl.actorq.summary import ActorQSummary
 from quarl.errors import QuarlError
 
 PAPER_SPEEDUPS = {
@@ -121,29 +121,29 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     return Prediction(x, regime, limits, ttr)
 
 
-def costs_from_summaries(precision: str, summaries: Sequence[dict[str, Any]]) -> Costs:
+def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary]) -> Costs:
     if not summaries:
         raise QuarlError(f"no runs for actor precision {precision!r}")
     try:
         def mean(values: Iterable[float]) -> float:
             return float(np.mean(list(values)))
 
-        reached = [s["env_steps_at_target"] for s in summaries if s.get("env_steps_at_target")]
-        config = summaries[0]["config"]
+        reached = [s.env_steps_at_target for s in summaries if s.env_steps_at_target]
+        config = summaries[0].config
         return Costs(
             precision=precision,
-            actor_s_per_step=mean(s["actor_wall_ms_per_step"] / 1000 for s in summaries),
-            actor_cpu_s_per_step=mean(s["actor_busy_ms_per_step"] / 1000 for s in summaries),
-            evaluator_cores=mean(s["evaluator_busy_s"] / max(s["elapsed_s"], 1e-9) for s in summaries),
-            coordinator_s_per_step=mean(s["coordinator_ms_per_step"] / 1000 for s in summaries),
-            learner_s_per_step=mean(s["learner_ms_per_step"] / 1000 for s in summaries),
-            build_s_per_version=mean(s["broadcast"].get("build_s", 0.0) for s in summaries),
-            broadcast_bytes=mean(s["broadcast"].get("bytes", 0.0) for s in summaries),
+            actor_s_per_step=mean(s.actor_wall_ms_per_step / 1000 for s in summaries),
+            actor_cpu_s_per_step=mean(s.actor_busy_ms_per_step / 1000 for s in summaries),
+            evaluator_cores=mean(s.evaluator_busy_s / max(s.elapsed_s, 1e-9) for s in summaries),
+            coordinator_s_per_step=mean(s.coordinator_ms_per_step / 1000 for s in summaries),
+            learner_s_per_step=mean(s.learner_ms_per_step / 1000 for s in summaries),
+            build_s_per_version=mean(s.broadcast.get("build_s", 0.0) for s in summaries),
+            broadcast_bytes=mean(s.broadcast.get("bytes", 0.0) for s in summaries),
             env_steps_per_learner_step=config["batch_size"] / config["samples_per_insert"],
             push_period=int(config["push_period"]),
             update_period=int(config["update_period"]),
             env_steps_to_target=mean(reached) if reached else None,
-            measured=tuple((int(s["config"]["actors"]), int(s["machine"]["cores"]), float(s["env_steps_per_s"]))
+            measured=tuple((int(s.config["actors"]), int(s.machine["cores"]), float(s.env_steps_per_s))
                            for s in summaries),
         )
     except KeyError as exc:
@@ -151,9 +151,9 @@ def costs_from_summaries(precision: str, summaries: Sequence[dict[str, Any]]) ->
                          "rerun it") from None
 
 
-def load_runs(folders: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:
     """Summaries by actor precision, from run folders or compare folders (any depth)."""
-    found: dict[str, list[dict[str, Any]]] = {}
+    found: dict[str, list[ActorQSummary]] = {}
     for folder in folders:
         if not Path(folder).exists():
             raise QuarlError(f"{folder} does not exist")
@@ -161,16 +161,12 @@ def load_runs(folders: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
         if not paths:
             raise QuarlError(f"{folder} holds no ActorQ summary.json")
         for path in paths:
-            try:
-                summary = json.loads(path.read_text())
-                precision = summary["config"]["actor_precision"]
-            except (ValueError, KeyError, TypeError):
-                raise QuarlError(f"{path} is not an ActorQ summary.json") from None
-            found.setdefault(precision, []).append(summary)
+            summary = ActorQSummary.read(path)
+            found.setdefault(summary.actor_precision, []).append(summary)
     return found
 
 
-def validation_rows(train: dict[str, list[dict]], test: dict[str, list[dict]] | None = None) -> list[dict[str, Any]]:
+def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[ActorQSummary]] | None = None) -> list[dict[str, Any]]:
     """Each measured run against the model: costs from ``train`` runs predict the
     throughput of each ``test`` run (its actor count, its machine's cores)."""
     rows = []
@@ -179,9 +175,9 @@ def validation_rows(train: dict[str, list[dict]], test: dict[str, list[dict]] | 
             continue
         costs = costs_from_summaries(precision, train[precision])
         for s in runs:
-            actors, cores = int(s["config"]["actors"]), int(s["machine"]["cores"])
+            actors, cores = int(s.config["actors"]), int(s.machine["cores"])
             p = predict(costs, Cluster(actors=actors, cores_per_node=cores))
-            measured = float(s["env_steps_per_s"])
+            measured = float(s.env_steps_per_s)
             rows.append({"actor_precision": precision, "actors": actors, "cores": cores, "regime": p.regime,
                          "predicted_steps_per_s": round(p.env_steps_per_s, 1), "measured_steps_per_s": round(measured, 1),
                          "error_pct": round(100 * (p.env_steps_per_s - measured) / measured, 1)})
@@ -244,8 +240,8 @@ def plot_scaling(rows: list[dict], path: Path, title: str, validation: list[dict
     return save_figure(fig, path)
 
 
-def model_report(runs: dict[str, list[dict]], actors: Sequence[int], cluster: Cluster, out: Path,
-                 validate: dict[str, list[dict]] | None = None, wire_bits: Sequence[int] = ()) -> dict[str, Any]:
+def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cluster: Cluster, out: Path,
+                 validate: dict[str, list[ActorQSummary]] | None = None, wire_bits: Sequence[int] = ()) -> dict[str, Any]:
     """The model's whole output: the scaling table and plot for ``cluster`` at each actor
     count, and the validation of every measured run (``validate`` runs predicted from
     ``runs``' costs, or ``runs`` themselves). Writes model.{csv,md,json},
@@ -261,8 +257,8 @@ def model_report(runs: dict[str, list[dict]], actors: Sequence[int], cluster: Cl
     measured: dict[tuple[int, str], list[float]] = {}
     for summaries in (validate or runs).values():
         for s in summaries:
-            measured.setdefault((int(s["config"]["actors"]), s["config"]["actor_precision"]), []).append(
-                float(s["env_steps_per_s"]))
+            measured.setdefault((int(s.config["actors"]), s.config["actor_precision"]), []).append(
+                float(s.env_steps_per_s))
     points = [{"actors": n, "measured_speedup": float(np.mean(v) / np.mean(measured[(n, "fp32")]))}
               for (n, p), v in measured.items() if p != "fp32" and (n, "fp32") in measured]
     out.mkdir(parents=True, exist_ok=True)

@@ -33,12 +33,11 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.learners import make_learner
 from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
+from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
 from quarl.provenance import provenance
 
 log = logging.getLogger(__name__)
 
-WINDOW = 10
-"""Evaluations in the running mean that time-to-reward uses (as the paper)."""
 QUEUE_DEPTH = 2
 """Chunks queued per actor."""
 LEARNER_SLICE_S = 0.02
@@ -77,7 +76,7 @@ class RunState:
     def running_mean(self) -> float | None:
         if not self.evals:
             return None
-        return float(np.mean([e[2] for e in self.evals[-WINDOW:]]))
+        return float(running_means(self.evals[-WINDOW:])[-1])
 
 
 def _target(config: ActorQConfig, info: EnvInfo) -> float | None:
@@ -107,7 +106,7 @@ def run_actorq(
     resume: bool = False,
     on_progress: Callable[[RunState, dict[str, Any]], None] | None = None,
     on_tick: Callable[[RunState, Fleet], None] | None = None,
-) -> dict[str, Any]:
+) -> ActorQSummary:
     """Train until the target reward or the time budget; return the summary."""
     torch.set_num_threads(1)
     info = env_info(config)
@@ -225,7 +224,7 @@ def run_actorq(
     _checkpoint(ckpt_path, learner, replay, limiter, state, config)
     torch.save({k: v.cpu() for k, v in learner.policy_network().state_dict().items()}, out / "policy.pt")
     summary = _summary(config, info, target, state, broadcast, emissions, learner_t)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary.write(out / "summary.json")
     return summary
 
 
@@ -280,9 +279,8 @@ def _write_eval(out: Path, state: RunState) -> None:
     with (out / "evals.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["t_s", "version", "return", "running_mean"])
-        for i, (t, v, m) in enumerate(state.evals):
-            window = [e[2] for e in state.evals[max(0, i - WINDOW + 1) : i + 1]]
-            w.writerow([round(t, 3), v, round(m, 3), round(float(np.mean(window)), 3)])
+        for (t, v, m), running in zip(state.evals, running_means(state.evals)):
+            w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3)])
 
 
 def _checkpoint(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, state: RunState,
@@ -367,10 +365,10 @@ def _stop_energy(tracker: Any) -> dict[str, Any]:
 
 
 def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: RunState, broadcast: dict,
-             energy: dict, learner_s: float) -> dict[str, Any]:
+             energy: dict, learner_s: float) -> ActorQSummary:
     steps = max(state.env_steps, 1)
     per_step_ms = {k: 1000 * v / steps for k, v in state.actor_times.items()}
-    return {
+    return ActorQSummary(**{
         "config": config.to_json(),
         "machine": _machine(),
         "provenance": provenance(),
@@ -407,7 +405,7 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         "episodes": state.episodes,
         "broadcast": broadcast,
         "energy": energy,
-    }
+    })
 
 
 def _actor_quant(config: ActorQConfig) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""What one ActorQ run measured: :class:`ActorQSummary`, written as ``OUT/summary.json``
+and read back by ``actorq compare``, ``actorq model`` and the loader of ActorQ policies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quarl.errors import QuarlError
+
+WINDOW = 10
+"""Evaluations in the running mean that time-to-reward uses (as the paper)."""
+
+
+def running_means(evals: list) -> np.ndarray:
+    """The running mean over the last :data:`WINDOW` evaluations, after each evaluation."""
+    v = np.array([e[2] for e in evals], dtype=float)
+    return np.array([v[max(0, i - WINDOW + 1) : i + 1].mean() for i in range(len(v))])
+
+
+@dataclass(frozen=True)
+class ActorQSummary:
+    """One run. Times in seconds; ``*_ms_per_step`` per env step over all actors."""
+
+    config: dict[str, Any]
+    """The run's :class:`~quarl.actorq.config.ActorQConfig` as JSON."""
+    machine: dict[str, Any]
+    """CPU model, cores, GPU."""
+    target_reward: float | None
+    reached: bool
+    """The running mean of evaluations reached ``target_reward`` within the budget."""
+    time_to_reward_s: float | None
+    elapsed_s: float
+    final_running_mean: float | None
+    evals: list
+    """[seconds, weight version, mean return] per evaluation (see :func:`running_means`)."""
+    env_steps: int
+    learner_steps: int
+    env_steps_per_s: float
+    learner_steps_per_s: float
+    actor_env_steps_per_s: dict[str, float]
+    """By actor index."""
+    actor_ms_per_step: dict[str, float]
+    """Actor time per part: inference, env, pull, deserialize, load."""
+    actor_time_share: dict[str, float]
+    """Share of the actors' wall time per part, waiting on the rate limiter and Ray's dispatch included."""
+    actor_busy_ms_per_step: float
+    actor_wall_ms_per_step: float
+    """An actor's wall time per step when not held by the rate limiter (Ray's dispatch included)."""
+    evaluator_busy_s: float
+    coordinator_ms_per_step: float
+    """The coordinator's CPU beyond learner steps (receiving chunks, replay, logging)."""
+    learner_ms_per_step: float
+    env_steps_at_target: int | None
+    learner_time_share: dict[str, float]
+    """``learning`` and ``waiting`` shares of the run's wall time."""
+    learner_busy_s: float
+    weight_versions: int
+    pulls: int
+    loads: int
+    """Pulls that installed new weights (a pull of an unchanged version loads nothing)."""
+    restarts: int
+    actor_nodes: dict[str, str]
+    """Ray node of each actor index (``local`` in process)."""
+    episodes: int
+    broadcast: dict[str, float]
+    """The last broadcast: bytes, build seconds, version."""
+    energy: dict[str, Any]
+    """codecarbon's measurement or estimate (``available``, ``energy_kwh``, ``co2_kg``, ``method``)."""
+    actor_quant: dict[str, Any] = field(default_factory=dict)
+    """How the actors' network was quantized (part of what a stored run is; absent before quarl 0.x stored it)."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def actor_precision(self) -> str:
+        return str(self.config["actor_precision"])
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "summary") -> "ActorQSummary":
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            raise QuarlError(f"{where} is not an ActorQ summary.json")
+        missing = sorted(required - set(data))
+        if missing:
+            raise QuarlError(f"{where} lacks {', '.join(missing[:4])}: it was written by an older quarl; rerun it")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def read(cls, path: Path) -> "ActorQSummary":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            raise QuarlError(f"{path} is not an ActorQ summary.json") from None
+        return cls.from_json(data, str(path))
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
