@@ -28,7 +28,6 @@ console = Console(stderr=True)
 out_console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables
 log = logging.getLogger("quarl")
 
-DEFAULT_ZOO = Path("../shared/zoo")
 
 
 def _version(value: bool) -> None:
@@ -312,6 +311,7 @@ def analyze(
     _setup(verbose)
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_analyze
+    from quarl.quant.analysis import per_layer_table
     from quarl.quant.config import QuantConfig
     from quarl.reports import print_table
 
@@ -325,12 +325,7 @@ def analyze(
         f"{ckpt.algo} {checkpoint.name}: weights",
         out_console,
     )
-    summary = [
-        {"layer": layer, **{f"sqnr@{r['bits']}": round(r["sqnr_db"], 1) for r in kl if r["layer"] == layer},
-         **{f"kl@{r['bits']}": round(r["kl"], 4) for r in kl if r["layer"] == layer}}
-        for layer in dict.fromkeys(r["layer"] for r in kl)
-    ]
-    print_table(summary, "per layer: SQNR of n-bit weights (dB, no binning) and KL(fp32 || n-bit) of 128-bin histograms",
+    print_table(per_layer_table(kl), "per layer: SQNR of n-bit weights (dB, no binning) and KL(fp32 || n-bit) of 128-bin histograms",
                 out_console)
     out_console.print(f"wrote {out}/weights.csv, weights.md, weights.json, kl.csv, kl.md, kl.json, histograms.png, "
                       "kl.png")
@@ -773,53 +768,23 @@ def demo(
     Example: quarl demo --zoo ../shared/zoo --episodes 20
     """
     _setup(verbose)
-    from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
-    from quarl.ptq import run_ptq
-    from quarl.reports import paper_table, print_table, write_rows
+    from quarl.demo import demo_agents, run_demo
+    from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)
     settings = _eval_settings(episodes, 0, 8, None)
-    from quarl.study.grid import find_agents
 
-    if zoo is not None and not zoo.is_dir():
-        raise QuarlError(f"--zoo {str(zoo)!r} is not a folder of agents")
-    zoo = zoo or DEFAULT_ZOO
-    runs = find_agents([zoo]) if zoo.is_dir() else []
-    if not runs:
-        from quarl.training.sb3_train import TrainConfig, train
+    def say_training(where: Path) -> None:
+        console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
 
-        run_dir = out / "trained" / "ppo" / "CartPole-v1_1"
-        if not (run_dir / "CartPole-v1.zip").exists():
-            console.print(f"no zoo agents under {zoo}: training PPO on CartPole-v1 for {train_steps} steps")
-            config = TrainConfig("ppo", "CartPole-v1", timesteps=train_steps, eval_freq=0, progress_bar=True,
-                                 run_dir=run_dir)
-            train(config)
-        runs = [run_dir]
-    per_policy: dict = {}
-    modes: dict = {}
-    cells = list(dict.fromkeys(["fp32", *labels]))
+    runs = demo_agents(zoo, out, train_steps, say_training)
     with _progress() as bar:
-        for run in runs:
-            ckpt = load_checkpoint(run)
-            spec = resolve_env_spec(ckpt, None)
-            name = f"{ckpt.algo} {spec.env_id}"
+        def on_policy(name: str, cells: list[str]):
             tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}
-            per_policy[name] = run_ptq(
-                ckpt.policy,
-                spec,
-                labels,
-                settings,
-                out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}",
-                progress=lambda c, n, tasks=tasks: bar.update(tasks[c], completed=n),
-            )
-            modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
-    rows = paper_table(per_policy, cells)
-    for row in rows:  # which real kernel each int column ran
-        chosen = modes.get(row["policy"], {})
-        if chosen:
-            row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
+            return lambda c, n: bar.update(tasks[c], completed=n)
+
+        rows = run_demo(runs, labels, settings, out, on_policy)
     print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console)
-    write_rows(rows, out, "table")
     out_console.print(f"wrote {out}/table.csv, table.md, table.json")
 
 

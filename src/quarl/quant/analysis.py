@@ -82,6 +82,15 @@ def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", g
     return rows
 
 
+def per_layer_table(rows: Sequence[dict]) -> list[dict[str, Any]]:
+    """:func:`kl_by_bits` rows as one row per layer: ``sqnr@N`` (dB) and ``kl@N`` columns."""
+    return [
+        {"layer": layer, **{f"sqnr@{r['bits']}": round(r["sqnr_db"], 1) for r in rows if r["layer"] == layer},
+         **{f"kl@{r['bits']}": round(r["kl"], 4) for r in rows if r["layer"] == layer}}
+        for layer in dict.fromkeys(r["layer"] for r in rows)
+    ]
+
+
 def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) -> Path:
     """One histogram per weight layer, with its range and std in the panel title."""
     import matplotlib

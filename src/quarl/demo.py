@@ -1,0 +1,64 @@
+"""The main job (``quarl demo``): every agent of a zoo folder at each precision, as the
+paper's table (policy | fp32 | fp16 | E_fp16 | int8 | E_int8), with the int kernel each
+int column ran. Without agents it first trains PPO on CartPole-v1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from quarl.errors import QuarlError
+from quarl.measure import EvalSettings, Progress
+from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
+from quarl.ptq import run_ptq
+from quarl.reports import paper_table, write_rows
+
+DEFAULT_ZOO = Path("../shared/zoo")
+
+
+def demo_agents(zoo: Path | None, out: Path, train_steps: int,
+                on_train: Callable[[Path], None] | None = None) -> list[Path]:
+    """The agents under ``zoo`` (default :data:`DEFAULT_ZOO`); none there: a PPO
+    CartPole-v1 trained for ``train_steps`` under ``OUT/trained`` (reused once trained)."""
+    from quarl.study.grid import find_agents
+
+    if zoo is not None and not zoo.is_dir():
+        raise QuarlError(f"--zoo {str(zoo)!r} is not a folder of agents")
+    zoo = zoo or DEFAULT_ZOO
+    runs = find_agents([zoo]) if zoo.is_dir() else []
+    if runs:
+        return runs
+    from quarl.training.sb3_train import TrainConfig, train
+
+    run_dir = out / "trained" / "ppo" / "CartPole-v1_1"
+    if not (run_dir / "CartPole-v1.zip").exists():
+        if on_train:
+            on_train(zoo)
+        train(TrainConfig("ppo", "CartPole-v1", timesteps=train_steps, eval_freq=0, progress_bar=True,
+                          run_dir=run_dir))
+    return [run_dir]
+
+
+def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
+             on_policy: Callable[[str, list[str]], Progress] | None = None) -> list[dict[str, Any]]:
+    """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
+    folder, resumable); write ``OUT/table.{csv,md,json}`` and return its rows.
+    ``on_policy(name, cells)`` gives the progress callback for one agent's cells."""
+    per_policy: dict[str, list[dict]] = {}
+    modes: dict[str, dict[str, str]] = {}
+    cells = list(dict.fromkeys(["fp32", *labels]))
+    for run in runs:
+        ckpt = load_checkpoint(run)
+        spec = resolve_env_spec(ckpt, None)
+        name = f"{ckpt.algo} {spec.env_id}"
+        progress = on_policy(name, cells) if on_policy else None
+        per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
+                                   out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress)
+        modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
+    rows = paper_table(per_policy, cells)
+    for row in rows:  # which real kernel each int column ran
+        chosen = modes.get(row["policy"], {})
+        if chosen:
+            row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
+    write_rows(rows, out, "table")
+    return rows
