@@ -26,7 +26,7 @@ round-half-to-even everywhere (``torch.round``), as in ONNX Runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -34,8 +34,8 @@ from torch import nn
 Scheme = Literal["quarl", "affine", "symmetric"]
 Granularity = Literal["tensor", "channel", "block"]
 
-SCHEMES: tuple[str, ...] = ("quarl", "affine", "symmetric")
-GRANULARITIES: tuple[str, ...] = ("tensor", "channel", "block")
+SCHEMES: tuple[str, ...] = get_args(Scheme)
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 MIN_BITS, MAX_BITS = 2, 16
 
 
