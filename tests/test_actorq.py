@@ -27,7 +27,7 @@ CARTPOLE = dict(algo="dqn", actors=2, actor_precision="int8", policy_layers=(256
                 target_reward=195.0, eval_every_s=2.0, eval_episodes=3, replay_size=50_000)
 
 
-def _batch(rng: np.random.Generator, n: int, obs_dim: int, action: np.ndarray) -> dict[str, np.ndarray]:
+def _batch(rng: np.random.Generator, n: int, obs_dim: int, action: np.ndarray) -> Batch:
     return Batch(obs=rng.normal(size=(n, obs_dim)).astype(np.float32), action=action,
                  reward=rng.normal(size=n).astype(np.float32), discount=np.full(n, 0.99, np.float32),
                  next_obs=rng.normal(size=(n, obs_dim)).astype(np.float32))
