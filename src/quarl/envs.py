@@ -20,6 +20,7 @@ import numpy as np
 
 from quarl import env_wrappers
 from quarl.errors import QuarlError
+from quarl.registry import put_first
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,7 @@ ENV_FAMILIES: dict[str, EnvFamily] = {}
 
 def register_env_family(family: EnvFamily) -> EnvFamily:
     """Add a family, asked before those registered earlier; returns it."""
-    rest = {k: v for k, v in ENV_FAMILIES.items() if k != family.name}
-    ENV_FAMILIES.clear()
-    ENV_FAMILIES.update({family.name: family, **rest})
-    return family
+    return put_first(ENV_FAMILIES, family.name, family)
 
 
 def env_family(env_id: str) -> EnvFamily:

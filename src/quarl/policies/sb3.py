@@ -39,6 +39,7 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
+from quarl.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy, linear_layers
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
 from quarl.policies.actorq_run import is_actorq_run, load_actorq_run
@@ -186,10 +187,7 @@ LAYOUTS: dict[str, Layout] = {}
 
 def register_layout(layout: Layout) -> Layout:
     """Add a layout, asked before those registered earlier; returns it."""
-    rest = {k: v for k, v in LAYOUTS.items() if k != layout.name}
-    LAYOUTS.clear()
-    LAYOUTS.update({layout.name: layout, **rest})
-    return layout
+    return put_first(LAYOUTS, layout.name, layout)
 
 
 def algos() -> tuple[str, ...]:
