@@ -447,3 +447,12 @@ def test_actorq_output_loads_as_a_policy(tmp_path: Path, algo: str, env_id: str)
     assert np.array_equal(agent.policy.act(obs), want)
     assert agent.algo == algo and agent.env_spec.env_id == env_id
     assert quarl.evaluate(quarl.quantize(agent.policy, "int8", agent.env_spec), agent.env_spec, episodes=2).steps > 0
+
+
+def test_a_target_the_untrained_policy_meets_is_refused(tmp_path: Path) -> None:
+    """CartPole's untrained policy scores ~9: a target of 5 would be 'reached' before any
+    learning, so the run stops with one line instead of reporting a time to reward."""
+    config = ActorQConfig("CartPole-v1", local=True, actors=1, target_reward=5.0, max_minutes=1.0,
+                          out=tmp_path / "run", eval_every_s=0.5, **SMALL)
+    with pytest.raises(QuarlError, match=r"--target-reward 5 is met by the untrained policy \(its first evaluation"):
+        run_actorq(config)

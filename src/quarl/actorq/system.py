@@ -34,6 +34,7 @@ from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.learners import make_learner
 from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
 from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
+from quarl.errors import QuarlError
 from quarl.provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ def run_actorq(
     try:
         state.version += 1
         fleet.publish(state.version, learner.weights())
+        untrained = state.version if state.learner_steps == 0 else None  # the initial weights' version
         # each actor has up to QUEUE_DEPTH chunks queued, so it starts the next one while the
         # coordinator is still busy with learner steps (no idle round trip per chunk)
         in_flight = {i: 0 for i in range(config.actors)}
@@ -194,6 +196,10 @@ def run_actorq(
                 tb.add_scalar("eval/running_mean", state.running_mean(), state.env_steps)
                 # the running mean covers the last WINDOW evaluations (fewer at the start)
                 if target is not None and state.time_to_reward_s is None and state.running_mean() >= target:
+                    if version == untrained:
+                        raise QuarlError(f"--target-reward {target:g} is met by the untrained policy (its first "
+                                         f"evaluation returned {mean:.1f}): time to reward would measure nothing; "
+                                         "use a higher target")
                     state.time_to_reward_s = at_s
                     state.env_steps_at_target = state.env_steps
             if state.time_to_reward_s is not None:
@@ -305,7 +311,6 @@ def _plain(value: Any) -> Any:
 
 
 def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> RunState:
-    from quarl.errors import QuarlError
 
     if not path.exists():
         raise QuarlError(f"nothing to resume: {path} does not exist")
