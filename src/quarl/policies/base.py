@@ -22,16 +22,11 @@ from quarl.quant.backends.torch_backend import TorchEngine
 
 Engine = Callable[[np.ndarray], np.ndarray]
 
-HEADS = ("argmax", "quantile_argmax", "clip", "unscale")
-"""``argmax``: discrete, argmax of logits / Q-values. ``quantile_argmax``: QR-DQN, argmax
-of the mean over quantiles. ``clip``: continuous, the network gives the mean action,
-clipped to the bounds (A2C / PPO). ``unscale``: continuous, the network ends in tanh and
-its output in [-1, 1] is mapped onto the bounds (SAC, TD3, DDPG, TQC)."""
-
 
 def unscale_action(space: gym.spaces.Box, action: np.ndarray) -> np.ndarray:
     """An action in [-1, 1] (a tanh output) mapped onto the space's bounds, as SB3 does."""
     return space.low + (0.5 * (action + 1.0)) * (space.high - space.low)
+
 
 @dataclass(frozen=True)
 class ObsNormalizer:
@@ -44,6 +39,19 @@ class ObsNormalizer:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         return np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+
+
+HEADS: dict[str, Callable[["Policy", np.ndarray], np.ndarray]] = {
+    # discrete: argmax of logits / Q-values
+    "argmax": lambda policy, out: out.argmax(axis=-1),
+    # QR-DQN: argmax of the mean over quantiles (its output is laid out as (quantile, action))
+    "quantile_argmax": lambda policy, out: out.reshape(out.shape[0], policy.n_quantiles, -1).mean(1).argmax(-1),
+    # continuous, the network gives the mean action: clipped to the bounds (A2C / PPO)
+    "clip": lambda policy, out: np.clip(out, policy.action_space.low, policy.action_space.high),
+    # continuous, the network ends in tanh: [-1, 1] mapped onto the bounds (SAC, TD3, DDPG, TQC)
+    "unscale": lambda policy, out: unscale_action(policy.action_space, out),
+}
+"""Action heads by name: network output (batch) -> env actions. A new head is one entry."""
 
 
 @dataclass
@@ -95,15 +103,8 @@ class Policy:
         return self.engine(x)
 
     def postprocess(self, out: np.ndarray) -> np.ndarray:
-        """Network output -> env actions (batch)."""
-        if self.head == "argmax":
-            return out.argmax(axis=-1)
-        if self.head == "quantile_argmax":
-            # QR-DQN lays its output out as (quantile, action)
-            return out.reshape(out.shape[0], self.n_quantiles, -1).mean(1).argmax(-1)
-        if self.head == "clip":
-            return np.clip(out, self.action_space.low, self.action_space.high)
-        return unscale_action(self.action_space, out)
+        """Network output -> env actions (batch), through the policy's :data:`HEADS` entry."""
+        return HEADS[self.head](self, out)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for a batch of raw observations."""
