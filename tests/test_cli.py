@@ -35,14 +35,16 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
     assert [row["precision"] for row in rows] == ["fp32", "fp16", "bf16", "int8", "int4"]
     assert rows[3]["mode"].startswith("int8-") and rows[4]["mode"].startswith("int4-")
     assert float(rows[0]["E%"]) == 0.0
+    records = {rec["precision"]: rec for rec in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     for row in rows:
         mean = float(row["mean"])
-        assert 8 <= mean <= 500
+        returns = records[row["precision"]]["returns"]
+        assert len(returns) == 4 and abs(mean - sum(returns) / 4) < 0.01  # the table is the episodes' mean
         e = float(row["E%"])
         assert abs(e - 100 * (float(rows[0]["mean"]) - mean) / float(rows[0]["mean"])) < 0.01
+    # a 4096-step PPO scored 79 at every precision here; the float formats and int8 keep it
+    assert float(rows[0]["mean"]) > 30 and all(abs(float(row["E%"])) <= 5 for row in rows[:4]), rows
     assert "precision" in r.stdout and "int8" in r.stdout
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert all(len(rec["returns"]) == 4 for rec in records)
 
     sweep_out = tmp_path / "sweep"
     r = run_cli("sweep", str(tiny_run), "--bits", "8,4,2", "--episodes", "3", "--out", str(sweep_out))
