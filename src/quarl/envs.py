@@ -1,4 +1,7 @@
-"""One ``make_env`` for gymnasium ids: classic control, Box2D, MuJoCo and Atari (ALE).
+"""One ``make_env`` for every env quarl runs (evaluation, training, ActorQ), through a
+registry of env families: ``gymnasium`` (classic control, Box2D, MuJoCo), ``atari`` (ALE
+ids, registered on first use) and ``dm_control`` (the DeepMind Control Suite through
+shimmy, observations flattened to float32). A new family is one :func:`register_env_family`.
 
 An :class:`EnvSpec` says how a policy's env was built (RL Zoo ``config.yml``: env
 wrappers, frame stacking, env kwargs) so that evaluation rebuilds the same observations.

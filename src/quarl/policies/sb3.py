@@ -8,6 +8,7 @@ MaskablePPO (MLP and NatureCNN, discrete and box actions, gSDE, ``squash_output`
 QR-DQN, SAC, TQC, CrossQ (its Batch Renorm layers at their running statistics), TD3,
 DDPG and ARS (linear and MLP). RecurrentPPO (LSTM) is refused with one line.
 
+Each layout below is one entry of :data:`LAYOUTS` (:func:`register_layout` adds one).
 Calling convention of the acting network per algorithm (deterministic acting)::
 
     a2c / ppo    features -> [shared_net] -> policy_net -> action_net   (argmax | mean, clipped)
