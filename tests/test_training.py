@@ -18,7 +18,7 @@ from quarl.evaluation import evaluate
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers
-from quarl.training.hyperparams import prepare
+from quarl.training.hyperparams import TRAINERS, prepare
 from quarl.training.mixed_precision import DynamicLossScale, enable_mixed_precision
 from quarl.training.qat_sb3 import QATCallback, load_qat_state, qat_targets, wrap_policy, wrapped_layers
 from quarl.training.sb3_train import TrainConfig, train
@@ -33,7 +33,13 @@ TINY = {
     "sac": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "policy_kwargs": "dict(net_arch=[32, 32])"}),
     "td3": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "policy_kwargs": "dict(net_arch=[32, 32])"}),
     "ddpg": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "policy_kwargs": "dict(net_arch=[32, 32])"}),
+    # sb3-contrib, through the same trainer registry
+    "qrdqn": ("CartPole-v1", {"learning_starts": 100, "train_freq": 16, "gradient_steps": 4,
+                              "policy_kwargs": "dict(net_arch=[32, 32], n_quantiles=5)"}),
+    "tqc": ("Pendulum-v1", {"learning_starts": 100, "batch_size": 32,
+                            "policy_kwargs": "dict(net_arch=[32, 32], n_critics=2, n_quantiles=5)"}),
 }
+TRPO = ("CartPole-v1", {"n_envs": 2, "n_steps": 64, "batch_size": 64, "policy_kwargs": "dict(net_arch=[32, 32])"})
 
 
 def _obs(env_id: str, n: int = 256) -> np.ndarray:
@@ -84,7 +90,7 @@ def test_qat_training_delay_and_convert(algo: str, tmp_path: Path) -> None:
     env_id, hp = TINY[algo]
     qat = QATConfig(bits=4, quant_delay=300)
     setup = prepare(algo, env_id, make_env(EnvSpec(env_id)).action_space, hp)
-    sb3_model = getattr(sb3, algo.upper())("MlpPolicy", env_id, seed=0, device="cpu", **setup.model_kwargs)
+    sb3_model = TRAINERS[algo].algo_class()("MlpPolicy", env_id, seed=0, device="cpu", **setup.model_kwargs)
     callback = QATCallback(qat)
     sb3_model.learn(200, callback=callback)
     assert wrapped_layers(sb3_model.policy)
@@ -112,7 +118,7 @@ def test_qat_training_delay_and_convert(algo: str, tmp_path: Path) -> None:
     obs = _obs(env_id)
     sb3_actions, _ = model.predict(obs, deterministic=True)
     ours = policy.act(obs)
-    if algo in ("dqn", "ppo", "a2c"):
+    if algo in ("dqn", "ppo", "a2c", "qrdqn"):
         assert (ours == sb3_actions).mean() == 1.0
     else:
         np.testing.assert_allclose(ours, sb3_actions, atol=1e-5)
@@ -267,3 +273,17 @@ def test_resume_reads_checkpoints_without_unpickling(tmp_path: Path, monkeypatch
     with pytest.raises(QuarlError, match=r"replay.pkl \(an older quarl's checkpoint\) needs unpickling: refused"):
         train(replace(config, timesteps=1200), resume=True)
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_trpo_trains_and_loads_but_refuses_qat_in_one_line(tmp_path: Path) -> None:
+    """sb3-contrib's TRPO through the trainer registry: the run loads as SB3 acts; QAT is
+    refused (its line search needs second derivatives, which the straight-through estimator lacks)."""
+    env_id, hp = TRPO
+    result = train(TrainConfig("trpo", env_id, timesteps=256, hyperparams=hp, out=tmp_path, eval_freq=0,
+                               tensorboard=False))
+    ckpt = load_checkpoint(result.run_dir)
+    assert ckpt.algo == "trpo"
+    obs = _obs(env_id)
+    assert (ckpt.policy.act(obs) == result.model.predict(obs, deterministic=True)[0]).all()
+    with pytest.raises(QuarlError, match="trpo's natural-gradient step needs second derivatives"):
+        train(TrainConfig("trpo", env_id, timesteps=256, hyperparams=hp, qat=QATConfig(4, 100), out=tmp_path))

@@ -354,7 +354,7 @@ MAX_BENCH_BUDGET_S = 600.0
 """Seconds of timing per bench cell: a larger value (or inf) is a typo, not a wish."""
 MAX_BENCH_BATCH = 65_536
 
-AlgoArg = typer.Argument(..., help="a2c, ppo, dqn, ddpg, td3 or sac")
+AlgoArg = typer.Argument(..., help="a2c, ppo, dqn, ddpg, td3, sac, qrdqn, tqc or trpo (qrdqn, tqc, trpo: sb3-contrib)")
 EnvIdArg = typer.Argument(..., help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
 TimestepsOpt = typer.Option(None, "--timesteps", "-n", "--n-timesteps",
                             help="env steps (default: the RL Zoo's budget for this env)")

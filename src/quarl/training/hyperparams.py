@@ -27,9 +27,43 @@ from quarl.policies.safe_load import parse_literal
 
 log = logging.getLogger(__name__)
 
-TRAIN_ALGOS = ("a2c", "ppo", "dqn", "ddpg", "td3", "sac")
-DISCRETE_ONLY = ("dqn",)
-CONTINUOUS_ONLY = ("ddpg", "td3", "sac")
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """An algorithm ``quarl train`` runs: its Stable-Baselines3 / sb3-contrib class and the
+    action spaces it takes. Its hyperparameters come from rl_zoo3's ``<name>.yml``; the
+    loader reads what it saves through :data:`quarl.policies.sb3.LAYOUTS`; QAT wraps its
+    acting network (:func:`quarl.training.qat_sb3.qat_targets`). A new one is one entry."""
+
+    name: str
+    module: str
+    cls: str
+    actions: str = "both"
+    """``discrete``, ``continuous`` or ``both``."""
+    qat_refused: str = ""
+    """Why quantization-aware training cannot run this algorithm (empty: it can)."""
+
+    def algo_class(self) -> type:
+        return getattr(importlib.import_module(self.module), self.cls)
+
+
+TRAINERS: dict[str, Trainer] = {t.name: t for t in (
+    Trainer("a2c", "stable_baselines3", "A2C"),
+    Trainer("ppo", "stable_baselines3", "PPO"),
+    Trainer("dqn", "stable_baselines3", "DQN", "discrete"),
+    Trainer("ddpg", "stable_baselines3", "DDPG", "continuous"),
+    Trainer("td3", "stable_baselines3", "TD3", "continuous"),
+    Trainer("sac", "stable_baselines3", "SAC", "continuous"),
+    Trainer("qrdqn", "sb3_contrib", "QRDQN", "discrete"),
+    Trainer("tqc", "sb3_contrib", "TQC", "continuous"),
+    Trainer("trpo", "sb3_contrib", "TRPO", qat_refused=(
+        "trpo's natural-gradient step needs second derivatives, which fake quantization's straight-through "
+        "estimator does not give (its line search divides by zero): train trpo without --qat-bits")),
+)}
+TRAIN_ALGOS = tuple(TRAINERS)
+DISCRETE_ONLY = tuple(t.name for t in TRAINERS.values() if t.actions == "discrete")
+CONTINUOUS_ONLY = tuple(t.name for t in TRAINERS.values() if t.actions == "continuous")
 
 # Class names that appear inside the zoo's policy_kwargs strings.
 _CLASSES = {
@@ -121,9 +155,7 @@ def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
     handles), and a number where the algorithm's default is one: one line otherwise."""
     import inspect
 
-    import stable_baselines3 as sb3
-
-    params = inspect.signature(getattr(sb3, algo.upper()).__init__).parameters
+    params = inspect.signature(TRAINERS[algo].algo_class().__init__).parameters
     allowed = sorted({p for p in params if not p.startswith("_")} - {"self", "policy", "env"} | set(_OWN_KEYS))
     for key, value in overrides.items():
         if key not in allowed:

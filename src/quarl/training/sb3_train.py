@@ -27,7 +27,7 @@ import yaml
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.quant.config import QATConfig
-from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TrainSetup, prepare
+from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TRAINERS, TrainSetup, prepare
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 
 log = logging.getLogger(__name__)
@@ -324,7 +324,6 @@ class TrainResult:
 
 def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     """Train (or continue the latest unfinished run with ``resume``) and save the run."""
-    import stable_baselines3 as sb3
     import torch
 
     from quarl.quant.qat import plain_layers
@@ -333,6 +332,8 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     if config.precision not in TRAIN_PRECISIONS:
         raise QuarlError(f"unknown training precision {config.precision!r}: allowed {', '.join(TRAIN_PRECISIONS)}")
     action_space = check_algo_env(config.algo, config.env_id)
+    if config.qat is not None and TRAINERS[config.algo].qat_refused:
+        raise QuarlError(TRAINERS[config.algo].qat_refused)
     setup = prepare(config.algo, config.env_id, action_space, config.hyperparams)
     total = _total(config.algo, config.env_id, config.timesteps, setup)
     if config.qat is not None and config.qat.quant_delay >= total:
@@ -352,7 +353,7 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
 
-    algo_cls = getattr(sb3, config.algo.upper())
+    algo_cls = TRAINERS[config.algo].algo_class()
     env = _vec_env(setup, setup.n_envs, config.seed, training=True)
     tb = str(run_dir / "tb") if config.tensorboard else None
     qat_restore = None
