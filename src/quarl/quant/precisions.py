@@ -187,9 +187,9 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
 register(Precision("fp32", "unchanged, PyTorch (Stable-Baselines3's own numbers)", _fp32))
 register(Precision("fp16", "weights and arithmetic in fp16 (PyTorch kernels)", _float))
 register(Precision("bf16", "weights and arithmetic in bf16 (PyTorch kernels)", _float))
-register(Precision("int8", "real int8 execution (ONNX Runtime kernels, mode chosen per policy)", quantize_int, 8, True,
-                   lambda config: True))
-register(Precision("int4", "real 4-bit weights (ONNX Runtime MatMulNBits, mode chosen per policy)", quantize_int, 4,
-                   True, lambda config: True))
+register(Precision("int8", "real int8 execution (ONNX Runtime kernels, mode chosen per policy)", quantize_int,
+                   bits=8, real_int=True, calibrates=lambda config: True))
+register(Precision("int4", "real 4-bit weights (ONNX Runtime MatMulNBits, mode chosen per policy)", quantize_int,
+                   bits=4, real_int=True, calibrates=lambda config: True))
 register(Precision("nbit", "simulated n-bit weights (fp32 arithmetic on rounded weights), labelled simN", _nbit,
                    calibrates=lambda config: config.activations))
