@@ -74,7 +74,8 @@ class Policy:
     engine: Engine | None = field(default=None, repr=False)
     """Runs the network; ``None`` at construction means plain PyTorch fp32."""
     meta: dict = field(default_factory=dict)
-    """Where the policy came from (checkpoint path, env spec...)."""
+    """What quantization did, under ``"quant"`` (a real int mode's summary: mode, fp32
+    layers, agreement with fp32, every mode tried); tables and export sidecars read it."""
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:

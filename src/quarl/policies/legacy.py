@@ -266,8 +266,7 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
         raise QuarlError(f"{path}: DDPG's in-graph observation normalization is not supported")
     network, head = build_network(legacy_algo, params, obs_space, act_space, path)
     algo = ALGOS[legacy_algo]
-    policy = Policy(network=network, observation_space=obs_space, action_space=act_space, head=head, algo=algo,
-                    meta={"checkpoint": str(path), "format": "stable-baselines (TF) pickle"})
+    policy = Policy(network=network, observation_space=obs_space, action_space=act_space, head=head, algo=algo)
     stats = path.parent / path.stem / "obs_rms.pkl"
     if stats.exists():  # rl-baselines-zoo saved VecNormalize's statistics beside the model
         mean, var = load_running_mean_std(stats)

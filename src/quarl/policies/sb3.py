@@ -41,7 +41,7 @@ from torch import nn
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
 from quarl.registry import put_first
-from quarl.policies.base import ObsNormalizer, Policy, linear_layers
+from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
 from quarl.policies.actorq_run import is_actorq_run, load_actorq_run
 from quarl.policies.onnx_artifact import is_artifact, load_artifact
@@ -311,7 +311,6 @@ def build_policy(
         scale_images=image and bool(policy_kwargs.get("normalize_images", True)),
         n_quantiles=acting.n_quantiles,
     )
-    policy.meta["layer_names"] = [getattr(m, "sb3_name", None) for _, m in linear_layers(policy.network)]
     _check_shapes(policy)
     return policy
 
@@ -427,16 +426,13 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
         raise QuarlError(f"checkpoint {str(path)!r} does not exist")
     if is_actorq_run(path):  # quarl actorq's OUT/policy.pt + summary.json
         policy, spec, algo = load_actorq_run(path)
-        policy.meta["env_spec"] = spec
         return Checkpoint(policy=policy, env_spec=spec, algo=algo, path=path)
     if is_artifact(path):  # quarl export's NAME.onnx + NAME.json: evaluated as exported
         policy, spec = load_artifact(path)
-        policy.meta["env_spec"] = spec
         return Checkpoint(policy=policy, env_spec=spec, algo=policy.algo, path=path)
     if is_legacy_pickle(path):
         policy, algo, env_id = load_legacy(path)
         spec = EnvSpec(env_id=current_env_id(env_id))
-        policy.meta["env_spec"] = spec
         return Checkpoint(policy=policy, env_spec=spec, algo=algo, path=path)
     zip_path, config_dir, zoo_algo = _zoo_files(path)
     data, sd = _read_zip(zip_path)
@@ -448,7 +444,6 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
         kwargs.setdefault("squash_output", False)
     algo = zoo_algo or _algo_from_data(data, _layout(sd).name)
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
-    policy.meta["checkpoint"] = str(path)
 
     env_spec = None
     if config_dir is not None:
@@ -460,7 +455,6 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
             stats = load_vecnormalize(stats_path, trust_pickle=trust_pickle)
             if stats["norm_obs"]:
                 policy.obs_normalizer = ObsNormalizer(stats["mean"], stats["var"], stats["clip_obs"], stats["epsilon"])
-        policy.meta["env_spec"] = env_spec
         qat_file = config_dir / QAT_FILE
         if qat_file.exists():  # a quantization-aware trained run: act as it was trained
             from quarl.quant.api import from_qat_state

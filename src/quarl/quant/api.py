@@ -61,6 +61,4 @@ def from_qat_state(policy: Policy, state: dict) -> Policy:
         if saved["out_min"] <= saved["out_max"]:
             ranges[name] = (saved["out_min"], saved["out_max"])
     network = with_activation_quant(network, ranges, config.bits)
-    quantized = policy.with_network(network, f"qat{config.bits}", TorchEngine(network))
-    quantized.meta["qat"] = dict(state["config"])
-    return quantized
+    return policy.with_network(network, f"qat{config.bits}", TorchEngine(network))
