@@ -8,17 +8,7 @@ from quarl.errors import QuarlError
 from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 
-PRECISIONS: tuple[str, ...] = tuple(registry.PRECISIONS)
-"""The built-in precisions (the registry, :mod:`quarl.quant.precisions`, may hold more).
-``fp32``: unchanged, PyTorch (Stable-Baselines3's own numbers). ``fp16`` / ``bf16``:
-weights and arithmetic in that float format (PyTorch kernels). ``int8`` / ``int4``: real
-integer execution (ONNX Runtime kernels, see :mod:`quarl.quant.modes`). ``nbit``:
-simulated n-bit uniform quantization of the weights (fp32 arithmetic on the rounded
-weights), any width from 2 to 16 bits, as in the paper's sweeps; labelled ``simN``."""
-
 INT8_WEIGHTS: tuple[str, ...] = ("auto", "asymmetric", "symmetric")
-REAL_BITS = registry.real_bits()
-"""The built-in real-integer precisions and their widths (``registry.real_bits()`` is current)."""
 
 
 @dataclass(frozen=True)
