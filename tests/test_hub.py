@@ -59,6 +59,21 @@ def test_hub_agent_through_the_cli(offline_cache: Path, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "results.jsonl").exists()
 
 
+def test_study_takes_a_hub_agent_beside_a_local_one(offline_cache: Path, tiny_run: Path, tmp_path: Path) -> None:
+    """The Hub agent is fetched into its run folder and studied as one; it holds the same
+    weights as the local folder, so both rows score the same."""
+    r = CliRunner().invoke(app, ["study", "hf://someone/ppo-CartPole-v1", str(tiny_run), "--precisions", "fp32",
+                                 "--seeds", "0", "--episodes", "2", "--out", str(tmp_path / "study")],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    import sqlite3
+
+    rows = sqlite3.connect(tmp_path / "study" / "study.sqlite").execute(
+        "SELECT checkpoint, policy_sha256, mean FROM cells_v2").fetchall()
+    assert len(rows) == 2 and any(str(offline_cache) in row[0] for row in rows)
+    assert rows[0][1:] == rows[1][1:]  # same content hash, same return
+
+
 @pytest.mark.parametrize("name,message", [
     ("hf://someone/not-there", "not in the cache"),
     ("hf://no-repo-part", "is not hf://ORG/REPO"),

@@ -197,9 +197,15 @@ def run_study(config: StudyConfig, on_cell: Callable[[dict[str, Any], int, int],
 
 def find_agents(paths: Sequence[Path]) -> list[Path]:
     """Checkpoints named directly, or found in folders of agents: RL Zoo run folders
-    (ALGO/ENV_1) and legacy pickles (ALGO/ENV.pkl)."""
+    (ALGO/ENV_1) and legacy pickles (ALGO/ENV.pkl); ``hf://ORG/REPO`` is fetched (or
+    found in the Hub cache) and taken as the run folder it becomes."""
+    from quarl import hub
+
     found: list[Path] = []
     for path in paths:
+        if hub.is_hub(path):
+            found.append(hub.fetch(str(path)))
+            continue
         path = Path(path)
         if not path.exists():
             raise QuarlError(f"{str(path)!r} does not exist")
