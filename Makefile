@@ -20,9 +20,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/quarl demo
 
+# two pytest workers, each test file on one of them (its fixtures, Ray runs and kills stay
+# together); TEST_JOBS=1 runs them one after the other
+TEST_JOBS ?= 2
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check --select F,E9 src tests benchmarks
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -m slow

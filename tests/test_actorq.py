@@ -288,7 +288,7 @@ def test_rate_limiter_blocks_and_releases() -> None:
 def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     """In one process, with prioritized replay checkpointed along with the learner (the
     Ray run below uses uniform replay)."""
-    config = ActorQConfig("CartPole-v1", local=True, max_minutes=2.0, out=tmp_path / "run", replay="prioritized",
+    config = ActorQConfig("CartPole-v1", local=True, max_minutes=4.0, out=tmp_path / "run", replay="prioritized",
                           checkpoint_replay=True, **CARTPOLE)
     summary = run_actorq(config)
     assert summary.reached, summary.evals[-5:]
@@ -347,7 +347,7 @@ def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> Non
             fleet.kill(0)
             killed.append(state.learner_steps)
 
-    config = ActorQConfig("CartPole-v1", max_minutes=3.0, out=tmp_path / "ray", **CARTPOLE)
+    config = ActorQConfig("CartPole-v1", max_minutes=5.0, out=tmp_path / "ray", **CARTPOLE)
     summary = run_actorq(config, on_tick=kill_once)
     assert killed and summary.restarts >= 1
     assert summary.reached, summary.evals[-5:]
