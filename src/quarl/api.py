@@ -16,7 +16,8 @@ from quarl.evaluation import EvalResult
 from quarl.evaluation import evaluate as _evaluate
 from quarl.policies.base import Policy
 from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
-from quarl.measure import calibration_inputs, calibration_returns, needs_calibration
+from quarl.measure import calibration_inputs, calibration_returns
+from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import QuantConfig
 
@@ -45,7 +46,7 @@ def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | N
     from the evaluation's ``seed + i``, exactly as ``quarl ptq`` does."""
     config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
     calibration = returns = None
-    if needs_calibration(policy, config):
+    if needs_calibration(config):
         if env_spec is None:
             from quarl.errors import QuarlError
 

@@ -193,19 +193,13 @@ def run_cells(
             if progress:
                 progress(label, finished[0])
 
-        if cell.policy is None and calibration is None and needs_calibration(policy, cell.config):
+        if cell.policy is None and calibration is None and registry.needs_calibration(cell.config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
         record = {**key, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
                                            quantized=cell.policy, returns=returns), "provenance": provenance()}
         log_file.append(record)
         records.append(record)
     return records
-
-
-def needs_calibration(policy: Policy, config: QuantConfig) -> bool:
-    """Activation ranges are calibrated on observations, and every real int mode is
-    checked (or chosen) against fp32 on them."""
-    return registry.needs_calibration(config)
 
 
 def evaluate_config(
@@ -223,7 +217,7 @@ def evaluate_config(
     :func:`calibration_returns`) judges the automatic int modes on calibration episodes."""
     started = time.perf_counter()
     if quantized is None:
-        if calibration is None and needs_calibration(policy, config):
+        if calibration is None and registry.needs_calibration(config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
         returns = returns or calibration_returns(env_spec, settings.seed, settings.max_steps)
         quantized = quantize(policy, config, calibration=calibration, returns=returns)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -46,6 +46,13 @@ INT8_ACTOR_KEEP = frozenset({0})
 (:func:`quarl.quant.modes.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
 (~1 rad/s) share one activation range per call, and with that layer in int8 the DQN actors
 needed about twice the env steps to reach the target (README, ActorQ results)."""
+
+
+def actor_quant(config: ActorQConfig) -> dict[str, Any]:
+    """How the actors' network was quantized (part of what a stored run is)."""
+    if config.actor_precision != "int8":
+        return {"precision": config.actor_precision, "wire_bits": config.wire_bits}
+    return {"precision": "int8", "mode": INT8_ACTOR_MODE, "fp32_layers": sorted(INT8_ACTOR_KEEP)}
 
 
 @dataclass(frozen=True)

@@ -63,13 +63,13 @@ def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
     policy or address's result)."""
     from quarl.errors import QuarlError
 
-    from quarl.actorq.system import _actor_quant
+    from quarl.actorq.acting import actor_quant
 
-    summary = json.loads(summary_path.read_text())
-    stored = summary.get("config", {})
-    if "actor_quant" in summary and summary["actor_quant"] != _actor_quant(config):
+    summary = ActorQSummary.read(summary_path)
+    stored = summary.config
+    if summary.actor_quant and summary.actor_quant != actor_quant(config):  # absent in older summaries
         raise QuarlError(f"{summary_path.parent} holds a run whose actors were quantized otherwise "
-                         f"({summary['actor_quant']}): use another --out")
+                         f"({summary.actor_quant}): use another --out")
     wanted = config.to_json()
     ignore = {"out", "address", "local", "max_minutes"}  # where and how long, not what
     differ = sorted(k for k in wanted if k not in ignore and json.dumps(stored.get(k)) != json.dumps(wanted[k]))

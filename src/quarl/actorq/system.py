@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from quarl.actorq.acting import ActorResult, EnvInfo, env_info
+from quarl.actorq.acting import ActorResult, EnvInfo, actor_quant, env_info
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.learners import make_learner
@@ -373,53 +373,44 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
              energy: dict, learner_s: float) -> ActorQSummary:
     steps = max(state.env_steps, 1)
     per_step_ms = {k: 1000 * v / steps for k, v in state.actor_times.items()}
-    return ActorQSummary(**{
-        "config": config.to_json(),
-        "machine": _machine(),
-        "provenance": provenance(),
-        "target_reward": target,
-        "reached": state.time_to_reward_s is not None,
-        "time_to_reward_s": state.time_to_reward_s,
-        "elapsed_s": state.elapsed_s,
-        "final_running_mean": state.running_mean(),
-        "evals": state.evals,
-        "env_steps": state.env_steps,
-        "learner_steps": state.learner_steps,
-        "env_steps_per_s": state.env_steps / max(state.elapsed_s, 1e-9),
-        "learner_steps_per_s": state.learner_steps / max(state.elapsed_s, 1e-9),
-        "actor_env_steps_per_s": {str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
-        "actor_ms_per_step": per_step_ms,
-        "actor_quant": _actor_quant(config),
-        "actor_time_share": _actor_shares(state, config.actors),
-        "actor_busy_ms_per_step": 1000 * state.actor_wall_s / steps,
+    return ActorQSummary(
+        config=config.to_json(),
+        machine=_machine(),
+        provenance=provenance(),
+        target_reward=target,
+        reached=state.time_to_reward_s is not None,
+        time_to_reward_s=state.time_to_reward_s,
+        elapsed_s=state.elapsed_s,
+        final_running_mean=state.running_mean(),
+        evals=state.evals,
+        env_steps=state.env_steps,
+        learner_steps=state.learner_steps,
+        env_steps_per_s=state.env_steps / max(state.elapsed_s, 1e-9),
+        learner_steps_per_s=state.learner_steps / max(state.elapsed_s, 1e-9),
+        actor_env_steps_per_s={str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
+        actor_ms_per_step=per_step_ms,
+        actor_quant=actor_quant(config),
+        actor_time_share=_actor_shares(state, config.actors),
+        actor_busy_ms_per_step=1000 * state.actor_wall_s / steps,
         # an actor's wall time per step when not held by the rate limiter (Ray's dispatch included)
-        "actor_wall_ms_per_step": 1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
-        "evaluator_busy_s": state.evaluator_busy_s,
+        actor_wall_ms_per_step=1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
+        evaluator_busy_s=state.evaluator_busy_s,
         # the coordinator's CPU beyond learner steps (receiving chunks, replay, logging), per env step
-        "coordinator_ms_per_step": 1000 * max(state.driver_cpu_s - learner_s, 0.0) / steps,
-        "learner_ms_per_step": 1000 * learner_s / max(state.learner_steps, 1),
-        "env_steps_at_target": state.env_steps_at_target,
-        "learner_time_share": {"learning": learner_s / max(state.elapsed_s, 1e-9),
-                               "waiting": 1 - learner_s / max(state.elapsed_s, 1e-9)},
-        "learner_busy_s": learner_s,
-        "weight_versions": state.version,
-        "pulls": state.pulls,
-        "loads": state.loads,
-        "restarts": state.restarts,
-        "actor_nodes": {str(k): v for k, v in state.actor_nodes.items()},
-        "episodes": state.episodes,
-        "broadcast": broadcast,
-        "energy": energy,
-    })
-
-
-def _actor_quant(config: ActorQConfig) -> dict[str, Any]:
-    """How the actors' network was quantized (part of what a stored run is)."""
-    if config.actor_precision != "int8":
-        return {"precision": config.actor_precision, "wire_bits": config.wire_bits}
-    from quarl.actorq.acting import INT8_ACTOR_KEEP, INT8_ACTOR_MODE
-
-    return {"precision": "int8", "mode": INT8_ACTOR_MODE, "fp32_layers": sorted(INT8_ACTOR_KEEP)}
+        coordinator_ms_per_step=1000 * max(state.driver_cpu_s - learner_s, 0.0) / steps,
+        learner_ms_per_step=1000 * learner_s / max(state.learner_steps, 1),
+        env_steps_at_target=state.env_steps_at_target,
+        learner_time_share={"learning": learner_s / max(state.elapsed_s, 1e-9),
+                            "waiting": 1 - learner_s / max(state.elapsed_s, 1e-9)},
+        learner_busy_s=learner_s,
+        weight_versions=state.version,
+        pulls=state.pulls,
+        loads=state.loads,
+        restarts=state.restarts,
+        actor_nodes={str(k): v for k, v in state.actor_nodes.items()},
+        episodes=state.episodes,
+        broadcast=broadcast,
+        energy=energy,
+    )
 
 
 def _actor_shares(state: RunState, actors: int) -> dict[str, float]:

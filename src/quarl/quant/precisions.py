@@ -85,6 +85,8 @@ def real_bits() -> dict[str, int]:
 
 
 def needs_calibration(config: "QuantConfig") -> bool:
+    """Activation ranges are calibrated on observations, and every real int mode is
+    checked (or chosen) against fp32 on them."""
     return get(config.precision).calibrates(config)
 
 
