@@ -297,7 +297,7 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert summary.loads < summary.pulls  # versioned pulls skip unchanged weights
     assert set(summary.actor_ms_per_step) == {"inference", "env", "pull", "deserialize", "load"}
     assert summary.broadcast["bytes"] > 0 and summary.energy["available"]
-    assert (tmp_path / "run" / "evals.csv").read_text().startswith("t_s,version,return,running_mean")
+    assert (tmp_path / "run" / "evals.csv").read_text().startswith("t_s,version,return,running_mean,env_steps")
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["learner_steps"] == summary.learner_steps
@@ -316,6 +316,25 @@ class _Payload:
         import os
 
         return (os.system, ("touch PWNED",))
+
+
+def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
+    """--eval-every-steps: each evaluation snapshots the learner once N more env steps
+    have been inserted (give or take the chunks that arrive in one coordinator pass)."""
+    every = 1500
+    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=0.25,
+                          out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6, **SMALL)
+    summary = run_actorq(config)
+    steps = [e[3] for e in summary.evals]
+    assert steps[0] == 0 and len(steps) >= 4, steps
+    gaps = np.diff(steps)
+    slack = 2 * config.actors * config.chunk_steps  # QUEUE_DEPTH chunks per actor in one pass
+    assert (gaps >= every).all() and (gaps <= every + slack).all(), gaps
+    assert len(steps) >= summary.env_steps // (every + slack)
+    rows = (tmp_path / "run" / "evals.csv").read_text().splitlines()
+    assert [int(r.split(",")[-1]) for r in rows[1:]] == steps
+    with pytest.raises(QuarlError, match="--eval-every-steps 0 must be at least 1"):
+        replace(config, eval_every_steps=0)
 
 
 def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
-"""``quarl actorq compare``: the same ActorQ configuration once per actor precision (and
-repeat), one after the other on the same machine, then the paper's table, the
+"""``quarl actorq compare``: the same ActorQ configuration once per actor precision and
+repeat, one after the other on the same machine (precisions alternating), then the paper's table, the
 convergence plot, the runtime breakdown and the energy comparison.
 
 Each finished run leaves ``OUT/PRECISION/repN/summary.json``; a rerun skips those, so an
@@ -36,9 +36,11 @@ def run_compare(
     on_run: Callable[[str, int], None] | None = None,
     on_progress: Callable | None = None,
 ) -> list[dict[str, Any]]:
-    summaries: dict[str, list[ActorQSummary]] = {}
-    for precision in precisions:
-        for rep in range(repeats):
+    summaries: dict[str, list[ActorQSummary]] = {p: [] for p in precisions}
+    # precisions interleaved within each repeat: a machine whose speed drifts over the hour
+    # (this VM's does) then slows both sides alike
+    for rep in range(repeats):
+        for precision in precisions:
             run_out = out / precision / f"rep{rep}"
             done = run_out / "summary.json"
             config = replace(base, actor_precision=precision, seed=base.seed + rep, out=run_out)
@@ -49,7 +51,7 @@ def run_compare(
                 if on_run:
                     on_run(precision, rep)
                 run_actorq(config, on_progress=on_progress)
-            summaries.setdefault(precision, []).append(ActorQSummary.read(done))
+            summaries[precision].append(ActorQSummary.read(done))
     rows = compare_rows(summaries)
     write_rows(rows, out, "compare")
     plot_convergence(summaries, out / "convergence.png", f"{base.algo} {base.env_id}: {base.actors} actors")

@@ -63,6 +63,11 @@ class ActorQConfig:
     reward threshold when it has one."""
     max_minutes: float = 10.0
     eval_every_s: float = 10.0
+    """Seconds between evaluations (when ``eval_every_steps`` is None)."""
+    eval_every_steps: int | None = None
+    """Evaluate every this many env steps instead (SB3's ``eval_freq``): the running mean's
+    window then covers the same learning progress whatever the actors' speed, where a
+    window in seconds adds the same delay to a fast and a slow fleet's time to reward."""
     eval_episodes: int = 5
     chunk_steps: int = 100
     """Env steps an actor runs per call before handing its transitions over."""
@@ -104,6 +109,9 @@ class ActorQConfig:
         for name in ("learning_rate", "eval_every_s", "checkpoint_every_s"):
             if not getattr(self, name) > 0:
                 raise QuarlError(f"{name}={getattr(self, name)} must be > 0")
+        if self.eval_every_steps is not None and self.eval_every_steps < 1:
+            raise QuarlError(f"--eval-every-steps {self.eval_every_steps} must be at least 1 (or unset: every "
+                             "--eval-every seconds)")
         if not self.v_min < self.v_max:
             raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
         if self.samples_per_insert <= 0:

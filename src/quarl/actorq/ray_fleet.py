@@ -137,10 +137,13 @@ class RayFleet:
         """Kill an actor's process (fault-tolerance tests)."""
         self.ray.kill(self.actors[index], no_restart=True)
 
-    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None:
-        if self.eval_ref is None:  # one evaluation at a time; a busy evaluator skips this one
-            self.eval_ref = self.evaluator.evaluate.remote(weights)
-            self.eval_meta = (version, at_s)
+    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> bool:
+        self._poll_eval()
+        if self.eval_ref is not None:  # one evaluation at a time
+            return False
+        self.eval_ref = self.evaluator.evaluate.remote(weights)
+        self.eval_meta = (version, at_s)
+        return True
 
     def _poll_eval(self) -> None:
         if self.eval_ref is not None and self.ray.wait([self.eval_ref], timeout=0)[0]:

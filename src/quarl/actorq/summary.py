@@ -38,7 +38,8 @@ class ActorQSummary:
     elapsed_s: float
     final_running_mean: float | None
     evals: list
-    """[seconds, weight version, mean return] per evaluation (see :func:`running_means`)."""
+    """[seconds, weight version, mean return, env steps] per evaluation, at the weights'
+    snapshot (see :func:`running_means`; runs of quarl before 0.1 lack the env steps)."""
     env_steps: int
     learner_steps: int
     env_steps_per_s: float

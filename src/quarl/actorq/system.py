@@ -8,7 +8,8 @@ Coordinator loop::
         insert finished actor chunks into replay; restart an actor that died
         restart idle actors while the rate limiter allows inserts
         learner steps while the rate limiter allows samples; publish every push_period
-        evaluate the learner's fp32 policy every eval_every_s (its own env instances)
+        evaluate the learner's fp32 policy every eval_every_s, or eval_every_steps env steps
+            (its own env instances; a busy evaluator defers it)
         checkpoint every checkpoint_every_s; log to TensorBoard; print a progress line
 
 Everything measured goes to ``OUT/summary.json``, ``OUT/evals.csv`` and ``OUT/tb``.
@@ -53,8 +54,8 @@ class RunState:
     learner_steps: int = 0
     version: int = 0
     elapsed_s: float = 0.0
-    evals: list[tuple[float, int, float]] = field(default_factory=list)
-    """(seconds since start, weight version, mean return)."""
+    evals: list[tuple[float, int, float, int]] = field(default_factory=list)
+    """(seconds since start, weight version, mean return, env steps), at the weights' snapshot."""
     time_to_reward_s: float | None = None
     env_steps_at_target: int | None = None
     actor_times: dict[str, float] = field(default_factory=dict)
@@ -141,6 +142,7 @@ def run_actorq(
         in_flight = {i: 0 for i in range(config.actors)}
         idle_since = {i: now() for i in in_flight}
         next_eval = next_ckpt = next_line = now()
+        next_eval_steps = eval_env_steps = state.env_steps
         next_ckpt += config.checkpoint_every_s
         learner_t, metrics = 0.0, {}
         while now() < config.max_minutes * 60:
@@ -185,12 +187,14 @@ def run_actorq(
                     state.version += 1
                     fleet.publish(state.version, learner.weights())
             learner_t += time.perf_counter() - t
-            if now() >= next_eval:
-                fleet.evaluate(state.version, learner.weights(), now())
+            due = (state.env_steps >= next_eval_steps if config.eval_every_steps else now() >= next_eval)
+            if due and fleet.evaluate(state.version, learner.weights(), now()):
+                eval_env_steps = state.env_steps  # one evaluation in flight at a time
                 next_eval = now() + config.eval_every_s
+                next_eval_steps = state.env_steps + (config.eval_every_steps or 0)
             for at_s_version in fleet.evaluations():
                 version, mean, at_s = at_s_version
-                state.evals.append((at_s, version, mean))
+                state.evals.append((at_s, version, mean, eval_env_steps))
                 _write_eval(out, state)
                 tb.add_scalar("eval/return", mean, state.env_steps)
                 tb.add_scalar("eval/running_mean", state.running_mean(), state.env_steps)
@@ -284,9 +288,9 @@ def _progress(state: RunState, learner_t: float, at_s: float, metrics: dict, tar
 def _write_eval(out: Path, state: RunState) -> None:
     with (out / "evals.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["t_s", "version", "return", "running_mean"])
-        for (t, v, m), running in zip(state.evals, running_means(state.evals)):
-            w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3)])
+        w.writerow(["t_s", "version", "return", "running_mean", "env_steps"])
+        for (t, v, m, *steps), running in zip(state.evals, running_means(state.evals)):
+            w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3), *steps])
 
 
 def _checkpoint(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, state: RunState,
