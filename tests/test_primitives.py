@@ -150,3 +150,19 @@ def test_float_casts() -> None:
 def test_bits_out_of_range(bits: int) -> None:
     with pytest.raises(ValueError, match=r"out of range: allowed 2\.\.16"):
         P.qparams(torch.ones(3), bits)
+
+
+def test_kl_grid_has_at_least_two_to_the_bits_bins_for_every_width() -> None:
+    """One KL grid per sweep, never coarser than the widest width's levels: 8-bit weights of
+    a Gaussian layer then sit close to fp32 and each bit fewer moves them further."""
+    from torch import nn
+
+    from quarl.quant.analysis import KL_BINS, kl_bins, kl_by_bits
+
+    assert kl_bins([6, 4, 2]) == KL_BINS and kl_bins([8, 4]) == 256 and kl_bins([10]) == 1024
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(256, 256))
+    rows = kl_by_bits(net, [8, 6, 4, 2])
+    kl = {r["bits"]: r["kl"] for r in rows}
+    assert kl[8] < 0.05 < kl[6] < kl[4] < kl[2]
+    assert kl_by_bits(net, [8])[0]["kl"] == kl[8]  # the grid depends on the widest width alone

@@ -311,7 +311,7 @@ def analyze(
     _setup(verbose)
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_analyze
-    from quarl.quant.analysis import per_layer_table
+    from quarl.quant.analysis import kl_bins, per_layer_table
     from quarl.quant.config import QuantConfig
     from quarl.reports import print_table
 
@@ -325,7 +325,8 @@ def analyze(
         f"{ckpt.algo} {checkpoint.name}: weights",
         out_console,
     )
-    print_table(per_layer_table(kl), "per layer: SQNR of n-bit weights (dB, no binning) and KL(fp32 || n-bit) of 128-bin histograms",
+    print_table(per_layer_table(kl), "per layer: SQNR of n-bit weights (dB, no binning) and KL(fp32 || n-bit) of "
+                f"{kl_bins(widths)}-bin histograms",
                 out_console)
     out_console.print(f"wrote {out}/weights.csv, weights.md, weights.json, kl.csv, kl.md, kl.json, histograms.png, "
                       "kl.png")

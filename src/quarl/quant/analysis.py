@@ -14,6 +14,7 @@ from quarl.policies.base import linear_layers
 from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 
 KL_BINS = 128
+"""Fewest bins of the KL grid; a sweep that reaches n bits uses 2^n when that is more."""
 KL_EPS = 1e-10
 
 
@@ -58,12 +59,19 @@ def sqnr_db(reference: np.ndarray, quantized: np.ndarray) -> float:
     return float("inf") if noise == 0 else 10.0 * float(np.log10(signal / noise))
 
 
+def kl_bins(bits: Sequence[int]) -> int:
+    """Bins of the KL histograms for a sweep over ``bits``: max(KL_BINS, 2^max(bits))."""
+    return max(KL_BINS, 2 ** max(bits, default=0))
+
+
 def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", granularity: str = "auto") -> list[dict]:
     """One row per layer and bit width: the signal-to-quantization-noise ratio (dB, no
     binning: ``10 log10(sum w^2 / sum (w - w_q)^2)``, ~6 dB per bit for a uniform grid),
     the mean squared and mean absolute rounding error, and the KL divergence of the n-bit
-    weights' histogram from fp32's (which also depends on the bins: see ``KL_BINS``)."""
+    weights' histogram from fp32's on one grid of :func:`kl_bins` bins for every width (at
+    least 2^n for the widest n, so no n-bit grid is coarser than the histogram)."""
     rows = []
+    grid = kl_bins(bits)
     for name, layer in linear_layers(network):
         w = layer.weight.detach().float()
         for n in bits:
@@ -76,7 +84,7 @@ def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", g
                     "sqnr_db": sqnr_db(ref, q),
                     "mse": float(np.mean((ref - q) ** 2)),
                     "mean_abs_error": float(np.abs(ref - q).mean()),
-                    "kl": kl_divergence(ref, q),
+                    "kl": kl_divergence(ref, q, grid),
                 }
             )
     return rows
