@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from quarl.actorq.summary import ActorQSummary
-from quarl.actorq.model import Cluster, Costs, costs_from_summaries, load_runs, predict, scaling_rows, validation_rows
+from quarl.actorq.model import Cluster, Costs, background_cores, costs_from_summaries, load_runs, predict, scaling_rows, validation_rows
 from quarl.cli import app
 from quarl.errors import QuarlError
 from tests.conftest import actorq_summary
@@ -19,7 +19,7 @@ from tests.conftest import actorq_summary
 
 def _costs(precision: str, actor_ms: float, learner_ms: float = 50.0, **kw) -> Costs:
     base = dict(precision=precision, actor_s_per_step=actor_ms / 1000, actor_cpu_s_per_step=actor_ms / 1000,
-                evaluator_cores=0.0, coordinator_s_per_step=0.0, learner_s_per_step=learner_ms / 1000,
+                evaluator_cores=0.0, background_cores=0.0, coordinator_s_per_step=0.0, learner_s_per_step=learner_ms / 1000,
                 build_s_per_version=0.0, broadcast_bytes=8e6, env_steps_per_learner_step=256.0, push_period=25,
                 update_period=300, env_steps_to_target=100_000.0)
     return Costs(**{**base, **kw})
@@ -75,6 +75,22 @@ def _summary(precision: str, actors: int, steps_per_s: float, actor_ms: float) -
         machine={"cores": 2}, env_steps_per_s=steps_per_s, actor_busy_ms_per_step=actor_ms,
         actor_wall_ms_per_step=actor_ms * 1.1, evaluator_busy_s=10.0, elapsed_s=100.0, coordinator_ms_per_step=0.05,
         learner_ms_per_step=40.0, broadcast={"bytes": 4e6, "build_s": 0.2}, env_steps_at_target=50_000)
+
+
+def test_machine_cpu_beyond_the_timed_parts_is_background_load() -> None:
+    """A run whose machine was busier than its actors, learner, evaluator, coordinator and
+    builds account for leaves that remainder (Ray's daemons, the OS) off the cores limit."""
+    fields = dict(env_steps=50_000, learner_busy_s=30.0, weight_versions=10)
+    timed = (2.0 * 50_000 / 1000 + 30.0 + 10.0 + 0.05 * 50_000 / 1000 + 0.2 * 10) / 100.0  # cores, over 100 s
+    busy = ActorQSummary.from_json({**_summary("fp32", 1, 500.0, 2.0), **fields, "machine_busy_cores": timed + 0.3})
+    assert background_cores(busy) == pytest.approx(0.3)
+    older = ActorQSummary.from_json({**_summary("fp32", 1, 500.0, 2.0), **fields})  # not recorded: none assumed
+    assert background_cores(older) == 0.0
+    with_bg, without = costs_from_summaries("fp32", [busy]), costs_from_summaries("fp32", [older])
+    assert with_bg.background_cores == pytest.approx(0.3)
+    cluster = Cluster(actors=8, cores_per_node=2)
+    ratio = predict(with_bg, cluster).limits["cores"] / predict(without, cluster).limits["cores"]
+    assert ratio == pytest.approx((2 - 0.1 - 0.3) / (2 - 0.1))  # 0.1 core evaluating (10 s of 100)
 
 
 def test_validation_reports_the_error_of_each_run() -> None:

@@ -10,13 +10,15 @@ The throughput X (env steps / s) is the smallest of four limits::
                                             network time of one pull every U steps
     learner   E / l                      E = batch / samples_per_insert env steps per
                                             learner step; l: seconds per learner step / g
-    cores     (K - e) / (c + d + l/E + b/(E P))  the K cores the actors (c: their CPU
+    cores     (K - e - o) / (c + d + l/E + b/(E P))  the K cores the actors (c: their CPU
                                             seconds per step) share with the coordinator
                                             (d: its CPU per step beyond learner steps), a
                                             CPU learner, the
                                             broadcaster (b: seconds to build one weight
-                                            version, P: learner steps per version) and the
-                                            evaluator (e: the cores it keeps busy)
+                                            version, P: learner steps per version), the
+                                            evaluator (e: the cores it keeps busy) and
+                                            the rest of the machine (o: cores busy beyond
+                                            all the parts above: Ray's daemons, the OS)
     network   W U / B                    every actor pulls B bytes at most every U steps
 
 The time to reward is S / X for the S env steps a run needed: at one replay ratio the
@@ -54,6 +56,8 @@ class Costs:
     actor_cpu_s_per_step: float
     """Of which computing (inference, env, pulls, decode, loop)."""
     evaluator_cores: float
+    background_cores: float
+    """Cores the machine kept busy beyond every part the run timed (0 when not recorded)."""
     coordinator_s_per_step: float
     """The driver's CPU per env step beyond learner steps (receiving chunks, replay)."""
     learner_s_per_step: float
@@ -112,7 +116,8 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     limits = {
         "actors": cluster.actors / actor,
         "learner": e / learner,
-        "cores": max(cluster.nodes * cluster.cores_per_node - costs.evaluator_cores, 0.0) / per_step_cpu,
+        "cores": max(cluster.nodes * cluster.cores_per_node - costs.evaluator_cores - costs.background_cores, 0.0)
+        / per_step_cpu,
         "network": cluster.bandwidth_bytes_per_s * costs.update_period / max(costs.broadcast_bytes, 1.0),
     }
     regime = min(limits, key=limits.get)
@@ -135,6 +140,7 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary]) -> 
             actor_s_per_step=mean(s.actor_wall_ms_per_step / 1000 for s in summaries),
             actor_cpu_s_per_step=mean(s.actor_busy_ms_per_step / 1000 for s in summaries),
             evaluator_cores=mean(s.evaluator_busy_s / max(s.elapsed_s, 1e-9) for s in summaries),
+            background_cores=mean(background_cores(s) for s in summaries),
             coordinator_s_per_step=mean(s.coordinator_ms_per_step / 1000 for s in summaries),
             learner_s_per_step=mean(s.learner_ms_per_step / 1000 for s in summaries),
             build_s_per_version=mean(s.broadcast.get("build_s", 0.0) for s in summaries),
@@ -149,6 +155,16 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary]) -> 
     except KeyError as exc:
         raise QuarlError(f"a {precision} run's summary.json lacks {exc}: it was written by an older quarl; "
                          "rerun it") from None
+
+
+def background_cores(s: ActorQSummary) -> float:
+    """Cores the run's machine was busy beyond the parts it timed: the actors' chunks, the
+    learner, the evaluator, the coordinator and the broadcaster's builds."""
+    if s.machine_busy_cores is None:
+        return 0.0
+    timed_s = (s.actor_busy_ms_per_step * s.env_steps / 1000 + s.learner_busy_s + s.evaluator_busy_s
+               + s.coordinator_ms_per_step * s.env_steps / 1000 + s.broadcast.get("build_s", 0.0) * s.weight_versions)
+    return max(0.0, s.machine_busy_cores - timed_s / max(s.elapsed_s, 1e-9))
 
 
 def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:

@@ -76,6 +76,9 @@ class ActorQSummary:
     actor_quant: dict[str, Any] = field(default_factory=dict)
     """How the actors' network was quantized (part of what a stored run is; absent before quarl 0.x stored it)."""
     provenance: dict[str, Any] = field(default_factory=dict)
+    machine_busy_cores: float | None = None
+    """Cores the driver's machine kept busy on average (every process on it: Ray's daemons
+    and the OS too); None in runs of quarl before it was recorded."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -64,6 +64,8 @@ class RunState:
     """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
     evaluator_busy_s: float = 0.0
     driver_cpu_s: float = 0.0
+    machine_busy_s: float = 0.0
+    """CPU seconds the whole machine was busy (every process), for the scaling model."""
     """CPU seconds of this process (learner steps, and the coordinator's own work)."""
     actor_wall_s: float = 0.0
     """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
@@ -132,6 +134,7 @@ def run_actorq(
     energy = _energy_tracker(out)
     started = time.perf_counter() - state.elapsed_s
     cpu_started = time.process_time()
+    machine_started = _machine_busy_s()
     now = lambda: time.perf_counter() - started  # noqa: E731
     try:
         state.version += 1
@@ -228,6 +231,7 @@ def run_actorq(
         broadcast = fleet.broadcast_stats()
         state.evaluator_busy_s = fleet.evaluator_busy_s()
         state.driver_cpu_s += time.process_time() - cpu_started
+        state.machine_busy_s += _machine_busy_s() - machine_started
         fleet.close()
         emissions = _stop_energy(energy)
         tb.close()
@@ -399,6 +403,7 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         # an actor's wall time per step when not held by the rate limiter (Ray's dispatch included)
         actor_wall_ms_per_step=1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
         evaluator_busy_s=state.evaluator_busy_s,
+        machine_busy_cores=state.machine_busy_s / max(state.elapsed_s, 1e-9),
         # the coordinator's CPU beyond learner steps (receiving chunks, replay, logging), per env step
         coordinator_ms_per_step=1000 * max(state.driver_cpu_s - learner_s, 0.0) / steps,
         learner_ms_per_step=1000 * learner_s / max(state.learner_steps, 1),
@@ -427,6 +432,14 @@ def _actor_shares(state: RunState, actors: int) -> dict[str, float]:
     shares["rate_limit"] = state.actor_wait_s / total
     shares["dispatch"] = max(0.0, 1 - sum(shares.values()))
     return shares
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds this machine has been busy since boot, all cores and processes."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
 
 
 def _machine() -> dict[str, Any]:
