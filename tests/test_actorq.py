@@ -413,6 +413,9 @@ def _summary(ttr: float | None, learner_steps: int, inference_ms: float, energy_
         evals=evals, learner_steps=learner_steps, learner_steps_per_s=learner_steps / 100.0,
         actor_env_steps_per_s={"0": 40.0, "1": 60.0},
         actor_ms_per_step={"inference": inference_ms, "env": 0.1, "pull": 0.2, "deserialize": 0.0, "load": 0.0},
+        actor_time_share={"inference": inference_ms / 4, "env": 0.2, "pull": 0.05, "deserialize": 0.0, "load": 0.0,
+                          "other": 0.05, "rate_limit": 0.1, "dispatch": 0.1},
+        learner_time_share={"learning": 0.5, "waiting": 0.5},
         broadcast={"bytes": 1000}, energy={"available": True, "energy_kwh": energy_kwh, "co2_kg": 0.001,
                                            "method": "estimated"})
 
@@ -423,27 +426,38 @@ def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
     from quarl.actorq.compare import run_compare
 
     runs = {("fp32", 0): _summary(100.0, 1000, 2.0, 0.002), ("fp32", 1): _summary(300.0, 3000, 2.0, 0.004),
-            ("int8", 0): _summary(100.0, 1000, 0.5, 0.001), ("int8", 1): _summary(None, 5000, 0.5, 0.003)}
+            ("fp32", 2): _summary(200.0, 2000, 2.0, 0.003),
+            ("int8", 0): _summary(100.0, 1000, 0.5, 0.001), ("int8", 1): _summary(None, 5000, 0.5, 0.003),
+            ("int8", 2): _summary(50.0, 1000, 0.5, 0.002)}
     for (precision, rep), summary in runs.items():
         folder = tmp_path / precision / f"rep{rep}"
         folder.mkdir(parents=True)
         summary["config"] = replace(ActorQConfig("CartPole-v1"), actor_precision=precision, seed=rep).to_json()
         (folder / "summary.json").write_text(json.dumps(summary))
-    rows = {r["actor_precision"]: r for r in run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 2, tmp_path)}
-    assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == 100.0
-    assert rows["fp32"]["reached"] == "2/2" and rows["int8"]["reached"] == "1/2"
-    assert rows["int8"]["time_to_reward_s"] == 100.0 and rows["int8"]["speedup"] == 2.0  # over the runs that reached
+    result = run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 3, tmp_path)
+    rows = {r["actor_precision"]: r for r in result.table}
+    assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == round(np.std([100, 300, 200]), 1)
+    assert rows["fp32"]["reached"] == "3/3" and rows["int8"]["reached"] == "2/3"
+    assert rows["int8"]["time_to_reward_s"] == 75.0 and rows["int8"]["speedup"] == round(200 / 75, 2)  # reached runs
     # over all runs, the one that did not reach counts at its whole budget (600 s)
-    assert rows["int8"]["time_all_runs_s"] == 350.0 and rows["int8"]["speedup_all_runs"] == round(200 / 350, 2)
-    assert rows["fp32"]["env_steps_to_target"] == 20000 and rows["int8"]["env_steps_to_target"] == 10000
-    assert rows["fp32"]["learner_steps"] == 2000 and rows["int8"]["learner_steps"] == 3000
+    assert rows["int8"]["time_all_runs_s"] == 250.0 and rows["int8"]["speedup_all_runs"] == round(200 / 250, 2)
+    # paired by seed over the repeats both reached: 100/100 and 200/50
+    assert rows["int8"]["speedup_min"] == 1.0 and rows["int8"]["speedup_max"] == 4.0
+    assert rows["fp32"]["speedup_min"] == rows["fp32"]["speedup_max"] == 1.0
+    assert rows["fp32"]["env_steps_to_target"] == 20000 and rows["int8"]["env_steps_to_target"] == 7500
+    assert rows["fp32"]["learner_steps"] == 2000 and rows["int8"]["learner_steps"] == 2333
     assert rows["fp32"]["actor_steps_per_s"] == 50.0 and rows["int8"]["inference_ms"] == 0.5
     assert rows["fp32"]["energy_wh"] == 3.0 and rows["int8"]["energy_wh"] == 2.0
-    for name in ("compare.csv", "compare.md", "convergence.png", "breakdown.png", "energy.png"):
+    shares = {r["actor_precision"]: r for r in result.breakdown}
+    assert shares["fp32"]["inference"] == 0.5 and shares["int8"]["inference"] == 0.125
+    assert shares["int8"]["rate_limit"] == 0.1 and shares["int8"]["learner_busy"] == 0.5
+    assert shares["int8"]["actor_steps_per_s"] == 50.0
+    for name in ("compare.csv", "compare.md", "breakdown.csv", "breakdown.md", "convergence.png", "breakdown.png",
+                 "energy.png"):
         assert (tmp_path / name).stat().st_size > 0
     # a stored run of another configuration is never taken for this one
     with pytest.raises(QuarlError, match="holds a run of another configuration \\(target_reward differ\\)"):
-        run_compare(ActorQConfig("CartPole-v1", target_reward=150.0), ["fp32", "int8"], 2, tmp_path)
+        run_compare(ActorQConfig("CartPole-v1", target_reward=150.0), ["fp32", "int8"], 3, tmp_path)
 
 
 @pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("d4pg", "Pendulum-v1")])

