@@ -65,7 +65,9 @@ def run_compare(
     write_rows(rows, out, "compare")
     shares = breakdown_rows(summaries)
     write_rows(shares, out, "breakdown")
-    plot_convergence(summaries, out / "convergence.png", f"{base.algo} {base.env_id}: {base.actors} actors")
+    actors = f"{base.actors} actor{'s' if base.actors > 1 else ''}"
+    plot_convergence(summaries, out / "convergence.png",
+                     f"{base.algo} {base.env_id}: {actors}, policy {'x'.join(map(str, base.policy_layers))}")
     plot_breakdown(summaries, out / "breakdown.png")
     plot_energy(summaries, out / "energy.png")
     return Comparison(rows, shares)
@@ -180,37 +182,39 @@ def _plt():
 
 
 def plot_convergence(summaries: dict[str, list[ActorQSummary]], path: Path, title: str) -> Path:
-    """Running mean of evaluations against wall-clock time: mean and min..max over repeats."""
+    """Running mean of evaluations against wall-clock time (left) and against env steps
+    (right, when the runs recorded them): mean and min..max over repeats. Same curves on
+    the right and apart on the left: the actors' speed, not what was learned per step."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for precision, runs in summaries.items():
-        curves = []
-        for r in runs:
-            evals = r.evals
-            if not evals:
-                continue
-            t = np.array([e[0] for e in evals])
-            running = running_means(evals)
-            curves.append((t, running))
-        if not curves:
-            continue
-        grid = np.linspace(0, max(c[0][-1] for c in curves), 100)
-        ys = np.array([np.interp(grid, t, y, left=np.nan, right=y[-1]) for t, y in curves])
-        with warnings.catch_warnings():  # before a run's first evaluation its curve is NaN
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean = np.nanmean(ys, axis=0)
-            lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
-        line, = ax.plot(grid, mean, label=f"{precision} actors")
-        if len(curves) > 1:
-            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2)
-    target = next(iter(summaries.values()))[0].target_reward
-    if target is not None:
-        ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.set_xlabel("wall-clock time (s)")
-    ax.set_ylabel("eval return (running mean of 10)")
-    ax.set_title(title, fontsize=10)
-    ax.legend()
+    by_steps = all(len(e) > 3 for runs in summaries.values() for r in runs for e in r.evals)
+    fig, axes = plt.subplots(1, 2 if by_steps else 1, figsize=(11 if by_steps else 6.5, 4), squeeze=False)
+    for ax, column, label in ((axes[0][0], 0, "wall-clock time (s)"), (axes[0][-1], 3, "env steps"))[: 1 + by_steps]:
+        for precision, runs in summaries.items():
+            _band(ax, [(np.array([e[column] for e in r.evals], dtype=float), running_means(r.evals))
+                       for r in runs if r.evals], f"{precision} actors")
+        target = next(iter(summaries.values()))[0].target_reward
+        if target is not None:
+            ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_xlabel(label)
+        ax.set_ylabel("eval return (running mean of 10)")
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
+
+
+def _band(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]], label: str) -> None:
+    """The mean of ``curves`` (x, y) on a common grid, with their min..max shaded."""
+    if not curves:
+        return
+    grid = np.linspace(0, max(x[-1] for x, _ in curves), 100)
+    ys = np.array([np.interp(grid, x, y, left=np.nan, right=y[-1]) for x, y in curves])
+    with warnings.catch_warnings():  # before a run's first evaluation its curve is NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(ys, axis=0)
+        lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
+    line, = ax.plot(grid, mean, label=label)
+    if len(curves) > 1:
+        ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2)
 
 
 def plot_breakdown(summaries: dict[str, list[ActorQSummary]], path: Path) -> Path:
