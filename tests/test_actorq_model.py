@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from quarl.actorq.summary import ActorQSummary
-from quarl.actorq.model import Cluster, Costs, background_cores, costs_from_summaries, load_runs, predict, scaling_rows, validation_rows
+from quarl.actorq.model import (Cluster, Costs, background_cores, costs_from_summaries, load_runs,
+                                machine_background, predict, scaling_rows, validation_rows)
 from quarl.cli import app
 from quarl.errors import QuarlError
 from tests.conftest import actorq_summary
@@ -91,6 +92,9 @@ def test_machine_cpu_beyond_the_timed_parts_is_background_load() -> None:
     cluster = Cluster(actors=8, cores_per_node=2)
     ratio = predict(with_bg, cluster).limits["cores"] / predict(without, cluster).limits["cores"]
     assert ratio == pytest.approx((2 - 0.1 - 0.3) / (2 - 0.1))  # 0.1 core evaluating (10 s of 100)
+    # the machine's, pooled over every run of every precision
+    assert machine_background({"fp32": [busy], "int8": [older, busy]}) == pytest.approx(0.2)
+    assert costs_from_summaries("fp32", [busy], background=0.2).background_cores == 0.2
 
 
 def test_validation_reports_the_error_of_each_run() -> None:

@@ -126,7 +126,9 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     return Prediction(x, regime, limits, ttr)
 
 
-def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary]) -> Costs:
+def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], background: float | None = None) -> Costs:
+    """``precision``'s costs, averaged over its runs; ``background``: the machine's
+    background cores when known from more runs than these (see :func:`machine_background`)."""
     if not summaries:
         raise QuarlError(f"no runs for actor precision {precision!r}")
     try:
@@ -140,7 +142,7 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary]) -> 
             actor_s_per_step=mean(s.actor_wall_ms_per_step / 1000 for s in summaries),
             actor_cpu_s_per_step=mean(s.actor_busy_ms_per_step / 1000 for s in summaries),
             evaluator_cores=mean(s.evaluator_busy_s / max(s.elapsed_s, 1e-9) for s in summaries),
-            background_cores=mean(background_cores(s) for s in summaries),
+            background_cores=mean(background_cores(s) for s in summaries) if background is None else background,
             coordinator_s_per_step=mean(s.coordinator_ms_per_step / 1000 for s in summaries),
             learner_s_per_step=mean(s.learner_ms_per_step / 1000 for s in summaries),
             build_s_per_version=mean(s.broadcast.get("build_s", 0.0) for s in summaries),
@@ -167,6 +169,13 @@ def background_cores(s: ActorQSummary) -> float:
     return max(0.0, s.machine_busy_cores - timed_s / max(s.elapsed_s, 1e-9))
 
 
+def machine_background(runs: dict[str, list[ActorQSummary]]) -> float:
+    """The background load of the machine, pooled over every run of every precision: it
+    belongs to the machine (Ray's daemons, the OS), not to the actors' precision, and one
+    run's estimate is noisy (two 90 s runs here gave 0.06 and 0.23 cores)."""
+    return float(np.mean([background_cores(s) for summaries in runs.values() for s in summaries]))
+
+
 def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:
     """Summaries by actor precision, from run folders or compare folders (any depth)."""
     found: dict[str, list[ActorQSummary]] = {}
@@ -189,7 +198,7 @@ def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[
     for precision, runs in (test or train).items():
         if precision not in train:
             continue
-        costs = costs_from_summaries(precision, train[precision])
+        costs = costs_from_summaries(precision, train[precision], machine_background(train))
         for s in runs:
             actors, cores = int(s.config["actors"]), int(s.machine["cores"])
             p = predict(costs, Cluster(actors=actors, cores_per_node=cores))
@@ -264,7 +273,8 @@ def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cl
     validation.{csv,md,json} and scaling.png under ``out``."""
     from quarl.reports import write_rows
 
-    costs = {p: costs_from_summaries(p, r) for p, r in runs.items()}
+    background = machine_background(runs)
+    costs = {p: costs_from_summaries(p, r, background) for p, r in runs.items()}
     for precision in list(costs):
         if wire_bits and precision != "int8":  # int8 actors are sent a ready int8 model
             costs.update(wire_variants(costs[precision], [b for b in wire_bits if b != 32]))
