@@ -420,7 +420,7 @@ def _summary(ttr: float | None, learner_steps: int, inference_ms: float, energy_
                                            "method": "estimated"})
 
 
-def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
+def test_compare_table_from_stored_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """compare reuses finished runs (nothing trains here) and tabulates them: mean and
     spread over repeats, speedup against the first precision, learner steps."""
     from quarl.actorq.compare import run_compare
@@ -434,7 +434,9 @@ def test_compare_table_from_stored_runs(tmp_path: Path) -> None:
         folder.mkdir(parents=True)
         summary["config"] = replace(ActorQConfig("CartPole-v1"), actor_precision=precision, seed=rep).to_json()
         (folder / "summary.json").write_text(json.dumps(summary))
-    result = run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 3, tmp_path)
+    with caplog.at_level("WARNING", logger="quarl.actorq.compare"):
+        result = run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 3, tmp_path)
+    assert "--eval-every-steps N compares the fleets at the same learning progress" in caplog.text
     rows = {r["actor_precision"]: r for r in result.table}
     assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == round(np.std([100, 300, 200]), 1)
     assert rows["fp32"]["reached"] == "3/3" and rows["int8"]["reached"] == "2/3"

@@ -45,6 +45,10 @@ def run_compare(
     on_run: Callable[[str, int], None] | None = None,
     on_progress: Callable | None = None,
 ) -> Comparison:
+    if base.eval_every_steps is None:
+        log.warning("evaluations every %g s add the same delay to every fleet's time to reward, which pulls the "
+                    "speedup toward 1: --eval-every-steps N compares the fleets at the same learning progress",
+                    base.eval_every_s)
     summaries: dict[str, list[ActorQSummary]] = {p: [] for p in precisions}
     # precisions interleaved within each repeat: a machine whose speed drifts over the hour
     # (this VM's does) then slows both sides alike
