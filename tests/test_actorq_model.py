@@ -92,6 +92,9 @@ def test_machine_cpu_beyond_the_timed_parts_is_background_load() -> None:
     cluster = Cluster(actors=8, cores_per_node=2)
     ratio = predict(with_bg, cluster).limits["cores"] / predict(without, cluster).limits["cores"]
     assert ratio == pytest.approx((2 - 0.1 - 0.3) / (2 - 0.1))  # 0.1 core evaluating (10 s of 100)
+    four = Cluster(actors=8, nodes=4, cores_per_node=2)  # the background runs on every node
+    assert predict(with_bg, four).limits["cores"] == pytest.approx((4 * (2 - 0.3) - 0.1) / (4 * 2 - 0.1)
+                                                                   * predict(without, four).limits["cores"])
     # the machine's, pooled over every run of every precision
     assert machine_background({"fp32": [busy], "int8": [older, busy]}) == pytest.approx(0.2)
     assert costs_from_summaries("fp32", [busy], background=0.2).background_cores == 0.2

@@ -10,15 +10,16 @@ The throughput X (env steps / s) is the smallest of four limits::
                                             network time of one pull every U steps
     learner   E / l                      E = batch / samples_per_insert env steps per
                                             learner step; l: seconds per learner step / g
-    cores     (K - e - o) / (c + d + l/E + b/(E P))  the K cores the actors (c: their CPU
+    cores     (K - e - M o) / (c + d + l/E + b/(E P))  the K cores the actors (c: their CPU
                                             seconds per step) share with the coordinator
                                             (d: its CPU per step beyond learner steps), a
                                             CPU learner, the
                                             broadcaster (b: seconds to build one weight
                                             version, P: learner steps per version), the
                                             evaluator (e: the cores it keeps busy) and
-                                            the rest of the machine (o: cores busy beyond
-                                            all the parts above: Ray's daemons, the OS)
+                                            the rest of each of the M machines (o: cores
+                                            busy beyond all the parts above: Ray's
+                                            daemons, the OS; pooled over the runs)
     network   W U / B                    every actor pulls B bytes at most every U steps
 
 The time to reward is S / X for the S env steps a run needed: at one replay ratio the
@@ -57,7 +58,7 @@ class Costs:
     """Of which computing (inference, env, pulls, decode, loop)."""
     evaluator_cores: float
     background_cores: float
-    """Cores the machine kept busy beyond every part the run timed (0 when not recorded)."""
+    """Cores each machine keeps busy beyond every part the run timed (0 when not recorded)."""
     coordinator_s_per_step: float
     """The driver's CPU per env step beyond learner steps (receiving chunks, replay)."""
     learner_s_per_step: float
@@ -116,7 +117,7 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     limits = {
         "actors": cluster.actors / actor,
         "learner": e / learner,
-        "cores": max(cluster.nodes * cluster.cores_per_node - costs.evaluator_cores - costs.background_cores, 0.0)
+        "cores": max(cluster.nodes * (cluster.cores_per_node - costs.background_cores) - costs.evaluator_cores, 0.0)
         / per_step_cpu,
         "network": cluster.bandwidth_bytes_per_s * costs.update_period / max(costs.broadcast_bytes, 1.0),
     }

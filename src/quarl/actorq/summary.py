@@ -39,7 +39,7 @@ class ActorQSummary:
     final_running_mean: float | None
     evals: list
     """[seconds, weight version, mean return, env steps] per evaluation, at the weights'
-    snapshot (see :func:`running_means`; runs of quarl before 0.1 lack the env steps)."""
+    snapshot (see :func:`running_means`; runs stored by older quarl versions lack the env steps)."""
     env_steps: int
     learner_steps: int
     env_steps_per_s: float

@@ -8,8 +8,8 @@ Coordinator loop::
         insert finished actor chunks into replay; restart an actor that died
         restart idle actors while the rate limiter allows inserts
         learner steps while the rate limiter allows samples; publish every push_period
-        evaluate the learner's fp32 policy every eval_every_s, or eval_every_steps env steps
-            (its own env instances; a busy evaluator defers it)
+        evaluate the learner's fp32 policy every eval_every_s (a busy evaluator skips one),
+            or every eval_every_steps env steps (a busy evaluator delays one); own envs
         checkpoint every checkpoint_every_s; log to TensorBoard; print a progress line
 
 Everything measured goes to ``OUT/summary.json``, ``OUT/evals.csv`` and ``OUT/tb``.
@@ -64,9 +64,9 @@ class RunState:
     """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
     evaluator_busy_s: float = 0.0
     driver_cpu_s: float = 0.0
+    """CPU seconds of this process (learner steps, and the coordinator's own work)."""
     machine_busy_s: float = 0.0
     """CPU seconds the whole machine was busy (every process), for the scaling model."""
-    """CPU seconds of this process (learner steps, and the coordinator's own work)."""
     actor_wall_s: float = 0.0
     """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
     actor_nodes: dict[int, list[str]] = field(default_factory=dict)
@@ -190,11 +190,14 @@ def run_actorq(
                     state.version += 1
                     fleet.publish(state.version, learner.weights())
             learner_t += time.perf_counter() - t
-            due = (state.env_steps >= next_eval_steps if config.eval_every_steps else now() >= next_eval)
-            if due and fleet.evaluate(state.version, learner.weights(), now()):
-                eval_env_steps = state.env_steps  # one evaluation in flight at a time
+            if config.eval_every_steps:  # a busy evaluator defers the evaluation to its next pass
+                if state.env_steps >= next_eval_steps and fleet.evaluate(state.version, learner.weights(), now()):
+                    eval_env_steps = state.env_steps  # one evaluation in flight at a time
+                    next_eval_steps = state.env_steps + config.eval_every_steps
+            elif now() >= next_eval:  # a busy evaluator skips this slot
+                if fleet.evaluate(state.version, learner.weights(), now()):
+                    eval_env_steps = state.env_steps
                 next_eval = now() + config.eval_every_s
-                next_eval_steps = state.env_steps + (config.eval_every_steps or 0)
             for at_s_version in fleet.evaluations():
                 version, mean, at_s = at_s_version
                 state.evals.append((at_s, version, mean, eval_env_steps))
