@@ -337,6 +337,36 @@ def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
         replace(config, eval_every_steps=0)
 
 
+def test_a_busy_evaluator_delays_step_spaced_evaluations_without_copying_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluator busy on every other pass (as a Ray one is while it plays): an evaluation
+    due by env steps waits for it, and the learner's weights are copied only for an
+    evaluation that starts."""
+    import quarl.actorq.system as system
+    from quarl.actorq.local_fleet import LocalFleet
+
+    class BusyEveryOtherPass(LocalFleet):
+        passes = starts = refused = 0
+
+        def evaluator_idle(self) -> bool:
+            BusyEveryOtherPass.passes += 1
+            return BusyEveryOtherPass.passes % 2 == 0
+
+        def evaluate(self, version, weights, at_s) -> None:
+            BusyEveryOtherPass.starts += 1
+            super().evaluate(version, weights, at_s)
+
+    monkeypatch.setattr(system, "make_fleet", lambda config, info: BusyEveryOtherPass(config, info))
+    every = 1500
+    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=0.2,
+                          out=tmp_path / "run", eval_every_steps=every, **SMALL)
+    summary = run_actorq(config)
+    steps = [e[3] for e in summary.evals]
+    assert len(steps) >= 3 and (np.diff(steps) >= every).all(), steps
+    assert BusyEveryOtherPass.starts == len(steps)  # one start (and one weight copy) per evaluation
+    assert BusyEveryOtherPass.passes >= 2 * len(steps) - 1  # it was asked, and refused, in between
+
+
 def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A crafted checkpoint.pt in the output folder is refused in one line; its payload
     does not run. A checkpoint of another network shape is refused in one line too."""

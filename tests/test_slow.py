@@ -77,7 +77,7 @@ def test_actorq_actor_bound_compare_fp32_vs_int8(name: str, tmp_path: Path) -> N
               "--repeats", repeats, "--max-minutes", minutes, "--out", str(out), timeout=14400)
     assert r.returncode == 0, r.stderr
     print(r.stdout)
-    rows, shares = ({row["actor_precision"]: row for row in csv.DictReader((out / f"{name}.csv").open())}
+    rows, shares = ({row["actor_precision"]: row for row in csv.DictReader((out / f"{name}.csv").read_text().splitlines())}
                     for name in ("compare", "breakdown"))
     assert set(rows) == set(shares) == {"fp32", "int8"}
     fp32, int8 = rows["fp32"], rows["int8"]

@@ -137,13 +137,14 @@ class RayFleet:
         """Kill an actor's process (fault-tolerance tests)."""
         self.ray.kill(self.actors[index], no_restart=True)
 
-    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> bool:
+    def evaluator_idle(self) -> bool:
         self._poll_eval()
-        if self.eval_ref is not None:  # one evaluation at a time
-            return False
-        self.eval_ref = self.evaluator.evaluate.remote(weights)
-        self.eval_meta = (version, at_s)
-        return True
+        return self.eval_ref is None
+
+    def evaluate(self, version: int, weights: dict[str, np.ndarray], at_s: float) -> None:
+        if self.evaluator_idle():  # one evaluation at a time
+            self.eval_ref = self.evaluator.evaluate.remote(weights)
+            self.eval_meta = (version, at_s)
 
     def _poll_eval(self) -> None:
         if self.eval_ref is not None and self.ray.wait([self.eval_ref], timeout=0)[0]:

@@ -190,14 +190,15 @@ def run_actorq(
                     state.version += 1
                     fleet.publish(state.version, learner.weights())
             learner_t += time.perf_counter() - t
-            if config.eval_every_steps:  # a busy evaluator defers the evaluation to its next pass
-                if state.env_steps >= next_eval_steps and fleet.evaluate(state.version, learner.weights(), now()):
-                    eval_env_steps = state.env_steps  # one evaluation in flight at a time
-                    next_eval_steps = state.env_steps + config.eval_every_steps
-            elif now() >= next_eval:  # a busy evaluator skips this slot
-                if fleet.evaluate(state.version, learner.weights(), now()):
-                    eval_env_steps = state.env_steps
-                next_eval = now() + config.eval_every_s
+            due = state.env_steps >= next_eval_steps if config.eval_every_steps else now() >= next_eval
+            if due and not config.eval_every_steps:
+                next_eval = now() + config.eval_every_s  # a busy evaluator skips this slot
+            # (spaced in env steps, a busy evaluator delays it to a later pass); the weights
+            # are copied only for an evaluation that starts
+            if due and fleet.evaluator_idle():
+                fleet.evaluate(state.version, learner.weights(), now())
+                eval_env_steps = state.env_steps  # one evaluation in flight at a time
+                next_eval_steps = state.env_steps + (config.eval_every_steps or 0)
             for at_s_version in fleet.evaluations():
                 version, mean, at_s = at_s_version
                 state.evals.append((at_s, version, mean, eval_env_steps))
