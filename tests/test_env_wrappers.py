@@ -72,14 +72,15 @@ def test_time_feature_adds_the_remaining_time() -> None:
     assert obs[0].shape == (4,) and obs[0][-1] == pytest.approx(1.0) and obs[10][-1] == pytest.approx(1 - 10 / 200)
 
 
-def test_atari_arguments_reach_the_wrapper_and_evaluation_keeps_whole_games() -> None:
+def test_atari_arguments_reach_the_wrapper_and_evaluation_builds_it_as_training_did() -> None:
     wrappers = _zoo("stable_baselines3.common.atari_wrappers.AtariWrapper", screen_size=64, terminal_on_life_loss=True,
                     clip_reward=True)
     env = make_env(EnvSpec("BreakoutNoFrameskip-v4", wrappers=wrappers))
     assert env.observation_space.shape == (64, 64, 1)
-    assert not {"EpisodicLifeEnv", "ClipRewardEnv"} & _layers(env)  # evaluation: whole games, game scores
-    trained = env_wrappers.apply(gym.make("BreakoutNoFrameskip-v4"), wrappers, training=True)
-    assert {"EpisodicLifeEnv", "ClipRewardEnv"} <= _layers(trained)  # training: as the zoo said
+    # evaluation: the zoo's settings (lives end the agent's episodes), whole games scored inside
+    assert {"EpisodicLifeEnv", "ClipRewardEnv", "FireResetEnv", "GameScore"} <= _layers(env)
+    trained = make_env(EnvSpec("BreakoutNoFrameskip-v4", wrappers=wrappers), training=True)
+    assert {"EpisodicLifeEnv", "ClipRewardEnv"} <= _layers(trained) and "GameScore" not in _layers(trained)
 
 
 def _layers(env: gym.Env) -> set[str]:

@@ -4,8 +4,10 @@ accepts. Nothing is imported by name from the config and nothing is evaluated.
 
 A wrapper in an :class:`~quarl.envs.EnvSpec` is its name (no arguments) or
 ``(name, ((key, value), ...))``, so specs stay hashable and JSON-friendly. Evaluation
-builds them as training did, except that Atari evaluation reports whole games with raw
-scores (no life-loss ends, no reward clipping); training keeps the zoo's settings.
+builds them exactly as training did, as the RL Zoo's player does: an Atari agent still sees a
+lost life as the end of its episode (and FIRE starts the next life), while evaluation plays
+on to the end of the game and scores it inside the wrappers (raw rewards, the game's score;
+:class:`quarl.envs.GameScore`).
 
 Adding a kind is one :data:`KINDS` entry (and its test in ``tests/test_env_wrappers.py``).
 """
@@ -30,8 +32,9 @@ class WrapperKind:
     """The keyword arguments a config may pass."""
     paths: tuple[str, ...]
     """Class paths that name it in RL Zoo configs."""
-    eval_overrides: tuple[tuple[str, Any], ...] = ()
-    """Arguments evaluation forces, whatever training used."""
+    scores_games: bool = False
+    """The agent's episode may be part of a game (a life): evaluation plays whole games and
+    takes the game's score from inside the wrappers, as the RL Zoo's ``Monitor`` does."""
 
 
 def _time_feature(env: gym.Env, **kw: Any) -> gym.Env:
@@ -78,8 +81,7 @@ KINDS: dict[str, WrapperKind] = {
         "utils.wrappers.TimeFeatureWrapper")),
     "atari": WrapperKind(_atari, ("noop_max", "frame_skip", "screen_size", "terminal_on_life_loss", "clip_reward",
                                   "action_repeat_probability"),
-                         ("stable_baselines3.common.atari_wrappers.AtariWrapper",),
-                         (("terminal_on_life_loss", False), ("clip_reward", False))),
+                         ("stable_baselines3.common.atari_wrappers.AtariWrapper",), scores_games=True),
     "frame_skip": WrapperKind(_zoo("FrameSkip"), ("skip",), ("rl_zoo3.wrappers.FrameSkip", "utils.wrappers.FrameSkip")),
     "history": WrapperKind(_zoo("HistoryWrapper"), ("horizon",),
                            ("rl_zoo3.wrappers.HistoryWrapper", "utils.wrappers.HistoryWrapper")),
@@ -160,14 +162,11 @@ def from_zoo(entry: object) -> tuple[Wrapper, ...]:
     return tuple(out)
 
 
-def apply(env: gym.Env, wrappers: tuple[Wrapper, ...], training: bool = False) -> gym.Env:
-    """``env`` wrapped in order, as training built it (evaluation overrides applied when
-    not ``training``)."""
+def apply(env: gym.Env, wrappers: tuple[Wrapper, ...]) -> gym.Env:
+    """``env`` wrapped in order, as training built it."""
     for wrapper in wrappers:
         name, kwargs = name_and_kwargs(wrapper)
         kind = KINDS[name]
-        if not training:
-            kwargs.update(kind.eval_overrides)
         if name == "resize_observation" and "shape" in kwargs:
             kwargs["shape"] = list(kwargs["shape"])
         try:
@@ -175,6 +174,11 @@ def apply(env: gym.Env, wrappers: tuple[Wrapper, ...], training: bool = False) -
         except (TypeError, ValueError, AssertionError) as exc:
             raise QuarlError(f"env wrapper {name} with {kwargs} does not fit this env: {exc}") from None
     return env
+
+
+def scores_games(wrappers: tuple[Wrapper, ...]) -> bool:
+    """Whether an episode of these wrappers' agent may end before the game does."""
+    return any(KINDS[name_and_kwargs(w)[0]].scores_games for w in wrappers)
 
 
 def has(wrappers: tuple[Wrapper, ...], name: str) -> bool:

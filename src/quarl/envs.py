@@ -174,14 +174,60 @@ class EnvSpec:
             raise QuarlError(f"frame_stack={self.frame_stack} must be at least 1")
 
 
+class GameScore(gym.Wrapper):
+    """Sits on the bare env, inside every zoo wrapper (where the RL Zoo's ``Monitor`` sits),
+    and keeps the game's own score and length: raw rewards, summed over every life. An
+    Atari agent's episode ends at each lost life (``EpisodicLifeEnv``) with clipped
+    rewards; the game, and its score, go on until the emulator says it is over."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.score = 0.0
+        self.length = 0
+        self.over = True
+
+    def reset(self, **kwargs):  # type: ignore[override]
+        self.score, self.length, self.over = 0.0, 0, False
+        return self.env.reset(**kwargs)
+
+    def step(self, action):  # type: ignore[override]
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.score += float(reward)
+        self.length += 1
+        self.over = bool(terminated or truncated)
+        return obs, reward, terminated, truncated, info
+
+
+def game_score(env: gym.Env) -> GameScore | None:
+    """The :class:`GameScore` inside ``env`` (None: an episode is the whole game)."""
+    while True:
+        if isinstance(env, GameScore):
+            return env
+        if not hasattr(env, "env"):
+            return None
+        env = env.env
+
+
+def restart_game(env: gym.Env) -> None:
+    """Make the next ``reset`` start a new game even though this one is not over: SB3's
+    ``EpisodicLifeEnv`` otherwise continues the game (one no-op step) and ignores the seed."""
+    while True:
+        if hasattr(env, "was_real_done"):
+            env.was_real_done = True
+        if not hasattr(env, "env"):
+            return
+        env = env.env
+
+
 def make_env(spec: EnvSpec, training: bool = False, stack_frames: bool = True,
              on_made: Callable[[gym.Env], gym.Env] = _identity) -> gym.Env:
     """Build one env (no vectorization; :mod:`quarl.evaluation` batches them) through its
-    family. ``training``: the zoo wrappers' training settings (Atari: a lost life ends an
-    episode, rewards clipped) instead of evaluation's (whole games, raw scores).
-    ``stack_frames=False`` leaves frame stacking to the caller (SB3's VecFrameStack).
-    ``on_made`` wraps the bare env before the zoo's wrappers (training's Monitor, so it
-    logs the game's own episodes and scores, as the RL Zoo does)."""
+    family, with the zoo's wrappers as training used them. Unless ``training``, wrappers
+    whose agent episodes are parts of a game (Atari's lives) get a :class:`GameScore`
+    inside them, from which evaluation takes whole games' scores, as the RL Zoo's player
+    reports them. ``stack_frames=False`` leaves frame stacking to the caller (SB3's
+    VecFrameStack). ``on_made`` wraps the bare env before the zoo's wrappers (training's
+    Monitor, so it logs the game's own episodes and scores, as the RL Zoo does)."""
     env_id = check_env_id(spec.env_id)
     family = env_family(spec.env_id)
     kwargs = family.make_kwargs(env_id, dict(spec.env_kwargs), spec.wrappers)
@@ -191,7 +237,10 @@ def make_env(spec: EnvSpec, training: bool = False, stack_frames: bool = True,
         raise QuarlError(f"env {env_id!r} needs a package that is missing: {exc}") from None
     except TypeError as exc:
         raise QuarlError(f"env {env_id!r} rejects env kwargs {kwargs}: {exc}") from None
-    env = family.adapt(env_wrappers.apply(on_made(env), spec.wrappers, training=training))
+    env = on_made(env)
+    if not training and env_wrappers.scores_games(spec.wrappers):
+        env = GameScore(env)
+    env = family.adapt(env_wrappers.apply(env, spec.wrappers))
     if stack_frames and spec.frame_stack > 1:
         env = _stack_frames(env, spec.frame_stack)
     return env

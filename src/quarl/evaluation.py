@@ -5,6 +5,11 @@ number of envs, so every precision meets the same initial states and the same co
 gives the same numbers twice. ``n_envs`` envs run side by side; the policy acts on each
 env's observation alone (batch 1, as deployed), so the returns do not depend on
 ``n_envs`` and fp32 returns equal Stable-Baselines3's ``predict`` on the same seeds.
+
+An episode is a whole game. Where the agent's episodes are parts of it (Atari: a lost life
+ends the agent's episode, rewards are clipped), the env is reset between lives as the RL
+Zoo's player resets it (FIRE, a new frame stack) and the return is the game's score, kept
+inside the wrappers (:class:`quarl.envs.GameScore`); lengths count the agent's steps.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from quarl.envs import EnvSpec, make_env
+from quarl.envs import EnvSpec, game_score, make_env, restart_game
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy
 
@@ -78,12 +83,16 @@ def evaluate(
     envs = list(envs[:episodes])
     n_envs = len(envs)
     policy.check_env(envs[0])
+    games = [game_score(env) for env in envs]
     returns = np.zeros(episodes)
     lengths = np.zeros(episodes, dtype=np.int64)
     kept: list[np.ndarray] = []
     n_kept = 0
     slot_episode = list(range(n_envs))
     next_episode = n_envs
+    for env, game in zip(envs, games):
+        if game is not None:
+            restart_game(env)  # envs handed in may stop mid-game
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     active = list(range(n_envs))
     start = time.perf_counter()
@@ -104,15 +113,25 @@ def evaluate(
             for j, i in enumerate(active):
                 ep = slot_episode[i]
                 o, r, term, trunc, _ = envs[i].step(actions[j])
-                returns[ep] += float(r)
+                game = games[i]
                 lengths[ep] += 1
-                if max_steps is not None and lengths[ep] >= max_steps:
+                cut = max_steps is not None and lengths[ep] >= max_steps
+                if game is None:
+                    returns[ep] += float(r)
+                else:
+                    returns[ep] = game.score
+                    if (term or trunc) and not game.over and not cut:
+                        o, _ = envs[i].reset()  # a life lost: the game goes on
+                        term = trunc = False
+                if cut:
                     trunc = True
                 if term or trunc:
                     if on_episode is not None:
                         on_episode(ep, returns[ep])
                     if next_episode < episodes:
                         slot_episode[i] = next_episode
+                        if game is not None and not game.over:
+                            restart_game(envs[i])  # cut mid-game: the seeded reset must start a new one
                         o, _ = envs[i].reset(seed=seed + next_episode)
                         next_episode += 1
                     else:

@@ -45,14 +45,15 @@ returns; ``quarl bench`` measures properly)."""
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
 """Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
-RESULT_FORMAT = 8
+RESULT_FORMAT = 9
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
 4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
 5: int modes chosen in registry order unless 1.5x faster: the same choice run after run;
 6: an int mode must also keep fp32's return on calibration episodes;
 7: an MLP's input layer stays fp32 in the automatic int modes;
-8: a later int mode must also save 50 us per call, and modes are timed interleaved)."""
+8: a later int mode must also save 50 us per call, and modes are timed interleaved;
+9: an Atari episode is a whole game scored as the RL Zoo's player scores it)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
