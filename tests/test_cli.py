@@ -44,6 +44,9 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
         assert abs(e - 100 * (float(rows[0]["mean"]) - mean) / float(rows[0]["mean"])) < 0.01
     # a 4096-step PPO scored 79 at every precision here; the float formats and int8 keep it
     assert float(rows[0]["mean"]) > 30 and all(abs(float(row["E%"])) <= 5 for row in rows[:4]), rows
+    for row in rows[1:]:  # every E with its interval (paired by seed) and a verdict
+        assert float(row["E lo"]) <= float(row["E%"]) <= float(row["E hi"])
+        assert row["verdict"].split()[0] in ("keeps", "loses", "undecided"), row
     assert "precision" in r.stdout and "int8" in r.stdout
 
     sweep_out = tmp_path / "sweep"
@@ -98,8 +101,10 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
     rows = read_csv(tmp_path / "demo" / "table.csv")
     mode = rows[0].pop("int modes")
     assert rows == [
-        {"policy": "ppo CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "int8": "500.0", "E_int8%": "0.0"}
-    ]
+        {"policy": "ppo CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "E_fp16 lo": "0.0",
+         "E_fp16 hi": "0.0", "fp16 verdict": "keeps", "int8": "500.0", "E_int8%": "0.0", "E_int8 lo": "0.0",
+         "E_int8 hi": "0.0", "int8 verdict": "keeps"}
+    ]  # 500 on every seed: the interval is exact
     assert mode in ("dyn-tensor", "dyn-channel", "block", "weight-only")
 
 

@@ -128,5 +128,7 @@ def test_demo_table_on_the_paper_agents(tmp_path: Path) -> None:
     rows = read_csv(tmp_path / "demo" / "table.csv")
     assert rows[0].pop("int modes")  # the int8 kernel that ran is named
     assert rows == [
-        {"policy": "dqn CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "int8": "500.0", "E_int8%": "0.0"}
-    ]
+        {"policy": "dqn CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "E_fp16 lo": "0.0",
+         "E_fp16 hi": "0.0", "fp16 verdict": "keeps", "int8": "500.0", "E_int8%": "0.0", "E_int8 lo": "0.0",
+         "E_int8 hi": "0.0", "int8 verdict": "keeps"}
+    ]  # 500 on every seed: the interval is exact

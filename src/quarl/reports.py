@@ -12,30 +12,44 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from quarl.verdict import judge, relative_error
 
-def relative_error(r_fp32: float, r_q: float) -> float:
-    """The paper's ``E = (R_fp32 - R_q) / |R_fp32|``, in percent (positive: reward lost)."""
-    if r_fp32 == 0:
-        return math.nan
-    return 100.0 * (r_fp32 - r_q) / abs(r_fp32)
+__all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "paper_table", "print_table", "write_rows",
+           "plot_sweep", "save_figure"]
+
+
+def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``E%``, its 95 % interval (``E lo``, ``E hi``) and the verdict (keeps / loses /
+    undecided) of ``record`` against the fp32 record ``base``, paired by episode seed
+    (:mod:`quarl.verdict`). Empty for fp32 itself and where the episodes do not pair."""
+    e = f"E_{prefix}" if prefix else "E"
+    name = f"{prefix} verdict" if prefix else "verdict"
+    if base is None or record is base:
+        return {f"{e}%": 0.0 if record is base else math.nan, f"{e} lo": "", f"{e} hi": "", name: ""}
+    fp32, quant = base.get("returns"), record.get("returns")
+    if not fp32 or not quant or len(fp32) != len(quant):
+        return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
+    v = judge(np.asarray(fp32, float), np.asarray(quant, float))
+    return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
 
 def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``precision | mean | std | E%`` rows; E against the fp32 record."""
+    """``precision | mean | std | E% | E lo | E hi | verdict`` rows; E against the fp32
+    record, its interval paired by episode seed."""
     base = next((r for r in records if r["precision"] == "fp32"), None)
     with_modes = any(r.get("quant") for r in records)
     rows = []
     for r in records:
-        err = relative_error(base["mean"], r["mean"]) if base is not None else math.nan
         rows.append(
             {
                 "precision": r["precision"],
                 "mean": round(r["mean"], 2),
                 "std": round(r["std"], 2),
-                "E%": round(err, 2),
+                **verdict_columns(base, r),
                 "episodes": r["episodes"],
                 "steps_per_s": round(r.get("steps_per_s", math.nan), 1),
                 **(quant_columns(r) if with_modes else {}),
@@ -58,7 +72,9 @@ def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:
-    """The paper's layout: one row per policy, ``fp32 fp16 E_fp16 int8 E_int8 ...``."""
+    """The paper's layout: one row per policy, ``fp32 fp16 E_fp16 int8 E_int8 ...``, each
+    E with its 95 % interval and verdict (paired by episode seed where the records carry
+    ``returns``)."""
     rows = []
     for name, records in per_policy.items():
         by_precision = {r["precision"]: r for r in records}
@@ -69,7 +85,7 @@ def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Seq
                 continue
             row[p] = round(by_precision[p]["mean"], 2)
             if p != "fp32" and base is not None:
-                row[f"E_{p}%"] = round(relative_error(base["mean"], by_precision[p]["mean"]), 2)
+                row.update(verdict_columns(base, by_precision[p], p))
         rows.append(row)
     return rows
 

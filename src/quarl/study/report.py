@@ -30,11 +30,24 @@ def _by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[in
     return out
 
 
+def _returns_by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """policy label -> precision -> every episode's return, in (seed, episode) order, so two
+    precisions' lists pair episode by episode (the interval of E is paired by seed)."""
+    labels = _labels(records)
+    cells: dict[str, dict[str, dict[int, list]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        cells[labels[r["checkpoint"]]][r["precision"]][r["seed"]] = list(r.get("returns") or [])
+    return {policy: {p: [x for s in sorted(seeds) for x in seeds[s]] for p, seeds in by_precision.items()}
+            for policy, by_precision in cells.items()}
+
+
 def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) -> list[dict[str, Any]]:
     """The paper's layout (``policy fp32 fp16 E_fp16 int8 E_int8 ...``), each return the
     mean over evaluation seeds, plus the number of seeds."""
     grouped = _by_policy(records)
-    per_policy = {policy: [{"precision": p, "mean": float(np.mean(list(seeds.values())))}
+    episodes = _returns_by_policy(records)
+    per_policy = {policy: [{"precision": p, "mean": float(np.mean(list(seeds.values()))),
+                            "returns": episodes[policy][p]}
                            for p, seeds in by_precision.items()]
                   for policy, by_precision in grouped.items()}
     rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])))

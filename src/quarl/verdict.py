@@ -1,0 +1,142 @@
+"""Does a quantized policy keep its fp32 reward? A verdict with an interval, not one E%.
+
+The paper's relative error ``E = (R_fp32 - R_q) / |R_fp32|`` (percent, positive: reward
+lost) is estimated from episodes played by both policies on the same seeds, so its
+uncertainty is taken from the *paired* differences: a bias-corrected and accelerated (BCa)
+bootstrap over episodes, resampling seeds, not returns (:func:`scipy.stats.bootstrap`,
+``paired=True``). Chaotic episodes (MuJoCo) vary a lot from seed to seed while both
+precisions meet the same seed, so pairing narrows the interval where it can.
+
+- **keeps**: the whole interval lies below ``tolerance`` (5 %): with 95 % confidence the
+  quantized policy loses less than 5 % of fp32's return;
+- **loses**: the whole interval lies above it;
+- **undecided**: the interval straddles it; :attr:`Verdict.episodes_to_decide` estimates
+  how many episodes in all would shrink it (as ``1 / sqrt(n)``) enough to decide.
+
+:func:`sequential_keeps` uses the same interval as a sequential test on calibration
+episodes: it plays more only while undecided.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+TOLERANCE = 5.0
+"""Percent of fp32's return a quantized policy may lose and still keep it."""
+CONFIDENCE = 0.95
+RESAMPLES = 4999
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """E and its interval (percent), and what they say against the tolerance."""
+
+    e: float
+    low: float
+    high: float
+    episodes: int
+    verdict: str
+    """``keeps``, ``loses``, ``undecided`` or ``n/a`` (fp32's mean return is 0: no relative error)."""
+    episodes_to_decide: int | None = None
+    """For ``undecided``: about how many paired episodes in all would decide (None otherwise)."""
+
+    def label(self) -> str:
+        """``keeps``, ``loses``, ``undecided (~N episodes)``."""
+        if self.verdict == "undecided" and self.episodes_to_decide is not None:
+            return f"undecided (~{self.episodes_to_decide} episodes)"
+        return self.verdict
+
+
+def relative_error(r_fp32: float, r_q: float) -> float:
+    """The paper's ``E = (R_fp32 - R_q) / |R_fp32|``, in percent (positive: reward lost)."""
+    if r_fp32 == 0:
+        return math.nan
+    return 100.0 * (r_fp32 - r_q) / abs(r_fp32)
+
+
+def _e_statistic(fp32: np.ndarray, quant: np.ndarray, axis: int = -1) -> np.ndarray:
+    base = np.mean(fp32, axis=axis)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 100.0 * (base - np.mean(quant, axis=axis)) / np.abs(base)
+
+
+def interval(fp32: np.ndarray, quant: np.ndarray, confidence: float = CONFIDENCE,
+             resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
+    """(E, low, high) in percent from paired per-episode returns (index i: the same seed).
+    Deterministic (a fixed resampling seed). Identical differences on every episode give
+    a zero-width interval; fp32 returns averaging 0 give NaNs."""
+    from scipy.stats import bootstrap
+
+    fp32 = np.asarray(fp32, np.float64)
+    quant = np.asarray(quant, np.float64)
+    if fp32.shape != quant.shape or fp32.ndim != 1 or len(fp32) == 0:
+        raise ValueError(f"paired returns must be two equal, non-empty lists (got {fp32.shape} and {quant.shape})")
+    e = float(_e_statistic(fp32, quant))
+    if not math.isfinite(e):
+        return math.nan, math.nan, math.nan
+    diff = fp32 - quant
+    if len(fp32) < 2 or not diff.any() or (np.ptp(diff) == 0 and np.ptp(fp32) == 0):
+        return e, e, e  # every resample gives the same E: exact on these seeds
+    try:
+        result = bootstrap((fp32, quant), _e_statistic, paired=True, vectorized=True, confidence_level=confidence,
+                           n_resamples=resamples, method="BCa", rng=np.random.default_rng(seed))
+        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    except (ValueError, FloatingPointError):
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high)):  # BCa degenerates on near-constant samples
+        result = bootstrap((fp32, quant), _e_statistic, paired=True, vectorized=True, confidence_level=confidence,
+                           n_resamples=resamples, method="percentile", rng=np.random.default_rng(seed))
+        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    return e, min(low, e), max(high, e)
+
+
+def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE,
+          confidence: float = CONFIDENCE) -> Verdict:
+    """The verdict on paired per-episode returns (see the module docstring)."""
+    e, low, high = interval(fp32, quant, confidence)
+    n = len(fp32)
+    if not math.isfinite(e):
+        return Verdict(e, low, high, n, "n/a")
+    if high < tolerance:
+        return Verdict(e, low, high, n, "keeps")
+    if low > tolerance:
+        return Verdict(e, low, high, n, "loses")
+    half = max(high - e, e - low)
+    gap = abs(e - tolerance)
+    need = None if gap == 0 or half == 0 else int(math.ceil(n * (half / gap) ** 2))
+    return Verdict(e, low, high, n, "undecided", need)
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """The outcome of :func:`sequential_keeps`."""
+
+    kept: bool
+    verdict: Verdict
+    episodes: int
+    """Paired episodes played by each policy."""
+
+
+def sequential_keeps(play_fp32: Callable[[int], np.ndarray], play_quant: Callable[[int], np.ndarray],
+                     first: int = 4, step: int = 4, cap: int = 16, tolerance: float = TOLERANCE) -> Sequential:
+    """A paired sequential test: ``play_X(n)`` returns the first ``n`` per-episode returns
+    of a policy on calibration seeds (the same seeds for both). Plays ``first`` episodes,
+    then ``step`` more at a time while the verdict is undecided, up to ``cap``. A keep or
+    a loss stops at once; still undecided at the cap, the point estimate decides
+    (``E <= tolerance``). Looking again and again makes a 95 % interval less than 95 %
+    sure over the whole sequence; the cap bounds the looks (4 at the defaults)."""
+    n = first
+    while True:
+        verdict = judge(play_fp32(n), play_quant(n), tolerance)
+        if verdict.verdict in ("keeps", "loses", "n/a") or n >= cap:
+            break
+        n = min(n + step, cap)
+    if verdict.verdict == "n/a":  # fp32 averages 0: compare absolute returns instead
+        kept = float(np.mean(play_quant(n))) >= float(np.mean(play_fp32(n)))
+    else:
+        kept = verdict.verdict == "keeps" or (verdict.verdict == "undecided" and verdict.e <= tolerance)
+    return Sequential(kept, verdict, n)
