@@ -197,14 +197,17 @@ def test_a_mode_that_agrees_on_states_but_loses_the_return_is_passed_over() -> N
     policy, obs = _mlp_policy()
     scores = {"fp32": 100.0, "int8-block": 50.0}  # as if block lost half the return when acting
 
-    def returns(p: Policy) -> float:
-        return scores.get(p.precision, 99.0)
+    def returns(p: Policy, n: int) -> np.ndarray:
+        return np.full(n, scores.get(p.precision, 99.0))
 
     chosen = quantize(policy, QuantConfig("int8"), obs, returns=returns)
     quant = chosen.meta["quant"]
     assert quant["mode"] != "int8-block" and quant["calibration_return"] == 99.0
     block = next(t for t in quant["tried"] if t["mode"] == "int8-block" and t["fp32_layers"] == [0])
     assert block["agreement"] >= 0.99 and block["calibration_return"] == 50.0
+    # an obvious loss and an obvious keep are decided on the first 4 episodes
+    assert block["calibration_episodes"] == 4 and block["calibration_verdict"] == "loses"
+    assert quant["calibration_episodes"] == 4 and quant["calibration_verdict"] == "keeps"
 
 
 def _mlp_policy() -> tuple[Policy, np.ndarray]:
@@ -224,17 +227,28 @@ def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatc
     assert MODES["int8-dyn-channel"].unsupported(_mlp()) is None
 
 
-def test_calibration_returns_play_the_fp32_policy_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32's episodes are kept for the whole run; a candidate asked for more plays only the
+    episodes it has not played (on the next seeds), so the sequential test costs no replays."""
     import quarl.measure as ptq
     from quarl.envs import EnvSpec
 
     played = []
-    monkeypatch.setattr(ptq, "evaluate", lambda p, *a, **k: played.append(p) or type("R", (), {"mean": 1.0})())
-    returns = ptq.calibration_returns(EnvSpec("CartPole-v1"))
+
+    def fake_evaluate(p, spec, episodes, seed, **kwargs):
+        played.append((p, seed, episodes))
+        return type("R", (), {"returns": np.arange(seed, seed + episodes, dtype=float)})()
+
+    monkeypatch.setattr(ptq, "evaluate", fake_evaluate)
+    returns = ptq.calibration_returns(EnvSpec("CartPole-v1"), seed=3)
     fp32, candidate = object(), object()
-    for p in (fp32, candidate, fp32, candidate, fp32):
-        returns(p)
-    assert played.count(fp32) == 1 and played.count(candidate) == 2
+    first = 3 + ptq.CALIBRATION_SEED_OFFSET + 100
+    assert list(returns(fp32, 4)) == [first, first + 1, first + 2, first + 3]
+    assert list(returns(candidate, 4)) == list(returns(fp32, 4))  # the same seeds for every policy
+    assert list(returns(candidate, 8))[4:] == [first + 4, first + 5, first + 6, first + 7]
+    returns(fp32, 8)
+    returns(fp32, 4)
+    assert [(p is fp32, s - first, n) for p, s, n in played] == [(True, 0, 4), (False, 0, 4), (False, 4, 4), (True, 4, 4)]
 
 
 def test_a_later_mode_wins_only_when_much_faster_in_ratio_and_in_microseconds() -> None:

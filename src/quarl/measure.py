@@ -45,7 +45,7 @@ returns; ``quarl bench`` measures properly)."""
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
 """Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
-RESULT_FORMAT = 9
+RESULT_FORMAT = 10
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
 4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
@@ -53,7 +53,8 @@ RESULT_FORMAT = 9
 6: an int mode must also keep fp32's return on calibration episodes;
 7: an MLP's input layer stays fp32 in the automatic int modes;
 8: a later int mode must also save 50 us per call, and modes are timed interleaved;
-9: an Atari episode is a whole game scored as the RL Zoo's player scores it)."""
+9: an Atari episode is a whole game scored as the RL Zoo's player scores it;
+10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -211,7 +212,7 @@ def evaluate_config(
     calibration: np.ndarray | None = None,
     on_episode: Callable[[int, float], None] | None = None,
     quantized: Policy | None = None,
-    returns: Callable[[Policy], float] | None = None,
+    returns: CalibrationEpisodes | None = None,
 ) -> dict[str, Any]:
     """Quantize ``policy`` with ``config`` (or take ``quantized`` as it is) and evaluate
     it: the fields of one result record. ``returns`` (default: a fresh
@@ -241,33 +242,47 @@ def evaluate_config(
     ).to_dict()
 
 
-CALIBRATION_EPISODES = 4
 CALIBRATION_EPISODE_STEPS = 1000
 """Calibration episodes are cut here: a whole MuJoCo episode, a paired comparison for the
 rest (fp32 and the candidate are cut alike), and an untrained Atari policy that never
 serves does not play for 27k steps per candidate."""
 
 
-def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> Callable[[Policy], float]:
-    """Mean return of a policy on calibration episodes ``seed + CALIBRATION_SEED_OFFSET +
-    100 + i`` (apart from evaluation's and from the calibration states' seeds): the
-    automatic int choice's closed-loop check."""
-    first = seed + CALIBRATION_SEED_OFFSET + 100
-    reference: list = []  # [policy, return] of the first policy asked: the fp32 one, asked again per int cell
+class CalibrationEpisodes:
+    """Per-episode returns of a policy on calibration episodes ``seed +
+    CALIBRATION_SEED_OFFSET + 100 + i`` (apart from evaluation's and from the calibration
+    states' seeds), played on demand: ``episodes(policy, n)`` gives the first ``n``,
+    playing only those not played yet. The automatic int choice's sequential test
+    (:func:`quarl.verdict.sequential_keeps`) asks for more only while undecided. The first
+    policy asked (fp32, the reference of every candidate) is kept for the whole run, the
+    last candidate until another is asked."""
 
-    def returns(policy: Policy) -> float:
-        if reference and reference[0] is policy:
-            return reference[1]
-        value = play(policy)
-        if not reference:
-            reference[:] = [policy, value]
-        return value
+    def __init__(self, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> None:
+        self.env_spec = env_spec
+        self.first = seed + CALIBRATION_SEED_OFFSET + 100
+        self.max_steps = min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)
+        self._reference: tuple[Policy, list[float]] | None = None
+        self._last: tuple[Policy, list[float]] | None = None
 
-    def play(policy: Policy) -> float:
-        return evaluate(policy, env_spec, episodes=CALIBRATION_EPISODES, seed=first, n_envs=CALIBRATION_EPISODES,
-                        max_steps=min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)).mean
+    def __call__(self, policy: Policy, n: int) -> np.ndarray:
+        if self._reference is None:
+            self._reference = (policy, [])
+        if self._reference[0] is policy:
+            played = self._reference[1]
+        else:
+            if self._last is None or self._last[0] is not policy:
+                self._last = (policy, [])
+            played = self._last[1]
+        if len(played) < n:
+            more = n - len(played)
+            played.extend(evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(played),
+                                   n_envs=min(more, 8), max_steps=self.max_steps).returns.tolist())
+        return np.asarray(played[:n], np.float64)
 
-    return returns
+
+def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> CalibrationEpisodes:
+    """The closed-loop check of the automatic int choice: see :class:`CalibrationEpisodes`."""
+    return CalibrationEpisodes(env_spec, seed, max_steps)
 
 
 def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> np.ndarray:

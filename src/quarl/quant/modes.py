@@ -28,8 +28,10 @@ evaluation), and the first, in :data:`MODES` order (expected speed; a later mode
 only when 1.5x faster on this CPU and 50 us per call faster), whose actions agree with fp32 is used: at least
 ``min_agreement`` of the states must give the same greedy action (discrete) or actions
 within ``action_tolerance`` of the action range (continuous), and, where calibration
-episodes can be run, the mode must keep fp32's return on them within 5 %: a few states
-decide an episode (measured: a DDPG MountainCar policy's int8-block agreed on every
+episodes can be run, the mode must keep fp32's return on them: a paired sequential test
+(:func:`quarl.verdict.sequential_keeps`: 4 episodes, 4 more at a time while the 95 %
+interval of E straddles 5 %, at most 16) must find it keeps, or at the cap lose at most 5 %
+on average. A few states decide an episode (measured: a DDPG MountainCar policy's int8-block agreed on every
 calibration state and lost 5.5 % of its return over 20 evaluation episodes). When no mode agrees with
 every layer quantized, each is tried again with the last, the first, then both layers
 kept in fp32 (the layers most sensitive to rounding). When none agrees then (a DQN whose
@@ -59,6 +61,7 @@ from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits
 from quarl.timing import median_us
+from quarl.verdict import sequential_keeps
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +227,11 @@ class Candidate:
     model_bytes: int = 0
     calibration_return: float = float("nan")
     """Mean return on calibration episodes (closed-loop check only)."""
+    calibration_episodes: int = 0
+    """Calibration episodes the sequential test played (0: not judged in closed loop)."""
+    calibration_verdict: str = ""
+    """What the sequential test found against fp32 (keeps, loses, undecided...)."""
+    calibration_kept: bool | None = None
     engine: ortb.OrtEngine | None = field(default=None, repr=False)
     reference: nn.Module | None = field(default=None, repr=False)
 
@@ -233,7 +241,8 @@ class Candidate:
 
         return {"mode": self.mode, "fp32_layers": list(self.keep), "agreement": num(self.agreement, 4),
                 "latency_us": num(self.latency_us, 1), "model_bytes": self.model_bytes,
-                "calibration_return": num(self.calibration_return, 3)}
+                "calibration_return": num(self.calibration_return, 3),
+                "calibration_episodes": self.calibration_episodes, "calibration_verdict": self.calibration_verdict}
 
 
 def action_agreement(policy: Policy, reference: np.ndarray, actions: np.ndarray, tolerance: float) -> float:
@@ -296,10 +305,11 @@ def keep_options(network: nn.Module) -> list[frozenset[int]]:
     return list(dict.fromkeys(kept)) or [frozenset()]  # a single-layer policy is quantized whole
 
 
-Returns = Callable[[Policy], float]
-"""Mean return of a policy on calibration episodes (seeds apart from evaluation's)."""
-RETURN_KEPT = 0.05
-"""A candidate keeps the reward on calibration episodes when it loses at most 5 % of fp32's."""
+Returns = Callable[[Policy, int], np.ndarray]
+"""``(policy, n)`` -> the policy's returns on the first ``n`` calibration episodes (seeds
+apart from evaluation's; the same seeds for every policy)."""
+SEQUENTIAL_EPISODES = (4, 4, 16)
+"""The sequential test of a candidate's return: first, step, cap (calibration episodes)."""
 CLOSED_LOOP_CANDIDATES = 4
 
 
@@ -354,7 +364,7 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
            timing_budget_s: float = 0.05) -> tuple[Candidate, list[Candidate]]:
     """The first (see :func:`_ranked`) mode of ``bits`` whose actions agree with fp32 on
     ``calibration`` (preprocessed observations) and, given ``returns``, whose return on
-    calibration episodes is within 5 % of fp32's; see the module docstring. When none
+    calibration episodes keeps fp32's (the sequential test); see the module docstring. When none
     agrees, the most faithful candidates are judged on the episodes alone. Returns the
     choice and every candidate tried."""
     network = policy.network
@@ -365,15 +375,21 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
         raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
     fp32_model = ortb.export_onnx(network, policy.input_shape)
     sample = calibration[:1]
-    reference = returns(policy) if returns is not None else None
-    floor = None if reference is None else reference - RETURN_KEPT * abs(reference)
 
     def keeps_return(c: Candidate) -> bool:
-        if floor is None:
+        """The paired sequential test (:func:`quarl.verdict.sequential_keeps`): more calibration
+        episodes only while it cannot tell whether the candidate keeps fp32's return."""
+        if returns is None:
             return True
-        if c.calibration_return != c.calibration_return:
-            c.calibration_return = returns(_as_policy(policy, c))
-        return c.calibration_return >= floor
+        if c.calibration_kept is None:
+            acting = _as_policy(policy, c)
+            first, step, cap = SEQUENTIAL_EPISODES
+            outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n), first, step, cap)
+            c.calibration_return = float(np.mean(returns(acting, outcome.episodes)))
+            c.calibration_episodes = outcome.episodes
+            c.calibration_verdict = outcome.verdict.label()
+            c.calibration_kept = outcome.kept
+        return c.calibration_kept
 
     tried: list[Candidate] = []
     for keep in keep_options(network):
@@ -400,7 +416,8 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
         scored = [c for c in tried if c.calibration_return == c.calibration_return]
         best = max(scored, key=lambda c: c.calibration_return)
         log.warning("int%d: no mode keeps fp32's return (%.2f) on the calibration episodes; the best, %s with layers "
-                    "%s in fp32, scores %.2f", bits, reference, best.mode, list(best.keep), best.calibration_return)
+                    "%s in fp32, scores %.2f", bits, float(np.mean(returns(policy, best.calibration_episodes))),
+                    best.mode, list(best.keep), best.calibration_return)
         best.latency_us = median_us(best.engine, sample, timing_budget_s)
         return best, tried
     best = max(tried, key=lambda c: c.agreement)
