@@ -28,7 +28,7 @@ def _mlp(seed: int = 0, sizes=(6, 128, 96, 3)) -> nn.Sequential:
     return nn.Sequential(*layers).eval()
 
 
-MLP_MODES = [label for label, mode in MODES.items() if mode.reference is not None]
+MLP_MODES = [label for label, mode in MODES.items() if not mode.needs_conv]
 
 
 @pytest.mark.parametrize("keep", [frozenset(), frozenset({0, 2})], ids=["all-layers", "first-last-fp32"])
@@ -37,15 +37,16 @@ MLP_MODES = [label for label, mode in MODES.items() if mode.reference is not Non
 def test_mode_matches_its_reference(label: str, weights: str, keep: frozenset) -> None:
     """The real kernels compute what the reference computes: 10x closer to it than to fp32
     (chained layers can flip one rounding step of a later layer's activations)."""
-    if weights == "symmetric" and not ortb.has_vnni() and MODES[label].name.startswith("dyn"):
+    if weights == "symmetric" and not ortb.has_vnni() and MODES[label].name in ("dyn-tensor", "dyn-channel", "static"):
         pytest.skip("u8 x s8 kernels saturate int16 sums on CPUs without VNNI: symmetric int8 is inexact here")
     net = _mlp()
     x = torch.from_numpy(np.random.default_rng(1).normal(size=(64, 6)).astype(np.float32) * 2)
     request = BuildRequest(net, ortb.export_onnx(net, (6,)), x.numpy(), weights, 32, keep)
     mode = MODES[label]
-    real = ortb.OrtEngine(mode.build(request), per_row=mode.per_row)(x.numpy())
+    model = mode.build(request)
+    real = ortb.OrtEngine(model, per_row=mode.per_row)(x.numpy())
     with torch.inference_mode():
-        ref = mode.reference(request)(x).numpy()
+        ref = mode.reference(request, model)(x).numpy()
         fp32 = net(x).numpy()
     to_fp32 = np.abs(real - fp32).max()
     assert to_fp32 > 1e-5  # something really was rounded
@@ -136,7 +137,7 @@ def test_agreement_of_continuous_actions_is_relative_to_the_range() -> None:
     assert action_agreement(policy, ref, got, 0.02) == 0.75
 
 
-def test_int4_on_a_cnn_is_refused_with_the_reason() -> None:
+def _nature_cnn() -> tuple[Policy, np.ndarray]:
     from quarl.policies.sb3 import _features
 
     torch.manual_seed(0)
@@ -144,11 +145,34 @@ def test_int4_on_a_cnn_is_refused_with_the_reason() -> None:
     for i, (c_in, c_out, k) in zip((0, 2, 4), ((4, 32, 8), (32, 64, 4), (64, 64, 3))):
         sd[f"cnn.{i}.weight"], sd[f"cnn.{i}.bias"] = torch.randn(c_out, c_in, k, k) * 0.05, torch.zeros(c_out)
     sd["linear.0.weight"], sd["linear.0.bias"] = torch.randn(512, 3136) * 0.01, torch.zeros(512)
-    net = nn.Sequential(*_features(sd, "", (4, 84, 84)), nn.Linear(512, 6))
+    net = nn.Sequential(*_features(sd, "", (4, 84, 84)), nn.Linear(512, 6)).eval()
     policy = Policy(net, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), "argmax", scale_images=True)
-    calibration = np.random.default_rng(0).uniform(0, 1, (8, 4, 84, 84)).astype(np.float32)
-    with pytest.raises(QuarlError, match="int4 cannot run this policy: .*convolutions"):
-        quantize(policy, QuantConfig("int4"), calibration)
+    return policy, np.random.default_rng(0).uniform(0, 1, (16, 4, 84, 84)).astype(np.float32)
+
+
+def test_int4_on_a_nature_cnn_is_the_mixed_mode_or_linear_layers_alone() -> None:
+    """int4-mixed: the three convolutions in QDQ int8, the two Linear layers (95 % of the
+    weights) in 4-bit MatMulNBits; int4-block: the Linear layers alone, convolutions fp32.
+    Each computes what its reference computes."""
+    policy, calibration = _nature_cnn()
+    x = calibration[8:]
+    fp32 = policy.forward(x)
+    sizes = {}
+    for label, convs_int8 in (("int4-mixed", True), ("int4-block", False)):
+        q = quantize(policy, QuantConfig.parse(label), calibration[:8])
+        assert q.meta["quant"]["mode"] == label
+        assert q.meta["quant"]["fp32_layers"] == ([] if convs_int8 else [0, 1, 2])  # the convolutions
+        ops = [n.op_type for n in onnx.load_from_string(q.engine.model).graph.node]
+        assert ops.count("MatMulNBits") == 2 and ops.count("Conv") == 3
+        assert ("QuantizeLinear" in ops) is convs_int8
+        real = q.forward(x)
+        with torch.inference_mode():
+            ref = q.network(torch.from_numpy(x)).numpy()
+        assert np.abs(real - ref).max() <= 0.1 * np.abs(real - fp32).max()
+        sizes[label] = q.size_bytes()
+    assert sizes["int4-mixed"] < sizes["int4-block"] < policy.size_bytes() / 4
+    with pytest.raises(QuarlError, match="int4-mixed mixes convolution and Linear kernels"):
+        quantize(_mlp_policy()[0], QuantConfig.parse("int4-mixed"), _mlp_policy()[1])
 
 
 def test_block_granularity_for_simulated_widths() -> None:

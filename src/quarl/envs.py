@@ -1,6 +1,7 @@
 """One ``make_env`` for every env quarl runs (evaluation, training, ActorQ), through a
 registry of env families: ``gymnasium`` (classic control, Box2D, MuJoCo), ``atari`` (ALE
-ids, registered on first use) and ``dm_control`` (the DeepMind Control Suite through
+ids, registered on first use), ``minatar`` (MinAtar's 10x10 games, ``MinAtar/Breakout-v1``,
+channel-first float frames) and ``dm_control`` (the DeepMind Control Suite through
 shimmy, observations flattened to float32). A new family is one :func:`register_env_family`.
 
 An :class:`EnvSpec` says how a policy's env was built (RL Zoo ``config.yml``: env
@@ -136,8 +137,29 @@ def _flat_float32(env: gym.Env) -> gym.Env:
     )
 
 
+@functools.cache
+def _register_minatar() -> None:
+    try:
+        from minatar.gym import register_envs
+    except ImportError:  # pragma: no cover - minatar is a dependency
+        return
+    if "MinAtar/Breakout-v1" not in gym.registry:
+        register_envs()
+
+
+def _minatar_frames(env: gym.Env) -> gym.Env:
+    """MinAtar's (10, 10, C) boolean frames as channel-first float32 in [0, 1], the layout
+    SB3's CNN policies read (a float Box: SB3 neither transposes nor rescales it)."""
+    h, w, c = env.observation_space.shape
+    space = gym.spaces.Box(0.0, 1.0, (c, h, w), np.float32)
+    return gym.wrappers.TransformObservation(env, lambda o: np.ascontiguousarray(o.transpose(2, 0, 1), np.float32),
+                                             space)
+
+
 register_env_family(EnvFamily("gymnasium", lambda env_id: True))  # classic control, Box2D, MuJoCo: gymnasium's own
 register_env_family(EnvFamily("atari", is_atari, _register_ale, _atari_kwargs))
+register_env_family(EnvFamily("minatar", lambda env_id: env_id.startswith("MinAtar/"), _register_minatar,
+                              adapt=_minatar_frames))
 register_env_family(EnvFamily("dm_control", lambda env_id: env_id.startswith("dm_control/"), _register_dm_control,
                               adapt=_flat_float32))
 

@@ -93,7 +93,9 @@ def _parse_array(text: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
             return np.full(shape, np.nan)
         raise QuarlError("space bounds are truncated in the checkpoint")
     values = np.array([float(v) for v in body], dtype=np.float64)
-    return np.broadcast_to(values, shape).copy() if values.size in (1, int(np.prod(shape))) else values
+    if values.size == 1:
+        return np.full(shape, values[0])
+    return values.reshape(shape) if values.size == int(np.prod(shape)) else values
 
 
 def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:

@@ -15,7 +15,15 @@ weight-only        8/4  MatMulNBits with fp32 activations: only the weights are 
                         paper's PTQ); 8-bit has no fast kernel on CPU, 4-bit beats fp32 on
                         large layers
 static             8    QDQ, weights per channel, activation ranges calibrated (CNNs)
+mixed              4    per layer: convolutions as ``static`` (int8), Linear layers as
+                        ``block`` (4-bit MatMulNBits); CNNs only
 ================  ====  =====================================================================
+
+On a CNN the MatMul modes (dyn-*, block, weight-only) quantize its Linear layers only and
+keep the convolutions in fp32 (ONNX Runtime's ConvInteger is slower than fp32): a
+NatureCNN's one Linear layer holds 95 % of its weights, so int4 block on it cuts the model
+4x while ``mixed`` also runs the convolutions, most of the work, in int8. Modes that
+quantize convolutions are tried first on a CNN.
 
 ``static`` fixes activation ranges from observations, so states beyond them saturate: the
 automatic choice uses it for CNNs only (where it is the one fast mode), and checks it on
@@ -49,7 +57,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -59,7 +67,7 @@ from torch import nn
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends import onnxruntime as ortb
-from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits
+from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits, simulate_qdq
 from quarl.timing import median_us
 from quarl.verdict import sequential_keeps
 
@@ -92,13 +100,15 @@ class IntMode:
     bits: int
     summary: str
     build: Callable[[BuildRequest], bytes]
-    reference: Callable[[BuildRequest], nn.Module] | None
-    """A PyTorch module computing the same in float (None: no exact reference, e.g. static
-    ranges chosen by ONNX Runtime's calibrator)."""
+    reference: Callable[[BuildRequest, bytes], nn.Module] | None
+    """``(request, built model) -> a PyTorch module computing the same in float`` (static
+    modes read their calibrated grids back from the model)."""
     per_row: bool = False
     """The engine must run rows one by one (activation ranges per call would mix rows)."""
     convolutions: bool = False
-    """Whether it quantizes convolutions (True) or needs a network without them."""
+    """Whether it quantizes convolutions (True) or leaves a CNN's convolutions in fp32."""
+    needs_conv: bool = False
+    """Meaningful only for networks with convolutions (a per-layer mix)."""
     needs_calibration: bool = False
     cpu_unsupported: Callable[[], str | None] = lambda: None
     """Why this CPU cannot run the mode exactly (probed at run time), or None."""
@@ -109,10 +119,15 @@ class IntMode:
 
     def unsupported(self, network: nn.Module) -> str | None:
         """Why this mode cannot run ``network`` (None when it can)."""
-        if ortb.has_conv(network) and not self.convolutions:
-            return (f"{self.label} has no fast kernel for convolutions (ONNX Runtime's ConvInteger is slower than "
-                    "fp32 and MatMulNBits covers MatMul only)")
+        if self.needs_conv and not ortb.has_conv(network):
+            return f"{self.label} mixes convolution and Linear kernels: this network has no convolutions"
         return self.cpu_unsupported()
+
+    def request_for(self, request: "BuildRequest") -> "BuildRequest":
+        """``request`` with a CNN's convolutions kept in fp32 when this mode does not quantize them."""
+        if self.convolutions:
+            return request
+        return replace(request, keep=request.keep | ortb.conv_layers(request.network))
 
 
 def _dynamic(per_channel: bool) -> Callable[[BuildRequest], bytes]:
@@ -170,9 +185,17 @@ def _block_cpu(bits: int) -> Callable[[], str | None]:
     return check
 
 
-def _block_reference(bits: int) -> Callable[[BuildRequest], nn.Module]:
+def _block_reference(bits: int) -> Callable[[BuildRequest, bytes], nn.Module]:
     """What block computes here: int8 activations per block where the CPU has the kernels."""
-    return lambda r: simulate_nbits(r.network, bits, r.block_size, int8_compute(bits) == "int8", r.keep)
+    return lambda r, model: simulate_nbits(r.network, bits, r.block_size, int8_compute(bits) == "int8", r.keep)
+
+
+def _mixed_reference(bits: int) -> Callable[[BuildRequest, bytes], nn.Module]:
+    def reference(r: BuildRequest, model: bytes) -> nn.Module:
+        compute = int8_compute(bits) == "int8"
+        return simulate_qdq(r.network, model, lambda layer: simulate_nbits(layer, bits, r.block_size, compute))
+
+    return reference
 
 
 def _static(r: BuildRequest) -> bytes:
@@ -181,23 +204,40 @@ def _static(r: BuildRequest) -> bytes:
     return ortb.quantize_static_int8(r.model, r.calibration, r.weights, r.excluded_nodes())
 
 
+def _mixed(bits: int) -> Callable[[BuildRequest], bytes]:
+    """Convolutions static int8 (QDQ), then the Linear layers block-wise ``bits`` (MatMulNBits)."""
+
+    def build(r: BuildRequest) -> bytes:
+        if r.calibration is None:
+            raise QuarlError(f"int{bits}-mixed needs calibration observations (its convolutions' activation ranges)")
+        names = ortb.weight_node_names(r.model)
+        linear = [n for i, n in enumerate(names) if i not in ortb.conv_layers(r.network)]
+        convs_int8 = ortb.quantize_static_int8(r.model, r.calibration, r.weights, [*r.excluded_nodes(), *linear])
+        return ortb.quantize_nbits(convs_int8, bits, r.block_size, int8_compute(bits) == "int8", r.excluded_nodes())
+
+    return build
+
+
 MODES: dict[str, IntMode] = {
     mode.label: mode
     for mode in (
         IntMode("block", 8, "MatMulNBits, weights and activations int8 per block", _nbits(8, True),
                 _block_reference(8), cpu_unsupported=_block_cpu(8)),
         IntMode("dyn-channel", 8, "MatMulInteger, weights per output channel, activations uint8 per call",
-                _dynamic(True), lambda r: simulate_dynamic_int8(r.network, r.weights, True, r.keep), per_row=True),
+                _dynamic(True), lambda r, _: simulate_dynamic_int8(r.network, r.weights, True, r.keep), per_row=True),
         IntMode("dyn-tensor", 8, "MatMulInteger, weights per tensor, activations uint8 per call", _dynamic(False),
-                lambda r: simulate_dynamic_int8(r.network, r.weights, False, r.keep), per_row=True),
+                lambda r, _: simulate_dynamic_int8(r.network, r.weights, False, r.keep), per_row=True),
         IntMode("weight-only", 8, "MatMulNBits, 8-bit block weights, fp32 activations", _nbits(8, False),
-                lambda r: simulate_nbits(r.network, 8, r.block_size, False, r.keep)),
-        IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static, None,
+                lambda r, _: simulate_nbits(r.network, 8, r.block_size, False, r.keep)),
+        IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static,
+                lambda r, model: simulate_qdq(r.network, model),
                 convolutions=True, needs_calibration=True),
+        IntMode("mixed", 4, "convolutions QDQ int8, Linear layers MatMulNBits 4-bit block", _mixed(4), _mixed_reference(4),
+                convolutions=True, needs_calibration=True, needs_conv=True, cpu_unsupported=_block_cpu(4)),
         IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations int8 per block", _nbits(4, True),
                 _block_reference(4), cpu_unsupported=_block_cpu(4)),
         IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
-                lambda r: simulate_nbits(r.network, 4, r.block_size, False, r.keep)),
+                lambda r, _: simulate_nbits(r.network, 4, r.block_size, False, r.keep)),
     )
 }
 """Every real integer mode by label (``int8-dyn-channel``...), in order of preference:
@@ -276,13 +316,14 @@ def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, check:
                     tolerance: float = 0.02) -> Candidate:
     """Build ``mode`` and, given ``check`` states (preprocessed observations), measure how
     often its actions agree with fp32's on them."""
+    request = mode.request_for(request)
     model = mode.build(request)
     engine = ortb.OrtEngine(model, per_row=mode.per_row)
     agreement = float("nan")
     if check is not None:
         actions = policy.postprocess(engine(check))
         agreement = action_agreement(policy, fp32_actions(policy, check), actions, tolerance)
-    simulated = mode.reference(request) if mode.reference is not None else None
+    simulated = mode.reference(request, model) if mode.reference is not None else None
     return Candidate(mode.label, tuple(sorted(request.keep)), agreement, model_bytes=len(model), engine=engine,
                      reference=simulated)
 
@@ -370,6 +411,8 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     network = policy.network
     conv = ortb.has_conv(network)
     modes = [m for m in modes_for(bits) if m.unsupported(network) is None and (conv or not m.needs_calibration)]
+    if conv:  # the convolutions are most of a CNN's work: modes that run them in int8 first
+        modes.sort(key=lambda m: not m.convolutions)
     if not modes:
         reasons = "; ".join(m.unsupported(network) or "" for m in modes_for(bits))
         raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
@@ -392,11 +435,15 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
         return c.calibration_kept
 
     tried: list[Candidate] = []
+    built: set[tuple[str, frozenset[int]]] = set()
     for keep in keep_options(network):
         agreeing = []
         for mode in modes:
             fit, check = split_calibration(mode, calibration)
-            request = BuildRequest(network, fp32_model, fit, weights, block_size, keep)
+            request = mode.request_for(BuildRequest(network, fp32_model, fit, weights, block_size, keep))
+            if (mode.label, request.keep) in built:  # a CNN's fp32 convolutions already kept by this mode
+                continue
+            built.add((mode.label, request.keep))
             candidate = build_candidate(policy, mode, request, check, tolerance)
             tried.append(candidate)
             if candidate.agreement >= min_agreement:

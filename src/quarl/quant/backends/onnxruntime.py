@@ -34,11 +34,16 @@ from torch import nn
 INPUT, OUTPUT = "obs", "out"
 
 
-def session_options(threads: int = 1) -> ort.SessionOptions:
+def session_options(threads: int = 1, fuse: bool = True) -> ort.SessionOptions:
+    """One thread by default. ``fuse=False`` runs the graph as written: a QDQ model's
+    QuantizeLinear / DequantizeLinear nodes as float operations around fp32 kernels (the
+    arithmetic its fused integer kernels must reproduce)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    if not fuse:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return opts
 
 
@@ -210,13 +215,19 @@ def has_conv(network: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in network.modules())
 
 
+def conv_layers(network: nn.Module) -> frozenset[int]:
+    """Indices of the Conv2d layers among the weight layers (Linear / Conv2d, in order)."""
+    layers = [m for m in network.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    return frozenset(i for i, m in enumerate(layers) if isinstance(m, nn.Conv2d))
+
+
 class OrtEngine:
     """Runs an ONNX model on float32 numpy batches."""
 
-    def __init__(self, model: bytes, per_row: bool = False, threads: int = 1) -> None:
+    def __init__(self, model: bytes, per_row: bool = False, threads: int = 1, fuse: bool = True) -> None:
         self.model = model
         self.per_row = per_row
-        self.session = ort.InferenceSession(model, session_options(threads), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(model, session_options(threads, fuse), providers=["CPUExecutionProvider"])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
