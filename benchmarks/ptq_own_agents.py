@@ -85,7 +85,7 @@ def main() -> int:
     from quarl.policies.sb3 import load_checkpoint
     from quarl.measure import EvalSettings
     from quarl.ptq import run_ptq
-    from quarl.reports import paper_table, print_table, write_rows
+    from quarl.reports import mode_summary, paper_table, print_table, write_rows
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     labels = args.precisions.split(",")
@@ -96,11 +96,7 @@ def main() -> int:
         spec = EnvSpec(AGENTS[name][2])
         records = run_ptq(ckpt.policy, spec, labels, EvalSettings(episodes=args.episodes), args.out / "ptq" / name)
         per_policy[name] = records
-        modes[name] = ", ".join(f"{r['precision']}: {r['quant']['mode'].split('-', 1)[1]}"
-                                + (f" (fp32 {','.join(map(str, r['quant']['fp32_layers']))})"
-                                   if r["quant"]["fp32_layers"] else "")
-                                + f" {100 * r['quant']['agreement']:.0f}%"
-                                for r in records if r.get("quant"))
+        modes[name] = mode_summary(records)
         print(name, {r["precision"]: round(r["mean"], 1) for r in records}, modes[name], flush=True)
     rows = paper_table(per_policy, ["fp32", *labels])
     for row in rows:

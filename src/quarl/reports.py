@@ -18,7 +18,7 @@ from rich.table import Table
 
 from quarl.verdict import judge, relative_error
 
-__all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "paper_table", "print_table", "write_rows",
+__all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "save_figure"]
 
 
@@ -69,6 +69,22 @@ def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
         "fp32_layers": ",".join(str(i) for i in quant.get("fp32_layers", [])) or "-",
         "agree%": "" if agreement is None or agreement != agreement else round(100 * agreement, 1),
     }
+
+
+def mode_summary(records: Sequence[dict[str, Any]]) -> str:
+    """The int modes that ran, with fp32 layers and agreement: ``int8: static 100%, int4:
+    mixed (fp32 2) 99%``."""
+    parts = []
+    for r in records:
+        quant = r.get("quant")
+        if not quant:
+            continue
+        layers = quant.get("fp32_layers") or []
+        agreement = quant.get("agreement")
+        parts.append(f"{r['precision']}: {quant['mode'].split('-', 1)[1]}"
+                     + (f" (fp32 {','.join(map(str, layers))})" if layers else "")
+                     + ("" if agreement is None else f" {100 * agreement:.0f}%"))
+    return ", ".join(parts)
 
 
 def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:

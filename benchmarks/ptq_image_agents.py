@@ -1,0 +1,116 @@
+"""PTQ on image (CNN) agents trained here: MinAtar agents with MinAtar's small CNN and Atari
+agents with the RL Zoo's Atari hyperparameters (AtariWrapper, 4 stacked frames, NatureCNN),
+each within a step budget that fits 2 CPU cores (the zoo trains Atari agents for 10M
+steps; these are partly trained, their score is printed beside the zoo's). Each agent is
+evaluated at fp32, fp16, int8 and int4 (automatic modes, chosen on calibration seeds apart
+from the evaluation seeds), every E with its 95 % interval and verdict.
+
+Resumable: a trained agent is reused (an interrupted training resumes from its last
+checkpoint), and every evaluated cell is reused by ``run_ptq``. Trained agents stay out of
+git, under OUT/agents.
+
+    .venv/bin/python benchmarks/ptq_image_agents.py [--out results/image-agents] [--only a2c-MinAtar-Breakout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+ZOO_10M = "the RL Zoo's agent, 10M steps (rl-baselines3-zoo benchmark.md)"
+AGENTS: dict[str, tuple[str, str, int, dict, float | None]] = {
+    # name: (algo, env, training steps, hyperparameter overrides, the RL Zoo's published score)
+    "ppo-MinAtar-Breakout": ("ppo", "MinAtar/Breakout-v1", 300_000, {}, None),
+    "a2c-MinAtar-Breakout": ("a2c", "MinAtar/Breakout-v1", 300_000, {}, None),
+    "dqn-MinAtar-Breakout": ("dqn", "MinAtar/Breakout-v1", 200_000, {}, None),
+    "ppo-MinAtar-SpaceInvaders": ("ppo", "MinAtar/SpaceInvaders-v1", 300_000, {}, None),
+    "a2c-MinAtar-Asterix": ("a2c", "MinAtar/Asterix-v1", 300_000, {}, None),
+    # Atari: 100-150 training steps/s on one core here (PPO, its 4 epochs per rollout, is the slowest)
+    "a2c-Breakout": ("a2c", "BreakoutNoFrameskip-v4", 200_000, {}, 279.8),
+    "ppo-Breakout": ("ppo", "BreakoutNoFrameskip-v4", 150_000, {}, 398.0),
+    # the zoo's DQN waits 100k steps and explores over 1M: shortened to fit the budget
+    "dqn-Breakout": ("dqn", "BreakoutNoFrameskip-v4", 150_000,
+                     {"buffer_size": 50_000, "learning_starts": 10_000, "exploration_fraction": 0.5}, 358.3),
+    "a2c-Pong": ("a2c", "PongNoFrameskip-v4", 300_000, {}, 17.3),
+}
+EPISODES = {"minatar": 100, "atari": 30}
+ATARI_MAX_STEPS = 27_000
+"""108k frames: the usual cap on an Atari evaluation game."""
+
+
+def train(name: str, out: Path) -> Path:
+    """The agent's run folder, trained (or resumed) if it has no final model yet."""
+    from quarl.training.sb3_train import TrainConfig, train as train_run
+
+    algo, env_id, steps, overrides, _ = AGENTS[name]
+    run_dir = out / "agents" / name
+    final = run_dir / f"{env_id.replace('/', '_')}.zip"
+    if final.exists():
+        return run_dir
+    resume = (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir())
+    started = time.perf_counter()
+    config = TrainConfig(algo, env_id, timesteps=steps, out=out / "agents", eval_freq=0, tensorboard=False,
+                         hyperparams=dict(overrides), progress_bar=True, run_dir=run_dir, save_replay=False)
+    train_run(config, resume=resume)
+    print(f"trained {name} ({steps} steps) in {time.perf_counter() - started:.0f} s", flush=True)
+    return run_dir
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("results/image-agents"))
+    parser.add_argument("--only", default="", help="comma list of agent names")
+    parser.add_argument("--episodes", type=int, default=0, help="episodes per precision (default: MinAtar 100, Atari 30)")
+    parser.add_argument("--precisions", default="fp16,int8,int4")
+    parser.add_argument("--train-only", action="store_true", help="train the agents, evaluate nothing")
+    args = parser.parse_args()
+
+    from quarl.envs import env_family
+    from quarl.measure import EvalSettings
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.ptq import run_ptq
+    from quarl.reports import mode_summary, paper_table, print_table, write_rows
+
+    names = [n for n in args.only.split(",") if n] or list(AGENTS)
+    unknown = sorted(set(names) - set(AGENTS))
+    if unknown:
+        parser.error(f"unknown agent {unknown[0]!r}: allowed {', '.join(AGENTS)}")
+    labels = args.precisions.split(",")
+    per_policy, extra = {}, {}
+    for name in names:
+        run_dir = train(name, args.out)
+        if args.train_only:
+            continue
+        algo, env_id, steps, _, zoo = AGENTS[name]
+        family = env_family(env_id).name
+        settings = EvalSettings(episodes=args.episodes or EPISODES[family], seed=0,
+                                max_steps=ATARI_MAX_STEPS if family == "atari" else None)
+        agent = load_checkpoint(run_dir)
+        started = time.perf_counter()
+        records = run_ptq(agent.policy, agent.env_spec, labels, settings, args.out / "ptq" / name)
+        per_policy[name] = records
+        extra[name] = {"steps": steps, "zoo (10M steps)": zoo if zoo is not None else "", "episodes": settings.episodes,
+                       "int modes (agreement)": mode_summary(records)}
+        print(name, {r["precision"]: round(r["mean"], 2) for r in records}, extra[name]["int modes (agreement)"],
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.train_only:
+        return 0
+    rows = paper_table(per_policy, ["fp32", *labels])
+    for row in rows:
+        row.update(extra[row["policy"]])
+    print_table(rows, f"image agents trained here (E%: reward lost against fp32; zoo: {ZOO_10M})")
+    write_rows(rows, args.out, "table")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
