@@ -73,3 +73,14 @@ def test_the_sequential_test_plays_more_while_undecided_and_stops_at_the_cap() -
     outcome = sequential_keeps(_player(fp32, []), _player(quant, played), first=4, step=4, cap=16)
     assert played == [4, 8, 12, 16] and outcome.episodes == 16
     assert outcome.verdict.verdict == "undecided" and outcome.kept is (outcome.verdict.e <= 5)
+
+
+def test_the_episodes_an_undecided_verdict_asks_for_do_decide_it() -> None:
+    rng = np.random.default_rng(4)
+    fp32 = rng.normal(100, 20, 4000)
+    quant = fp32 - 2 + rng.normal(0, 15, 4000)  # a true 2 % loss: keeps, given enough episodes
+    first = judge(fp32[:20], quant[:20])
+    assert first.verdict == "undecided" and "more episodes" in first.label()
+    enough = first.episodes_to_decide
+    assert 20 < enough < 4000
+    assert judge(fp32[:enough], quant[:enough]).verdict == "keeps"

@@ -45,9 +45,9 @@ class Verdict:
     """For ``undecided``: about how many paired episodes in all would decide (None otherwise)."""
 
     def label(self) -> str:
-        """``keeps``, ``loses``, ``undecided (~N episodes)``."""
+        """``keeps``, ``loses``, ``undecided (~N more episodes)``."""
         if self.verdict == "undecided" and self.episodes_to_decide is not None:
-            return f"undecided (~{self.episodes_to_decide} episodes)"
+            return f"undecided (~{max(self.episodes_to_decide - self.episodes, 1)} more episodes)"
         return self.verdict
 
 
