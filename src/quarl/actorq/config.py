@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from quarl.errors import QuarlError
+from quarl.limits import check_layer_sizes
 
 ALGOS = ("dqn", "d4pg")
 ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -85,6 +87,10 @@ class ActorQConfig:
     """Where the learner trains: cpu, or cuda / cuda:N (the paper's GPU learner)."""
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every comparison below; inf is no budget or rate
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise QuarlError(f"{f.name.replace('_', '-')}={value} must be a finite number")
         if self.algo not in ALGOS:
             raise QuarlError(f"unknown --algo {self.algo!r}: allowed {', '.join(ALGOS)}")
         if not isinstance(self.actors, int) or self.actors < 1:
@@ -104,6 +110,9 @@ class ActorQConfig:
                 raise QuarlError(f"{name}={getattr(self, name)} must be at least 1")
         if not self.policy_layers or min(self.policy_layers) < 1:
             raise QuarlError(f"--policy-layers {self.policy_layers} must be positive widths, e.g. 2048,2048,2048")
+        # priced before any is allocated (the learner holds the policy, its target and Adam's two moments)
+        check_layer_sizes((1, *self.policy_layers, 1), f"--policy-layers {','.join(map(str, self.policy_layers))}")
+        check_layer_sizes((1, *self.critic_layers, 1), f"--critic-layers {','.join(map(str, self.critic_layers))}")
         if not 0 < self.gamma <= 1:
             raise QuarlError(f"gamma={self.gamma} must be in (0, 1]")
         for name in ("learning_rate", "eval_every_s", "checkpoint_every_s"):
@@ -116,7 +125,7 @@ class ActorQConfig:
             raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
         if self.samples_per_insert <= 0:
             raise QuarlError(f"samples_per_insert={self.samples_per_insert} must be > 0")
-        if self.max_minutes <= 0:
+        if not self.max_minutes > 0:
             raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
         _check_device(self.learner_device)
         if self.min_replay > self.replay_size:

@@ -15,6 +15,7 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.errors import QuarlError
+from quarl.limits import check_tensors
 from quarl.policies.base import Policy
 from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 
@@ -37,6 +38,9 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
         sd = torch.load(path / POLICY_FILE, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad or unsafe file
         raise QuarlError(f"{path / POLICY_FILE} cannot be read as plain tensors ({exc.__class__.__name__})") from None
+    if not isinstance(sd, dict):
+        raise QuarlError(f"{path / POLICY_FILE} holds a {type(sd).__name__}, not a state dict of tensors")
+    check_tensors(sd, str(path / POLICY_FILE))
     layers = _mlp({k: v.float() for k, v in sd.items()}, "", nn.ReLU, trailing=False)
     if not layers:
         raise QuarlError(f"{path / POLICY_FILE} holds no Linear layers")

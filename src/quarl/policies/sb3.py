@@ -40,6 +40,7 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
+from quarl.limits import check_tensors, read_zip_entry
 from quarl.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
@@ -341,8 +342,8 @@ def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             names = set(archive.namelist())
             if "data" not in names or "policy.pth" not in names:
                 raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: it lacks 'data' or 'policy.pth'")
-            data = json.loads(archive.read("data"))
-            raw = archive.read("policy.pth")
+            data = json.loads(read_zip_entry(archive, "data", str(path)))
+            raw = read_zip_entry(archive, "policy.pth", str(path))
     except zipfile.BadZipFile:
         raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: not a zip file (corrupt or truncated?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -351,6 +352,9 @@ def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         sd = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad or unsafe file
         raise QuarlError(f"{path}: policy.pth cannot be read as plain tensors ({exc.__class__.__name__})") from None
+    if not isinstance(sd, dict):
+        raise QuarlError(f"{path}: policy.pth holds a {type(sd).__name__}, not a state dict of tensors")
+    check_tensors(sd, f"{path} policy.pth")  # before any copy or layer is built from the shapes it claims
     return data, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 

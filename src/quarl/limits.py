@@ -1,0 +1,110 @@
+"""Bounded resources for files a user hands over: a crafted file never decides how much
+memory quarl takes. Every check runs before the memory is taken and fails with one line
+(:class:`~quarl.errors.QuarlError`) naming what was refused and the limit.
+
+- zip entries are inflated through a counting stream, against both their declared size and
+  a cap (:func:`read_zip_entry`): a 3 MB zip that inflates to 3 GB stops at the cap;
+- tensors must hold the values their shape claims (no zero-stride views of one value
+  posing as a 10^8-wide layer), all together at most :func:`max_parameters`, and finite
+  (:func:`check_tensors`);
+- a network described by sizes (``--policy-layers``, ``net_arch``) is priced before it is
+  built (:func:`check_layer_sizes`).
+
+``QUARL_MAX_PARAMETERS`` raises the parameter cap for a policy that really is that big.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from typing import Iterable, Mapping
+
+import torch
+
+from quarl.errors import QuarlError
+
+DEFAULT_MAX_PARAMETERS = 64_000_000
+"""256 MB of fp32 weights: 7x the largest policy in the paper (3 x 2048 MLP, 8.4M) and 37x
+NatureCNN (1.7M)."""
+ENTRY_RATIO = 20
+"""A zip entry may inflate to this many times its compressed size (tensors of floats
+compress 1.1-2x; text a few times)..."""
+ENTRY_FLOOR = 64 * 2**20
+"""...or to 64 MB, whichever is larger, and never past the bytes of the parameter cap."""
+CHUNK = 2**20
+
+
+def max_parameters() -> int:
+    """The parameter cap: ``QUARL_MAX_PARAMETERS`` or :data:`DEFAULT_MAX_PARAMETERS`."""
+    text = os.environ.get("QUARL_MAX_PARAMETERS", "")
+    if not text:
+        return DEFAULT_MAX_PARAMETERS
+    try:
+        value = int(text)
+    except ValueError:
+        raise QuarlError(f"QUARL_MAX_PARAMETERS={text!r} is not a whole number of parameters") from None
+    if value < 1:
+        raise QuarlError(f"QUARL_MAX_PARAMETERS={value} must be at least 1")
+    return value
+
+
+def entry_cap(info: zipfile.ZipInfo) -> int:
+    """Bytes a zip entry may inflate to (see :data:`ENTRY_RATIO`)."""
+    return min(max(ENTRY_FLOOR, ENTRY_RATIO * info.compress_size), 4 * max_parameters() + ENTRY_FLOOR)
+
+
+def read_zip_entry(archive: zipfile.ZipFile, name: str, where: str) -> bytes:
+    """The entry's bytes, inflated at most :func:`entry_cap` bytes: refused when its
+    declared size is larger, or when it inflates past the cap whatever it declared."""
+    info = archive.getinfo(name)
+    cap = entry_cap(info)
+    if info.file_size > cap:
+        raise QuarlError(f"{where}: entry {name!r} declares {info.file_size} bytes inflated from {info.compress_size}: "
+                         f"more than the {cap} allowed (a zip bomb?)")
+    parts, total = [], 0
+    with archive.open(info) as stream:
+        while True:
+            chunk = stream.read(min(CHUNK, cap + 1 - total))
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > cap:
+                raise QuarlError(f"{where}: entry {name!r} inflates past {cap} bytes (it declared {info.file_size}): "
+                                 "refused (a zip bomb?)")
+            parts.append(chunk)
+    return b"".join(parts)
+
+
+def check_tensors(tensors: Mapping[str, torch.Tensor], where: str) -> None:
+    """Each tensor holds the values its shape claims and only finite ones; all together at
+    most :func:`max_parameters` values. Call before building anything from them."""
+    total = 0
+    cap = max_parameters()
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise QuarlError(f"{where}: {name!r} is a {type(t).__name__}, not a tensor")
+        held = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+        if t.numel() > held:
+            raise QuarlError(f"{where}: tensor {name!r} claims shape {tuple(t.shape)} ({t.numel()} values) but the file "
+                             f"holds {held}: refused")
+        total += t.numel()
+        if total > cap:
+            raise QuarlError(f"{where}: more than {cap} parameters (at {name!r}): refused; set QUARL_MAX_PARAMETERS "
+                             "to allow a bigger policy")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise QuarlError(f"{where}: tensor {name!r} holds {bad} non-finite values (NaN or inf): refused")
+
+
+def check_layer_sizes(sizes: Iterable[int], what: str) -> None:
+    """Sizes of a chain of dense layers (input, hidden..., output): each at least 1 and the
+    weights together within :func:`max_parameters`, checked before any is allocated."""
+    sizes = [int(s) for s in sizes]
+    for s in sizes:
+        if s < 1:
+            raise QuarlError(f"{what}: layer size {s} must be at least 1")
+    params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+    cap = max_parameters()
+    if params > cap:
+        raise QuarlError(f"{what}: layers {sizes} hold {params} parameters, more than the {cap} allowed "
+                         "(set QUARL_MAX_PARAMETERS to allow more)")

@@ -1,0 +1,131 @@
+"""Crafted files and absurd sizes are refused in one line before memory is taken: each
+case runs the real console script in a subprocess, and the child's peak memory is read
+from the kernel (wait4)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import stable_baselines3 as sb3
+import torch
+
+from tests.conftest import run_cli
+
+PEAK_LIMIT_MB = 1024
+
+
+def _popen_peak(*args: str) -> tuple[int, str, float]:
+    """(exit status, stderr, peak resident MB) of ``quarl ARGS`` in a new interpreter."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+    err = proc.stderr.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err, usage.ru_maxrss / 1024
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def _sb3_zip(tmp_path: Path) -> Path:
+    path = tmp_path / "ppo.zip"
+    sb3.PPO("MlpPolicy", gym.make("CartPole-v1"), seed=0, device="cpu").save(path)
+    return path
+
+
+def _rewrite(src: Path, dst: Path, replace: dict[str, bytes | Path]) -> Path:
+    """A copy of the zip ``src`` with some entries replaced (deflated)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            if item.filename not in replace:
+                zout.writestr(item, zin.read(item.filename))
+        for name, content in replace.items():
+            if isinstance(content, Path):
+                zout.write(content, name)
+            else:
+                zout.writestr(name, content)
+    return dst
+
+
+def _policy_pth(sd: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    return buf.getvalue()
+
+
+def test_a_zip_entry_that_inflates_past_its_cap_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    bomb = tmp_path / "zeros"
+    with bomb.open("wb") as fh:  # 400 MB of zeros: ~0.4 MB deflated
+        block = bytes(2**20)
+        for _ in range(400):
+            fh.write(block)
+    crafted = _rewrite(_sb3_zip(tmp_path), tmp_path / "bomb.zip", {"policy.pth": bomb})
+    bomb.unlink()
+    assert crafted.stat().st_size < 3 * 2**20
+    code, err, peak = _popen_peak("ptq", str(crafted), "--env", "CartPole-v1", "--episodes", "1")
+    assert code == 2 and "policy.pth" in _one_line(err) and "zip bomb" in err
+    assert peak < PEAK_LIMIT_MB, peak
+
+
+def test_an_entry_whose_header_lies_about_its_size_is_refused(tmp_path: Path) -> None:
+    crafted = _rewrite(_sb3_zip(tmp_path), tmp_path / "liar.zip", {"policy.pth": bytes(8 * 2**20)})
+    raw = bytearray(crafted.read_bytes())
+    central = raw.rfind(b"policy.pth", 0, raw.rfind(b"PK\x05\x06"))  # the central directory's name
+    header = central - 46  # its fixed-size record precedes the name
+    assert raw[header:header + 4] == b"PK\x01\x02"
+    raw[header + 24:header + 28] = (1000).to_bytes(4, "little")  # uncompressed size: 1000 bytes
+    crafted.write_bytes(bytes(raw))
+    r = run_cli("ptq", str(crafted), "--env", "CartPole-v1", "--episodes", "1")
+    assert r.returncode == 2 and "liar.zip" in _one_line(r.stderr)
+
+
+def test_tensors_claiming_a_huge_layer_are_refused_before_any_is_built(tmp_path: Path) -> None:
+    src = _sb3_zip(tmp_path)
+    with zipfile.ZipFile(src) as z:
+        sd = torch.load(io.BytesIO(z.read("policy.pth")), weights_only=True)
+    sd["mlp_extractor.policy_net.0.weight"] = torch.zeros(1).expand(10**8, 4)  # one value posing as 4e8
+    crafted = _rewrite(src, tmp_path / "wide.zip", {"policy.pth": _policy_pth(sd)})
+    assert crafted.stat().st_size < 1 * 2**20
+    code, err, peak = _popen_peak("ptq", str(crafted), "--env", "CartPole-v1", "--episodes", "1")
+    line = _one_line(err)
+    assert code == 2 and "mlp_extractor.policy_net.0.weight" in line and "claims shape (100000000, 4)" in line
+    assert peak < PEAK_LIMIT_MB, peak
+
+
+def test_too_many_parameters_in_real_tensors_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUARL_MAX_PARAMETERS", "1000")
+    r = run_cli("ptq", str(_sb3_zip(tmp_path)), "--env", "CartPole-v1", "--episodes", "1")
+    assert r.returncode == 2 and "more than 1000 parameters" in _one_line(r.stderr)
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path: Path) -> None:
+    src = _sb3_zip(tmp_path)
+    with zipfile.ZipFile(src) as z:
+        sd = torch.load(io.BytesIO(z.read("policy.pth")), weights_only=True)
+    sd["action_net.weight"][0, 0] = float("nan")
+    crafted = _rewrite(src, tmp_path / "nan.zip", {"policy.pth": _policy_pth(sd)})
+    r = run_cli("ptq", str(crafted), "--env", "CartPole-v1", "--precisions", "int8", "--episodes", "1")
+    line = _one_line(r.stderr)
+    assert r.returncode == 2 and "'action_net.weight' holds 1 non-finite values" in line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--policy-layers", "1000000,1000000"], "hold 1000004000001 parameters, more than"),
+    (["--max-minutes", "nan"], "max-minutes=nan must be a finite number"),
+    (["--target-reward", "nan"], "target-reward=nan must be a finite number"),
+])
+def test_actorq_prices_and_checks_its_options_before_it_starts(tmp_path: Path, args: list[str], message: str) -> None:
+    r = run_cli("actorq", "run", "CartPole-v1", "--local", "--out", str(tmp_path / "aq"), *args)
+    assert r.returncode == 2 and message in _one_line(r.stderr)
+    assert not (tmp_path / "aq" / "policy.pt").exists()
