@@ -93,13 +93,25 @@ def test_cuda_learner_without_a_gpu_is_one_line() -> None:
     (["actorq", "compare", "CartPole-v1", "--learner-device", "tpu"], "--learner-device 'tpu' is not a device"),
     (["actorq", "run", "CartPole-v1", "--learner-device", "cuda:x"], "is not a device: allowed cpu, cuda, cuda:N"),
     (["actorq", "CartPole-v1"], "No such command 'CartPole-v1'"),
-    (["ptq", "{run}", "--out", "{file}"], "File exists"),
+    (["ptq", "{run}", "--out", "{file}"], "--out {file} is a file: give a folder"),
     (["bench", "{run}", "--budget", "0"], "--budget 0.0 must be a positive number of seconds"),
     (["bench", "{run}", "--budget", "1e999"], "--budget inf must be a positive number of seconds, at most 600"),
     (["bench", "{run}", "--batches", "1,99999999"], "batch size '99999999' must be an integer in 1..65536"),
     (["ptq", "{run}", "--max-steps", "-1"], "max steps -1 must be at least 1"),
     (["export", "{run}", "--precision", "sim4"], "has no ONNX model"),
     (["ptq", "{missing_onnx}"], "has no sidecar"),
+    (["ptq", "{run}", "--seed", "-1"], "--seed -1 is out of range: allowed 0.."),
+    (["ptq", "{run}", "--block-size", "1048576"], "block size 1048576 is not allowed: 16, 32, 64, 128 or 256"),
+    (["ptq", "{run}", "--out", ""], "--out '' is empty: give a folder"),
+    (["export", "{run}", "--out", ""], "--out '' names no file"),
+    (["study", "{run}", "--out", "{file}/sub"], "--out {file}/sub cannot be created: Not a directory"),
+    (["study", "{run}", "--seeds", "0,99999999999"], "--seeds 99999999999 is out of range"),
+    (["train", "ppo", "CartPole-v1", "--hp", "n_envs=-1"], "--hp n_envs=-1: must be a whole number in 1.."),
+    (["train", "ppo", "CartPole-v1", "--hp", "batch_size=0"], "--hp batch_size=0: must be a whole number in 1.."),
+    (["train", "ppo", "CartPole-v1", "--hp", "gamma=1e999"], "--hp gamma=inf: must be a finite number"),
+    (["train", "ppo", "CartPole-v1", "--hp", "gamma=1.5"], "--hp gamma=1.5: must be in [0, 1]"),
+    (["train", "ppo", "CartPole-v1", "-n", "99999999999999999999"], "--timesteps 99999999999999999999 is out of range"),
+    (["actorq", "run", "CartPole-v1", "--seed", "-3"], "--seed -3 is out of range"),
 ])
 def test_bad_input_one_line(tiny_run: Path, tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "empty").mkdir()
@@ -109,7 +121,7 @@ def test_bad_input_one_line(tiny_run: Path, tmp_path: Path, args: list[str], mes
              "missing_onnx": str(tmp_path / "model.onnx")}
     r = _cli(*[a.format(**paths) for a in args])
     assert r.exit_code == 2, r.output
-    assert message in r.output and "Traceback" not in r.output
+    assert message.format(**paths) in r.output and "Traceback" not in r.output
     assert isinstance(r.exception, SystemExit)
 
 

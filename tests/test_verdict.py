@@ -84,3 +84,14 @@ def test_the_episodes_an_undecided_verdict_asks_for_do_decide_it() -> None:
     enough = first.episodes_to_decide
     assert 20 < enough < 4000
     assert judge(fp32[:enough], quant[:enough]).verdict == "keeps"
+
+
+def test_returns_that_are_mostly_zero_give_an_interval_not_a_crash() -> None:
+    """Resamples whose fp32 returns average 0 have no E (MinAtar Asterix: most episodes score 0)."""
+    fp32 = np.array([0.0, 0.0, 3.0, 0.0])
+    quant = np.array([0.0, 0.0, 1.0, 0.0])
+    v = judge(fp32, quant)
+    assert v.verdict in ("loses", "undecided") and v.e == pytest.approx(200 / 3)
+    assert judge(np.array([0.0, 0.0, 0.0, 1.0]), np.array([1.0, 0.0, 0.0, 0.0])).verdict == "undecided"
+    outcome = sequential_keeps(lambda n: np.zeros(n), lambda n: np.ones(n), cap=8)
+    assert outcome.kept and outcome.verdict.verdict == "n/a"  # fp32 scores 0 everywhere: compared as returns

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from quarl import validate
 from quarl.errors import QuarlError
 
 app = typer.Typer(
@@ -164,6 +165,7 @@ def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[in
         raise QuarlError(f"--episodes {episodes} must be at least 1")
     if n_envs < 1:
         raise QuarlError(f"--n-envs {n_envs} must be at least 1")
+    validate.seed(seed)
     return EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
 
 
@@ -173,7 +175,7 @@ EpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episo
 SeedOpt = typer.Option(0, "--seed")
 NEnvsOpt = typer.Option(8, "--n-envs", help="envs stepped side by side")
 MaxStepsOpt = typer.Option(None, "--max-steps", help="cut episodes after this many steps")
-OutOpt = typer.Option(None, "--out", help="output folder (default results/<command>/<policy>)")
+OutOpt = typer.Option(None, "--out", parser=validate.out_option, help="output folder (default results/<command>/<policy>)")
 TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
 VerboseOpt = typer.Option(False, "--verbose", "-v")
 BitsOpt = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16")
@@ -185,7 +187,7 @@ PRECISIONS_HELP = ("comma list of fp32, fp16, bf16, int8 / int4 (real kernels, a
                    "int4-weight-only, sim2..sim16 (simulated n-bit weights)")
 Int8WeightsOpt = typer.Option("auto", help="8-bit weights of the MatMulInteger / QDQ modes: auto (symmetric int8 "
                                            "where the CPU has VNNI, else asymmetric uint8), asymmetric, symmetric")
-BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the MatMulNBits modes (power of two >= 16)")
+BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the MatMulNBits modes: 16, 32, 64, 128 or 256")
 
 
 @app.command()
@@ -216,7 +218,7 @@ def ptq(
     labels = _parse_precisions(precisions, **options)
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    out = out or _default_out("ptq", checkpoint, spec.env_id)
+    out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
     if checkpoint.suffix == ".onnx":  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
 
@@ -270,7 +272,7 @@ def sweep(
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     variant = f"{scheme}-{granularity}" + ("-act" if activations else "")
-    out = out or _default_out("sweep", checkpoint, spec.env_id) / variant
+    out = validate.out_folder(out) or _default_out("sweep", checkpoint, spec.env_id) / variant
     labels = ["fp32", *(f"sim{n}" for n in widths)]
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in labels}
@@ -318,7 +320,7 @@ def analyze(
     widths = _parse_bits(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
     ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
-    out = out or _default_out("analyze", checkpoint, "weights")
+    out = validate.out_folder(out) or _default_out("analyze", checkpoint, "weights")
     stats, kl = run_analyze(ckpt.policy, widths, out, scheme, granularity, title=f"{ckpt.algo} {checkpoint.name}")
     print_table(
         [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in stats],
@@ -333,7 +335,15 @@ def analyze(
 
 
 def _parse_overrides(items: list[str]) -> dict:
+    """KEY=VALUE pairs, each value a literal (never evaluated): Python's (``1e-3``,
+    ``dict(net_arch=[64, 64])``, names kept as text) or YAML's (``true``, ``null``)."""
     import yaml
+
+    from quarl.policies.safe_load import parse_literal
+
+    def literal(text: str):
+        value = parse_literal(text)
+        return yaml.safe_load(text) if isinstance(value, str) and value == text.strip() else value
 
     out = {}
     for item in items:
@@ -342,7 +352,7 @@ def _parse_overrides(items: list[str]) -> dict:
         key, found, value = item.partition(sep)
         if not found or not key.strip():
             raise QuarlError(f"--hp {item!r} is not KEY=VALUE or KEY:VALUE (e.g. --hp n_envs=4)")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = literal(value)
     return out
 
 
@@ -370,7 +380,8 @@ def train_cmd(
     env_id: str = EnvIdArg,
     timesteps: Optional[int] = TimestepsOpt,
     seed: int = SeedOpt,
-    out: Path = typer.Option(Path("runs"), "--out", "-f", "--log-folder", help="run folders go to OUT/ALGO/ENV_N"),
+    out: Path = typer.Option(Path("runs"), "--out", "-f", "--log-folder", parser=validate.out_option,
+                             help="run folders go to OUT/ALGO/ENV_N"),
     precision: str = typer.Option("fp32", "--train-precision",
                                   help="gradient updates in fp32, bf16 or fp16 (autocast)"),
     qat_bits: Optional[int] = typer.Option(None, "--qat-bits", help="quantization-aware training at this width (2..16)"),
@@ -396,7 +407,9 @@ def train_cmd(
     from quarl.quant.config import QATConfig
     from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
 
-    _check_count("--timesteps", timesteps, 1)
+    validate.timesteps(timesteps)
+    validate.seed(seed)
+    validate.out_folder(out)
     _check_count("--episodes", episodes, 1)
     _check_count("--eval-freq", eval_freq, 0)
     _check_count("--checkpoint-freq", checkpoint_freq, 0)
@@ -458,7 +471,7 @@ def qat(
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,
                      tuple(_parse_overrides(hp).items()))
     QuantConfig(precision="nbit", scheme=scheme)  # validates the scheme before any training
-    out = out or Path("results") / "qat" / f"{algo.lower()}-{env_id.replace('/', '_')}"
+    out = validate.out_folder(out) or Path("results") / "qat" / f"{algo.lower()}-{env_id.replace('/', '_')}"
     rows = run_qat_study(study, settings, out, on_stage=lambda text: console.print(f"[bold]{text}[/bold]"),
                          progress_bar=True)
     print_table(rows, f"{algo} {env_id}: QAT vs PTQ, mean return over {episodes} episodes", out_console)
@@ -544,7 +557,7 @@ def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", 
     _setup(opts["verbose"])
     check_env_id(env_id)
     name = f"{opts['algo']}-{env_id.replace('/', '_')}"
-    out = opts["out"] or Path("results") / "actorq" / (f"compare-{name}" if kind == "compare" else
+    out = validate.out_folder(opts["out"]) or Path("results") / "actorq" / (f"compare-{name}" if kind == "compare" else
                                                        f"{name}-{opts['actor_precision']}")
     config = ActorQConfig(
         env_id, algo=opts["algo"], actors=opts["actors"], actor_precision=opts["actor_precision"],
@@ -677,7 +690,8 @@ def export(
     env: Optional[str] = EnvOpt,
     precision: str = typer.Option("int8", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode "
                                                "(int8-dyn-channel, int4-weight-only...)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output path without suffix (default results/export/<policy>-<precision>)"),
+    out: Optional[Path] = typer.Option(None, "--out", parser=validate.out_option,
+                                       help="output path without suffix (default results/export/<policy>-<precision>)"),
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
     seed: int = typer.Option(0, "--seed", help="calibration episodes start at seed + 10,000 (as quarl ptq --seed)"),
@@ -696,6 +710,8 @@ def export(
 
     options = _quant_options(int8_weights, block_size)
     config = _parse_precisions(precision, **options)
+    validate.seed(seed)
+    validate.out_stem(out)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     if out is None:
         default = _default_out("export", checkpoint, spec.env_id)
@@ -763,7 +779,7 @@ def demo(
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = EpisodesOpt,
-    out: Path = typer.Option(Path("results/demo"), "--out"),
+    out: Path = typer.Option(Path("results/demo"), "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -779,6 +795,7 @@ def demo(
 
     labels = _parse_precisions(precisions)
     settings = _eval_settings(episodes, 0, 8, None)
+    validate.out_folder(out)
 
     def say_training(where: Path) -> None:
         console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
@@ -808,7 +825,8 @@ def study(
     trust_pickle: bool = TrustOpt,
     workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
-    out: Path = typer.Option(Path("results/study"), "--out", help="folder of study.sqlite, the table and the plot"),
+    out: Path = typer.Option(Path("results/study"), "--out", parser=validate.out_option,
+                             help="folder of study.sqlite, the table and the plot"),
     verbose: bool = VerboseOpt,
 ) -> None:
     """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per
@@ -828,8 +846,9 @@ def study(
     for text in _split(seeds, "--seeds"):
         if not text.isdigit():
             raise QuarlError(f"--seeds: {text!r} is not a non-negative integer")
-        seed_list.append(int(text))
+        seed_list.append(validate.seed(int(text), "--seeds"))
     _check_count("--max-steps", max_steps, 1)
+    validate.out_folder(out)
     labels = _parse_precisions(precisions, **options)
     _eval_settings(episodes, 0, n_envs, max_steps)
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,

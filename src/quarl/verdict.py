@@ -20,6 +20,7 @@ episodes: it plays more only while undecided.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -81,17 +82,35 @@ def interval(fp32: np.ndarray, quant: np.ndarray, confidence: float = CONFIDENCE
     diff = fp32 - quant
     if len(fp32) < 2 or not diff.any() or (np.ptp(diff) == 0 and np.ptp(fp32) == 0):
         return e, e, e  # every resample gives the same E: exact on these seeds
-    try:
-        result = bootstrap((fp32, quant), _e_statistic, paired=True, vectorized=True, confidence_level=confidence,
-                           n_resamples=resamples, method="BCa", rng=np.random.default_rng(seed))
-        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
-    except (ValueError, FloatingPointError):
-        low = high = math.nan
-    if not (math.isfinite(low) and math.isfinite(high)):  # BCa degenerates on near-constant samples
-        result = bootstrap((fp32, quant), _e_statistic, paired=True, vectorized=True, confidence_level=confidence,
-                           n_resamples=resamples, method="percentile", rng=np.random.default_rng(seed))
-        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    with warnings.catch_warnings():  # a degenerate BCa is handled below, not printed
+        warnings.simplefilter("ignore")
+        try:
+            result = bootstrap((fp32, quant), _e_statistic, paired=True, vectorized=True, confidence_level=confidence,
+                               n_resamples=resamples, method="BCa", rng=np.random.default_rng(seed))
+            low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+        except (ValueError, FloatingPointError):
+            low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high)):
+        # BCa degenerates on near-constant samples, and a resample whose fp32 returns average 0
+        # has no E: a percentile interval over the resamples that have one
+        low, high = _percentile(fp32, quant, confidence, resamples, seed)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return e, math.nan, math.nan
     return e, min(low, e), max(high, e)
+
+
+def _percentile(fp32: np.ndarray, quant: np.ndarray, confidence: float, resamples: int,
+                seed: int) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(fp32), (resamples, len(fp32)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = _e_statistic(fp32[idx], quant[idx])
+    stats = stats[np.isfinite(stats)]
+    if len(stats) < resamples // 2:
+        return math.nan, math.nan
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(stats, [tail, 1 - tail])
+    return float(low), float(high)
 
 
 def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE,
@@ -101,6 +120,8 @@ def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE,
     n = len(fp32)
     if not math.isfinite(e):
         return Verdict(e, low, high, n, "n/a")
+    if not (math.isfinite(low) and math.isfinite(high)):  # most resamples have no E (fp32 returns mostly 0)
+        return Verdict(e, low, high, n, "undecided")
     if high < tolerance:
         return Verdict(e, low, high, n, "keeps")
     if low > tolerance:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl.errors import QuarlError
+from quarl import validate
 from quarl.limits import check_layer_sizes
 
 ALGOS = ("dqn", "d4pg")
@@ -91,6 +92,7 @@ class ActorQConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise QuarlError(f"{f.name.replace('_', '-')}={value} must be a finite number")
+        validate.seed(self.seed)
         if self.algo not in ALGOS:
             raise QuarlError(f"unknown --algo {self.algo!r}: allowed {', '.join(ALGOS)}")
         if not isinstance(self.actors, int) or self.actors < 1:

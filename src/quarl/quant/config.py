@@ -31,7 +31,7 @@ class QuantConfig:
     inputs), or ``auto``: per tensor for dense layers and per channel for convolutions,
     as in the paper."""
     block_size: int = 32
-    """Inputs per block for ``granularity="block"`` and the MatMulNBits modes: a power of two >= 16."""
+    """Inputs per block for ``granularity="block"`` and the MatMulNBits modes: 16, 32, 64, 128 or 256."""
     int8_weights: str = "auto"
     """8-bit weight format of the MatMulInteger / QDQ modes: ``asymmetric`` (uint8 + zero
     point, exact on every x86 CPU), ``symmetric`` (int8, zero point 0: the faster u8 x s8

@@ -192,6 +192,33 @@ def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
         numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
         if numeric and key not in _SCHEDULED and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise QuarlError(f"--hp {key}={value!r}: {key} is a number (default {default!r})")
+        check_hyperparameter(key, value)
+
+
+_COUNTS = {"n_envs": 1, "n_timesteps": 1, "batch_size": 1, "n_steps": 1, "n_epochs": 1, "buffer_size": 1,
+           "learning_starts": 0, "target_update_interval": 1, "n_quantiles": 1, "n_critics": 1, "policy_delay": 1,
+           "n_delta": 1, "cg_max_steps": 1}
+"""Hyperparameters that count something, and their least value (SB3 checks few of them, late)."""
+_UNIT = ("gamma", "gae_lambda", "tau", "exploration_fraction", "exploration_initial_eps", "exploration_final_eps",
+         "clip_range")
+_MAX_COUNT = 10**10
+
+
+def check_hyperparameter(key: str, value: Any) -> None:
+    """One line for a value SB3 would take and fail on later (or never): counts below their
+    least value or absurdly large, non-finite numbers, fractions outside [0, 1], a
+    non-positive learning rate."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if not np.isfinite(value):
+        raise QuarlError(f"--hp {key}={value}: must be a finite number")
+    if key in _COUNTS:
+        if value != int(value) or not _COUNTS[key] <= value <= _MAX_COUNT:
+            raise QuarlError(f"--hp {key}={value}: must be a whole number in {_COUNTS[key]}..{_MAX_COUNT}")
+    elif key in _UNIT and not 0 <= value <= 1:
+        raise QuarlError(f"--hp {key}={value}: must be in [0, 1]")
+    elif key == "learning_rate" and not value > 0:
+        raise QuarlError(f"--hp {key}={value}: must be > 0")
 
 
 def prepare(
