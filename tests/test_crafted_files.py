@@ -129,3 +129,48 @@ def test_actorq_prices_and_checks_its_options_before_it_starts(tmp_path: Path, a
     r = run_cli("actorq", "run", "CartPole-v1", "--local", "--out", str(tmp_path / "aq"), *args)
     assert r.returncode == 2 and message in _one_line(r.stderr)
     assert not (tmp_path / "aq" / "policy.pt").exists()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """An fp32 export of an SB3 CartPole policy with an observation normalizer in its sidecar."""
+    import json
+
+    tmp = tmp_path_factory.mktemp("export")
+    out = tmp / "policy"
+    r = run_cli("export", str(_sb3_zip(tmp)), "--env", "CartPole-v1", "--precision", "fp32", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(out.with_suffix(".json").read_text())
+    meta["obs_normalizer"] = {"mean": [0.0] * 4, "var": [1.0] * 4, "clip": 10.0, "epsilon": 1e-8}
+    out.with_suffix(".json").write_text(json.dumps(meta))
+    return out
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m["obs_normalizer"].update(mean=[0.0] * 3), "obs_normalizer mean has 3 values; the observation has 4"),
+    (lambda m: m["obs_normalizer"].update(var=[1.0, -1.0, 1.0, 1.0]), "obs_normalizer var -1.0 must be >= 0.0"),
+    (lambda m: m["obs_normalizer"].update(clip="NaN"), "obs_normalizer clip 'NaN' is not a finite number"),
+    (lambda m: m["obs_normalizer"].pop("epsilon"), "obs_normalizer epsilon None is not a finite number"),
+    (lambda m: m.update(n_quantiles=float("nan")), "n_quantiles nan is not a whole number"),
+    (lambda m: m["observation_space"].update(shape=[10**6, 10**6]), "observation space size 1000000000000 is not a whole"),
+    (lambda m: m["action_space"].update(n=0), "action space size 0 is not a whole number"),
+    (lambda m: m.update(onnx_sha256="0" * 64), "its SHA-256 differs from the sidecar's onnx_sha256"),
+])
+def test_an_edited_sidecar_is_refused_in_one_line(exported: Path, tmp_path: Path, edit, message: str) -> None:
+    import json
+    import shutil
+
+    onnx = tmp_path / "policy.onnx"
+    shutil.copy(exported.with_suffix(".onnx"), onnx)
+    meta = json.loads(exported.with_suffix(".json").read_text())
+    edit(meta)
+    (tmp_path / "policy.json").write_text(json.dumps(meta))  # NaN is written as NaN: not strict JSON, read anyway
+    r = run_cli("ptq", str(onnx), "--episodes", "1", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and message in _one_line(r.stderr)
+
+
+def test_the_unedited_export_loads_and_export_refuses_an_onnx(exported: Path, tmp_path: Path) -> None:
+    r = run_cli("ptq", str(exported.with_suffix(".onnx")), "--episodes", "2", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("export", str(exported.with_suffix(".onnx")), "--out", str(tmp_path / "again"))
+    assert r.returncode == 2 and "is already an exported model" in _one_line(r.stderr)

@@ -712,6 +712,9 @@ def export(
     config = _parse_precisions(precision, **options)
     validate.seed(seed)
     validate.out_stem(out)
+    if checkpoint.suffix == ".onnx":
+        raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
+                         "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     if out is None:
         default = _default_out("export", checkpoint, spec.env_id)

@@ -10,6 +10,7 @@ normalization (mean, var, clip), whether images are divided by 255, and the acti
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -82,6 +83,7 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
     onnx_path = out.with_suffix(".onnx")
     onnx_path.write_bytes(model)
     meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model),
+            "onnx_sha256": hashlib.sha256(model).hexdigest(),
             "env": None if env_spec is None else dataclasses.asdict(env_spec),
             "policy_sha256": policy.fingerprint(), "provenance": provenance()}
     if quant is not None:

@@ -5,6 +5,7 @@ acts in; the model runs on ONNX Runtime exactly as exported."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -38,17 +39,64 @@ class OnnxNetwork(nn.Module):
         return self
 
 
+MAX_INPUT_VALUES = 10**7
+"""An observation larger than this (40 MB of float32) is not one a sidecar describes."""
+
+
+def _number(value: Any, what: str, low: float | None = None, inclusive: bool = False) -> float:
+    """A finite number (above ``low``, or at least ``low`` when ``inclusive``), or one line
+    naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise QuarlError(f"the sidecar's {what} {value!r} is not a finite number")
+    if low is not None and not (value >= low if inclusive else value > low):
+        raise QuarlError(f"the sidecar's {what} {value!r} must be {'>=' if inclusive else '>'} {low}")
+    return float(value)
+
+
+def _count(value: Any, what: str, least: int = 1, most: int = MAX_INPUT_VALUES) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise QuarlError(f"the sidecar's {what} {value!r} is not a whole number in {least}..{most}")
+    return value
+
+
+def _vector(values: Any, n: int, what: str, nonnegative: bool = False) -> np.ndarray:
+    if not isinstance(values, list) or len(values) != n:
+        length = len(values) if isinstance(values, list) else type(values).__name__
+        raise QuarlError(f"the sidecar's {what} has {length} values; the observation has {n}")
+    return np.array([_number(v, what, 0.0 if nonnegative else None, inclusive=True) for v in values], np.float64)
+
+
 def _space(entry: Any, what: str) -> gym.spaces.Space:
     if not isinstance(entry, dict) or entry.get("type") not in ("discrete", "box"):
         raise QuarlError(f"the sidecar's {what} is missing or unreadable")
     if entry["type"] == "discrete":
-        return gym.spaces.Discrete(int(entry["n"]))
-    shape = tuple(int(d) for d in entry["shape"])
+        return gym.spaces.Discrete(_count(entry.get("n"), f"{what} size"))
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not shape:
+        raise QuarlError(f"the sidecar's {what} shape {shape!r} is not a list of sizes")
+    shape = tuple(_count(d, f"{what} shape") for d in shape)
+    _count(int(np.prod(shape)), f"{what} size")
+    n = int(np.prod(shape))
 
-    def bound(values: list, fill: float) -> np.ndarray:
-        return np.array([fill if v is None else float(v) for v in values], np.float32).reshape(shape)
+    def bound(values: Any, fill: float, side: str) -> np.ndarray:
+        if not isinstance(values, list) or len(values) != n:
+            raise QuarlError(f"the sidecar's {what} {side} bounds do not match its shape {shape}")
+        return np.array([fill if v is None else _number(v, f"{what} {side} bound") for v in values],
+                        np.float32).reshape(shape)
 
-    return gym.spaces.Box(bound(entry["low"], -np.inf), bound(entry["high"], np.inf), shape, np.float32)
+    return gym.spaces.Box(bound(entry.get("low"), -np.inf, "low"), bound(entry.get("high"), np.inf, "high"), shape,
+                          np.float32)
+
+
+def _normalizer(norm: Any, n: int) -> ObsNormalizer | None:
+    if norm is None:
+        return None
+    if not isinstance(norm, dict):
+        raise QuarlError("the sidecar's obs_normalizer is not a mapping")
+    return ObsNormalizer(_vector(norm.get("mean"), n, "obs_normalizer mean"),
+                         _vector(norm.get("var"), n, "obs_normalizer var", nonnegative=True),
+                         _number(norm.get("clip"), "obs_normalizer clip", 0.0),
+                         _number(norm.get("epsilon"), "obs_normalizer epsilon", 0.0))
 
 
 def is_artifact(path: Path) -> bool:
@@ -62,36 +110,47 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     meta_path = path.with_suffix(".json")
     if not meta_path.exists():
         raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to feed it")
+    if meta_path.stat().st_size > 64 * 2**20:
+        raise QuarlError(f"{meta_path} is {meta_path.stat().st_size} bytes: not a sidecar (at most 64 MB)")
     try:
         meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise QuarlError(f"{meta_path} is corrupt: not JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT:
         raise QuarlError(f"{meta_path} is not a quarl sidecar (format {SIDECAR_FORMAT!r})")
     if meta.get("head") not in HEADS:
         raise QuarlError(f"{meta_path}: unknown action head {meta.get('head')!r}")
-    mode = (meta.get("quant") or {}).get("mode")
+    quant = meta.get("quant") if isinstance(meta.get("quant"), dict) else {}
+    mode = quant.get("mode")
     per_row = bool(mode in MODES and MODES[mode].per_row)
+    model = path.read_bytes()
+    digest = meta.get("onnx_sha256")
+    if digest is not None and digest != hashlib.sha256(model).hexdigest():
+        raise QuarlError(f"{path} is not the model {meta_path.name} describes (its SHA-256 differs from the sidecar's "
+                         "onnx_sha256): export again")
+    observation_space = _space(meta.get("observation_space"), "observation space")
+    action_space = _space(meta.get("action_space"), "action space")
+    n_obs = int(np.prod(observation_space.shape))
+    n_quantiles = meta.get("n_quantiles") or 0
+    _count(n_quantiles, "n_quantiles", least=0, most=10_000)
+    normalizer = _normalizer(meta.get("obs_normalizer"), n_obs)
     try:
-        network = OnnxNetwork(path.read_bytes(), per_row)
+        network = OnnxNetwork(model, per_row)
     except Exception as exc:  # ONNX Runtime raises its own types for a bad file
         raise QuarlError(f"{path} is not a loadable ONNX model ({exc.__class__.__name__})") from None
-    norm = meta.get("obs_normalizer")
     policy = Policy(
         network=network,
-        observation_space=_space(meta.get("observation_space"), "observation space"),
-        action_space=_space(meta.get("action_space"), "action space"),
+        observation_space=observation_space,
+        action_space=action_space,
         head=meta["head"],
         algo=str(meta.get("algo", "unknown")),
-        obs_normalizer=None if norm is None else ObsNormalizer(np.asarray(norm["mean"], np.float64),
-                                                               np.asarray(norm["var"], np.float64),
-                                                               float(norm["clip"]), float(norm["epsilon"])),
+        obs_normalizer=normalizer,
         scale_images=bool(meta.get("scale_images")),
-        n_quantiles=int(meta.get("n_quantiles") or 0),
+        n_quantiles=n_quantiles,
         precision=f"{meta.get('precision', 'onnx')} (onnx)",
     )
-    if isinstance(meta.get("quant"), dict):  # the mode export chose, shown beside the returns
-        policy.meta["quant"] = meta["quant"]
+    if quant:  # the mode export chose, shown beside the returns
+        policy.meta["quant"] = quant
     env = meta.get("env")
     spec = None
     if isinstance(env, dict):
