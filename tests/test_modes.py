@@ -261,7 +261,8 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
 
     def fake_evaluate(p, spec, episodes, seed, **kwargs):
         played.append((p, seed, episodes))
-        return type("R", (), {"returns": np.arange(seed, seed + episodes, dtype=float)})()
+        return type("R", (), {"returns": np.arange(seed, seed + episodes, dtype=float),
+                              "lengths": np.full(episodes, 500)})()
 
     monkeypatch.setattr(ptq, "evaluate", fake_evaluate)
     returns = ptq.calibration_returns(EnvSpec("CartPole-v1"), seed=3)
@@ -273,6 +274,8 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
     returns(fp32, 8)
     returns(fp32, 4)
     assert [(p is fp32, s - first, n) for p, s, n in played] == [(True, 0, 4), (False, 0, 4), (False, 4, 4), (True, 4, 4)]
+    # the sequential test's cap: ~20k steps of 500-step episodes, within 16..64
+    assert returns.episode_cap(fp32) == 40 and len(played) == 4
 
 
 def test_a_later_mode_wins_only_when_much_faster_in_ratio_and_in_microseconds() -> None:

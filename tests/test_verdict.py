@@ -70,8 +70,8 @@ def test_the_sequential_test_plays_more_while_undecided_and_stops_at_the_cap() -
     fp32 = rng.normal(100, 30, 64)
     quant = fp32 * 0.96 + rng.normal(0, 25, 64)  # a 4 % loss under heavy noise: undecided for long
     played: list[int] = []
-    outcome = sequential_keeps(_player(fp32, []), _player(quant, played), first=4, step=4, cap=16)
-    assert played == [4, 8, 12, 16] and outcome.episodes == 16
+    outcome = sequential_keeps(_player(fp32, []), _player(quant, played), first=4, cap=24)
+    assert played == [4, 8, 16, 24] and outcome.episodes == 24  # doubling, then the cap
     assert outcome.verdict.verdict == "undecided" and outcome.kept is (outcome.verdict.e <= 5)
 
 

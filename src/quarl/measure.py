@@ -45,7 +45,7 @@ returns; ``quarl bench`` measures properly)."""
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
 """Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
-RESULT_FORMAT = 10
+RESULT_FORMAT = 11
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
 4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
@@ -54,7 +54,8 @@ RESULT_FORMAT = 10
 7: an MLP's input layer stays fp32 in the automatic int modes;
 8: a later int mode must also save 50 us per call, and modes are timed interleaved;
 9: an Atari episode is a whole game scored as the RL Zoo's player scores it;
-10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes)."""
+10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes;
+11: ...doubling them up to a budget of ~20k steps (16..64 episodes))."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -248,36 +249,54 @@ rest (fp32 and the candidate are cut alike), and an untrained Atari policy that 
 serves does not play for 27k steps per candidate."""
 
 
+CALIBRATION_STEPS = 20_000
+"""The sequential test of a mode plays at most about this many steps per policy: 64
+episodes of a short game, 20 of a 1000-step MuJoCo episode (never fewer than 16)."""
+SEQUENTIAL_CAPS = (16, 64)
+
+
 class CalibrationEpisodes:
     """Per-episode returns of a policy on calibration episodes ``seed +
     CALIBRATION_SEED_OFFSET + 100 + i`` (apart from evaluation's and from the calibration
     states' seeds), played on demand: ``episodes(policy, n)`` gives the first ``n``,
     playing only those not played yet. The automatic int choice's sequential test
-    (:func:`quarl.verdict.sequential_keeps`) asks for more only while undecided. The first
-    policy asked (fp32, the reference of every candidate) is kept for the whole run, the
-    last candidate until another is asked."""
+    (:func:`quarl.verdict.sequential_keeps`) asks for more only while undecided, up to
+    :meth:`episode_cap`. The first policy asked (fp32, the reference of every candidate)
+    is kept for the whole run, the last candidate until another is asked."""
 
     def __init__(self, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> None:
         self.env_spec = env_spec
         self.first = seed + CALIBRATION_SEED_OFFSET + 100
         self.max_steps = min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)
-        self._reference: tuple[Policy, list[float]] | None = None
-        self._last: tuple[Policy, list[float]] | None = None
+        self._reference: tuple[Policy, list[float], list[int]] | None = None
+        self._last: tuple[Policy, list[float], list[int]] | None = None
+
+    def _played(self, policy: Policy) -> tuple[list[float], list[int]]:
+        if self._reference is None:
+            self._reference = (policy, [], [])
+        if self._reference[0] is policy:
+            return self._reference[1], self._reference[2]
+        if self._last is None or self._last[0] is not policy:
+            self._last = (policy, [], [])
+        return self._last[1], self._last[2]
 
     def __call__(self, policy: Policy, n: int) -> np.ndarray:
-        if self._reference is None:
-            self._reference = (policy, [])
-        if self._reference[0] is policy:
-            played = self._reference[1]
-        else:
-            if self._last is None or self._last[0] is not policy:
-                self._last = (policy, [])
-            played = self._last[1]
-        if len(played) < n:
-            more = n - len(played)
-            played.extend(evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(played),
-                                   n_envs=min(more, 8), max_steps=self.max_steps).returns.tolist())
-        return np.asarray(played[:n], np.float64)
+        returns, lengths = self._played(policy)
+        if len(returns) < n:
+            more = n - len(returns)
+            result = evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(returns), n_envs=min(more, 8),
+                              max_steps=self.max_steps)
+            returns.extend(result.returns.tolist())
+            lengths.extend(result.lengths.tolist())
+        return np.asarray(returns[:n], np.float64)
+
+    def episode_cap(self, policy: Policy, first: int = 4) -> int:
+        """How many episodes the sequential test may play: :data:`CALIBRATION_STEPS` over
+        the mean length of ``policy``'s first episodes, within :data:`SEQUENTIAL_CAPS`."""
+        self(policy, first)
+        lengths = self._played(policy)[1][:first]
+        low, high = SEQUENTIAL_CAPS
+        return int(np.clip(CALIBRATION_STEPS // max(float(np.mean(lengths)), 1.0), low, high))
 
 
 def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> CalibrationEpisodes:

@@ -143,19 +143,19 @@ class Sequential:
 
 
 def sequential_keeps(play_fp32: Callable[[int], np.ndarray], play_quant: Callable[[int], np.ndarray],
-                     first: int = 4, step: int = 4, cap: int = 16, tolerance: float = TOLERANCE) -> Sequential:
+                     first: int = 4, cap: int = 16, tolerance: float = TOLERANCE) -> Sequential:
     """A paired sequential test: ``play_X(n)`` returns the first ``n`` per-episode returns
     of a policy on calibration seeds (the same seeds for both). Plays ``first`` episodes,
-    then ``step`` more at a time while the verdict is undecided, up to ``cap``. A keep or
-    a loss stops at once; still undecided at the cap, the point estimate decides
-    (``E <= tolerance``). Looking again and again makes a 95 % interval less than 95 %
-    sure over the whole sequence; the cap bounds the looks (4 at the defaults)."""
+    then doubles them while the verdict is undecided, up to ``cap``. A keep or a loss
+    stops at once; still undecided at the cap, the point estimate decides (``E <=
+    tolerance``). Looking again and again makes a 95 % interval less than 95 % sure over
+    the whole sequence; doubling keeps the looks few (5 from 4 to 64)."""
     n = first
     while True:
         verdict = judge(play_fp32(n), play_quant(n), tolerance)
         if verdict.verdict in ("keeps", "loses", "n/a") or n >= cap:
             break
-        n = min(n + step, cap)
+        n = min(2 * n, cap)
     if verdict.verdict == "n/a":  # fp32 averages 0: compare absolute returns instead
         kept = float(np.mean(play_quant(n))) >= float(np.mean(play_fp32(n)))
     else:
