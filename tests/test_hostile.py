@@ -204,3 +204,56 @@ def test_an_int_result_from_another_cpu_is_not_reused(tiny_run: Path, tmp_path: 
     monkeypatch.setattr(ptq, "runtime_key", lambda: {"onnxruntime": "0.0", "cpu": "other", "vnni": "False"})
     again = _cli(*args)
     assert "reused 1 finished cell from" in again.output  # fp32 only: the int8 cell is evaluated anew
+
+
+# ---------------------------------------------------------------------------- properties
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from quarl.validate import MAX_SEED  # noqa: E402
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+# option -> (valid values that run in a moment, any integer is otherwise judged by this rule)
+INT_OPTIONS = {
+    "--episodes": (st.integers(1, 3), lambda v: v >= 1),
+    "--seed": (st.integers(0, MAX_SEED), lambda v: 0 <= v <= MAX_SEED),
+    "--n-envs": (st.integers(1, 16), lambda v: v >= 1),
+    "--max-steps": (st.integers(1, 40), lambda v: v >= 1),
+    "--block-size": (st.sampled_from(BLOCK_SIZES), lambda v: v in BLOCK_SIZES),
+}
+
+
+@st.composite
+def ptq_option(draw) -> tuple[str, str, bool]:
+    """(option, value as typed, whether it is valid): valid values small enough to run, or
+    any integer (negative, zero, huge), float text, NaN, inf, or junk."""
+    option = draw(st.sampled_from(sorted(INT_OPTIONS)))
+    valid_values, rule = INT_OPTIONS[option]
+    kind = draw(st.sampled_from(["valid", "int", "text"]))
+    if kind == "valid":
+        return option, str(draw(valid_values)), True
+    if kind == "int":
+        value = draw(st.integers(-(2**70), 2**70))
+        runs_long = option in ("--episodes", "--n-envs", "--max-steps") and value > 40
+        return option, str(value), rule(value) and not runs_long if not runs_long else None
+    return option, draw(st.sampled_from(["nan", "inf", "-inf", "1e999", "2.5", "", "x", "0x10", "🙂"])), False
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=ptq_option())
+def test_every_ptq_option_value_is_run_or_refused_in_one_line(tiny_run: Path, tmp_path: Path, case) -> None:
+    """Property: a valid value runs (exit 0); any other ends in exit 2 with one line and no
+    traceback, before any episode is played."""
+    option, value, valid = case
+    if valid is None:  # a valid but long run (a million episodes): not what this test is about
+        return
+    args = ["ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "1", "--max-steps", "20",
+            "--out", str(tmp_path / "out"), option, value]
+    r = _cli(*args)
+    if valid:
+        assert r.exit_code == 0, (args, r.output)
+    else:
+        assert r.exit_code == 2, (args, r.output)
+        assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+        assert len([line for line in r.output.strip().splitlines() if line.strip()]) == 1, r.output

@@ -236,3 +236,25 @@ def test_zoo_yaml_and_literals(tmp_path: Path) -> None:
     assert kwargs["activation_fn"] == "nn.ReLU"
     assert kwargs["net_arch"] == [{"pi": [256, 256], "vf": [256, 256]}]
     assert parse_literal("<class 'torch.nn.modules.activation.Tanh'>") == "torch.nn.modules.activation.Tanh"
+
+
+def test_predict_has_sb3s_signature_and_numbers(tiny_run: Path) -> None:
+    """Code written for an SB3 model runs a quarl policy: one observation or a batch, the
+    same actions as SB3's own predict, and ``(actions, None)``."""
+    import stable_baselines3 as sb3
+
+    from quarl.api import quantize
+    from quarl.policies.sb3 import load_checkpoint
+
+    agent = load_checkpoint(tiny_run)
+    model = sb3.PPO.load(tiny_run / "CartPole-v1.zip", device="cpu")
+    obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    actions, state = agent.policy.predict(obs, deterministic=True)
+    assert state is None and actions.shape == (32,)
+    assert np.array_equal(actions, model.predict(obs, deterministic=True)[0])
+    one, _ = agent.policy.predict(obs[0])
+    assert np.ndim(one) == 0 and one == actions[0]
+    int8 = quantize(agent.policy, "int8", agent.env_spec)
+    assert (int8.predict(obs)[0] == actions).mean() >= 0.9
+    with pytest.raises(QuarlError, match=r"predict\(deterministic=False\) is not supported"):
+        agent.policy.predict(obs, deterministic=False)

@@ -12,7 +12,16 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as _typer_click
+    _USAGE_ERRORS: tuple = (click.UsageError, _typer_click.UsageError)
+    _ABORTS: tuple = (click.Abort, _typer_click.Abort if hasattr(_typer_click, "Abort") else click.Abort, typer.Abort)
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _USAGE_ERRORS, _ABORTS = (click.UsageError,), (click.Abort,)
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,7 +29,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quarl import validate
 from quarl.errors import QuarlError
 
+class _OneLineUsageErrors(TyperGroup):
+    """Click's usage errors (a value that is not a number, an unknown option) as one line
+    on stderr and exit status 2, like every other error quarl reports; ``--help`` as ever."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _USAGE_ERRORS as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `quarl` alone: the help, as before
+                console.print(exc.format_message(), highlight=False)
+            else:
+                console.print(f"[red]error:[/red] {exc.format_message()}", highlight=False, soft_wrap=True)
+            code = 2
+        except _ABORTS:
+            console.print("aborted")
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineUsageErrors,
     add_completion=False,
     no_args_is_help=True,
     help="quarl: quantize trained RL policies and measure what it costs in reward.",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -110,6 +110,20 @@ class Policy:
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for a batch of raw observations."""
         return self.postprocess(self.forward(self.preprocess(obs)))
+
+    def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
+                deterministic: bool = True) -> tuple[np.ndarray, None]:
+        """Stable-Baselines3's ``predict``: ``(actions, None)`` for one observation or a batch
+        (each row computed alone, as a deployed policy acts), so code written for an SB3
+        model runs a loaded or quantized quarl policy unchanged. Only the deterministic
+        (greedy) action exists here."""
+        if not deterministic:
+            raise QuarlError("quarl policies act greedily: predict(deterministic=False) is not supported")
+        obs = np.asarray(observation)
+        single = obs.shape == tuple(self.observation_space.shape)
+        batch = obs[None] if single else obs
+        actions = np.concatenate([self.act(batch[i : i + 1]) for i in range(len(batch))])
+        return (actions[0] if single else actions), None
 
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""

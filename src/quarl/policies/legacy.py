@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from quarl.errors import QuarlError
+from quarl.limits import check_tensors
 from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.safe_load import AllowListUnpickler, Record
 
@@ -256,6 +257,11 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
     data, params = blob
     if isinstance(params, dict):  # stable-baselines >= 2.7 saved names with the arrays
         params = list(params.values())
+    if not isinstance(params, list):
+        raise QuarlError(f"{path}: the parameters are a {type(params).__name__}, not a list of arrays")
+    arrays = {f"parameter {i}": torch.from_numpy(np.asarray(p, np.float32)) for i, p in enumerate(params)
+              if isinstance(p, np.ndarray) and np.issubdtype(p.dtype, np.number)}
+    check_tensors(arrays, str(path))  # finite, and within the parameter cap, before a layer is built
     legacy_algo = _algo(path, data)
     policy_class = getattr(data.get("policy"), "__name__", "") or ""
     if "Cnn" in policy_class or "Lstm" in policy_class:  # LstmPolicy, LnLstmPolicy, CnnLstmPolicy

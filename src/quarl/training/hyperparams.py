@@ -23,6 +23,7 @@ import yaml
 from quarl import env_wrappers
 from quarl.envs import EnvSpec, env_family, is_atari, wrapper_names
 from quarl.errors import QuarlError
+from quarl.limits import check_layer_sizes
 from quarl.policies.safe_load import parse_literal
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,13 @@ def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
         if numeric and key not in _SCHEDULED and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise QuarlError(f"--hp {key}={value!r}: {key} is a number (default {default!r})")
         check_hyperparameter(key, value)
+    kwargs = overrides.get("policy_kwargs")
+    if isinstance(kwargs, str):
+        kwargs = parse_literal(kwargs)
+    arch = kwargs.get("net_arch") if isinstance(kwargs, dict) else None
+    widths = arch.get("pi", []) + arch.get("qf", arch.get("vf", [])) if isinstance(arch, dict) else arch
+    if isinstance(widths, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in widths):
+        check_layer_sizes((1, *widths, 1), f"--hp policy_kwargs net_arch {arch}")  # priced before SB3 builds it
 
 
 _COUNTS = {"n_envs": 1, "n_timesteps": 1, "batch_size": 1, "n_steps": 1, "n_epochs": 1, "buffer_size": 1,
