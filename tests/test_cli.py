@@ -380,3 +380,15 @@ def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path) -> Non
     assert [round(float(x), 4) for x in got.returns] == cell["returns"]
     assert int8.meta["quant"]["mode"] == cell["quant"]["mode"]
     assert api.__version__
+
+
+def test_known_harmless_warnings_stay_off_stderr_unless_verbose(tmp_path: Path) -> None:
+    """MuJoCo's 'settotalmass' and gymnasium's 'out of date' notes (quarl.quiet) are
+    filtered; -v shows them."""
+    run = zoo_run("ppo", "HalfCheetah-v3")
+    args = ["ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--max-steps", "20"]
+    quiet = quarl(*args, "--out", str(tmp_path / "q"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert "settotalmass" not in quiet.stderr and "out of date" not in quiet.stderr
+    loud = quarl(*args, "--out", str(tmp_path / "v"), "-v")
+    assert "settotalmass" in loud.stderr + loud.stdout and "out of date" in loud.stderr

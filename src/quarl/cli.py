@@ -89,6 +89,10 @@ def _setup(verbose: bool = False) -> None:
         force=True,
     )
     logging.getLogger("quarl").setLevel(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        from quarl import quiet
+
+        quiet.install()
 
 
 def user_errors(fn: Callable) -> Callable:
