@@ -48,6 +48,7 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
         assert float(row["E lo"]) <= float(row["E%"]) <= float(row["E hi"])
         assert row["verdict"].split()[0] in ("keeps", "loses", "undecided"), row
     assert "precision" in r.stdout and "int8" in r.stdout
+    assert (out / "ptq.png").stat().st_size > 10_000  # E per precision with its interval
 
     sweep_out = tmp_path / "sweep"
     r = run_cli("sweep", str(tiny_run), "--bits", "8,4,2", "--episodes", "3", "--out", str(sweep_out))

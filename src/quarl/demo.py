@@ -11,7 +11,7 @@ from quarl.errors import QuarlError
 from quarl.measure import EvalSettings, Progress
 from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 from quarl.ptq import run_ptq
-from quarl.reports import paper_table, write_rows
+from quarl.reports import paper_table, plot_verdicts, write_rows
 
 DEFAULT_ZOO = Path("../shared/zoo")
 
@@ -42,7 +42,8 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
 def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
              on_policy: Callable[[str, list[str]], Progress] | None = None) -> list[dict[str, Any]]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
-    folder, resumable); write ``OUT/table.{csv,md,json}`` and return its rows.
+    folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
+    interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells."""
     per_policy: dict[str, list[dict]] = {}
     modes: dict[str, dict[str, str]] = {}
@@ -61,4 +62,5 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         if chosen:
             row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
     write_rows(rows, out, "table")
+    plot_verdicts(per_policy, out / "table.png", f"every agent against fp32, {settings.episodes} episodes")
     return rows

@@ -19,7 +19,7 @@ from quarl.measure import Cell, EvalSettings, Progress, output_lock, run_cells
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import QuantConfig
 from quarl.records import ResultsLog
-from quarl.reports import plot_sweep, ptq_rows, write_rows
+from quarl.reports import plot_sweep, plot_verdicts, ptq_rows, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +33,17 @@ def run_ptq(
     progress: Progress | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}``.
+    """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
+    ``ptq.png`` (E per precision with its interval).
     ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
     labels = list(dict.fromkeys(["fp32", *precisions]))
     cells = [Cell(label, QuantConfig.parse(label, **options)) for label in labels]
     with output_lock(out_dir):
         records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
         write_rows(ptq_rows(records), out_dir, "ptq")
+        if len(records) > 1:
+            plot_verdicts({env_spec.env_id: records}, out_dir / "ptq.png",
+                          f"{env_spec.env_id}, {settings.episodes} episodes")
     return records
 
 

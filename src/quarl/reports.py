@@ -19,7 +19,7 @@ from rich.table import Table
 from quarl.verdict import judge, relative_error
 
 __all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
-           "plot_sweep", "save_figure"]
+           "plot_sweep", "plot_verdicts", "save_figure"]
 
 
 def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -178,3 +178,43 @@ def save_figure(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_verdicts(per_policy: dict[str, Sequence[dict[str, Any]]], path: Path, title: str) -> Path:
+    """E% with its 95 % interval (paired by seed) for every policy and precision against
+    fp32, the 5 % tolerance as a band: what the tables' verdict columns say, at a glance.
+    One row of points per policy; each precision its own marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from quarl.verdict import TOLERANCE
+
+    names = list(per_policy)
+    precisions = list(dict.fromkeys(r["precision"] for rs in per_policy.values() for r in rs if r["precision"] != "fp32"))
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(names) * max(1, len(precisions)) ** 0.5))
+    offsets = np.linspace(-0.25, 0.25, len(precisions)) if len(precisions) > 1 else [0.0]
+    for j, precision in enumerate(precisions):
+        ys, es, lows, highs = [], [], [], []
+        for i, name in enumerate(names):
+            by = {r["precision"]: r for r in per_policy[name]}
+            if precision not in by or "fp32" not in by:
+                continue
+            v = verdict_columns(by["fp32"], by[precision])
+            if v["E lo"] == "":
+                continue
+            ys.append(i + offsets[j])
+            es.append(v["E%"])
+            lows.append(v["E%"] - v["E lo"])
+            highs.append(v["E hi"] - v["E%"])
+        ax.errorbar(es, ys, xerr=[lows, highs], fmt="o", capsize=3, label=precision)
+    ax.axvspan(-TOLERANCE, TOLERANCE, color="g", alpha=0.08, label=f"within {TOLERANCE:.0f} %")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("E, % of fp32's return lost (95 % interval, paired by seed)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    return save_figure(fig, path)
