@@ -81,7 +81,7 @@ def main() -> int:
     from quarl.measure import EvalSettings
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_ptq
-    from quarl.reports import mode_summary, paper_table, print_table, write_rows
+    from quarl.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     unknown = sorted(set(names) - set(AGENTS))
@@ -112,6 +112,7 @@ def main() -> int:
         row.update(extra[row["policy"]])
     print_table(rows, f"image agents trained here (E%: reward lost against fp32; zoo: {ZOO_10M})")
     write_rows(rows, args.out, "table")
+    plot_verdicts(per_policy, args.out / "table.png", "image agents trained here: E against fp32")
     return 0
 
 
