@@ -119,8 +119,7 @@ def bench_evaluation(episodes: int) -> None:
     from quarl.envs import EnvSpec
     from quarl.evaluation import evaluate
     from quarl.policies.base import Policy
-    from quarl.quant.api import quantize
-    from quarl.quant.config import QuantConfig
+    from quarl.api import quantize
 
     zoo = Path(__file__).resolve().parents[1].parent / "shared" / "zoo" / "ppo" / "CartPole-v1_1"
     if zoo.exists():
@@ -145,7 +144,7 @@ def bench_evaluation(episodes: int) -> None:
     print("| precision | n_envs=1 | n_envs=8 |")
     print("|---|---|---|")
     for label in ("fp32", "fp16", "int8"):
-        q = quantize(policy, QuantConfig.parse(label))
+        q = quantize(policy, label, spec)  # int8: the automatic mode, calibrated on seeds apart from these
         cells = [f"{evaluate(q, spec, episodes=episodes, n_envs=n).steps_per_s:,.0f}" for n in (1, 8)]
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
     print(f"| (CartPole env alone, random actions) | {env_only:,.0f} | |")
@@ -155,7 +154,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timing per cell")
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budget, few episodes (the test suite's)")
     args = parser.parse_args()
+    if args.quick:
+        args.budget, args.episodes = 0.02, 2
     import onnxruntime
 
     print(f"# quarl inference benchmark: {platform.processor() or platform.machine()}, "

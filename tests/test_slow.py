@@ -117,3 +117,18 @@ def test_real_int8_and_int4_keep_the_reward_on_every_shared_agent(tmp_path: Path
     assert fp16_kept and all(kept(row, "int8") for row in fp16_kept), [(r["policy"], r["E_int8%"]) for r in rows]
     assert sum(kept(row, "int4") for row in rows) >= 0.7 * len(rows), [(r["policy"], r["E_int4%"]) for r in rows]
     assert all(row["int modes"] for row in rows)  # every int column names the kernel that ran
+
+
+@pytest.mark.slow
+def test_the_inference_benchmark_runs_to_its_end() -> None:
+    """make bench's first script, at its --quick size: every section prints, none crashes
+    (its last section once needed calibration it was not given)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_inference.py"), "--quick"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "NatureCNN" in r.stdout and "| int8 |" in r.stdout and "env alone" in r.stdout
