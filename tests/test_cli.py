@@ -44,6 +44,10 @@ def test_ptq_sweep_analyze_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
         assert abs(e - 100 * (float(rows[0]["mean"]) - mean) / float(rows[0]["mean"])) < 0.01
     # a 4096-step PPO scored 79 at every precision here; the float formats and int8 keep it
     assert float(rows[0]["mean"]) > 30 and all(abs(float(row["E%"])) <= 5 for row in rows[:4]), rows
+    for row in rows:  # whose each row is: concatenated runs stay apart
+        assert (row["algo"], row["env_id"], row["checkpoint"]) == ("ppo", "CartPole-v1", str(tiny_run))
+        assert row["policy_sha256"] == records[row["precision"]]["policy_sha256"] and len(row["policy_sha256"]) == 64
+    assert all(rec["checkpoint"] == str(tiny_run) and rec["algo"] == "ppo" for rec in records.values())
     for row in rows[1:]:  # every E with its interval (paired by seed) and a verdict
         assert float(row["E lo"]) <= float(row["E%"]) <= float(row["E hi"])
         assert row["verdict"].split()[0] in ("keeps", "loses", "undecided"), row

@@ -259,8 +259,9 @@ def ptq(
 
         with _progress() as bar:
             task = bar.add_task(ckpt.policy.precision, total=episodes)
-            records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n))
-        print_table(ptq_rows(records), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), {episodes} episodes",
+            records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
+                                   source=str(checkpoint))
+        print_table(ptq_rows(records, identity=False), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), {episodes} episodes",
                     out_console)
         _say_reused(records, out / "results.jsonl")
         out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
@@ -269,8 +270,8 @@ def ptq(
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
         records = run_ptq(ckpt.policy, spec, labels, settings, out,
-                          progress=lambda c, n: bar.update(tasks[c], completed=n), **options)
-    print_table(ptq_rows(records), f"{ckpt.algo} {spec.env_id}, {episodes} episodes", out_console)
+                          progress=lambda c, n: bar.update(tasks[c], completed=n), source=str(checkpoint), **options)
+    print_table(ptq_rows(records, identity=False), f"{ckpt.algo} {spec.env_id}, {episodes} episodes", out_console)
     _say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
 
@@ -323,9 +324,11 @@ def sweep(
             title=f"{ckpt.algo} {spec.env_id} ({variant})",
             activations=activations,
             block_size=block_size,
+            source=str(checkpoint),
         )
     what = "weights and activations" if activations else "weights"
-    print_table(ptq_rows(records), f"{ckpt.algo} {spec.env_id}: n-bit {what} ({scheme}, {granularity})", out_console)
+    print_table(ptq_rows(records, identity=False), f"{ckpt.algo} {spec.env_id}: n-bit {what} ({scheme}, {granularity})",
+                out_console)
     _say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, sweep.csv, sweep.md, sweep.json, sweep.png")
 

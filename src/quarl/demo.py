@@ -54,7 +54,8 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         name = f"{ckpt.algo} {spec.env_id}"
         progress = on_policy(name, cells) if on_policy else None
         per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
-                                   out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress)
+                                   out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
+                                   source=str(run))
         modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
     rows = paper_table(per_policy, cells)
     for row in rows:  # which real kernel each int column ran

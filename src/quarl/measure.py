@@ -173,9 +173,13 @@ def run_cells(
     settings: EvalSettings,
     log_file: ResultsLog,
     progress: Progress | None,
+    source: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate each cell, or reuse its stored record; a reused record carries
-    ``"reused": True`` (in memory only)."""
+    ``"reused": True`` (in memory only). Every record says whose it is: ``algo``,
+    ``env_id``, ``policy_sha256`` and ``checkpoint`` (``source``, the path as given; not
+    part of the key: a moved file is the same policy)."""
+    identity = {"algo": policy.algo, "checkpoint": source}
     records: list[dict[str, Any]] = []
     calibration: np.ndarray | None = None
     returns = calibration_returns(env_spec, settings.seed, settings.max_steps)  # fp32's played once per run
@@ -185,7 +189,7 @@ def run_cells(
         done = log_file.find(**key)
         if done is not None:
             log.info("%s: reusing the result in %s", cell.label, log_file.path)
-            records.append({**done, "reused": True})
+            records.append({**done, **identity, "reused": True})
             if progress:
                 progress(cell.label, settings.episodes)
             continue
@@ -198,8 +202,8 @@ def run_cells(
 
         if cell.policy is None and calibration is None and registry.needs_calibration(cell.config):
             calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
-        record = {**key, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
-                                           quantized=cell.policy, returns=returns), "provenance": provenance()}
+        record = {**key, **identity, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
+                                                       quantized=cell.policy, returns=returns), "provenance": provenance()}
         log_file.append(record)
         records.append(record)
     return records

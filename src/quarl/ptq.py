@@ -31,6 +31,7 @@ def run_ptq(
     settings: EvalSettings,
     out_dir: Path,
     progress: Progress | None = None,
+    source: str | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
@@ -39,7 +40,7 @@ def run_ptq(
     labels = list(dict.fromkeys(["fp32", *precisions]))
     cells = [Cell(label, QuantConfig.parse(label, **options)) for label in labels]
     with output_lock(out_dir):
-        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
         write_rows(ptq_rows(records), out_dir, "ptq")
         if len(records) > 1:
             plot_verdicts({env_spec.env_id: records}, out_dir / "ptq.png",
@@ -48,12 +49,12 @@ def run_ptq(
 
 
 def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_dir: Path,
-                 progress: Progress | None = None) -> list[dict[str, Any]]:
+                 progress: Progress | None = None, source: str | None = None) -> list[dict[str, Any]]:
     """Evaluate an exported model as it is (one cell labelled with its precision, e.g.
     ``int8 (onnx)``); write ``ptq.{csv,md,json}``."""
     cells = [Cell(policy.precision, QuantConfig(), policy=policy)]
     with output_lock(out_dir):
-        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
         write_rows(ptq_rows(records), out_dir, "ptq")
     return records
 
@@ -70,6 +71,7 @@ def run_sweep(
     title: str = "",
     activations: bool = False,
     block_size: int = 32,
+    source: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate fp32 and simulated n-bit weights (and layer outputs, when
     ``activations``, with ranges calibrated on fp32 rollouts) for each width; write
@@ -81,7 +83,7 @@ def run_sweep(
         key = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
         cells.append(Cell(config.label, config, key))
     with output_lock(out_dir):
-        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress)
+        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
         rows = ptq_rows(records)
         for row, record in zip(rows, records):
             row["bits"] = record.get("bits", 32)

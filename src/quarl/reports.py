@@ -37,9 +37,14 @@ def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix:
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
 
-def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+IDENTITY = ("algo", "env_id", "checkpoint", "policy_sha256")
+"""Columns that say whose a row is (files carry them, so concatenated runs stay apart)."""
+
+
+def ptq_rows(records: Sequence[dict[str, Any]], identity: bool = True) -> list[dict[str, Any]]:
     """``precision | mean | std | E% | E lo | E hi | verdict`` rows; E against the fp32
-    record, its interval paired by episode seed."""
+    record, its interval paired by episode seed; then :data:`IDENTITY` (``identity=False``
+    leaves it out: the terminal's title says it)."""
     base = next((r for r in records if r["precision"] == "fp32"), None)
     with_modes = any(r.get("quant") for r in records)
     rows = []
@@ -53,6 +58,7 @@ def ptq_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "episodes": r["episodes"],
                 "steps_per_s": round(r.get("steps_per_s", math.nan), 1),
                 **(quant_columns(r) if with_modes else {}),
+                **({k: r.get(k) or "" for k in IDENTITY} if identity else {}),
             }
         )
     return rows
