@@ -257,3 +257,30 @@ def test_every_ptq_option_value_is_run_or_refused_in_one_line(tiny_run: Path, tm
         assert r.exit_code == 2, (args, r.output)
         assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
         assert len([line for line in r.output.strip().splitlines() if line.strip()]) == 1, r.output
+
+
+@st.composite
+def bad_command_line(draw) -> list[str]:
+    """A command, its positional arguments and one or two of its options given bad values
+    (plus the command's guard, so no valid long run starts)."""
+    command = draw(st.sampled_from(sorted(COMMAND_OPTIONS)))
+    options = draw(st.lists(st.sampled_from(COMMAND_OPTIONS[command]), min_size=1, max_size=2, unique=True))
+    args = [command, *POSITIONAL[command]]
+    for option in options:
+        args += [option, draw(st.sampled_from(BAD_VALUES))]
+    return args + GUARD.get(command, [])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=bad_command_line())
+def test_every_command_refuses_bad_values_in_one_line(tiny_run: Path, tmp_path: Path, args: list[str]) -> None:
+    """Property over every command's options: exit 0 (a value that happens to be valid) or
+    exit 2 with exactly one line and no traceback."""
+    args = [a.format(run=str(tiny_run)) for a in args]
+    out = [] if args[0] == "analyze" else ["--out", str(tmp_path / "out" / args[0])]
+    r = _cli(*args, *out)
+    assert r.exit_code in (0, 2), (args, r.output)
+    assert r.exception is None or isinstance(r.exception, SystemExit), (args, repr(r.exception))
+    if r.exit_code == 2:
+        lines = [line for line in r.output.strip().splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in r.output, (args, r.output)
