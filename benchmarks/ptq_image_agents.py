@@ -52,14 +52,14 @@ ATARI_MAX_STEPS = 27_000
 
 def train(name: str, out: Path) -> Path:
     """The agent's run folder, trained (or resumed) if it has no final model yet."""
-    from quarl.training.sb3_train import TrainConfig, train as train_run
+    from quarl.training.sb3_train import TrainConfig, has_checkpoint, train as train_run
 
     algo, env_id, steps, overrides, _ = AGENTS[name]
     run_dir = out / "agents" / name
     final = run_dir / f"{env_id.replace('/', '_')}.zip"
     if final.exists():
         return run_dir
-    resume = (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir())
+    resume = has_checkpoint(run_dir)
     started = time.perf_counter()
     config = TrainConfig(algo, env_id, timesteps=steps, out=out / "agents", eval_freq=0, tensorboard=False,
                          hyperparams=dict(overrides), progress_bar=True, run_dir=run_dir, save_replay=False)

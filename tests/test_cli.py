@@ -248,13 +248,13 @@ def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpts = tmp_path / "dqn" / "CartPole-v1_1" / "checkpoints"
+    ckpts = tmp_path / "dqn" / "CartPole-v1_1"  # checkpoints sit in the run folder, named as the RL Zoo names them
     deadline = time.time() + 300
-    while time.time() < deadline and not list(ckpts.glob("step_2000.zip")):
+    while time.time() < deadline and not list(ckpts.glob("rl_model_2000_steps.zip")):
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert list(ckpts.glob("step_2000.zip")), "no checkpoint appeared"
+    assert list(ckpts.glob("rl_model_2000_steps.zip")), "no checkpoint appeared"
     assert not (tmp_path / "dqn" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
     r = run_cli(*args, "--resume")
     assert r.returncode == 0, r.stderr
@@ -262,11 +262,11 @@ def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
 
     m = re.search(r"\((\d+) steps, fp32\)", r.stdout)
     assert m and 6000 <= int(m.group(1)) < 6000 + 64, r.stdout  # DQN collects train_freq=64 steps at a time
-    steps = sorted(int(p.stem.split("_")[1]) for p in ckpts.glob("step_*.zip"))
+    steps = sorted(int(p.stem.split("_")[2]) for p in ckpts.glob("rl_model_*_steps.zip"))
     assert steps[-1] == 6000 and len(steps) == 2
     import numpy as np
 
-    with np.load(ckpts / "step_6000.replay.npz", allow_pickle=False) as replay:  # arrays, no pickle
+    with np.load(ckpts / "rl_model_6000_steps.replay.npz", allow_pickle=False) as replay:  # arrays, no pickle
         assert int(replay["pos"]) > 0 or bool(replay["full"])
     assert not (tmp_path / "dqn" / "CartPole-v1_2").exists()  # the same run folder went on
 

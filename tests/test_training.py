@@ -228,7 +228,9 @@ def test_run_folder_logs_and_checkpoints(tmp_path: Path) -> None:
                                eval_episodes=2, checkpoint_freq=200))
     run = result.run_dir
     assert run == tmp_path / "ppo" / "CartPole-v1_1"
-    assert sorted(p.name for p in (run / "checkpoints").glob("*.zip")) == ["step_1000.zip", "step_800.zip"]  # the last two kept
+    # the last two checkpoints kept, named as the RL Zoo names them; the best evaluation as best_model.zip
+    assert sorted(p.name for p in run.glob("rl_model_*.zip")) == ["rl_model_1000_steps.zip", "rl_model_800_steps.zip"]
+    assert (run / "best_model.zip").exists()
     assert list((run / "tb").rglob("events.out.tfevents.*"))
     assert np.load(run / "evaluations.npz")["results"].shape[1] == 2
     again = train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path, eval_freq=0))
@@ -258,7 +260,7 @@ def test_resume_reads_checkpoints_without_unpickling(tmp_path: Path, monkeypatch
     run = first.run_dir
     (run / "CartPole-v1.zip").unlink()  # as if killed after the 600-step checkpoint
     (tmp_path / "dqn" / "CartPole-v1_2").mkdir()  # a start that failed before any checkpoint
-    saved = np.load(run / "checkpoints" / "step_600.replay.npz", allow_pickle=False)
+    saved = np.load(run / "rl_model_600_steps.replay.npz", allow_pickle=False)
     resumed = train(replace(config, timesteps=900), resume=True)
     assert resumed.run_dir == run and resumed.resumed_from == 600 and resumed.timesteps >= 900
     buffer = resumed.model.replay_buffer
@@ -266,10 +268,10 @@ def test_resume_reads_checkpoints_without_unpickling(tmp_path: Path, monkeypatch
     assert pos > 500 and np.array_equal(buffer.observations[:pos], saved["observations"][:pos])  # the replay went on
 
     (run / "CartPole-v1.zip").unlink()
-    for old in (run / "checkpoints").glob("*.replay.npz"):
+    for old in run.glob("*.replay.npz"):
         old.unlink()
-    latest = sorted((run / "checkpoints").glob("step_*.zip"))[-1]
-    (run / "checkpoints" / latest.name.replace(".zip", ".replay.pkl")).write_bytes(pickle.dumps(_Payload()))
+    latest = max(run.glob("rl_model_*_steps.zip"), key=lambda p: int(p.stem.split("_")[2]))
+    (run / latest.name.replace(".zip", ".replay.pkl")).write_bytes(pickle.dumps(_Payload()))
     with pytest.raises(QuarlError, match=r"replay.pkl \(an older quarl's checkpoint\) needs unpickling: refused"):
         train(replace(config, timesteps=1200), resume=True)
     assert not (tmp_path / "PWNED").exists()
@@ -287,3 +289,36 @@ def test_trpo_trains_and_loads_but_refuses_qat_in_one_line(tmp_path: Path) -> No
     assert (ckpt.policy.act(obs) == result.model.predict(obs, deterministic=True)[0]).all()
     with pytest.raises(QuarlError, match="trpo's natural-gradient step needs second derivatives"):
         train(TrainConfig("trpo", env_id, timesteps=256, hyperparams=hp, qat=QATConfig(4, 100), out=tmp_path))
+
+
+def test_the_rl_zoo_player_loads_the_best_model_and_a_checkpoint(tmp_path: Path, capsys, monkeypatch) -> None:
+    """rl_zoo3.enjoy --load-best and --load-checkpoint N find what quarl train wrote."""
+    import sys
+
+    from rl_zoo3.enjoy import enjoy
+
+    env_id, hp = TINY["ppo"]
+    train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path, eval_freq=300, eval_episodes=2,
+                      checkpoint_freq=500, tensorboard=False))
+    for flag in (["--load-best"], ["--load-checkpoint", "1000"]):
+        monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", "ppo", "--env", env_id, "-f", str(tmp_path), "--exp-id", "1",
+                                          "-n", "300", "--no-render", *flag])
+        capsys.readouterr()
+        enjoy()
+        out = capsys.readouterr().out
+        assert "Loading" in out and ("best_model" in out or "rl_model_1000_steps" in out), out[-1000:]
+
+
+def test_a_run_checkpointed_by_an_older_quarl_still_resumes(tmp_path: Path) -> None:
+    """Runs written before checkpoints took the RL Zoo's names (checkpoints/step_N.zip)."""
+    env_id, hp = TINY["ppo"]
+    config = TrainConfig("ppo", env_id, timesteps=400, hyperparams=hp, out=tmp_path, eval_freq=0, checkpoint_freq=200,
+                         tensorboard=False)
+    run = train(config).run_dir
+    (run / "CartPole-v1.zip").unlink()
+    (run / "checkpoints").mkdir()
+    for p in run.glob("rl_model_*_steps.*"):
+        step = int(p.name.split("_")[2])
+        p.rename(run / "checkpoints" / p.name.replace(f"rl_model_{step}_steps", f"step_{step}"))
+    resumed = train(replace(config, timesteps=600), resume=True)
+    assert resumed.resumed_from == 400 and resumed.timesteps >= 600

@@ -21,7 +21,7 @@ from quarl.measure import Cell, EvalSettings, run_cells
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.records import ResultsLog
 from quarl.reports import relative_error, save_figure, write_rows
-from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
+from quarl.training.sb3_train import TrainConfig, has_checkpoint, resolve_timesteps, train
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _run(study: QATStudy, out: Path, name: str, qat: QATConfig | None, total: in
         study.algo, study.env_id, timesteps=total, seed=study.seed, qat=qat, hyperparams=dict(study.hyperparams),
         run_dir=run_dir, progress_bar=progress_bar, eval_freq=max(total // 10, 1),
     )
-    resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("step_*.zip"))
+    resume = has_checkpoint(run_dir)
     train(config, resume=resume)
     return run_dir
 

@@ -6,7 +6,10 @@ that :func:`quarl.policies.sb3.load_checkpoint` reads back as is::
     OUT/ALGO/ENV_N/ENV/config.yml, args.yml the zoo entry used, the run's arguments
     OUT/ALGO/ENV_N/ENV/vecnormalize.pkl     when the zoo normalizes observations
     OUT/ALGO/ENV_N/ENV/qat.json             QAT runs: bits, scheme, monitored ranges
-    OUT/ALGO/ENV_N/checkpoints/             periodic checkpoints (``--resume`` starts there)
+    OUT/ALGO/ENV_N/rl_model_N_steps.zip     periodic checkpoints, named as the RL Zoo names them
+                                            (``--resume`` starts there; replay buffer, normalization
+                                            and QAT state beside them as .npz / .json)
+    OUT/ALGO/ENV_N/best_model.zip           the best periodic evaluation (not for QAT runs)
     OUT/ALGO/ENV_N/tb/                      TensorBoard (rollout/, train/, eval/, qat/ keys)
     OUT/ALGO/ENV_N/evaluations.npz          periodic evaluations (SB3's EvalCallback)
 """
@@ -32,8 +35,11 @@ from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precis
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
-_CKPT = re.compile(r"step_(\d+)\.zip")
+CHECKPOINT_STEM = "rl_model_{}_steps"
+"""What ``rl_zoo3.enjoy --load-checkpoint N`` opens, in the run folder."""
+_CKPT = re.compile(r"rl_model_(\d+)_steps\.zip")
+_OLD_DIR, _OLD_CKPT = "checkpoints", re.compile(r"step_(\d+)\.zip")
+"""Where quarl before 0.2 kept checkpoints (still resumed from)."""
 
 
 @dataclass
@@ -118,9 +124,16 @@ def _vec_env(setup: TrainSetup, n_envs: int, seed: int, training: bool):
 
 
 def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    folder = run_dir / CHECKPOINT_DIR
-    found = [(int(m.group(1)), p) for p in folder.glob("step_*.zip") if (m := _CKPT.fullmatch(p.name))]
+    """(step, zip) of the run's complete checkpoints, oldest first (an older quarl's too)."""
+    found = [(int(m.group(1)), p) for p in run_dir.glob("rl_model_*_steps.zip") if (m := _CKPT.fullmatch(p.name))]
+    old = run_dir / _OLD_DIR
+    found += [(int(m.group(1)), p) for p in old.glob("step_*.zip") if (m := _OLD_CKPT.fullmatch(p.name))]
     return sorted(found)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``train(..., resume=True)`` can continue this run."""
+    return bool(_checkpoints(Path(run_dir)))
 
 
 def run_folder(config: TrainConfig, resume: bool) -> Path:
@@ -195,7 +208,7 @@ class _Checkpointer:
     kill never leaves a half-written checkpoint that looks complete."""
 
     def __init__(self, run_dir: Path, qat: QATConfig | None, save_replay: bool) -> None:
-        self.folder = run_dir / CHECKPOINT_DIR
+        self.folder = run_dir
         self.qat = qat
         self.save_replay = save_replay
 
@@ -205,7 +218,7 @@ class _Checkpointer:
 
         self.folder.mkdir(parents=True, exist_ok=True)
         step = int(model.num_timesteps)
-        stem = self.folder / f"step_{step}"
+        stem = self.folder / CHECKPOINT_STEM.format(step)
         if self.save_replay and getattr(model, "replay_buffer", None) is not None:
             _save_arrays(Path(f"{stem}.replay.npz"), replay_arrays(model.replay_buffer))
         vecnorm = model.get_vec_normalize_env()
@@ -213,12 +226,12 @@ class _Checkpointer:
             _save_arrays(Path(f"{stem}.vecnormalize.npz"), vecnormalize_arrays(vecnorm))
         if self.qat is not None:
             write_qat_state(Path(f"{stem}.qat.json"), model.policy, self.qat)
-        tmp = self.folder / f"tmp_{step}.zip"
+        tmp = self.folder / f".tmp_{step}.zip"
         with plain_layers(model.policy):
             model.save(tmp)
         tmp.replace(f"{stem}.zip")  # the .zip appears last: it marks the checkpoint complete
-        for old_step, old in _checkpoints(self.folder.parent)[:-2]:
-            for f in self.folder.glob(f"step_{old_step}.*"):
+        for _, old in _checkpoints(self.folder)[:-2]:
+            for f in old.parent.glob(old.name.removesuffix(".zip") + ".*"):
                 f.unlink()
         log.info("checkpoint at step %d: %s", step, stem)
         return Path(f"{stem}.zip")
@@ -289,7 +302,9 @@ def _callbacks(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int
                 n_eval_episodes=config.eval_episodes,
                 eval_freq=max(config.eval_freq // n_envs, 1),
                 log_path=str(run_dir),
-                best_model_save_path=None,  # a mid-QAT save would hold wrapped layer names
+                # best_model.zip, as rl_zoo3.enjoy --load-best wants it; not for QAT, whose mid-run
+                # save would hold wrapped layer names
+                best_model_save_path=None if config.qat is not None else str(run_dir),
                 deterministic=True,
                 verbose=0,
             )
