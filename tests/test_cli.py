@@ -397,3 +397,16 @@ def test_known_harmless_warnings_stay_off_stderr_unless_verbose(tmp_path: Path) 
     assert "settotalmass" not in quiet.stderr and "out of date" not in quiet.stderr
     loud = quarl(*args, "--out", str(tmp_path / "v"), "-v")
     assert "settotalmass" in loud.stderr + loud.stdout and "out of date" in loud.stderr
+
+
+def test_train_takes_the_rl_zoos_option_names(tmp_path: Path) -> None:
+    """quarl train --algo ppo --env CartPole-v1, as rl_zoo3.train is called; the same as
+    the positional form, and one line when they disagree or are missing."""
+    r = run_cli("train", "--algo", "ppo", "--env", "CartPole-v1", "-n", "256", "--hp", "n_steps=128", "--eval-freq",
+                "0", "--episodes", "1", "-f", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
+    r = run_cli("train", "ppo", "CartPole-v1", "--algo", "dqn", "-n", "256", "-f", str(tmp_path))
+    assert r.returncode == 2 and "algorithm given twice: 'ppo' and --algo 'dqn'" in r.stderr
+    r = run_cli("train", "--env", "CartPole-v1", "-f", str(tmp_path))
+    assert r.returncode == 2 and "no algorithm: give it as an argument or with --algo" in r.stderr

@@ -403,8 +403,25 @@ MAX_BENCH_BUDGET_S = 600.0
 """Seconds of timing per bench cell: a larger value (or inf) is a typo, not a wish."""
 MAX_BENCH_BATCH = 65_536
 
-AlgoArg = typer.Argument(..., help="a2c, ppo, dqn, ddpg, td3, sac, qrdqn, tqc or trpo (qrdqn, tqc, trpo: sb3-contrib)")
-EnvIdArg = typer.Argument(..., help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
+AlgoArg = typer.Argument(None, help="a2c, ppo, dqn, ddpg, td3, sac, qrdqn, tqc or trpo (qrdqn, tqc, trpo: sb3-contrib)")
+EnvIdArg = typer.Argument(None, help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
+AlgoOpt = typer.Option(None, "--algo", help="the algorithm, as the RL Zoo's train.py takes it (or as the first argument)")
+EnvOptZoo = typer.Option(None, "--env", help="the env id, as the RL Zoo's train.py takes it (or as the second argument)")
+
+
+def _algo_and_env(algo: Optional[str], env_id: Optional[str], algo_opt: Optional[str],
+                  env_opt: Optional[str]) -> tuple[str, str]:
+    """ALGO ENV as arguments or as the RL Zoo's --algo / --env, not both differently."""
+    pairs = (("algorithm", "--algo", algo, algo_opt), ("env id", "--env", env_id, env_opt))
+    out = []
+    for what, option, positional, named in pairs:
+        if positional is not None and named is not None and positional != named:
+            raise QuarlError(f"{what} given twice: {positional!r} and {option} {named!r}")
+        value = positional if positional is not None else named
+        if value is None:
+            raise QuarlError(f"no {what}: give it as an argument or with {option} (e.g. quarl train ppo CartPole-v1)")
+        out.append(value)
+    return out[0], out[1]
 TimestepsOpt = typer.Option(None, "--timesteps", "-n", "--n-timesteps",
                             help="env steps (default: the RL Zoo's budget for this env)")
 HpOpt = typer.Option([], "--hp", "--hyperparams", help="override a zoo hyperparameter, KEY=VALUE or KEY:VALUE "
@@ -414,8 +431,10 @@ HpOpt = typer.Option([], "--hp", "--hyperparams", help="override a zoo hyperpara
 @app.command("train")
 @user_errors
 def train_cmd(
-    algo: str = AlgoArg,
-    env_id: str = EnvIdArg,
+    algo: Optional[str] = AlgoArg,
+    env_id: Optional[str] = EnvIdArg,
+    algo_opt: Optional[str] = AlgoOpt,
+    env_opt: Optional[str] = EnvOptZoo,
     timesteps: Optional[int] = TimestepsOpt,
     seed: int = SeedOpt,
     out: Path = typer.Option(Path("runs"), "--out", "-f", "--log-folder", parser=validate.out_option,
@@ -444,6 +463,8 @@ def train_cmd(
     from quarl.policies.sb3 import load_checkpoint
     from quarl.quant.config import QATConfig
     from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
+
+    algo, env_id = _algo_and_env(algo, env_id, algo_opt, env_opt)
 
     validate.timesteps(timesteps)
     validate.seed(seed)
@@ -478,8 +499,10 @@ def train_cmd(
 @app.command()
 @user_errors
 def qat(
-    algo: str = AlgoArg,
-    env_id: str = EnvIdArg,
+    algo: Optional[str] = AlgoArg,
+    env_id: Optional[str] = EnvIdArg,
+    algo_opt: Optional[str] = AlgoOpt,
+    env_opt: Optional[str] = EnvOptZoo,
     bits: str = typer.Option("8,6,4,3,2", help="comma list of widths in 2..16"),
     quant_delay: Optional[int] = typer.Option(None, "--quant-delay", help="fp32 steps before quantizing (default: half)"),
     timesteps: Optional[int] = TimestepsOpt,
@@ -498,6 +521,7 @@ def qat(
     Example: quarl qat ppo CartPole-v1 --bits 8,4,2 --timesteps 40000 --episodes 10
     """
     _setup(verbose)
+    algo, env_id = _algo_and_env(algo, env_id, algo_opt, env_opt)
     from quarl.qat_study import QATStudy, run_qat_study
     from quarl.quant.config import QuantConfig
     from quarl.reports import print_table
