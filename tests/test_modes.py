@@ -198,12 +198,40 @@ def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.Monk
     net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
     policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
     settings = ptq.EvalSettings(episodes=5, seed=7, n_envs=2)
-    calibration = ptq.calibration_inputs(policy, EnvSpec("CartPole-v1"), settings.seed)
+    calibration = ptq.calibration_inputs(policy, EnvSpec("CartPole-v1"))
     ptq.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), settings, calibration)
     calibration_seeds, evaluation_seeds = seen[0], seen[-1]
     assert evaluation_seeds == set(range(7, 12)) and not calibration_seeds & evaluation_seeds
+    with pytest.raises(QuarlError, match="would reach the calibration seeds 10000..10199"):
+        ptq.EvalSettings(episodes=ptq.CALIBRATION_SEED_OFFSET + 1)
     with pytest.raises(QuarlError, match="would reach the calibration seeds"):
-        ptq.EvalSettings(episodes=ptq.CALIBRATION_SEED_OFFSET)
+        ptq.EvalSettings(episodes=20, seed=10_150)
+    assert ptq.EvalSettings(episodes=20, seed=10_200).seed == 10_200  # above them: allowed
+
+
+def test_every_seed_calibrates_on_the_same_seeds_so_every_command_picks_the_same_mode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ptq --seed 0, a study's seed 100000 s and export calibrate on the same fixed seeds."""
+    import quarl.measure as ptq
+    from quarl.envs import EnvSpec
+
+    real, calls = ptq.evaluate, []
+
+    def spy(policy, spec, episodes=20, seed=0, **kwargs):
+        calls.append((seed, episodes))
+        return real(policy, spec, episodes=episodes, seed=seed, **kwargs)
+
+    monkeypatch.setattr(ptq, "evaluate", spy)
+    net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
+    calibration_by_seed = {}
+    for seed in (0, 7, 100_000):
+        calls.clear()
+        ptq.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), ptq.EvalSettings(episodes=3, seed=seed,
+                                                                                                  max_steps=50))
+        calibration_by_seed[seed] = [c for c in calls if c[0] in ptq.CALIBRATION_SEEDS]
+        assert calls[-1] == (seed, 3)  # the evaluation itself
+    assert calibration_by_seed[0] == calibration_by_seed[7] == calibration_by_seed[100_000] != []
 
 
 def test_symmetric_int8_is_refused_where_the_cpu_lacks_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,9 +293,9 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
                               "lengths": np.full(episodes, 500)})()
 
     monkeypatch.setattr(ptq, "evaluate", fake_evaluate)
-    returns = ptq.calibration_returns(EnvSpec("CartPole-v1"), seed=3)
+    returns = ptq.calibration_returns(EnvSpec("CartPole-v1"))
     fp32, candidate = object(), object()
-    first = 3 + ptq.CALIBRATION_SEED_OFFSET + 100
+    first = ptq.CALIBRATION_SEED_OFFSET + 100
     assert list(returns(fp32, 4)) == [first, first + 1, first + 2, first + 3]
     assert list(returns(candidate, 4)) == list(returns(fp32, 4))  # the same seeds for every policy
     assert list(returns(candidate, 8))[4:] == [first + 4, first + 5, first + 6, first + 7]

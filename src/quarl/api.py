@@ -38,12 +38,13 @@ def load(path: str | Path, env: str | None = None, trust_pickle: bool = False) -
     return checkpoint
 
 
-def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | None = None, seed: int = 0,
+def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | None = None,
              **options: object) -> Policy:
     """``policy`` at ``precision`` (a label such as ``"int8"``, ``"int4-block"``, ``"sim6"``,
     or a :class:`QuantConfig`). Modes that need calibration (automatic int8 / int4,
-    activation ranges) calibrate on ``env_spec`` with seeds ``seed + 10,000 + i``, apart
-    from the evaluation's ``seed + i``, exactly as ``quarl ptq`` does."""
+    activation ranges) calibrate on ``env_spec`` with the fixed calibration seeds
+    (``quarl.measure.CALIBRATION_SEEDS``, which evaluation never uses), exactly as every
+    command does, so the same policy gets the same mode here and in ``quarl ptq``."""
     config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
     calibration = returns = None
     if needs_calibration(config):
@@ -51,8 +52,8 @@ def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | N
             from quarl.errors import QuarlError
 
             raise QuarlError(f"{config.label} calibrates on rollouts: pass the env_spec")
-        calibration = calibration_inputs(policy, env_spec, seed)
-        returns = calibration_returns(env_spec, seed)
+        calibration = calibration_inputs(policy, env_spec)
+        returns = calibration_returns(env_spec)
     return _quantize(policy, config, calibration, returns)
 
 

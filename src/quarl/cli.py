@@ -756,7 +756,7 @@ def export(
                                        help="output path without suffix (default results/export/<policy>-<precision>)"),
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
-    seed: int = typer.Option(0, "--seed", help="calibration episodes start at seed + 10,000 (as quarl ptq --seed)"),
+    seed: int = typer.Option(0, "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="cut calibration episodes after this many steps"),
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
@@ -773,6 +773,9 @@ def export(
     options = _quant_options(int8_weights, block_size)
     config = _parse_precisions(precision, **options)
     validate.seed(seed)
+    if seed:
+        console.print("note: export --seed is ignored and will be removed: calibration seeds are fixed, so export, "
+                      "ptq and study choose the same int mode", highlight=False)
     validate.out_stem(out)
     if checkpoint.suffix == ".onnx":
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
@@ -783,8 +786,8 @@ def export(
         out = default.with_name(f"{default.name}-{precision}")
     if max_steps is not None and max_steps < 1:
         raise QuarlError(f"--max-steps {max_steps} must be at least 1 (or unset)")
-    calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec, seed, max_steps)
-    returns = calibration_returns(spec, seed, max_steps)
+    calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec, max_steps)
+    returns = calibration_returns(spec, max_steps)
     meta = export_policy(ckpt.policy, precision, out, calibration, spec, returns, **options)
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
     out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and {out.with_suffix('.json')}")

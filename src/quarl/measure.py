@@ -2,8 +2,10 @@
 QAT study, ``export`` and the Python API.
 
 - :class:`EvalSettings`: episodes and seeds (episode i resets with ``seed + i``);
-- calibration on fp32 rollouts of seeds ``seed + CALIBRATION_SEED_OFFSET + i``, never the
-  evaluation's (:func:`calibration_inputs`, :func:`calibration_returns`);
+- calibration on fp32 rollouts of the fixed seeds :data:`CALIBRATION_SEEDS`, never the
+  evaluation's, whatever the command and its seed, so ptq, study, demo, export and the API
+  choose a policy's int mode from the same data (:func:`calibration_inputs`,
+  :func:`calibration_returns`);
 - :class:`EvalRecord`: what one evaluation measured, one definition for ``results.jsonl``,
   the study's SQLite columns and the tables;
 - :func:`run_cells`: evaluate cells, appending each record as it finishes and reusing a
@@ -44,8 +46,10 @@ LATENCY_BUDGET_S = 0.05
 returns; ``quarl bench`` measures properly)."""
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
-"""Calibration episodes start at ``seed + 10_000``; evaluation uses ``seed .. seed + episodes - 1``."""
-RESULT_FORMAT = 11
+CALIBRATION_SEEDS = range(CALIBRATION_SEED_OFFSET, CALIBRATION_SEED_OFFSET + 200)
+"""Reserved for calibration: states from 10,000..10,007, the sequential test's episodes from
+10,100 on (at most 64). Evaluation seeds (``seed .. seed + episodes - 1``) may not enter it."""
+RESULT_FORMAT = 12
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
 4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
@@ -55,7 +59,8 @@ RESULT_FORMAT = 11
 8: a later int mode must also save 50 us per call, and modes are timed interleaved;
 9: an Atari episode is a whole game scored as the RL Zoo's player scores it;
 10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes;
-11: ...doubling them up to a budget of ~20k steps (16..64 episodes))."""
+11: ...doubling them up to a budget of ~20k steps (16..64 episodes);
+12: calibration seeds are fixed (10,000..10,199) whatever the evaluation's seed)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -114,9 +119,11 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise QuarlError(f"episodes={self.episodes} must be at least 1")
-        if self.episodes >= CALIBRATION_SEED_OFFSET:
-            raise QuarlError(f"episodes={self.episodes} would reach the calibration seeds: allowed < "
-                             f"{CALIBRATION_SEED_OFFSET}")
+        first, last = CALIBRATION_SEEDS[0], CALIBRATION_SEEDS[-1]
+        if self.seed <= last and self.seed + self.episodes > first:
+            raise QuarlError(f"evaluation seeds {self.seed}..{self.seed + self.episodes - 1} would reach the calibration "
+                             f"seeds {first}..{last}: choose a seed and episodes that stay below {first} or start "
+                             f"above {last}")
         if self.max_steps is not None and self.max_steps < 1:
             raise QuarlError(f"max steps {self.max_steps} must be at least 1 (or unset)")
 
@@ -182,7 +189,7 @@ def run_cells(
     identity = {"algo": policy.algo, "checkpoint": source}
     records: list[dict[str, Any]] = []
     calibration: np.ndarray | None = None
-    returns = calibration_returns(env_spec, settings.seed, settings.max_steps)  # fp32's played once per run
+    returns = calibration_returns(env_spec, settings.max_steps)  # fp32's played once per run
     fingerprint = policy.fingerprint()
     for cell in cells:
         key = cell_key(policy, env_spec, cell, settings, fingerprint)
@@ -201,7 +208,7 @@ def run_cells(
                 progress(label, finished[0])
 
         if cell.policy is None and calibration is None and registry.needs_calibration(cell.config):
-            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
+            calibration = calibration_inputs(policy, env_spec, settings.max_steps)
         record = {**key, **identity, **evaluate_config(policy, env_spec, cell.config, settings, calibration, on_episode,
                                                        quantized=cell.policy, returns=returns), "provenance": provenance()}
         log_file.append(record)
@@ -225,8 +232,8 @@ def evaluate_config(
     started = time.perf_counter()
     if quantized is None:
         if calibration is None and registry.needs_calibration(config):
-            calibration = calibration_inputs(policy, env_spec, settings.seed, settings.max_steps)
-        returns = returns or calibration_returns(env_spec, settings.seed, settings.max_steps)
+            calibration = calibration_inputs(policy, env_spec, settings.max_steps)
+        returns = returns or calibration_returns(env_spec, settings.max_steps)
         quantized = quantize(policy, config, calibration=calibration, returns=returns)
     build_s = time.perf_counter() - started
     one = np.zeros((1, *policy.input_shape), np.float32)
@@ -260,17 +267,17 @@ SEQUENTIAL_CAPS = (16, 64)
 
 
 class CalibrationEpisodes:
-    """Per-episode returns of a policy on calibration episodes ``seed +
-    CALIBRATION_SEED_OFFSET + 100 + i`` (apart from evaluation's and from the calibration
-    states' seeds), played on demand: ``episodes(policy, n)`` gives the first ``n``,
+    """Per-episode returns of a policy on calibration episodes ``CALIBRATION_SEED_OFFSET +
+    100 + i`` (apart from evaluation's and from the calibration states' seeds), played on
+    demand: ``episodes(policy, n)`` gives the first ``n``,
     playing only those not played yet. The automatic int choice's sequential test
     (:func:`quarl.verdict.sequential_keeps`) asks for more only while undecided, up to
     :meth:`episode_cap`. The first policy asked (fp32, the reference of every candidate)
     is kept for the whole run, the last candidate until another is asked."""
 
-    def __init__(self, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> None:
+    def __init__(self, env_spec: EnvSpec, max_steps: int | None = None) -> None:
         self.env_spec = env_spec
-        self.first = seed + CALIBRATION_SEED_OFFSET + 100
+        self.first = CALIBRATION_SEED_OFFSET + 100
         self.max_steps = min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)
         self._reference: tuple[Policy, list[float], list[int]] | None = None
         self._last: tuple[Policy, list[float], list[int]] | None = None
@@ -303,19 +310,19 @@ class CalibrationEpisodes:
         return int(np.clip(CALIBRATION_STEPS // max(float(np.mean(lengths)), 1.0), low, high))
 
 
-def calibration_returns(env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> CalibrationEpisodes:
+def calibration_returns(env_spec: EnvSpec, max_steps: int | None = None) -> CalibrationEpisodes:
     """The closed-loop check of the automatic int choice: see :class:`CalibrationEpisodes`."""
-    return CalibrationEpisodes(env_spec, seed, max_steps)
+    return CalibrationEpisodes(env_spec, max_steps)
 
 
-def calibration_inputs(policy: Policy, env_spec: EnvSpec, seed: int = 0, max_steps: int | None = None) -> np.ndarray:
-    """Preprocessed observations (network inputs) from fp32 rollouts on seeds disjoint
-    from evaluation's: calibration for int8 CNNs and activation ranges, inputs for timing."""
+def calibration_inputs(policy: Policy, env_spec: EnvSpec, max_steps: int | None = None) -> np.ndarray:
+    """Preprocessed observations (network inputs) from fp32 rollouts on the fixed
+    calibration seeds: calibration for int8 CNNs and activation ranges, inputs for timing."""
     result = evaluate(
         policy,
         env_spec,
         episodes=8,
-        seed=seed + CALIBRATION_SEED_OFFSET,
+        seed=CALIBRATION_SEED_OFFSET,
         n_envs=8,
         # every 16th step of 8 envs is kept: past 16 x CALIBRATION_SIZE / 8 steps nothing more
         # would be (an untrained Atari policy that never serves would otherwise play for 27k)

@@ -11,8 +11,8 @@ from pathlib import Path
 from quarl.errors import QuarlError
 
 MAX_SEED = 2**31 - 1 - 200_000
-"""Seeds leave room for the evaluation (seed + i), study (100000 s + i) and calibration
-(seed + 10,000 + i) offsets within a 31-bit seed."""
+"""Seeds leave room for the evaluation (seed + i) and study (100000 s + i) offsets within a
+31-bit seed."""
 MAX_TIMESTEPS = 10**10
 """Beyond any training a quarl user runs (the paper's Atari agents: 10M steps)."""
 EMPTY = "\0"
