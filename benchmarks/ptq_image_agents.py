@@ -75,12 +75,16 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=0, help="episodes per precision (default: MinAtar 200, Atari 30)")
     parser.add_argument("--precisions", default="fp16,int8,int4")
     parser.add_argument("--train-only", action="store_true", help="train the agents, evaluate nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="the table and plot from the records already stored (the newest per precision, whatever "
+                             "quarl version made them), for the agents evaluated so far; nothing is trained or run")
     args = parser.parse_args()
 
     from quarl.envs import env_family
     from quarl.measure import EvalSettings
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_ptq
+    from quarl.records import ResultsLog
     from quarl.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
@@ -90,18 +94,25 @@ def main() -> int:
     labels = args.precisions.split(",")
     per_policy, extra = {}, {}
     for name in names:
-        run_dir = train(name, args.out)
-        if args.train_only:
-            continue
         algo, env_id, steps, _, zoo = AGENTS[name]
         family = env_family(env_id).name
         settings = EvalSettings(episodes=args.episodes or EPISODES[family], seed=0,
                                 max_steps=ATARI_MAX_STEPS if family == "atari" else None)
-        agent = load_checkpoint(run_dir)
         started = time.perf_counter()
-        records = run_ptq(agent.policy, agent.env_spec, labels, settings, args.out / "ptq" / name)
+        if args.report_only:
+            stored = {r["precision"]: r for r in ResultsLog(args.out / "ptq" / name / "results.jsonl").load()}
+            if not all(p in stored for p in ["fp32", *labels]):
+                continue  # not evaluated yet
+            records = [stored[p] for p in ["fp32", *labels]]
+        else:
+            run_dir = train(name, args.out)
+            if args.train_only:
+                continue
+            agent = load_checkpoint(run_dir)
+            records = run_ptq(agent.policy, agent.env_spec, labels, settings, args.out / "ptq" / name)
         per_policy[name] = records
-        extra[name] = {"steps": steps, "zoo (10M steps)": zoo if zoo is not None else "", "episodes": settings.episodes,
+        extra[name] = {"steps": steps, "zoo (10M steps)": zoo if zoo is not None else "",
+                       "episodes": len(records[0]["returns"]),
                        "int modes (agreement)": mode_summary(records)}
         print(name, {r["precision"]: round(r["mean"], 2) for r in records}, extra[name]["int modes (agreement)"],
               f"({time.perf_counter() - started:.0f} s)", flush=True)
