@@ -322,10 +322,11 @@ def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
     """--eval-every-steps: each evaluation snapshots the learner once N more env steps
     have been inserted (give or take the chunks that arrive in one coordinator pass)."""
     every = 1500
-    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=0.25,
+    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=6500,
                           out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6, **SMALL)
-    summary = run_actorq(config)
+    summary = run_actorq(config)  # ends on steps, whatever this machine's speed
     steps = [e[3] for e in summary.evals]
+    assert 6500 <= summary.env_steps < 6500 + 4 * config.actors * config.chunk_steps
     assert steps[0] == 0 and len(steps) >= 4, steps
     gaps = np.diff(steps)
     slack = 2 * config.actors * config.chunk_steps  # QUEUE_DEPTH chunks per actor in one pass

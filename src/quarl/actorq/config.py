@@ -65,6 +65,9 @@ class ActorQConfig:
     """Stop when the running mean (window 10) of evaluations reaches it; None: the env's
     reward threshold when it has one."""
     max_minutes: float = 10.0
+    max_env_steps: int | None = None
+    """Also stop once the actors have inserted this many env steps (None: no step budget):
+    a run that ends on steps, not on a machine's speed."""
     eval_every_s: float = 10.0
     """Seconds between evaluations (when ``eval_every_steps`` is None)."""
     eval_every_steps: int | None = None
@@ -127,6 +130,8 @@ class ActorQConfig:
             raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
         if self.samples_per_insert <= 0:
             raise QuarlError(f"samples_per_insert={self.samples_per_insert} must be > 0")
+        if self.max_env_steps is not None and self.max_env_steps < 1:
+            raise QuarlError(f"--max-env-steps {self.max_env_steps} must be at least 1 (or unset)")
         if not self.max_minutes > 0:
             raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
         _check_device(self.learner_device)

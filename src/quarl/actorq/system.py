@@ -148,7 +148,8 @@ def run_actorq(
         next_eval_steps = eval_env_steps = state.env_steps
         next_ckpt += config.checkpoint_every_s
         learner_t, metrics = 0.0, {}
-        while now() < config.max_minutes * 60:
+        while now() < config.max_minutes * 60 and (config.max_env_steps is None
+                                                    or state.env_steps < config.max_env_steps):
             for result in fleet.ready(timeout_s=0.0 if limiter.can_sample(config.batch_size) else 0.02):
                 if isinstance(result, ActorFailure):
                     log.warning("actor %d died (%s): restarting it", result.index, result.error)
