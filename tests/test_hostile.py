@@ -240,7 +240,7 @@ def ptq_option(draw) -> tuple[str, str, bool]:
     return option, draw(st.sampled_from(["nan", "inf", "-inf", "1e999", "2.5", "", "x", "0x10", "🙂"])), False
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=ptq_option())
 def test_every_ptq_option_value_is_run_or_refused_in_one_line(tiny_run: Path, tmp_path: Path, case) -> None:
     """Property: a valid value runs (exit 0); any other ends in exit 2 with one line and no
@@ -271,7 +271,7 @@ def bad_command_line(draw) -> list[str]:
     return args + GUARD.get(command, [])
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=bad_command_line())
 def test_every_command_refuses_bad_values_in_one_line(tiny_run: Path, tmp_path: Path, args: list[str]) -> None:
     """Property over every command's options: exit 0 (a value that happens to be valid) or
