@@ -410,3 +410,10 @@ def test_train_takes_the_rl_zoos_option_names(tmp_path: Path) -> None:
     assert r.returncode == 2 and "algorithm given twice: 'ppo' and --algo 'dqn'" in r.stderr
     r = run_cli("train", "--env", "CartPole-v1", "-f", str(tmp_path))
     assert r.returncode == 2 and "no algorithm: give it as an argument or with --algo" in r.stderr
+
+
+def test_verbose_explains_the_automatic_choice(tiny_run: Path, tmp_path: Path) -> None:
+    r = run_cli("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "1", "--out", str(tmp_path / "o"), "-v")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stderr.split())
+    assert "int8: tried int8-block" in text and "agreement" in text and "int8 runs int8-" in text

@@ -25,6 +25,7 @@ nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on t
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -36,11 +37,13 @@ from quarl.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.modes import BuildRequest, Returns, build_candidate, choose, get_mode, split_calibration
+from quarl.quant.modes import BuildRequest, Candidate, Returns, build_candidate, choose, get_mode, split_calibration
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
 if TYPE_CHECKING:  # config validates against this module; only annotations need it here
     from quarl.quant.config import QuantConfig
+
+log = logging.getLogger(__name__)
 
 Builder = Callable[[Policy, "QuantConfig", "np.ndarray | None", "Returns | None"], Policy]
 """``build(policy, config, calibration, returns) -> new policy`` (the input is never modified)."""
@@ -155,6 +158,17 @@ def _nbit(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
     return policy.with_network(rounded, config.label, OrtEngine(export_onnx(rounded, policy.input_shape)))
 
 
+def _explain(label: str, best: Candidate, tried: list[Candidate]) -> None:
+    """What the automatic choice tried and why it chose (``quarl -v`` shows it)."""
+    if len(tried) > 1:
+        for c in tried:
+            log.info("%s: tried %s (fp32 layers %s): agreement %.1f%%, %.1f us, %s%s", label, c.mode, list(c.keep),
+                     100 * c.agreement, c.latency_us,
+                     f"{c.calibration_episodes} calibration episodes: {c.calibration_verdict}"
+                     if c.calibration_episodes else "not played", " <- chosen" if c is best else "")
+    log.info("%s runs %s with layers %s in fp32", label, best.mode, list(best.keep))
+
+
 def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
                  returns: Returns | None = None) -> Policy:
     """Real int8 / int4: the mode ``config`` names, or the automatic choice (see
@@ -179,6 +193,7 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
                                config.int8_weights, config.block_size)
         best = build_candidate(policy, mode, request, check, config.action_tolerance)
         tried = [best]
+    _explain(config.label, best, tried)
     network = best.reference if best.reference is not None else policy.clone_network()
     quantized = policy.with_network(network, config.label, best.engine)
     quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
