@@ -49,7 +49,7 @@ CALIBRATION_SEED_OFFSET = 10_000
 CALIBRATION_SEEDS = range(CALIBRATION_SEED_OFFSET, CALIBRATION_SEED_OFFSET + 200)
 """Reserved for calibration: states from 10,000..10,007, the sequential test's episodes from
 10,100 on (at most 64). Evaluation seeds (``seed .. seed + episodes - 1``) may not enter it."""
-RESULT_FORMAT = 12
+RESULT_FORMAT = 13
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
 4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
@@ -60,7 +60,8 @@ RESULT_FORMAT = 12
 9: an Atari episode is a whole game scored as the RL Zoo's player scores it;
 10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes;
 11: ...doubling them up to a budget of ~20k steps (16..64 episodes);
-12: calibration seeds are fixed (10,000..10,199) whatever the evaluation's seed)."""
+12: calibration seeds are fixed (10,000..10,199) whatever the evaluation's seed;
+13: a CNN tries every fp32-layer option of the convolution modes before the MatMul modes)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 

@@ -22,8 +22,9 @@ mixed              4    per layer: convolutions as ``static`` (int8), Linear lay
 On a CNN the MatMul modes (dyn-*, block, weight-only) quantize its Linear layers only and
 keep the convolutions in fp32 (ONNX Runtime's ConvInteger is slower than fp32): a
 NatureCNN's one Linear layer holds 95 % of its weights, so int4 block on it cuts the model
-4x while ``mixed`` also runs the convolutions, most of the work, in int8. Modes that
-quantize convolutions are tried first on a CNN.
+4x while ``mixed`` also runs the convolutions, most of the work, in int8. On a CNN the
+modes that quantize convolutions are tried first, with each choice of fp32 layers, before
+the MatMul modes.
 
 ``static`` fixes activation ranges from observations, so states beyond them saturate: the
 automatic choice uses it for CNNs only (where it is the one fast mode), and checks it on
@@ -416,8 +417,6 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     network = policy.network
     conv = ortb.has_conv(network)
     modes = [m for m in modes_for(bits) if m.unsupported(network) is None and (conv or not m.needs_calibration)]
-    if conv:  # the convolutions are most of a CNN's work: modes that run them in int8 first
-        modes.sort(key=lambda m: not m.convolutions)
     if not modes:
         reasons = "; ".join(m.unsupported(network) or "" for m in modes_for(bits))
         raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
@@ -442,9 +441,14 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
 
     tried: list[Candidate] = []
     built: set[tuple[str, frozenset[int]]] = set()
-    for keep in keep_options(network):
+    # a CNN tries every fp32-layer option of the modes that run its convolutions in int8 before
+    # the modes that keep them fp32: a Linear-only mode that agrees at once would otherwise
+    # win over a static mode that agrees with the last layer kept (measured: a PPO Breakout
+    # agent's static agreed on 98.4 % with every layer quantized, block on its Linear layers 100 %)
+    groups = ([m for m in modes if m.convolutions], [m for m in modes if not m.convolutions]) if conv else (modes,)
+    for group, keep in [(g, k) for g in groups if g for k in keep_options(network)]:
         agreeing = []
-        for mode in modes:
+        for mode in group:
             fit, check = split_calibration(mode, calibration)
             request = mode.request_for(BuildRequest(network, fp32_model, fit, weights, block_size, keep))
             if (mode.label, request.keep) in built:  # a CNN's fp32 convolutions already kept by this mode
