@@ -174,3 +174,15 @@ def test_the_unedited_export_loads_and_export_refuses_an_onnx(exported: Path, tm
     assert r.returncode == 0, r.stderr
     r = run_cli("export", str(exported.with_suffix(".onnx")), "--out", str(tmp_path / "again"))
     assert r.returncode == 2 and "is already an exported model" in _one_line(r.stderr)
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"[]", "its 'data' entry is a JSON list, not an object"),
+    (b'"x"', "its 'data' entry is a JSON str, not an object"),
+    (b"{not json", "its 'data' entry is not JSON"),
+    (b'{"policy_class": {}}', "observation space is missing or unreadable"),
+])
+def test_a_data_entry_of_the_wrong_shape_is_one_line(tmp_path: Path, data: bytes, message: str) -> None:
+    crafted = _rewrite(_sb3_zip(tmp_path), tmp_path / "data.zip", {"data": data})
+    r = run_cli("ptq", str(crafted), "--env", "CartPole-v1", "--episodes", "1")
+    assert r.returncode == 2 and message in _one_line(r.stderr)

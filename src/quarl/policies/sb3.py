@@ -348,6 +348,8 @@ def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: not a zip file (corrupt or truncated?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise QuarlError(f"{path} is corrupt: its 'data' entry is not JSON") from None
+    if not isinstance(data, dict):
+        raise QuarlError(f"{path} is corrupt: its 'data' entry is a JSON {type(data).__name__}, not an object")
     try:
         sd = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad or unsafe file
