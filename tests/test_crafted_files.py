@@ -186,3 +186,20 @@ def test_a_data_entry_of_the_wrong_shape_is_one_line(tmp_path: Path, data: bytes
     crafted = _rewrite(_sb3_zip(tmp_path), tmp_path / "data.zip", {"data": data})
     r = run_cli("ptq", str(crafted), "--env", "CartPole-v1", "--episodes", "1")
     assert r.returncode == 2 and message in _one_line(r.stderr)
+
+
+@pytest.mark.parametrize("config,message", [
+    ("frame_stack: 1000000000\n", "frame_stack=1000000000 must be a whole number in 1..64"),
+    ("frame_stack: abc\n", "frame_stack='abc' must be a whole number in 1..64"),
+    ("- 1\n", "a YAML list, not the mapping the RL Zoo writes"),
+])
+def test_a_zoo_config_never_decides_the_memory_or_crashes(tmp_path: Path, config: str, message: str) -> None:
+    """A config.yml claiming a billion stacked frames is refused before one is stacked (it
+    was killed for memory); other shapes are one line."""
+    run = tmp_path / "ppo" / "CartPole-v1_1"
+    (run / "CartPole-v1").mkdir(parents=True)
+    _sb3_zip(tmp_path).rename(run / "CartPole-v1.zip")
+    (run / "CartPole-v1" / "config.yml").write_text(config)
+    code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(tmp_path / "o"))
+    assert code == 2 and message in _one_line(err)
+    assert peak < PEAK_LIMIT_MB, peak

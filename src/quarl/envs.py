@@ -180,6 +180,11 @@ def wrapper_names(spec: object) -> tuple[env_wrappers.Wrapper, ...]:
     return env_wrappers.from_zoo(spec)
 
 
+MAX_FRAME_STACK = 64
+"""More stacked frames than any RL Zoo config uses (4): a config's frame_stack never decides
+how much memory an observation takes."""
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """How to build the env a policy acts in."""
@@ -192,8 +197,9 @@ class EnvSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "wrappers", tuple(env_wrappers.canonical(w) for w in self.wrappers))
-        if self.frame_stack < 1:
-            raise QuarlError(f"frame_stack={self.frame_stack} must be at least 1")
+        if isinstance(self.frame_stack, bool) or not isinstance(self.frame_stack, int) or \
+                not 1 <= self.frame_stack <= MAX_FRAME_STACK:
+            raise QuarlError(f"frame_stack={self.frame_stack!r} must be a whole number in 1..{MAX_FRAME_STACK}")
 
 
 class GameScore(gym.Wrapper):

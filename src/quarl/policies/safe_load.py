@@ -43,7 +43,10 @@ def load_zoo_yaml(path: Path) -> dict:
         data = yaml.load(path.read_text(), Loader=_ZooYamlLoader)  # noqa: S506 - safe subclass
     except yaml.YAMLError as exc:
         raise QuarlError(f"cannot read {path}: not a YAML file the RL Zoo writes ({exc.__class__.__name__})") from None
-    return data or {}
+    data = data or {}
+    if not isinstance(data, dict):
+        raise QuarlError(f"cannot read {path}: a YAML {type(data).__name__}, not the mapping the RL Zoo writes")
+    return data
 
 
 class Record:

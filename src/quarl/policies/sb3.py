@@ -489,7 +489,7 @@ def _zoo_env_spec(config_dir: Path, env_name: str, config: dict) -> EnvSpec:
         env_id=current_env_id(env_id),
         env_kwargs=env_kwargs,
         wrappers=wrapper_names(config.get("env_wrapper")),
-        frame_stack=int(config.get("frame_stack") or 1),
+        frame_stack=config.get("frame_stack") or 1,
     )
 
 

@@ -284,7 +284,7 @@ def prepare(
         env_id,
         env_kwargs=dict(raw.get("env_kwargs") or {}),
         wrappers=wrapper_names(raw.get("env_wrapper")),
-        frame_stack=int(raw.get("frame_stack") or 1),
+        frame_stack=raw.get("frame_stack") or 1,
     )
     steps = raw.get("n_timesteps")
     return TrainSetup(
