@@ -359,9 +359,9 @@ def test_a_busy_evaluator_delays_step_spaced_evaluations_without_copying_weights
 
     monkeypatch.setattr(system, "make_fleet", lambda config, info: BusyEveryOtherPass(config, info))
     every = 1500
-    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=0.2,
+    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=5000,
                           out=tmp_path / "run", eval_every_steps=every, **SMALL)
-    summary = run_actorq(config)
+    summary = run_actorq(config)  # ends on steps: a loaded machine made the 12 s budget hold only two evaluations
     steps = [e[3] for e in summary.evals]
     assert len(steps) >= 3 and (np.diff(steps) >= every).all(), steps
     assert BusyEveryOtherPass.starts == len(steps)  # one start (and one weight copy) per evaluation
