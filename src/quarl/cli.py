@@ -273,7 +273,7 @@ def ptq(
                           progress=lambda c, n: bar.update(tasks[c], completed=n), source=str(checkpoint), **options)
     print_table(ptq_rows(records, identity=False), f"{ckpt.algo} {spec.env_id}, {episodes} episodes", out_console)
     _say_reused(records, out / "results.jsonl")
-    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
+    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))
 
 
 @app.command()
@@ -878,7 +878,7 @@ def demo(
 
         rows = run_demo(runs, labels, settings, out, on_policy)
     print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console)
-    out_console.print(f"wrote {out}/table.csv, table.md, table.json")
+    out_console.print(f"wrote {out}/table.csv, table.md, table.json, table.png")
 
 
 @app.command()
