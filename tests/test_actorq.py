@@ -319,7 +319,7 @@ class _Payload:
 
 
 def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
-    """--eval-every-steps: each evaluation snapshots the learner once N more env steps
+    """--eval-freq: each evaluation snapshots the learner once N more env steps
     have been inserted (give or take the chunks that arrive in one coordinator pass)."""
     every = 1500
     config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=6500,
@@ -334,7 +334,7 @@ def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
     assert len(steps) >= summary.env_steps // (every + slack)
     rows = (tmp_path / "run" / "evals.csv").read_text().splitlines()
     assert [int(r.split(",")[-1]) for r in rows[1:]] == steps
-    with pytest.raises(QuarlError, match="--eval-every-steps 0 must be at least 1"):
+    with pytest.raises(QuarlError, match="--eval-freq 0 must be at least 1"):
         replace(config, eval_every_steps=0)
 
 
@@ -467,7 +467,7 @@ def test_compare_table_from_stored_runs(tmp_path: Path, caplog: pytest.LogCaptur
         (folder / "summary.json").write_text(json.dumps(summary))
     with caplog.at_level("WARNING", logger="quarl.actorq.compare"):
         result = run_compare(ActorQConfig("CartPole-v1"), ["fp32", "int8"], 3, tmp_path)
-    assert "--eval-every-steps N compares the fleets at the same learning progress" in caplog.text
+    assert "--eval-freq N compares the fleets at the same learning progress" in caplog.text
     rows = {r["actor_precision"]: r for r in result.table}
     assert rows["fp32"]["time_to_reward_s"] == 200.0 and rows["fp32"]["time_std_s"] == round(np.std([100, 300, 200]), 1)
     assert rows["fp32"]["reached"] == "3/3" and rows["int8"]["reached"] == "2/3"

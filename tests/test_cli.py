@@ -208,7 +208,7 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     policy = load_checkpoint(tmp_path / "cnn.zip").policy
     x = calibration_inputs(policy, env_spec_for_policy("BreakoutNoFrameskip-v4", policy.input_shape), max_steps=150)
     assert 0.0 <= x.min() and x.max() <= 1.0
-    session = ort.InferenceSession(str(tmp_path / "cnn8.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(tmp_path / "cnn8" / "policy.onnx"), providers=["CPUExecutionProvider"])
     q = session.run(None, {"obs": x[:64]})[0]
     ref = policy.forward(x[:64])
     assert np.corrcoef(q.ravel(), ref.ravel())[0, 1] > 0.95
@@ -244,7 +244,7 @@ def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
 
     args = ["train", "dqn", "CartPole-v1", "--timesteps", "6000", "--checkpoint-freq", "1000", "--eval-freq", "0",
             "--hp", "learning_starts=500", "--hp", "train_freq=64", "--hp", "gradient_steps=8",
-            "--out", str(tmp_path), "--episodes", "2"]
+            "--out", str(tmp_path), "--eval-episodes", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -306,9 +306,9 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
 
     from quarl.policies.sb3 import load_checkpoint
 
-    out = tmp_path / f"policy-{precision}"
-    r = run_cli("export", str(tiny_run), "--precision", precision, "--out", str(out))
+    r = run_cli("export", str(tiny_run), "--precision", precision, "--out", str(tmp_path / precision))
     assert r.returncode == 0, r.stderr
+    out = tmp_path / precision / "policy"  # --out is a folder, as for every command
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["precision"] == precision and meta["head"] == "argmax" and meta["action_space"] == {"type": "discrete", "n": 2}
     session = ort.InferenceSession(str(out.with_suffix(".onnx")), providers=["CPUExecutionProvider"])
@@ -322,15 +322,15 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
 def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, precision: str) -> None:
     """quarl ptq NAME.onnx evaluates the exported file itself: the same returns, episode by
     episode, as the same precision evaluated from the checkpoint; the sidecar is strict JSON."""
-    out = tmp_path / "policy"
-    assert run_cli("export", str(tiny_run), "--precision", precision, "--out", str(out)).returncode == 0
+    assert run_cli("export", str(tiny_run), "--precision", precision, "--out", str(tmp_path / "export")).returncode == 0
+    out = tmp_path / "export" / "policy"
 
     def reject(constant: str) -> None:
         raise ValueError(f"not JSON: {constant}")
 
     meta = json.loads(out.with_suffix(".json").read_text(), parse_constant=reject)
     assert meta["env"]["env_id"] == "CartPole-v1" and meta["quant"]["mode"].startswith(precision.split("-")[0])
-    r = run_cli("ptq", str(out.with_suffix(".onnx")), "--episodes", "5", "--out", str(tmp_path / "artifact"))
+    r = run_cli("ptq", str(tmp_path / "export"), "--episodes", "5", "--out", str(tmp_path / "artifact"))  # the folder
     assert r.returncode == 0, r.stderr
     r = run_cli("ptq", str(tiny_run), "--precisions", precision, "--episodes", "5", "--out", str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr
@@ -405,6 +405,9 @@ def test_train_takes_the_rl_zoos_option_names(tmp_path: Path) -> None:
     r = run_cli("train", "--algo", "ppo", "--env", "CartPole-v1", "-n", "256", "--hp", "n_steps=128", "--eval-freq",
                 "0", "--episodes", "1", "-f", str(tmp_path))
     assert r.returncode == 0, r.stderr
+    # the old spelling still works for one release, with a one-line notice
+    assert "note: quarl train --episodes is now --eval-episodes" in r.stderr
+    assert "over 1 episodes" in r.stdout
     assert (tmp_path / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
     r = run_cli("train", "ppo", "CartPole-v1", "--algo", "dqn", "-n", "256", "-f", str(tmp_path))
     assert r.returncode == 2 and "algorithm given twice: 'ppo' and --algo 'dqn'" in r.stderr
@@ -417,3 +420,49 @@ def test_verbose_explains_the_automatic_choice(tiny_run: Path, tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stderr.split())
     assert "int8: tried int8-block" in text and "agreement" in text and "int8 runs int8-" in text
+
+
+def test_old_option_spellings_map_to_the_new_names_with_a_notice() -> None:
+    """One meaning per option name: the renamed spellings are rewritten per command (and
+    only for that command), with one notice each; none of them is shown in --help."""
+    from quarl.cli import RENAMED_OPTIONS, rename_options
+
+    notices: list[str] = []
+    args = rename_options(["actorq", "run", "CartPole-v1", "--eval-every=3", "--eval-every-steps", "500"],
+                          notices.append)
+    assert args == ["actorq", "run", "CartPole-v1", "--eval-seconds=3", "--eval-freq", "500"]
+    assert notices == ["note: quarl actorq run --eval-every is now --eval-seconds (the old name goes in the next release)",
+                       "note: quarl actorq run --eval-every-steps is now --eval-freq (the old name goes in the next "
+                       "release)"]
+    assert rename_options(["ptq", "x.zip", "--precision", "int8"], notices.append)[2] == "--precisions"
+    assert rename_options(["export", "x.zip", "--precisions", "int8"], notices.append)[2] == "--precision"
+    # a name that is current for a command is left alone there
+    assert rename_options(["ptq", "x.zip", "--episodes", "3"], notices.append) == ["ptq", "x.zip", "--episodes", "3"]
+    assert rename_options(["export", "x.zip", "--precision", "int8"], notices.append)[2] == "--precision"
+    for (command, old), new in RENAMED_OPTIONS.items():
+        r = run_cli(*command.split(), "--help")
+        assert r.returncode == 0 and new in r.stdout and f"{old} " not in r.stdout.replace(new, ""), (command, old)
+
+
+def test_play_scores_what_ptq_scores_and_records_each_episode(tiny_run: Path, tmp_path: Path) -> None:
+    """quarl play: episode i on seed i, the same returns as ptq at that precision; with
+    --video one mp4 per episode holding the whole episode (a frame per step and the first)."""
+    import imageio.v3 as iio
+
+    r = run_cli("play", str(tiny_run), "--precision", "int8", "--episodes", "2", "--video", str(tmp_path / "v"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == ""  # no warnings from the recorder or pygame
+    rows = [line.split("│")[1:5] for line in r.stdout.splitlines() if line.count("│") == 5]
+    played = [(int(e), int(s), float(ret), int(n)) for e, s, ret, n in rows]
+    assert [p[:2] for p in played] == [(0, 0), (1, 1)]
+    r = run_cli("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "2", "--out", str(tmp_path / "ptq"))
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(x) for x in (tmp_path / "ptq" / "results.jsonl").read_text().splitlines()]
+    int8 = next(rec for rec in records if rec["precision"] == "int8")
+    assert [p[2] for p in played] == [round(x, 2) for x in int8["returns"]]
+    videos = sorted((tmp_path / "v").glob("*.mp4"))
+    assert [v.name for v in videos] == ["int8-episode-0.mp4", "int8-episode-1.mp4"]
+    assert [iio.imread(v).shape[0] for v in videos] == [n + 1 for *_, n in played]
+    # one precision only, and an export plays as exported
+    r = run_cli("play", str(tiny_run), "--precision", "fp32,int8")
+    assert r.returncode == 2 and "play takes one" in r.stderr

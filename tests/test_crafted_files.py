@@ -137,9 +137,9 @@ def exported(tmp_path_factory) -> Path:
     import json
 
     tmp = tmp_path_factory.mktemp("export")
-    out = tmp / "policy"
-    r = run_cli("export", str(_sb3_zip(tmp)), "--env", "CartPole-v1", "--precision", "fp32", "--out", str(out))
+    r = run_cli("export", str(_sb3_zip(tmp)), "--env", "CartPole-v1", "--precision", "fp32", "--out", str(tmp / "fp32"))
     assert r.returncode == 0, r.stderr
+    out = tmp / "fp32" / "policy"
     meta = json.loads(out.with_suffix(".json").read_text())
     meta["obs_normalizer"] = {"mean": [0.0] * 4, "var": [1.0] * 4, "clip": 10.0, "epsilon": 1e-8}
     out.with_suffix(".json").write_text(json.dumps(meta))
@@ -172,8 +172,9 @@ def test_an_edited_sidecar_is_refused_in_one_line(exported: Path, tmp_path: Path
 def test_the_unedited_export_loads_and_export_refuses_an_onnx(exported: Path, tmp_path: Path) -> None:
     r = run_cli("ptq", str(exported.with_suffix(".onnx")), "--episodes", "2", "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
-    r = run_cli("export", str(exported.with_suffix(".onnx")), "--out", str(tmp_path / "again"))
-    assert r.returncode == 2 and "is already an exported model" in _one_line(r.stderr)
+    for artifact in (exported.with_suffix(".onnx"), exported.parent):
+        r = run_cli("export", str(artifact), "--out", str(tmp_path / "again"))
+        assert r.returncode == 2 and "is already an exported model" in _one_line(r.stderr)
 
 
 @pytest.mark.parametrize("data,message", [

@@ -95,7 +95,7 @@ def test_actors_spread_over_two_nodes_and_survive_the_second_leaving(two_nodes, 
     run = subprocess.Popen(
         [*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2", "--actor-precision", "int8",
          "--policy-layers", "64,64", "--lr", "1e-3", "--batch-size", "64", "--samples-per-insert", "4",
-         "--target-reward", "150", "--eval-every", "3", "--eval-episodes", "3", "--max-minutes", "5", "--out", str(out)],
+         "--target-reward", "150", "--eval-seconds", "3", "--eval-episodes", "3", "--max-minutes", "5", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     try:
         nodes_file = out / "actor_nodes.json"

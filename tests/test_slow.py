@@ -61,7 +61,7 @@ def test_qat_against_ptq(name: str, tmp_path: Path) -> None:
 ACTORQ = {
     "dqn-cartpole": ["CartPole-v1", "--algo", "dqn", "--target-reward", "195", "--batch-size", "64",
                      "--samples-per-insert", "0.25", "--lr", "3e-4", "--target-update-period", "20",
-                     "--push-period", "25", "--eval-every-steps", "10000", "--eval-episodes", "3"],
+                     "--push-period", "25", "--eval-freq", "10000", "--eval-episodes", "3"],
 }
 
 

@@ -29,11 +29,45 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quarl import validate
 from quarl.errors import QuarlError
 
+# Old option spellings, kept for one release: (command path, old) -> new. Each gives a
+# one-line notice and then means exactly what the new name means; none is in --help.
+RENAMED_OPTIONS: dict[tuple[str, str], str] = {
+    ("train", "--episodes"): "--eval-episodes",
+    ("actorq run", "--eval-every"): "--eval-seconds",
+    ("actorq run", "--eval-every-steps"): "--eval-freq",
+    ("actorq compare", "--eval-every"): "--eval-seconds",
+    ("actorq compare", "--eval-every-steps"): "--eval-freq",
+    **{(command, "--precision"): "--precisions" for command in ("ptq", "bench", "demo", "study", "actorq compare")},
+    ("export", "--precisions"): "--precision",
+    ("play", "--precisions"): "--precision",
+}
+_GROUPS = ("actorq",)
+
+
+def rename_options(args: list[str], notice: Callable[[str], None]) -> list[str]:
+    """``args`` with every old option spelling of their command replaced by the new one."""
+    words = [a for a in args[:2] if not a.startswith("-")]
+    command = " ".join(words[:2]) if words and words[0] in _GROUPS else (words[0] if words else "")
+    out = []
+    for arg in args:
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        new = RENAMED_OPTIONS.get((command, name))
+        if new is None:
+            out.append(arg)
+            continue
+        notice(f"note: quarl {command} {name} is now {new} (the old name goes in the next release)")
+        out.append(new + eq + value)
+    return out
+
+
 class _OneLineUsageErrors(TyperGroup):
     """Click's usage errors (a value that is not a number, an unknown option) as one line
-    on stderr and exit status 2, like every other error quarl reports; ``--help`` as ever."""
+    on stderr and exit status 2, like every other error quarl reports; ``--help`` as ever.
+    Old option spellings (RENAMED_OPTIONS) are rewritten first, with a notice."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        args = rename_options(list(sys.argv[1:] if args is None else args),
+                              lambda text: console.print(text, highlight=False, soft_wrap=True))
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _USAGE_ERRORS as exc:
@@ -186,11 +220,17 @@ def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
         return Path("results") / kind / f"hf-{repo}-{env_id.replace('/', '_')}"
     path = checkpoint.resolve()
     name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
-    if path.suffix == ".onnx":  # an exported model: its own name says enough
+    if _is_export(path):  # an exported model: its own name says enough
         return Path("results") / kind / f"{name}-{env_id.replace('/', '_')}"
     # zoo folder ALGO/ENV_1, zip ALGO/ENV_1/ENV.zip, legacy pickle ALGO/ENV.pkl
     algo = path.parent.name if checkpoint.is_dir() or path.suffix == ".pkl" else path.parent.parent.name
     return Path("results") / kind / f"{algo}-{name}-{env_id.replace('/', '_')}"
+
+
+def _is_export(checkpoint: Path) -> bool:
+    from quarl.policies.onnx_artifact import is_artifact
+
+    return is_artifact(checkpoint)
 
 
 def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[int]):
@@ -204,9 +244,14 @@ def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[in
     return EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
 
 
-CheckpointArg = typer.Argument(..., help="SB3 .zip, RL Zoo run folder (e.g. ppo/CartPole-v1_1) or legacy stable-baselines .pkl")
+CheckpointArg = typer.Argument(..., help="the policy: an SB3 .zip, an RL Zoo run folder (ppo/CartPole-v1_1), a legacy "
+                                         "stable-baselines .pkl, hf://ORG/REPO (Hugging Face Hub), a quarl actorq run "
+                                         "folder, or a quarl export (its folder or .onnx)")
 EnvOpt = typer.Option(None, "--env", help="gymnasium env id (default: the zoo folder's env)")
 EpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses seed + i)")
+DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
+StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
+                                                       "100000 s + i)")
 SeedOpt = typer.Option(0, "--seed")
 NEnvsOpt = typer.Option(8, "--n-envs", help="envs stepped side by side")
 MaxStepsOpt = typer.Option(None, "--max-steps", help="cut episodes after this many steps")
@@ -254,7 +299,7 @@ def ptq(
     settings = _eval_settings(episodes, seed, n_envs, max_steps)
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
-    if checkpoint.suffix == ".onnx":  # an exported model: evaluated as it is, nothing re-quantized
+    if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
 
         with _progress() as bar:
@@ -448,7 +493,8 @@ def train_cmd(
     checkpoint_freq: int = typer.Option(0, "--checkpoint-freq", "--save-freq",
                                         help="checkpoint every N env steps (0: a tenth of the run)"),
     resume: bool = typer.Option(False, "--resume", help="continue the newest run that has a checkpoint"),
-    episodes: int = typer.Option(10, "--episodes", help="episodes of the final evaluation"),
+    eval_episodes: int = typer.Option(5, "--eval-episodes", help="episodes of each evaluation (every --eval-freq "
+                                                                 "steps, and the final one)"),
     trust_pickle: bool = typer.Option(False, "--trust-pickle", help="--resume: allow the replay / normalization "
                                                                     "pickles of an older quarl's checkpoint"),
     verbose: bool = VerboseOpt,
@@ -469,7 +515,7 @@ def train_cmd(
     validate.timesteps(timesteps)
     validate.seed(seed)
     validate.out_folder(out)
-    _check_count("--episodes", episodes, 1)
+    _check_count("--eval-episodes", eval_episodes, 1)
     _check_count("--eval-freq", eval_freq, 0)
     _check_count("--checkpoint-freq", checkpoint_freq, 0)
     overrides = _parse_overrides(hp)
@@ -482,16 +528,17 @@ def train_cmd(
     elif quant_delay is not None:
         raise QuarlError("--quant-delay needs --qat-bits")
     config = TrainConfig(algo.lower(), env_id, timesteps=total, seed=seed, out=out, precision=precision, qat=qat,
-                         hyperparams=overrides, eval_freq=eval_freq, checkpoint_freq=checkpoint_freq,
+                         hyperparams=overrides, eval_freq=eval_freq, eval_episodes=eval_episodes, checkpoint_freq=checkpoint_freq,
                          progress_bar=True, trust_pickle=trust_pickle)
     result = train(config, resume=resume)
     if result.resumed_from:
         console.print(f"resumed {result.run_dir} from step {result.resumed_from}")
     ckpt = load_checkpoint(result.run_dir)
-    ev = evaluate(ckpt.policy, ckpt.env_spec, episodes=episodes, seed=seed + 100_000, n_envs=min(episodes, 8))
+    ev = evaluate(ckpt.policy, ckpt.env_spec, episodes=eval_episodes, seed=seed + 100_000,
+                  n_envs=min(eval_episodes, 8))
     out_console.print(
         f"saved {result.run_dir} ({result.timesteps} steps, {ckpt.policy.precision}): "
-        f"mean return {ev.mean:.2f} +/- {ev.std:.2f} over {episodes} episodes",
+        f"mean return {ev.mean:.2f} +/- {ev.std:.2f} over {eval_episodes} episodes",
         soft_wrap=True,
     )
 
@@ -547,12 +594,16 @@ def _parse_layers(text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in items)
 
 
+def _number(value: Optional[float]) -> str:
+    """A progress field; '-' until there is one (no evaluation has finished yet)."""
+    return "-" if value is None or value != value else f"{value:.2f}"
+
+
 def _progress_line(state, line: dict) -> None:
-    run_mean = line["running_mean"]
     console.print(
         f"{line['t_s']:7.1f}s  env {line['env_steps']:>8} ({line['env_steps_per_s']:7.1f}/s)  "
         f"learner {line['learner_steps']:>7} ({line['learner_steps_per_s']:6.1f}/s)  "
-        f"eval {line['last_eval']:8.2f}  mean10 {run_mean if run_mean is not None else float('nan'):8.2f}"
+        f"eval {_number(line['last_eval']):>8}  mean10 {_number(line['running_mean']):>8}"
         f" / {line['target'] if line['target'] is not None else '-'}  v{line['version']}",
         highlight=False,
         soft_wrap=True,
@@ -585,9 +636,10 @@ def _actorq_options(
     priority_exponent: float = typer.Option(0.6, help="prioritized replay: alpha"),
     importance_exponent: float = typer.Option(0.4, help="prioritized replay: beta"),
     checkpoint_replay: bool = typer.Option(False, "--checkpoint-replay", help="also checkpoint replay (for --resume)"),
-    eval_every: float = typer.Option(10.0, help="seconds between evaluations"),
-    eval_every_steps: Optional[int] = typer.Option(
-        None, help="evaluate every N env steps instead of every --eval-every seconds (SB3's eval_freq)"),
+    eval_seconds: float = typer.Option(10.0, help="seconds between evaluations (without --eval-freq)"),
+    eval_freq: Optional[int] = typer.Option(
+        None, help="evaluate every N env steps instead, as train's --eval-freq (fleets of different speeds compared "
+                   "at the same learning progress)"),
     eval_episodes: int = typer.Option(5),
     seed: int = SeedOpt,
     address: Optional[str] = typer.Option(None, help="join this Ray cluster, HOST:PORT (default: start a local one)"),
@@ -630,7 +682,7 @@ def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", 
         max_minutes=opts["max_minutes"], max_env_steps=opts["max_env_steps"], learning_rate=opts["learning_rate"],
         batch_size=opts["batch_size"],
         min_replay=opts["min_replay"], samples_per_insert=opts["samples_per_insert"],
-        eval_every_s=opts["eval_every"], eval_every_steps=opts["eval_every_steps"], eval_episodes=opts["eval_episodes"], seed=opts["seed"],
+        eval_every_s=opts["eval_seconds"], eval_every_steps=opts["eval_freq"], eval_episodes=opts["eval_episodes"], seed=opts["seed"],
         address=opts["address"], local=opts["local"], out=out, replay=opts["replay"],
         priority_exponent=opts["priority_exponent"], importance_exponent=opts["importance_exponent"],
         checkpoint_replay=opts["checkpoint_replay"], learner_device=opts["learner_device"],
@@ -638,6 +690,12 @@ def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", 
     info = env_info(config)  # env / algorithm mismatch: one line before anything starts
     if kind == "compare" and config.target_reward is None and info.reward_threshold is None:
         raise QuarlError(f"{env_id} has no reward threshold: pass --target-reward for the time-to-reward comparison")
+    where = ("in this process" if config.local else f"on the Ray cluster at {config.address}" if config.address
+             else "on a local Ray cluster")
+    actors = f"{config.actors} {config.actor_precision}" if kind == "run" else str(config.actors)
+    each = " for each run" if kind == "compare" else ""
+    console.print(f"starting {actors} actors and a {config.learner_device} learner {where}{each}; a progress line "
+                  "every 2 s", highlight=False, soft_wrap=True)
     return config, out
 
 
@@ -754,8 +812,7 @@ def export(
     env: Optional[str] = EnvOpt,
     precision: str = typer.Option("int8", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode "
                                                "(int8-dyn-channel, int4-weight-only...)"),
-    out: Optional[Path] = typer.Option(None, "--out", parser=validate.out_option,
-                                       help="output path without suffix (default results/export/<policy>-<precision>)"),
+    out: Optional[Path] = OutOpt,
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
     seed: int = typer.Option(0, "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)"),
@@ -763,14 +820,16 @@ def export(
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """Export the acting network as ONNX (fp32 or real int8 / int4) plus a JSON sidecar with
-    the observation normalization, the action head and the int mode that was chosen.
+    """Export the acting network as OUT/policy.onnx (fp32 or real int8 / int4) plus
+    OUT/policy.json, a sidecar with the observation normalization, the action head and the
+    int mode that was chosen. ptq, bench and play take OUT (or OUT/policy.onnx) as a policy.
 
-    Example: quarl export ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --out policy
+    Example: quarl export ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --out lunar-int8
     """
     _setup(verbose)
     from quarl.deploy import export_policy
     from quarl.measure import calibration_inputs, calibration_returns
+    from quarl.policies.onnx_artifact import ARTIFACT_NAME
 
     options = _quant_options(int8_weights, block_size)
     config = _parse_precisions(precision, **options)
@@ -778,8 +837,8 @@ def export(
     if seed:
         console.print("note: export --seed is ignored and will be removed: calibration seeds are fixed, so export, "
                       "ptq and study choose the same int mode", highlight=False)
-    validate.out_stem(out)
-    if checkpoint.suffix == ".onnx":
+    validate.out_folder(out)
+    if _is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
@@ -790,9 +849,66 @@ def export(
         raise QuarlError(f"--max-steps {max_steps} must be at least 1 (or unset)")
     calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec, max_steps)
     returns = calibration_returns(spec, max_steps)
-    meta = export_policy(ckpt.policy, precision, out, calibration, spec, returns, **options)
+    stem = out / ARTIFACT_NAME
+    meta = export_policy(ckpt.policy, precision, stem, calibration, spec, returns, **options)
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
-    out_console.print(f"wrote {out.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and {out.with_suffix('.json')}")
+    out_console.print(f"wrote {stem.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and "
+                      f"{stem.with_suffix('.json')}", soft_wrap=True)
+
+
+@app.command()
+@user_errors
+def play(
+    checkpoint: Path = CheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precision: str = typer.Option("fp32", help="one precision, as in ptq's --precisions (int8 chooses its mode on the "
+                                               "calibration seeds, as ptq does)"),
+    episodes: int = typer.Option(3, "--episodes", help="episodes to play (episode i uses seed + i, as in ptq)"),
+    seed: int = SeedOpt,
+    video: Optional[Path] = typer.Option(None, "--video", parser=validate.out_option,
+                                         help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
+                                              "needed)"),
+    max_steps: Optional[int] = MaxStepsOpt,
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
+    trust_pickle: bool = TrustOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Play a policy at one precision, print each episode's return and length (the same
+    numbers ptq gets on those seeds) and, with --video, record each episode.
+
+    Example: quarl play ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --episodes 2 --video videos
+    """
+    _setup(verbose)
+    from quarl.api import quantize
+    from quarl.play import play as play_episodes
+    from quarl.reports import print_table
+
+    options = _quant_options(int8_weights, block_size)
+    labels = _parse_precisions(precision, **options)
+    if len(labels) != 1:
+        raise QuarlError(f"--precision {precision!r} names {len(labels)} precisions: play takes one")
+    _eval_settings(episodes, seed, 1, max_steps)
+    _check_count("--max-steps", max_steps, 1)
+    validate.out_folder(video, "--video")
+    ckpt, spec = _load(checkpoint, env, trust_pickle)
+    if _is_export(checkpoint):
+        if labels[0] != "fp32":
+            raise QuarlError(f"{checkpoint} is an exported model: it plays as exported ({ckpt.policy.precision}); "
+                             "drop --precision")
+        policy = ckpt.policy
+    else:
+        policy = ckpt.policy if labels[0] == "fp32" else quantize(ckpt.policy, labels[0], spec, **options)
+    name = policy.precision if _is_export(checkpoint) else labels[0]
+    result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name).result
+    rows = [{"episode": i, "seed": seed + i, "return": round(float(r), 2), "length": int(n)}
+            for i, (r, n) in enumerate(zip(result.returns, result.lengths))]
+    mode = (policy.meta.get("quant") or {}).get("mode")
+    print_table(rows, None, out_console)
+    out_console.print(f"{ckpt.algo} {spec.env_id} at {name}" + (f" (mode {mode})" if mode else "") +
+                      f": mean return {result.mean:.2f} over {episodes} episodes", soft_wrap=True)
+    if video is not None:
+        out_console.print(f"wrote {len(rows)} videos to {video}/ ({name}-episode-0.mp4 ...)", soft_wrap=True)
 
 
 @app.command()
@@ -809,7 +925,8 @@ def bench(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Latency of the policy at each precision next to PyTorch fp32 (median per call, one
-    thread), with model size and the memory each engine took.
+    thread), with the model's size in bytes (process memory is not reported: ONNX Runtime's
+    arenas, not the model, set it).
 
     Example: quarl bench ../shared/zoo/dqn/CartPole-v1_1 --precisions fp32,int8
     """
@@ -848,7 +965,7 @@ def demo(
     zoo: Optional[Path] = typer.Option(None, help="folder of trained agents: RL Zoo (ALGO/ENV_1/) or legacy "
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
-    episodes: int = EpisodesOpt,
+    episodes: int = DemoEpisodesOpt,
     out: Path = typer.Option(Path("results/demo"), "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
     verbose: bool = VerboseOpt,
@@ -887,7 +1004,7 @@ def study(
     agents: list[Path] = typer.Argument(..., help="checkpoints, or folders of agents (RL Zoo ALGO/ENV_1, legacy ALGO/ENV.pkl)"),
     precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP),
     seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 s + i"),
-    episodes: int = EpisodesOpt,
+    episodes: int = StudyEpisodesOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
     int8_weights: str = Int8WeightsOpt,

@@ -72,14 +72,14 @@ def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
     agreement = quant.get("agreement")
     return {
         "mode": quant["mode"],
-        "fp32_layers": ",".join(str(i) for i in quant.get("fp32_layers", [])) or "-",
+        "fp32_layers": ",".join(f"#{i}" for i in quant.get("fp32_layers", [])) or "none",  # indices, not a count
         "agree%": "" if agreement is None or agreement != agreement else round(100 * agreement, 1),
     }
 
 
 def mode_summary(records: Sequence[dict[str, Any]]) -> str:
-    """The int modes that ran, with fp32 layers and agreement: ``int8: static 100%, int4:
-    mixed (fp32 2) 99%``."""
+    """The int modes that ran, with fp32 layers (by index) and agreement: ``int8: static
+    100%, int4: mixed (fp32 #2) 99%``."""
     parts = []
     for r in records:
         quant = r.get("quant")
@@ -88,7 +88,7 @@ def mode_summary(records: Sequence[dict[str, Any]]) -> str:
         layers = quant.get("fp32_layers") or []
         agreement = quant.get("agreement")
         parts.append(f"{r['precision']}: {quant['mode'].split('-', 1)[1]}"
-                     + (f" (fp32 {','.join(map(str, layers))})" if layers else "")
+                     + (f" (fp32 {','.join(f'#{i}' for i in layers)})" if layers else "")
                      + ("" if agreement is None else f" {100 * agreement:.0f}%"))
     return ", ".join(parts)
 
@@ -112,12 +112,13 @@ def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Seq
     return rows
 
 
-def print_table(rows: Sequence[dict[str, Any]], title: str, console: Console | None = None) -> None:
+def print_table(rows: Sequence[dict[str, Any]], title: str | None, console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=title)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for c in columns:
-        table.add_column(c, justify="left" if c in ("policy", "precision", "layer") else "right")
+        # a narrow terminal folds a cell or header onto two lines; nothing is cut to "..."
+        table.add_column(c, justify="left" if c in ("policy", "precision", "layer") else "right", overflow="fold")
     for row in rows:
         table.add_row(*[_fmt(row.get(c, "")) for c in columns])
     console.print(table)

@@ -68,15 +68,3 @@ def out_folder(path: Path | None, option: str = "--out") -> Path | None:
     if not os.access(path, os.W_OK | os.X_OK):
         raise QuarlError(f"{option} {path} is not writable")
     return path
-
-
-def out_stem(path: Path | None, option: str = "--out") -> Path | None:
-    """A path without suffix that files are written beside (``export --out``): not empty,
-    and its folder writable."""
-    if path is None:
-        return None
-    if str(path) == EMPTY or not path.name:
-        raise QuarlError(f"{option} '{'' if str(path) == EMPTY else path}' names no file: give a path like "
-                         "results/policy-int8")
-    out_folder(path.parent if str(path.parent) else Path("."), f"{option}'s folder")
-    return path

@@ -47,7 +47,7 @@ def run_compare(
 ) -> Comparison:
     if base.eval_every_steps is None:
         log.warning("evaluations every %g s add the same delay to every fleet's time to reward, which pulls the "
-                    "speedup toward 1: --eval-every-steps N compares the fleets at the same learning progress",
+                    "speedup toward 1: --eval-freq N compares the fleets at the same learning progress",
                     base.eval_every_s)
     summaries: dict[str, list[ActorQSummary]] = {p: [] for p in precisions}
     # precisions interleaved within each repeat: a machine whose speed drifts over the hour

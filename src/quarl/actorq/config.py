@@ -124,8 +124,8 @@ class ActorQConfig:
             if not getattr(self, name) > 0:
                 raise QuarlError(f"{name}={getattr(self, name)} must be > 0")
         if self.eval_every_steps is not None and self.eval_every_steps < 1:
-            raise QuarlError(f"--eval-every-steps {self.eval_every_steps} must be at least 1 (or unset: every "
-                             "--eval-every seconds)")
+            raise QuarlError(f"--eval-freq {self.eval_every_steps} must be at least 1 (or unset: every "
+                             "--eval-seconds)")
         if not self.v_min < self.v_max:
             raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
         if self.samples_per_insert <= 0:

@@ -214,9 +214,8 @@ def run_actorq(
                                          "use a higher target")
                     state.time_to_reward_s = at_s
                     state.env_steps_at_target = state.env_steps
-            if state.time_to_reward_s is not None:
-                break
-            if now() >= next_line:
+            reached = state.time_to_reward_s is not None
+            if reached or now() >= next_line:  # the last line shows the mean that reached the target
                 line = _progress(state, learner_t, now(), metrics, target)
                 tb.add_scalar("learner/steps_per_s", line["learner_steps_per_s"], state.env_steps)
                 tb.add_scalar("actor/env_steps_per_s", line["env_steps_per_s"], state.env_steps)
@@ -225,6 +224,8 @@ def run_actorq(
                 if on_progress:
                     on_progress(state, line)
                 next_line = now() + 2.0
+            if reached:
+                break
             if now() >= next_ckpt:
                 state.elapsed_s = now()
                 _checkpoint(ckpt_path, learner, replay, limiter, state, config)

@@ -99,14 +99,21 @@ def _normalizer(norm: Any, n: int) -> ObsNormalizer | None:
                          _number(norm.get("epsilon"), "obs_normalizer epsilon", 0.0))
 
 
+ARTIFACT_NAME = "policy"
+"""``quarl export --out DIR`` writes ``DIR/policy.onnx`` and ``DIR/policy.json``."""
+
+
 def is_artifact(path: Path) -> bool:
-    return path.suffix == ".onnx"
+    return path.suffix == ".onnx" or (path.is_dir() and (path / f"{ARTIFACT_NAME}.onnx").is_file())
 
 
 def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
-    """The policy of ``NAME.onnx`` (with ``NAME.json`` beside it) and its env, if named."""
+    """The policy of ``NAME.onnx`` (with ``NAME.json`` beside it), or of an export folder
+    holding ``policy.onnx``, and its env, if named."""
     from quarl.quant.modes import MODES
 
+    if path.is_dir():
+        path = path / f"{ARTIFACT_NAME}.onnx"
     meta_path = path.with_suffix(".json")
     if not meta_path.exists():
         raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to feed it")

@@ -469,7 +469,12 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
         closest = sorted(tried, key=lambda c: -c.agreement)[:CLOSED_LOOP_CANDIDATES]
         kept = [c for c in tried if any(c is k for k in closest) and keeps_return(c)]  # registry order
         if kept:
-            return _ranked(kept, sample, timing_budget_s)[0], tried
+            chosen = _ranked(kept, sample, timing_budget_s)[0]
+            log.warning("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; %s (layers %s in fp32) "
+                        "agrees on only %.1f%% but keeps fp32's return on %d calibration episodes", bits,
+                        100 * min_agreement, chosen.mode, list(chosen.keep), 100 * chosen.agreement,
+                        chosen.calibration_episodes)
+            return chosen, tried
         scored = [c for c in tried if c.calibration_return == c.calibration_return]
         best = max(scored, key=lambda c: c.calibration_return)
         log.warning("int%d: no mode keeps fp32's return (%.2f) on the calibration episodes; the best, %s with layers "

@@ -101,5 +101,6 @@ def plot_study(records: Sequence[dict[str, Any]], precisions: Sequence[str], pat
     ax.set_xlabel("precision")
     ax.set_ylabel("E% = (R_fp32 - R_q) / |R_fp32|")
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # a study of fp32 alone has no E to plot
+        ax.legend(fontsize=7)
     return save_figure(fig, path)
