@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-slow bench
+.PHONY: setup demo test test-slow bench docs
 
 setup: $(STAMP)
 
@@ -26,7 +26,12 @@ TEST_JOBS ?= 2
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check --select F,E9 src tests benchmarks
+	$(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
+
+# the documentation site, into build/site (mkdocs serve for a live preview)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -m slow

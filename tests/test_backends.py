@@ -186,3 +186,20 @@ def test_config_parse_labels() -> None:
         QuantConfig.parse("int6")
     with pytest.raises(QuarlError, match="unknown precision 'sim1'"):
         QuantConfig.parse("sim1")
+
+
+def test_building_an_nbits_model_leaves_the_root_logger_alone() -> None:
+    """ONNX Runtime's MatMulNBits quantizer configures the root logger at INFO when its
+    module is imported; quarl puts it back, so a user's program is not flooded with INFO lines."""
+    import logging
+    import subprocess
+    import sys
+
+    code = ("import logging, numpy as np, torch\n"
+            "from quarl.quant.backends.onnxruntime import export_onnx, quantize_nbits\n"
+            "net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))\n"
+            "quantize_nbits(export_onnx(net, (64,)), 4)\n"
+            "root = logging.getLogger()\n"
+            "print(len(root.handlers), root.level)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", str(logging.WARNING)]

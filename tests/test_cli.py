@@ -466,3 +466,23 @@ def test_play_scores_what_ptq_scores_and_records_each_episode(tiny_run: Path, tm
     # one precision only, and an export plays as exported
     r = run_cli("play", str(tiny_run), "--precision", "fp32,int8")
     assert r.returncode == 2 and "play takes one" in r.stderr
+
+
+def test_actorq_run_says_where_it_starts_and_ends_on_the_line_that_reached(tmp_path: Path) -> None:
+    """actorq run: a line saying what starts before the first progress line, '-' (never
+    'nan') before the first evaluation, and a last progress line whose running mean is the
+    one that reached the target."""
+    import re
+
+    r = run_cli("actorq", "run", "CartPole-v1", "--local", "--actors", "1", "--actor-precision", "int8",
+                "--policy-layers", "64,64", "--lr", "1e-3", "--batch-size", "64", "--min-replay", "500",
+                "--samples-per-insert", "4", "--update-period", "100", "--push-period", "50",
+                "--eval-freq", "1000", "--eval-episodes", "3", "--target-reward", "60", "--max-env-steps", "60000",
+                "--max-minutes", "30", "--out", str(tmp_path / "aq"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == "starting 1 int8 actors and a cpu learner in this process; a progress line every 2 s"
+    assert "nan" not in r.stderr
+    means = [float(m) for m in re.findall(r"mean10 +([0-9.]+) / 60.0", r.stderr)]
+    assert "reached 60.0" in r.stdout, r.stdout
+    assert means and means[-1] >= 60.0

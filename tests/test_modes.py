@@ -317,3 +317,26 @@ def test_a_later_mode_wins_only_when_much_faster_in_ratio_and_in_microseconds() 
     assert ranked(300.0, 150.0) == ["m1", "m0"]  # 2x and 150 us: the later mode wins
     assert ranked(300.0, 220.0) == ["m0", "m1"]  # 80 us but only 1.36x
     assert ranked(900.0, 500.0, 200.0) == ["m2", "m1", "m0"]
+
+
+def test_a_mode_chosen_on_episodes_alone_with_low_agreement_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """Near-tied outputs: no int4 mode agrees on 99 % of the states, one keeps the return on
+    the calibration episodes and is chosen; its low agreement is said (a warning), not kept
+    silent in a column."""
+    import logging
+
+    policy, obs = _mlp_policy()
+    with torch.no_grad():  # three near-equal action values: any rounding flips the greedy one
+        last = policy.network[-1]
+        last.weight.copy_(last.weight[:1] + 1e-3 * last.weight)  # the rows nearly equal
+        last.bias.zero_()
+
+    def returns(p: Policy, n: int) -> np.ndarray:
+        return np.full(n, 100.0)  # every mode keeps the return
+
+    with caplog.at_level(logging.INFO, logger="quarl"):
+        chosen = quantize(policy, QuantConfig("int4"), obs, returns=returns)
+    agreement = chosen.meta["quant"]["agreement"]
+    assert agreement < 0.9
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "agrees on only" in r.getMessage()]
+    assert len(warned) == 1 and f"{100 * agreement:.1f}%" in warned[0].getMessage()

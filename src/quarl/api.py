@@ -1,10 +1,12 @@
 """The Python API: what the CLI does, in three calls.
 
-    import quarl
+```python
+import quarl
 
-    agent = quarl.load("../shared/zoo/ppo/LunarLander-v2_1")        # policy + its env
-    int8 = quarl.quantize(agent.policy, "int8", agent.env_spec)      # mode chosen on calibration seeds
-    print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=20).mean)
+agent = quarl.load("../shared/zoo/ppo/LunarLander-v2_1")        # policy + its env
+int8 = quarl.quantize(agent.policy, "int8", agent.env_spec)      # mode chosen on calibration seeds
+print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=20).mean)
+```
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -899,7 +900,7 @@ def play(
         policy = ckpt.policy
     else:
         policy = ckpt.policy if labels[0] == "fp32" else quantize(ckpt.policy, labels[0], spec, **options)
-    name = policy.precision if _is_export(checkpoint) else labels[0]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", policy.precision).strip("-")  # "int8 (onnx)" -> int8-onnx
     result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name).result
     rows = [{"episode": i, "seed": seed + i, "return": round(float(r), 2), "length": int(n)}
             for i, (r, n) in enumerate(zip(result.returns, result.lengths))]

@@ -406,6 +406,10 @@ def _as_policy(policy: Policy, candidate: Candidate) -> Policy:
     return policy.with_network(network, candidate.mode, candidate.engine)
 
 
+LOW_AGREEMENT = 0.9
+"""A mode chosen on episodes alone that agrees with fp32 on fewer states than this is warned of."""
+
+
 def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, block_size: int,
            min_agreement: float, tolerance: float, returns: Returns | None = None,
            timing_budget_s: float = 0.05) -> tuple[Candidate, list[Candidate]]:
@@ -470,7 +474,9 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
         kept = [c for c in tried if any(c is k for k in closest) and keeps_return(c)]  # registry order
         if kept:
             chosen = _ranked(kept, sample, timing_budget_s)[0]
-            log.warning("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; %s (layers %s in fp32) "
+            # a chosen mode far from fp32's actions is worth a warning, one near the bar a note (-v)
+            say = log.warning if chosen.agreement < LOW_AGREEMENT else log.info
+            say("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; %s (layers %s in fp32) "
                         "agrees on only %.1f%% but keeps fp32's return on %d calibration episodes", bits,
                         100 * min_agreement, chosen.mode, list(chosen.keep), 100 * chosen.agreement,
                         chosen.calibration_episodes)

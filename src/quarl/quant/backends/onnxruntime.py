@@ -174,6 +174,21 @@ def gemm_to_matmul(model: bytes) -> bytes:
     return proto.SerializeToString()
 
 
+def _nbits_quantizer() -> type:
+    """ONNX Runtime's MatMulNBitsQuantizer. Its module calls ``logging.basicConfig(level=INFO)``
+    on import, which would make every library's INFO lines (quarl's included) appear in a
+    user's program: the root logger is put back as it was."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    return MatMulNBitsQuantizer
+
+
 def quantize_nbits(model: bytes, bits: int, block_size: int = 32, compute_int8: bool = False,
                    exclude: Sequence[str] = ()) -> bytes:
     """Block-wise n-bit weights (``MatMulNBits``, 8 or 4 bits): every ``block_size``
@@ -182,8 +197,8 @@ def quantize_nbits(model: bytes, bits: int, block_size: int = 32, compute_int8: 
     ``True``: ONNX Runtime's ``accuracy_level`` 4, activations rounded to int8 per row
     and block of ``block_size`` (much finer than per tensor) for the integer kernels."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    MatMulNBitsQuantizer = _nbits_quantizer()
     with _quiet_quantizer():
         quantizer = MatMulNBitsQuantizer(onnx.load_from_string(gemm_to_matmul(model)), bits=bits,
                                          block_size=block_size, is_symmetric=False,
