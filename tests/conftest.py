@@ -11,6 +11,7 @@ import pytest
 import torch
 
 os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ["QUARL_CACHE"] = "off"  # every test chooses int modes afresh (tests of the cache turn it on)
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -49,7 +49,7 @@ CALIBRATION_SEED_OFFSET = 10_000
 CALIBRATION_SEEDS = range(CALIBRATION_SEED_OFFSET, CALIBRATION_SEED_OFFSET + 200)
 """Reserved for calibration: states from 10,000..10,007, the sequential test's episodes from
 10,100 on (at most 64). Evaluation seeds (``seed .. seed + episodes - 1``) may not enter it."""
-RESULT_FORMAT = 13
+RESULT_FORMAT = 14
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
 4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
@@ -61,7 +61,8 @@ RESULT_FORMAT = 13
 10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes;
 11: ...doubling them up to a budget of ~20k steps (16..64 episodes);
 12: calibration seeds are fixed (10,000..10,199) whatever the evaluation's seed;
-13: a CNN tries every fp32-layer option of the convolution modes before the MatMul modes)."""
+13: a CNN tries every fp32-layer option of the convolution modes before the MatMul modes;
+14: the fastest agreeing int mode wins (5 % and 2 us margins), and the choice is stored)."""
 Progress = Callable[[str, int], None]
 """Called with (cell label, episodes finished so far in that cell)."""
 
@@ -301,6 +302,11 @@ class CalibrationEpisodes:
             returns.extend(result.returns.tolist())
             lengths.extend(result.lengths.tolist())
         return np.asarray(returns[:n], np.float64)
+
+    def cache_key(self) -> dict[str, Any]:
+        """What these episodes are, for the stored int mode choice (:mod:`quarl.quant.choice_cache`)."""
+        return {"env": dataclasses.asdict(self.env_spec), "first_seed": self.first, "max_steps": self.max_steps,
+                "steps": CALIBRATION_STEPS, "caps": list(SEQUENTIAL_CAPS)}
 
     def episode_cap(self, policy: Policy, first: int = 4) -> int:
         """How many episodes the sequential test may play: :data:`CALIBRATION_STEPS` over

@@ -33,8 +33,9 @@ agreed with fp32 on the very states its ranges came from scored 144 instead of 5
 
 ``int8`` / ``int4`` without a mode is *automatic* (:func:`choose`): every mode the policy
 supports is built and run on calibration states (fp32 rollouts on seeds disjoint from
-evaluation), and the first, in :data:`MODES` order (expected speed; a later mode wins
-only when 1.5x faster on this CPU and 50 us per call faster), whose actions agree with fp32 is used: at least
+evaluation), and the fastest at batch 1 on this CPU (:func:`_ranked`: near ties keep
+:data:`MODES` order) whose actions agree with fp32 is used, and stored for this policy,
+CPU and ONNX Runtime (:mod:`quarl.quant.choice_cache`): at least
 ``min_agreement`` of the states must give the same greedy action (discrete) or actions
 within ``action_tolerance`` of the action range (continuous), and, where calibration
 episodes can be run, the mode must keep fp32's return on them: a paired sequential test
@@ -360,13 +361,14 @@ doubles them while undecided, up to the cap the returns' ``episode_cap(policy)``
 CLOSED_LOOP_CANDIDATES = 4
 
 
-SWITCH_SPEEDUP = 1.5
-"""A later mode in registry order replaces an earlier one only when this much faster..."""
-SWITCH_SAVING_US = 50.0
-"""...and when it saves at least this much per batch-1 call. Small policies run any mode in
-tens of microseconds, where timer noise alone moved the choice between runs (measured:
-int8-block 27 / 23 / 39 us against int8-dyn-channel 16 / 31 / 36 us in three builds of one
-PPO CartPole policy); a few microseconds are not worth a choice that changes run to run."""
+SWITCH_MARGIN = 0.05
+"""A mode later in registry order replaces an earlier one when it is more than 5 % faster
+at batch 1 on this CPU..."""
+SWITCH_SAVING_US = 2.0
+"""...and saves at least this much per call: differences within timer noise keep the
+registry order. The choice is then stored (:mod:`quarl.quant.choice_cache`), so a near tie
+cannot flip between commands (measured before the cache: int8-block 27 / 23 / 39 us
+against int8-dyn-channel 16 / 31 / 36 us in three builds of one PPO CartPole policy)."""
 TIMING_ROUNDS = 5
 
 
@@ -385,16 +387,17 @@ def _time_interleaved(candidates: list[Candidate], sample: np.ndarray, budget_s:
 
 
 def _ranked(candidates: list[Candidate], sample: np.ndarray, budget_s: float) -> list[Candidate]:
-    """Candidates in order of preference: registry order (the order of expected speed),
-    where a later one moves ahead of an earlier one only when 1.5x faster at batch 1 on
-    this CPU *and* at least :data:`SWITCH_SAVING_US` faster, so the same command makes the
-    same choice run after run (timings move by tens of percent under load; choices must not)."""
+    """Candidates fastest first at batch 1 on this CPU (timed in interleaved rounds, the
+    median of each), where a later one in registry order moves ahead of an earlier one only
+    when more than :data:`SWITCH_MARGIN` faster *and* at least :data:`SWITCH_SAVING_US`
+    faster: the first is within about 5 % of the fastest."""
     _time_interleaved(candidates, sample, budget_s)
     rest, ranked = list(candidates), []
     while rest:
         best = rest[0]
         for c in rest[1:]:
-            if c.latency_us * SWITCH_SPEEDUP < best.latency_us and best.latency_us - c.latency_us >= SWITCH_SAVING_US:
+            faster = c.latency_us < best.latency_us * (1 - SWITCH_MARGIN)
+            if faster and best.latency_us - c.latency_us >= SWITCH_SAVING_US:
                 best = c
         ranked.append(best)
         rest.remove(best)

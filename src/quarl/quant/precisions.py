@@ -37,7 +37,9 @@ from quarl.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.modes import BuildRequest, Candidate, Returns, build_candidate, choose, get_mode, split_calibration
+from quarl.quant import choice_cache
+from quarl.quant.modes import (MODES, BuildRequest, Candidate, Returns, build_candidate, choose, get_mode,
+                               split_calibration)
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
 if TYPE_CHECKING:  # config validates against this module; only annotations need it here
@@ -158,15 +160,44 @@ def _nbit(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
     return policy.with_network(rounded, config.label, OrtEngine(export_onnx(rounded, policy.input_shape)))
 
 
-def _explain(label: str, best: Candidate, tried: list[Candidate]) -> None:
-    """What the automatic choice tried and why it chose (``quarl -v`` shows it)."""
+def _explain(label: str, chosen: dict, tried: list[dict], cached: bool) -> None:
+    """What the automatic choice tried and why it chose (``quarl -v`` shows it); summaries
+    as :meth:`Candidate.summary` gives them."""
+    def pct(x: float | None) -> str:
+        return "-" if x is None or x != x else f"{100 * x:.1f}%"
+
     if len(tried) > 1:
         for c in tried:
-            log.info("%s: tried %s (fp32 layers %s): agreement %.1f%%, %.1f us, %s%s", label, c.mode, list(c.keep),
-                     100 * c.agreement, c.latency_us,
-                     f"{c.calibration_episodes} calibration episodes: {c.calibration_verdict}"
-                     if c.calibration_episodes else "not played", " <- chosen" if c is best else "")
-    log.info("%s runs %s with layers %s in fp32", label, best.mode, list(best.keep))
+            is_chosen = c["mode"] == chosen["mode"] and c["fp32_layers"] == chosen["fp32_layers"]
+            log.info("%s: tried %s (fp32 layers %s): agreement %s, %s us, %s%s", label, c["mode"], c["fp32_layers"],
+                     pct(c["agreement"]), c["latency_us"],
+                     f"{c['calibration_episodes']} calibration episodes: {c['calibration_verdict']}"
+                     if c["calibration_episodes"] else "not played", " <- chosen" if is_chosen else "")
+    log.info("%s runs %s with layers %s in fp32%s", label, chosen["mode"], chosen["fp32_layers"],
+             " (the choice stored for this policy, CPU and ONNX Runtime; QUARL_CACHE=off chooses again)"
+             if cached else "")
+
+
+def _choice_options(config: "QuantConfig") -> dict:
+    return {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
+            "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
+
+
+def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: dict) -> Candidate:
+    """The stored choice, built again (the only mode built on a cache hit); what the first
+    choice measured on episodes comes with it."""
+    mode = get_mode(entry["mode"])
+    fit, check = split_calibration(mode, calibration)
+    request = BuildRequest(policy.network, export_onnx(policy.network, policy.input_shape), fit,
+                           config.int8_weights, config.block_size, frozenset(entry["keep"]))
+    best = build_candidate(policy, mode, request, check, config.action_tolerance)
+    chosen = entry["chosen"]
+    best.latency_us = float("nan") if chosen.get("latency_us") is None else float(chosen["latency_us"])
+    best.calibration_return = (float("nan") if chosen.get("calibration_return") is None
+                               else float(chosen["calibration_return"]))
+    best.calibration_episodes = int(chosen.get("calibration_episodes") or 0)
+    best.calibration_verdict = str(chosen.get("calibration_verdict") or "")
+    return best
 
 
 def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
@@ -175,12 +206,21 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     :mod:`quarl.quant.modes`). The new policy's ``meta["quant"]`` says which mode runs,
     which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
     config = config.resolved()
+    cached = False
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
                              "fp32 (quarl.measure.calibration_inputs)")
-        best, tried = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
-                             config.min_agreement, config.action_tolerance, returns)
+        key = choice_cache.choice_key(policy.fingerprint(), _choice_options(config), calibration, returns)
+        entry = choice_cache.load(key, {m for m in MODES if MODES[m].bits == config.bits})
+        if entry is not None:
+            best, tried, cached = _rebuild(policy, config, calibration, entry), entry["tried"], True
+        else:
+            best, candidates = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
+                                      config.min_agreement, config.action_tolerance, returns)
+            tried = [c.summary() for c in candidates]
+            choice_cache.store(key, {"mode": best.mode, "keep": list(best.keep), "chosen": best.summary(),
+                                     "tried": tried})
     else:
         mode = get_mode(config.label)
         reason = mode.unsupported(policy.network)
@@ -192,12 +232,12 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
         request = BuildRequest(policy.network, export_onnx(policy.network, policy.input_shape), fit,
                                config.int8_weights, config.block_size)
         best = build_candidate(policy, mode, request, check, config.action_tolerance)
-        tried = [best]
-    _explain(config.label, best, tried)
+        tried = [best.summary()]
+    _explain(config.label, best.summary(), tried, cached)
     network = best.reference if best.reference is not None else policy.clone_network()
     quantized = policy.with_network(network, config.label, best.engine)
     quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
-                               "tried": [c.summary() for c in tried]}
+                               "chosen_from_cache": cached, "tried": tried}
     return quantized
 
 
