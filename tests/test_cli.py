@@ -486,3 +486,16 @@ def test_actorq_run_says_where_it_starts_and_ends_on_the_line_that_reached(tmp_p
     means = [float(m) for m in re.findall(r"mean10 +([0-9.]+) / 60.0", r.stderr)]
     assert "reached 60.0" in r.stdout, r.stdout
     assert means and means[-1] >= 60.0
+
+
+def test_ptq_with_workers_stores_the_serial_runs_returns(tiny_run: Path, tmp_path: Path) -> None:
+    def returns(folder: Path) -> dict:
+        return {r["precision"]: r["returns"] for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())}
+
+    for workers in ("1", "2"):
+        r = run_cli("ptq", str(tiny_run), "--precisions", "fp32,int8", "--episodes", "6", "--workers", workers,
+                    "--out", str(tmp_path / workers))
+        assert r.returncode == 0, r.stderr
+    assert returns(tmp_path / "1") == returns(tmp_path / "2")
+    r = run_cli("ptq", str(tiny_run), "--workers", "0", "--out", str(tmp_path / "0"))
+    assert r.returncode == 2 and "--workers 0 must be in 1..256" in r.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from quarl import parallel
 from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
@@ -124,3 +125,48 @@ def test_fp32_returns_equal_sb3_predict_on_the_same_seeds(algo: str, env: str, z
         want.append(total)
     got = evaluate(policy, ckpt.env_spec, episodes=2, seed=0, n_envs=2)
     assert got.returns.tolist() == want
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4-weight-only"])
+def test_workers_give_every_episode_the_serial_runs_numbers(tiny_run, precision: str) -> None:
+    """Episodes split over worker processes: the same return and length per episode as one
+    process playing them all, whatever the split, and every episode reported once."""
+    from quarl.api import quantize as quantize_label
+
+    ckpt = load_checkpoint(tiny_run)
+    policy = ckpt.policy if precision == "fp32" else quantize_label(ckpt.policy, precision, ckpt.env_spec)
+    serial = evaluate(policy, ckpt.env_spec, episodes=13, seed=3)
+    seen: list[int] = []
+    split = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=2, on_episode=lambda ep, r: seen.append(ep))
+    assert np.array_equal(serial.returns, split.returns) and np.array_equal(serial.lengths, split.lengths)
+    assert sorted(seen) == list(range(13))
+    three = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=3, n_envs=2)
+    assert np.array_equal(serial.returns, three.returns)
+
+
+def test_the_chunks_cover_every_episode_once() -> None:
+    from quarl.parallel import chunks
+
+    for episodes in (1, 2, 7, 20, 101):
+        for workers in (1, 2, 3, 16):
+            pieces = chunks(episodes, workers)
+            covered = [s + i for s, n in pieces for i in range(n)]
+            assert covered == list(range(episodes)) and max(n for _, n in pieces) - min(n for _, n in pieces) <= 1
+
+
+def test_a_script_without_a_main_guard_runs_once_with_workers(tmp_path, tiny_run) -> None:
+    """Workers start without importing the caller's __main__: a script with no
+    `if __name__ == "__main__"` guard is not run again in each worker."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "evaluate_it.py"
+    script.write_text("import quarl\n"
+                      "from quarl.parallel import evaluate\n"
+                      f"agent = quarl.load({str(tiny_run)!r})\n"
+                      "print('ran', evaluate(agent.policy, agent.env_spec, episodes=4, workers=2).returns.tolist())\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("ran") == 1

@@ -234,7 +234,23 @@ def _is_export(checkpoint: Path) -> bool:
     return is_artifact(checkpoint)
 
 
-def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[int]):
+def _workers(workers: Optional[int]) -> int:
+    """--workers, else $QUARL_WORKERS, else this machine's cores; the pool starts now, in the
+    background, while the command loads and calibrates."""
+    from quarl import parallel
+
+    if workers is None:
+        raw = os.environ.get("QUARL_WORKERS", "")
+        if raw and not raw.isdigit():
+            raise QuarlError(f"QUARL_WORKERS={raw!r} is not a whole number")
+        workers = int(raw) if raw else parallel.usable_cores()
+    parallel.check_workers(workers)
+    if workers > 1:
+        parallel.warm_up(workers)
+    return workers
+
+
+def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[int], workers: int = 1):
     from quarl.measure import EvalSettings
 
     if episodes < 1:
@@ -242,7 +258,7 @@ def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[in
     if n_envs < 1:
         raise QuarlError(f"--n-envs {n_envs} must be at least 1")
     validate.seed(seed)
-    return EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
+    return EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps, workers=workers)
 
 
 CheckpointArg = typer.Argument(..., help="the policy: an SB3 .zip, an RL Zoo run folder (ppo/CartPole-v1_1), a legacy "
@@ -256,6 +272,8 @@ StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for -
 SeedOpt = typer.Option(0, "--seed")
 NEnvsOpt = typer.Option(8, "--n-envs", help="envs stepped side by side")
 MaxStepsOpt = typer.Option(None, "--max-steps", help="cut episodes after this many steps")
+WorkersOpt = typer.Option(None, "--workers", help="processes playing episodes side by side (default: this machine's "
+                                                  "cores, or $QUARL_WORKERS); the same returns as --workers 1")
 OutOpt = typer.Option(None, "--out", parser=validate.out_option, help="output folder (default results/<command>/<policy>)")
 TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
 VerboseOpt = typer.Option(False, "--verbose", "-v")
@@ -281,6 +299,7 @@ def ptq(
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
+    workers: Optional[int] = WorkersOpt,
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
@@ -297,7 +316,7 @@ def ptq(
 
     options = _quant_options(int8_weights, block_size)
     labels = _parse_precisions(precisions, **options)
-    settings = _eval_settings(episodes, seed, n_envs, max_steps)
+    settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
     if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
@@ -335,6 +354,7 @@ def sweep(
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
+    workers: Optional[int] = WorkersOpt,
     block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
@@ -351,7 +371,7 @@ def sweep(
 
     widths = _parse_bits(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
-    settings = _eval_settings(episodes, seed, n_envs, max_steps)
+    settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     variant = f"{scheme}-{granularity}" + ("-act" if activations else "")
     out = validate.out_folder(out) or _default_out("sweep", checkpoint, spec.env_id) / variant
@@ -967,6 +987,7 @@ def demo(
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = DemoEpisodesOpt,
+    workers: Optional[int] = WorkersOpt,
     out: Path = typer.Option(Path("results/demo"), "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
     verbose: bool = VerboseOpt,
@@ -982,7 +1003,7 @@ def demo(
     from quarl.reports import print_table
 
     labels = _parse_precisions(precisions)
-    settings = _eval_settings(episodes, 0, 8, None)
+    settings = _eval_settings(episodes, 0, 8, None, _workers(workers))
     validate.out_folder(out)
 
     def say_training(where: Path) -> None:

@@ -74,7 +74,8 @@ def evaluate(
     ``keep_observations`` keeps up to that many preprocessed observations (every env's,
     every ``keep_every`` steps), for calibrating static int8 or activation quantization.
     ``envs``: envs of ``env_spec`` to play on (kept open; their number is ``n_envs``), for a
-    caller that evaluates again and again (ActorQ's evaluator)."""
+    caller that evaluates again and again (ActorQ's evaluator). :func:`quarl.parallel.evaluate`
+    splits the episodes over worker processes, with every episode's numbers unchanged."""
     if episodes < 1:
         raise QuarlError(f"episodes={episodes} must be at least 1")
     owned = envs is None

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from quarl.envs import EnvSpec
+from quarl import parallel
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.policies.base import Policy
@@ -117,6 +118,9 @@ class EvalSettings:
     """Envs stepped side by side (the policy acts on their batch)."""
     max_steps: int | None = None
     """Cut episodes longer than this (None: the env's own limit)."""
+    workers: int = 1
+    """Processes playing the episodes side by side (:mod:`quarl.parallel`); the returns are
+    those of a serial run, so this is not part of a cell's key."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -240,8 +244,9 @@ def evaluate_config(
     build_s = time.perf_counter() - started
     one = np.zeros((1, *policy.input_shape), np.float32)
     latency_us = median_us(quantized.forward, calibration[:1] if calibration is not None else one, LATENCY_BUDGET_S)
-    result = evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed, n_envs=settings.n_envs,
-                      max_steps=settings.max_steps, on_episode=on_episode)
+    result = parallel.evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed,
+                               n_envs=settings.n_envs, max_steps=settings.max_steps, on_episode=on_episode,
+                               workers=settings.workers)
     return EvalRecord(
         env_id=env_spec.env_id,
         mean=result.mean,

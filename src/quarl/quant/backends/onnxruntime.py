@@ -242,7 +242,15 @@ class OrtEngine:
     def __init__(self, model: bytes, per_row: bool = False, threads: int = 1, fuse: bool = True) -> None:
         self.model = model
         self.per_row = per_row
+        self._options = (threads, fuse)
         self.session = ort.InferenceSession(model, session_options(threads, fuse), providers=["CPUExecutionProvider"])
+
+    def __getstate__(self) -> dict:
+        """Pickled as its model (evaluation workers): the session is built again on arrival."""
+        return {"model": self.model, "per_row": self.per_row, "options": self._options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model"], state["per_row"], *state["options"])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)

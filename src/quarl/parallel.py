@@ -1,0 +1,178 @@
+"""Evaluation on every core: episodes split over worker processes.
+
+Each episode is reset with its own seed and the policy is stateless, so an episode's
+return and length do not depend on which process plays it or beside which others: the
+episodes are cut into contiguous chunks (``seed + start .. seed + start + count - 1``),
+each chunk is played by :func:`quarl.evaluation.evaluate` in a worker, and the results are
+put back in episode order, equal to a serial run's (tested).
+
+Workers are started once per process (``forkserver``, with torch, ONNX Runtime and quarl
+imported once in the server, so a new worker costs a fork, not an import) and reused by
+every later evaluation; each runs one thread (``OMP_NUM_THREADS=1``). The policy travels
+once per evaluation as a file that each worker reads once (an ONNX Runtime session is
+rebuilt from its model bytes), not once per chunk.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from torch import nn
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.evaluation import EvalResult
+from quarl.evaluation import evaluate as evaluate_serial
+from quarl.policies.base import Policy
+
+CHUNKS_PER_WORKER = 4
+"""Episodes are cut into about this many chunks per worker: enough for the progress bar
+to move and for a slow chunk (a long episode) not to hold the others back."""
+MAX_WORKERS = 256
+
+_pool: tuple[int, ProcessPoolExecutor] | None = None
+_worker_policies: dict[str, Policy] = {}
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: int, option: str = "--workers") -> int:
+    if not 1 <= workers <= MAX_WORKERS:
+        raise QuarlError(f"{option} {workers} must be in 1..{MAX_WORKERS} (this machine has {usable_cores()} cores)")
+    return workers
+
+
+def _start_worker() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    from quarl import quiet
+
+    quiet.install()
+
+
+def _executor(workers: int) -> ProcessPoolExecutor:
+    global _pool
+    if _pool is not None and _pool[0] == workers:
+        return _pool[1]
+    if _pool is not None:
+        _pool[1].shutdown(cancel_futures=True)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "onnxruntime", "gymnasium", "quarl.parallel"])
+    _pool = (workers, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker))
+    return _pool[1]
+
+
+def warm_up(workers: int) -> None:
+    """Start the workers now, in the background (the fork server imports torch once), so
+    they are ready by the first evaluation."""
+    executor = _executor(workers)
+    with _main_module_hidden():
+        for _ in range(workers):
+            executor.submit(os.getpid)
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stop the workers (also at exit)."""
+    global _pool
+    if _pool is not None:
+        _pool[1].shutdown(cancel_futures=True)
+        _pool = None
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Workers start without importing the caller's ``__main__``: they need only quarl, and a
+    user's script without an ``if __name__ == "__main__"`` guard would otherwise run again
+    in every worker (multiprocessing's spawn / forkserver re-import it)."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, start: int, count: int, n_envs: int,
+                max_steps: int | None) -> tuple[int, np.ndarray, np.ndarray]:
+    policy = _worker_policies.get(digest)
+    if policy is None:
+        _worker_policies.clear()  # one policy at a time: a worker never holds every precision's model
+        policy = _worker_policies[digest] = pickle.loads(Path(policy_file).read_bytes())
+    result = evaluate_serial(policy, env_spec, episodes=count, seed=seed + start, n_envs=min(n_envs, count),
+                             max_steps=max_steps)
+    return start, result.returns, result.lengths
+
+
+def chunks(episodes: int, workers: int) -> list[tuple[int, int]]:
+    """Contiguous ``(start, count)`` pieces of ``range(episodes)``, sizes within one of each other."""
+    n = min(episodes, workers * CHUNKS_PER_WORKER)
+    bounds = np.linspace(0, episodes, n + 1).round().astype(int)
+    return [(int(a), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 8,
+             max_steps: int | None = None, on_episode: Callable[[int, float], None] | None = None,
+             workers: int = 1) -> EvalResult:
+    """:func:`quarl.evaluation.evaluate` with the episodes split over ``workers`` processes
+    (one process plays them all when ``workers`` is 1)."""
+    if workers <= 1 or episodes <= 1:
+        return evaluate_serial(policy, env_spec, episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps,
+                               on_episode=on_episode)
+    # the engine acts; the network beside it (an int mode's PyTorch reference) stays here
+    acting = dataclasses.replace(policy, network=nn.Sequential())
+    try:
+        payload = pickle.dumps(acting, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise QuarlError(f"a {policy.precision} policy cannot be sent to evaluation workers ({exc}): use --workers 1") from None
+    digest = hashlib.sha256(payload).hexdigest()
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    returns = np.zeros(episodes)
+    lengths = np.zeros(episodes, dtype=np.int64)
+    executor = _executor(workers)
+    start_time = time.perf_counter()
+    with tempfile.NamedTemporaryFile(prefix="quarl-policy-", suffix=".pkl", dir=folder) as fh:
+        fh.write(payload)
+        fh.flush()
+        with _main_module_hidden():  # workers (and the fork server) may start during submit
+            pending: set[Future] = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count,
+                                                    n_envs, max_steps) for start, count in chunks(episodes, workers)}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    start, chunk_returns, chunk_lengths = future.result()
+                    returns[start : start + len(chunk_returns)] = chunk_returns
+                    lengths[start : start + len(chunk_lengths)] = chunk_lengths
+                    if on_episode is not None:
+                        for i, r in enumerate(chunk_returns):
+                            on_episode(start + i, float(r))
+        finally:
+            for future in pending:
+                future.cancel()
+    return EvalResult(returns, lengths, time.perf_counter() - start_time)
