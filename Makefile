@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-slow bench docs
+.PHONY: setup demo test test-slow bench bench-quick docs
 
 setup: $(STAMP)
 
@@ -36,7 +36,12 @@ docs: $(STAMP)
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -m slow
 
+BENCHMARKS := bench_inference bench_evaluation bench_train_precision bench_actorq
+
 bench: $(STAMP)
-	$(VENV)/bin/python benchmarks/bench_inference.py
-	$(VENV)/bin/python benchmarks/bench_train_precision.py
-	$(VENV)/bin/python benchmarks/bench_actorq.py
+	for b in $(BENCHMARKS); do $(VENV)/bin/python benchmarks/$$b.py || exit 1; done
+
+# every benchmark (and the two agent studies) at its --quick size: a smoke run that CI makes
+bench-quick: $(STAMP)
+	for b in $(BENCHMARKS) ptq_own_agents ptq_image_agents; do \
+		echo "== $$b --quick"; $(VENV)/bin/python benchmarks/$$b.py --quick > /dev/null || exit 1; done

@@ -60,7 +60,10 @@ def main() -> None:
     parser.add_argument("--algo", default="dqn")
     parser.add_argument("--layers", default="2048,2048,2048")
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a 256 x 256 policy, 200 steps")
     args = parser.parse_args()
+    if args.quick:
+        args.layers, args.steps = "256,256", 200
     warnings.filterwarnings("ignore")
     console = Console(width=130)
     layers = tuple(int(x) for x in args.layers.split(","))

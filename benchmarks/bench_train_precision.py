@@ -103,7 +103,10 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16,fp16")
     parser.add_argument("--seconds", type=float, default=15.0, help="time per measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: policy A, fp32 and bf16, 1 s each")
     args = parser.parse_args()
+    if args.quick:
+        args.policies, args.precisions, args.seconds = "A", "fp32,bf16", 1.0
     warnings.filterwarnings("ignore")
     console = Console()
     console.print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "

@@ -50,11 +50,12 @@ ATARI_MAX_STEPS = 27_000
 """108k frames: the usual cap on an Atari evaluation game."""
 
 
-def train(name: str, out: Path) -> Path:
+def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     """The agent's run folder, trained (or resumed) if it has no final model yet."""
     from quarl.training.sb3_train import TrainConfig, has_checkpoint, train as train_run
 
     algo, env_id, steps, overrides, _ = AGENTS[name]
+    steps = min(steps, steps_cap or steps)
     run_dir = out / "agents" / name
     final = run_dir / f"{env_id.replace('/', '_')}.zip"
     if final.exists():
@@ -78,7 +79,13 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="the table and plot from the records already stored (the newest per precision, whatever "
                              "quarl version made them), for the agents evaluated so far; nothing is trained or run")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: the MinAtar PPO agent trained 4,096 steps, "
+                                                               "2 episodes, under results/image-agents-quick")
     args = parser.parse_args()
+    if args.quick:
+        args.only, args.episodes = args.only or "ppo-MinAtar-Breakout", 2
+        if args.out == Path("results/image-agents"):
+            args.out = Path("results/image-agents-quick")
 
     from quarl.envs import env_family
     from quarl.measure import EvalSettings
@@ -105,7 +112,7 @@ def main() -> int:
                 continue  # not evaluated yet
             records = [stored[p] for p in ["fp32", *labels]]
         else:
-            run_dir = train(name, args.out)
+            run_dir = train(name, args.out, 4_096 if args.quick else None)
             if args.train_only:
                 continue
             agent = load_checkpoint(run_dir)

@@ -44,7 +44,7 @@ AGENTS: dict[str, tuple[str, str, str, int, dict]] = {
 }
 
 
-def train(name: str, out: Path) -> Path:
+def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     import gymnasium as gym
     import numpy as np
     import sb3_contrib
@@ -66,7 +66,7 @@ def train(name: str, out: Path) -> Path:
     algo = getattr(sb3 if lib == "sb3" else sb3_contrib, cls)
     started = time.perf_counter()
     model = algo(policy, env, seed=1, device="cpu", **kwargs)
-    model.learn(steps)
+    model.learn(min(steps, steps_cap or steps))
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
     print(f"trained {name} in {time.perf_counter() - started:.0f} s", flush=True)
@@ -79,7 +79,13 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma list of agent names")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--precisions", default="fp16,int8,int4")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one agent trained 2,000 steps, 2 episodes, "
+                                                               "under results/own-agents-quick")
     args = parser.parse_args()
+    if args.quick:
+        args.only, args.episodes = args.only or "a2c-CartPole-v1", 2
+        if args.out == Path("results/own-agents"):
+            args.out = Path("results/own-agents-quick")
 
     from quarl.envs import EnvSpec
     from quarl.policies.sb3 import load_checkpoint
@@ -91,7 +97,7 @@ def main() -> int:
     labels = args.precisions.split(",")
     per_policy, modes = {}, {}
     for name in names:
-        path = train(name, args.out)
+        path = train(name, args.out, 2_000 if args.quick else None)
         ckpt = load_checkpoint(path)
         spec = EnvSpec(AGENTS[name][2])
         records = run_ptq(ckpt.policy, spec, labels, EvalSettings(episodes=args.episodes), args.out / "ptq" / name)

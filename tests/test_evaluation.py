@@ -170,3 +170,14 @@ def test_a_script_without_a_main_guard_runs_once_with_workers(tmp_path, tiny_run
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("ran") == 1
+
+
+def test_workers_on_mujoco_keep_their_envs_and_every_episodes_numbers() -> None:
+    """A worker reuses its envs from chunk to chunk (a MuJoCo env takes longer to make than
+    a short episode to play): each episode still starts from its own seeded reset."""
+    import quarl
+
+    agent = quarl.load(zoo_run("ppo", "HalfCheetah-v3"))
+    serial = evaluate(agent.policy, agent.env_spec, episodes=9, seed=0, max_steps=60)
+    split = parallel.evaluate(agent.policy, agent.env_spec, episodes=9, seed=0, max_steps=60, workers=2, n_envs=3)
+    assert np.array_equal(serial.returns, split.returns) and np.array_equal(serial.lengths, split.lengths)

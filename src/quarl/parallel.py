@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 import numpy as np
 from torch import nn
 
-from quarl.envs import EnvSpec
+from quarl.envs import EnvSpec, make_env
 from quarl.errors import QuarlError
 from quarl.evaluation import EvalResult
 from quarl.evaluation import evaluate as evaluate_serial
@@ -45,6 +45,7 @@ MAX_WORKERS = 256
 
 _pool: tuple[int, ProcessPoolExecutor] | None = None
 _worker_policies: dict[str, Policy] = {}
+_worker_envs: dict[str, list] = {}
 
 
 def usable_cores() -> int:
@@ -124,8 +125,18 @@ def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, sta
     if policy is None:
         _worker_policies.clear()  # one policy at a time: a worker never holds every precision's model
         policy = _worker_policies[digest] = pickle.loads(Path(policy_file).read_bytes())
-    result = evaluate_serial(policy, env_spec, episodes=count, seed=seed + start, n_envs=min(n_envs, count),
-                             max_steps=max_steps)
+    # a worker keeps its envs between chunks (a MuJoCo or Atari env takes longer to make than
+    # an episode to play); every episode starts with a seeded reset, as in a serial run
+    key = repr(env_spec)
+    if key not in _worker_envs:
+        for old in _worker_envs.pop(next(iter(_worker_envs)), []) if _worker_envs else []:
+            old.close()
+        _worker_envs[key] = []
+    envs = _worker_envs[key]
+    while len(envs) < min(n_envs, count):
+        envs.append(make_env(env_spec))
+    result = evaluate_serial(policy, env_spec, episodes=count, seed=seed + start, max_steps=max_steps,
+                             envs=envs[: min(n_envs, count)])
     return start, result.returns, result.lengths
 
 

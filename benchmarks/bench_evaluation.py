@@ -1,0 +1,132 @@
+"""Evaluation throughput: quarl's exact evaluation (serial and on every core) against
+Stable-Baselines3's ``evaluate_policy`` and the env alone, side by side in one run.
+
+Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 2 minutes; ``--quick`` for
+a smoke run). Needs the RL Zoo agents in ``../shared/zoo`` (PPO CartPole; PPO HalfCheetah
+for the MuJoCo rows), else it trains a small PPO CartPole first. Prints env steps per
+second and the ratios the acceptance asks for: quarl fp32 / int8 against SB3 with 8 envs,
+and against the env alone times the cores used. Every quarl row also checks that its
+returns equal the serial fp32 run's episode by episode (int8: its own serial run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+ZOO = Path(__file__).resolve().parents[1].parent / "shared" / "zoo"
+
+
+def env_alone(env_id: str, steps: int) -> float:
+    """Env steps per second with random actions, one core (the env's own speed)."""
+    env = gym.make(env_id)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    actions = [env.action_space.sample() for _ in range(1000)]
+    start = time.perf_counter()
+    for i in range(steps):
+        _, _, term, trunc, _ = env.step(actions[i % 1000])
+        if term or trunc:
+            env.reset()
+    return steps / (time.perf_counter() - start)
+
+
+def sb3_rate(zip_path: Path, env_id: str, episodes: int, n_envs: int) -> tuple[float, float]:
+    """SB3's evaluate_policy (deterministic), ``n_envs`` envs in a DummyVecEnv: (steps/s, mean)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    env = gym.make(env_id)  # the zoo's zip pickles gym (not gymnasium) spaces: given here instead
+    model = PPO.load(zip_path, device="cpu", custom_objects={
+        "learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0,
+        "observation_space": env.observation_space, "action_space": env.action_space})
+    venv = make_vec_env(env_id, n_envs=n_envs, seed=0)
+    start = time.perf_counter()
+    returns, lengths = evaluate_policy(model, venv, n_eval_episodes=episodes, deterministic=True,
+                                       return_episode_rewards=True)
+    return sum(lengths) / (time.perf_counter() - start), float(np.mean(returns))
+
+
+def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None, alone: float) -> list[str]:
+    import quarl
+    from quarl import parallel
+
+    agent = quarl.load(run)
+    rows = []
+    for label in ("fp32", "int8"):
+        policy = agent.policy if label == "fp32" else quarl.quantize(agent.policy, label, agent.env_spec)
+        serial = None
+        for n in workers:
+            if n > 1:
+                parallel.warm_up(n)
+                parallel.evaluate(policy, agent.env_spec, episodes=min(episodes, 2 * n), workers=n)  # workers ready
+            result = parallel.evaluate(policy, agent.env_spec, episodes=episodes, workers=n)
+            serial = serial if serial is not None else result
+            same = np.array_equal(result.returns, serial.returns) and np.array_equal(result.lengths, serial.lengths)
+            rate = result.steps_per_s
+            vs_sb3 = f"{rate / sb3_8:.2f}x" if sb3_8 else "-"
+            rows.append(f"| quarl {label} | {n} | {rate:,.0f} | {vs_sb3} | {rate / (alone * n):.2f} | "
+                        f"{result.mean:.2f} | {'yes' if same else 'NO'} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", type=int, default=20, help="CartPole episodes per row (HalfCheetah: a quarter)")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes (default: the machine's cores)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, CartPole only")
+    args = parser.parse_args()
+    from quarl import parallel, quiet
+
+    quiet.install()  # MuJoCo's settotalmass and gymnasium's out-of-date notices, as the CLI does
+
+    cores = args.workers or parallel.usable_cores()
+    episodes = 4 if args.quick else args.episodes
+    counts = sorted({1, cores})
+    import onnxruntime
+
+    print(f"# quarl evaluation benchmark: {platform.processor() or platform.machine()}, {cores} cores used, "
+          f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, one thread per process")
+    cartpole = ZOO / "ppo" / "CartPole-v1_1"
+    if not cartpole.exists():
+        from quarl.training.sb3_train import TrainConfig, train
+
+        cartpole = train(TrainConfig("ppo", "CartPole-v1", timesteps=20_000, out=Path("results/bench-eval"),
+                                     eval_freq=0, tensorboard=False)).run_dir
+    alone = env_alone("CartPole-v1", 5_000 if args.quick else 50_000)
+    sb3_1, _ = sb3_rate(cartpole / "CartPole-v1.zip", "CartPole-v1", episodes, 1)
+    sb3_8, sb3_mean = sb3_rate(cartpole / "CartPole-v1.zip", "CartPole-v1", episodes, 8)
+    print(f"\n## PPO CartPole-v1, {episodes} episodes (env steps / s; env alone {alone:,.0f} on one core)")
+    print("| path | processes | steps/s | vs SB3 8 envs | vs env alone x processes | mean return | same returns as serial |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| SB3 evaluate_policy, 1 env | 1 | {sb3_1:,.0f} | {sb3_1 / sb3_8:.2f}x | {sb3_1 / alone:.2f} | | |")
+    print(f"| SB3 evaluate_policy, 8 envs | 1 | {sb3_8:,.0f} | 1.00x | {sb3_8 / alone:.2f} | {sb3_mean:.2f} | |")
+    print(f"| env alone, random actions | 1 | {alone:,.0f} | {alone / sb3_8:.2f}x | 1.00 | | |", flush=True)
+    quarl_rows(cartpole, episodes, counts, sb3_8, alone)
+    cheetah = ZOO / "ppo" / "HalfCheetah-v3_1"
+    if args.quick or not cheetah.exists():
+        return
+    alone = env_alone("HalfCheetah-v4", 20_000)
+    n = max(episodes // 4, cores)
+    print(f"\n## PPO HalfCheetah-v4 (MuJoCo), {n} episodes of 1000 steps (env alone {alone:,.0f} on one core)")
+    print("| path | processes | steps/s | vs SB3 8 envs | vs env alone x processes | mean return | same returns as serial |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| env alone, random actions | 1 | {alone:,.0f} | - | 1.00 | | |", flush=True)
+    quarl_rows(cheetah, n, counts, None, alone)
+
+
+if __name__ == "__main__":
+    main()
