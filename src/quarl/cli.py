@@ -637,9 +637,10 @@ app.add_typer(actorq_app, name="actorq")
 
 
 def _actorq_options(
-    algo: str = typer.Option("dqn", help="dqn (discrete actions) or d4pg (continuous)"),
+    algo: str = typer.Option("dqn", help="dqn (discrete actions), d4pg (continuous) or impala (either: on-policy "
+                                         "actor-critic with V-trace corrections)"),
     actors: int = typer.Option(2, help="actor processes"),
-    actor_precision: str = typer.Option("int8", help="fp32, fp16, bf16 or int8 (ONNX Runtime)"),
+    actor_precision: str = typer.Option("int8", help="fp32, fp16, bf16, int8 or int4 (ONNX Runtime)"),
     wire_bits: int = typer.Option(32, help="weights sent to float actors at 32, 16 or 8..2 bits"),
     update_period: int = typer.Option(300, help="actor env steps between weight pulls"),
     push_period: int = typer.Option(100, help="learner steps between weight pushes"),
@@ -662,6 +663,12 @@ def _actorq_options(
         None, help="evaluate every N env steps instead, as train's --eval-freq (fleets of different speeds compared "
                    "at the same learning progress)"),
     eval_episodes: int = typer.Option(5),
+    unroll_length: int = typer.Option(20, help="impala: steps per unroll (the V-trace horizon)"),
+    rho_bar: float = typer.Option(1.0, help="impala: clip of the importance ratios pi / mu"),
+    c_bar: float = typer.Option(1.0, help="impala: clip of the traces, at most --rho-bar"),
+    no_correction: bool = typer.Option(False, "--no-correction", help="impala: learn as if the actors' unrolls were "
+                                                                     "the learner's own (the ablation of V-trace)"),
+    entropy_cost: float = typer.Option(0.01, help="impala: weight of the policy's entropy bonus"),
     seed: int = SeedOpt,
     address: Optional[str] = typer.Option(None, help="join this Ray cluster, HOST:PORT (default: start a local one)"),
     local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
@@ -692,7 +699,7 @@ def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", 
 
     _setup(opts["verbose"])
     check_env_id(env_id)
-    name = f"{opts['algo']}-{env_id.replace('/', '_')}"
+    name = f"{opts['algo']}{'-no-correction' if opts['no_correction'] else ''}-{env_id.replace('/', '_')}"
     out = validate.out_folder(opts["out"]) or Path("results") / "actorq" / (f"compare-{name}" if kind == "compare" else
                                                        f"{name}-{opts['actor_precision']}")
     config = ActorQConfig(
@@ -707,6 +714,8 @@ def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", 
         address=opts["address"], local=opts["local"], out=out, replay=opts["replay"],
         priority_exponent=opts["priority_exponent"], importance_exponent=opts["importance_exponent"],
         checkpoint_replay=opts["checkpoint_replay"], learner_device=opts["learner_device"],
+        unroll_length=opts["unroll_length"], rho_bar=opts["rho_bar"], c_bar=opts["c_bar"],
+        correction=not opts["no_correction"], entropy_cost=opts["entropy_cost"],
     )
     info = env_info(config)  # env / algorithm mismatch: one line before anything starts
     if kind == "compare" and config.target_reward is None and info.reward_threshold is None:

@@ -30,7 +30,7 @@ import torch
 from quarl.actorq import wire
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import policy_network
-from quarl.actorq.replay import NStep, stack
+from quarl.actorq.replay import NStep, stack, stack_unrolls
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy, unscale_action
@@ -48,11 +48,19 @@ INT8_ACTOR_KEEP = frozenset({0})
 needed about twice the env steps to reach the target (README, ActorQ results)."""
 
 
+INT4_ACTOR_MODE = "int4-block"
+"""The int4 actors' mode: MatMulNBits with 4-bit block-wise weights (int8 compute), the same
+layer kept fp32; the broadcast model is about half the int8 one."""
+ONNX_ACTOR_MODES = {"int8": INT8_ACTOR_MODE, "int4": INT4_ACTOR_MODE}
+"""Actor precisions that receive a ready ONNX Runtime model (the others get wire-format weights)."""
+
+
 def actor_quant(config: ActorQConfig) -> dict[str, Any]:
     """How the actors' network was quantized (part of what a stored run is)."""
-    if config.actor_precision != "int8":
+    if config.actor_precision not in ONNX_ACTOR_MODES:
         return {"precision": config.actor_precision, "wire_bits": config.wire_bits}
-    return {"precision": "int8", "mode": INT8_ACTOR_MODE, "fp32_layers": sorted(INT8_ACTOR_KEEP)}
+    return {"precision": config.actor_precision, "mode": ONNX_ACTOR_MODES[config.actor_precision],
+            "fp32_layers": sorted(INT8_ACTOR_KEEP)}
 
 
 @dataclass(frozen=True)
@@ -88,13 +96,15 @@ def env_info(config: ActorQConfig) -> EnvInfo:
         raise QuarlError(f"dqn needs discrete actions but {config.env_id} has {act}: use --algo d4pg")
     if config.algo == "d4pg" and not isinstance(act, gym.spaces.Box):
         raise QuarlError(f"d4pg needs continuous actions but {config.env_id} has {act}: use --algo dqn")
+    if not isinstance(act, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise QuarlError(f"ActorQ needs discrete or box actions; {config.env_id} has {act}")
     if isinstance(act, gym.spaces.Discrete):
         return EnvInfo(int(obs.shape[0]), int(act.n), True, obs, act, threshold)
     return EnvInfo(int(obs.shape[0]), int(np.prod(act.shape)), False, obs, act, threshold)
 
 
 def make_network(config: ActorQConfig, info: EnvInfo) -> torch.nn.Sequential:
-    return policy_network(config, info.obs_dim, info.act_dim)
+    return policy_network(config, info.obs_dim, info.act_dim, info.discrete)
 
 
 class Broadcaster:
@@ -109,22 +119,25 @@ class Broadcaster:
 
     def publish(self, version: int, weights: dict[str, np.ndarray]) -> dict[str, float]:
         started = time.perf_counter()
-        if self.config.actor_precision == "int8":
-            payload = self._int8_model(version, weights)
+        if self.config.actor_precision in ONNX_ACTOR_MODES:
+            payload = self._onnx_model(version, weights)
         else:
             payload = wire.encode(weights, version, self.config.wire_bits)
         self.version, self.payload = version, payload
         self.stats = {"build_s": time.perf_counter() - started, "bytes": float(len(payload)), "version": float(version)}
         return self.stats
 
-    def _int8_model(self, version: int, weights: dict[str, np.ndarray]) -> bytes:
+    def _onnx_model(self, version: int, weights: dict[str, np.ndarray]) -> bytes:
         from quarl.quant.backends.onnxruntime import export_onnx
         from quarl.quant.modes import BuildRequest, get_mode
 
         net = make_network(self.config, self.info)
         net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         request = BuildRequest(net.eval(), export_onnx(net.eval(), (self.info.obs_dim,)), None, keep=INT8_ACTOR_KEEP)
-        model = get_mode(INT8_ACTOR_MODE).build(request)
+        mode = get_mode(ONNX_ACTOR_MODES[self.config.actor_precision])
+        if mode.unsupported(net) is not None:  # a CPU whose MatMulNBits int8 kernels are inexact
+            mode = get_mode(mode.label.replace("-block", "-weight-only"))
+        model = mode.build(request)
         return _ONNX_MAGIC + struct.pack("<q", version) + model
 
     def get_stats(self) -> dict[str, float]:
@@ -147,7 +160,7 @@ class ActorPolicy:
     def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
         self.config, self.info = config, info
         self.precision = config.actor_precision
-        self.network = None if self.precision == "int8" else make_network(config, info).eval()
+        self.network = None if self.precision in ONNX_ACTOR_MODES else make_network(config, info).eval()
         self.engine: Callable[[np.ndarray], np.ndarray] | None = None
         self.version = -1
 
@@ -155,8 +168,8 @@ class ActorPolicy:
         """Install a broadcast payload; returns (deserialize seconds, load seconds)."""
         t0 = time.perf_counter()
         if payload[:4] == _ONNX_MAGIC:
-            if self.precision != "int8":
-                raise QuarlError("an int8 model was broadcast to a float actor")
+            if self.precision not in ONNX_ACTOR_MODES:
+                raise QuarlError("an ONNX model was broadcast to a float actor")
             from quarl.quant.backends.onnxruntime import OrtEngine
 
             version, model = struct.unpack_from("<q", payload, 4)[0], payload[12:]
@@ -244,7 +257,23 @@ class Actor:
         noisy = np.clip(out + self.rng.normal(0.0, self.exploration, out.shape), -1.0, 1.0)
         return noisy.astype(np.float32)  # in [-1, 1]; scaled to the env's bounds on step
 
+    def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """impala: an action drawn from the actor's own policy mu (softmax of its logits, or a
+        Gaussian around its mean), and the network output that defines mu."""
+        out = self.policy(obs[None].astype(np.float32))[0]
+        if self.info.discrete:
+            logits = out.astype(np.float64)
+            probs = np.exp(logits - logits.max())
+            cumulative = np.cumsum(probs)
+            action = min(int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")),
+                         len(probs) - 1)
+            return np.int64(action), out
+        action = out + self.rng.normal(0.0, self.config.policy_sigma, out.shape)
+        return action.astype(np.float32), out  # the env gets it clipped to [-1, 1], then scaled
+
     def run(self, steps: int) -> ActorResult:
+        if self.config.algo == "impala":
+            return self._run_unrolls(steps)
         times, counts = ActorTimes(), {"pulls": 0, "loads": 0}
         transitions, returns = [], []
         started = time.perf_counter()
@@ -273,6 +302,38 @@ class Actor:
         return ActorResult(self.index, stack(transitions) if n else None, steps if self.policy.engine else 0, returns,
                            times.as_dict(), self.policy.version, counts["pulls"], counts["loads"],
                            time.perf_counter() - started)
+
+    def _run_unrolls(self, steps: int) -> ActorResult:
+        """impala's chunk: ``steps`` env steps acted by sampling mu, cut into unrolls."""
+        times, counts = ActorTimes(), {"pulls": 0, "loads": 0}
+        played, returns = [], []
+        started = time.perf_counter()
+        gamma = self.config.gamma
+        for _ in range(steps):
+            if self.since_pull >= self.config.update_period or self.policy.engine is None:
+                self.pull(times, counts)
+                if self.policy.engine is None:  # nothing published yet
+                    break
+            t = time.perf_counter()
+            action, behaviour = self.sample(self.obs)
+            t2 = time.perf_counter()
+            env_action = action if self.info.discrete else self.info.to_env(np.clip(action, -1.0, 1.0))
+            next_obs, reward, terminated, truncated, _ = self.env.step(env_action)
+            times.inference += t2 - t
+            times.env += time.perf_counter() - t2
+            self.episode_return += float(reward)
+            played.append((self.obs, action, float(reward), 0.0 if terminated else gamma,
+                           0.0 if terminated or truncated else 1.0, next_obs, behaviour, self.policy.version))
+            self.since_pull += 1
+            if terminated or truncated:
+                returns.append(self.episode_return)
+                self.episode_return = 0.0
+                self.obs, _ = self.env.reset()
+            else:
+                self.obs = next_obs
+        unrolls = stack_unrolls(played, self.config.unroll_length)
+        return ActorResult(self.index, unrolls, len(played), returns, times.as_dict(), self.policy.version,
+                           counts["pulls"], counts["loads"], time.perf_counter() - started)
 
     def close(self) -> None:
         self.env.close()

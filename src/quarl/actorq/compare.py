@@ -155,8 +155,20 @@ def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, An
             "broadcast_bytes": int(np.mean([r.broadcast.get("bytes", 0) for r in runs])),
             "energy_wh": round(1000 * float(np.mean([e["energy_kwh"] for e in energy])), 3) if energy else math.nan,
             "co2_g": round(1000 * float(np.mean([e["co2_kg"] for e in energy])), 3) if energy else math.nan,
+            **_mismatch_columns(runs),
         })
     return rows
+
+
+def _mismatch_columns(runs: list[ActorQSummary]) -> dict[str, float]:
+    """impala: the actors' policy against the learner's (mean over the runs), and the env
+    steps to the target's spread, which says whether a difference is more than run to run."""
+    measured = [r.mismatch for r in runs if r.mismatch]
+    if not measured:
+        return {}
+    to_target = [r.env_steps_at_target for r in runs if r.env_steps_at_target]
+    return {"env_steps_std": int(np.std(to_target)) if to_target else 0,
+            **{k: float(f"{np.mean([m[k] for m in measured]):.4g}") for k in measured[0]}}
 
 
 def breakdown_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ from quarl.errors import QuarlError
 from quarl import validate
 from quarl.limits import check_layer_sizes
 
-ALGOS = ("dqn", "d4pg")
-ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+ALGOS = ("dqn", "d4pg", "impala")
+ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 REPLAYS = ("uniform", "prioritized")
 WIRE_BITS = (32, 16, 8, 7, 6, 5, 4, 3, 2)
 
@@ -23,10 +23,12 @@ class ActorQConfig:
 
     env_id: str
     algo: str = "dqn"
-    """dqn (discrete actions: double DQN) or d4pg (continuous: distributional DDPG)."""
+    """dqn (discrete actions: double DQN), d4pg (continuous: distributional DDPG) or impala
+    (either: an actor-critic learned on the actors' unrolls with V-trace, on-policy)."""
     actors: int = 2
     actor_precision: str = "int8"
-    """What actors compute in: fp32 / fp16 / bf16 (PyTorch) or int8 (ONNX Runtime)."""
+    """What actors compute in: fp32 / fp16 / bf16 (PyTorch), int8 (ONNX Runtime MatMulInteger)
+    or int4 (ONNX Runtime MatMulNBits, 4-bit block-wise weights)."""
     wire_bits: int = 32
     """Width of the weights sent to fp32/fp16/bf16 actors (32: raw fp32, 16: fp16,
     8..2: per-tensor affine integers); int8 actors receive a ready int8 model."""
@@ -75,6 +77,20 @@ class ActorQConfig:
     window then covers the same learning progress whatever the actors' speed, where a
     window in seconds adds the same delay to a fast and a slow fleet's time to reward."""
     eval_episodes: int = 5
+    unroll_length: int = 20
+    """impala: steps per unroll (the V-trace horizon); an actor's chunk is whole unrolls."""
+    rho_bar: float = 1.0
+    """impala: V-trace's clip on the importance ratio pi / mu in the targets and the policy gradient."""
+    c_bar: float = 1.0
+    """impala: V-trace's clip on the traces (how far a correction reaches back), at most rho_bar."""
+    correction: bool = True
+    """impala: False learns from the actors' unrolls as if they were the learner's own
+    (ratios taken as 1: a plain n-step actor-critic), the ablation of V-trace."""
+    entropy_cost: float = 0.01
+    baseline_cost: float = 0.5
+    policy_sigma: float = 0.3
+    """impala, continuous actions: the Gaussian policy's standard deviation (fixed, in the
+    policy's [-1, 1] action range); the network gives its mean."""
     chunk_steps: int = 100
     """Env steps an actor runs per call before handing its transitions over."""
     checkpoint_every_s: float = 60.0
@@ -135,6 +151,16 @@ class ActorQConfig:
         if not self.max_minutes > 0:
             raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
         _check_device(self.learner_device)
+        if self.algo == "impala":
+            if self.unroll_length < 1 or self.chunk_steps % self.unroll_length:
+                raise QuarlError(f"--unroll-length {self.unroll_length} must divide the actors' chunk of "
+                                 f"{self.chunk_steps} steps (e.g. 10, 20, 25, 50)")
+            if not 0 < self.c_bar <= self.rho_bar:
+                raise QuarlError(f"--c-bar {self.c_bar} and --rho-bar {self.rho_bar} must satisfy 0 < c-bar <= rho-bar")
+            if not 0 < self.policy_sigma <= 2:
+                raise QuarlError(f"policy_sigma={self.policy_sigma} must be in (0, 2]")
+            if self.replay != "uniform":
+                raise QuarlError("--replay prioritized is for dqn and d4pg: impala learns from a queue of unrolls")
         if self.min_replay > self.replay_size:
             raise QuarlError(f"min_replay={self.min_replay} exceeds replay_size={self.replay_size}")
 

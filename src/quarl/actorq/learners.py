@@ -11,11 +11,14 @@ knows about processes, Ray or replay.
 - :class:`DQNLearner`: double DQN on n-step returns, Huber loss, a hard-updated target.
 - :class:`D4PGLearner`: deterministic policy, distributional critic over ``n_atoms``
   fixed atoms (categorical projection of ``r + gamma^n z``), target networks for both.
+- :class:`IMPALALearner`: an actor-critic on the actors' unrolls with V-trace corrections
+  (on-policy: the actors' quantized policy is not the learner's), reporting the mismatch.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,7 @@ from torch.nn import functional as F
 
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.replay import Batch
+from quarl.actorq.vtrace import vtrace
 
 
 def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation: type[nn.Module] | None = None) -> nn.Sequential:
@@ -38,10 +42,12 @@ def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation:
     return nn.Sequential(*layers)
 
 
-def policy_network(config: ActorQConfig, obs_dim: int, act_dim: int) -> nn.Sequential:
-    """What actors run: Q-values (dqn) or actions in [-1, 1] (d4pg, tanh output)."""
+def policy_network(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: bool | None = None) -> nn.Sequential:
+    """What actors run: Q-values (dqn), action logits (impala, discrete) or actions in
+    [-1, 1] (d4pg; impala's Gaussian mean, continuous: tanh output)."""
     sizes = [obs_dim, *config.policy_layers, act_dim]
-    return mlp(sizes, out_activation=nn.Tanh if config.algo == "d4pg" else None)
+    continuous = config.algo == "d4pg" or (config.algo == "impala" and discrete is False)
+    return mlp(sizes, out_activation=nn.Tanh if continuous else None)
 
 
 def adam(params: Any, lr: float) -> torch.optim.Adam:
@@ -197,8 +203,94 @@ class D4PGLearner:
         self.steps = int(state["steps"])
 
 
-def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int) -> DQNLearner | D4PGLearner:
+class IMPALALearner:
+    """An actor-critic learned from the actors' unrolls with V-trace (:mod:`quarl.actorq.vtrace`):
+    a policy network (what actors run: logits, or a Gaussian's mean with a fixed sigma) and
+    a value network. ``step(unrolls)`` also measures how far the actors' policy mu was from
+    the learner's pi on the very states they acted in: the KL(mu || pi), the importance
+    ratios' mean, spread and clipped share."""
+
+    def __init__(self, config: ActorQConfig, obs_dim: int, act_dim: int, device: str = "cpu",
+                 discrete: bool = True) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.discrete = discrete
+        self.device = torch.device(device)
+        self.policy = policy_network(config, obs_dim, act_dim, discrete).to(self.device)
+        self.value = mlp([obs_dim, *config.critic_layers, 1]).to(self.device)
+        self.opt = adam([*self.policy.parameters(), *self.value.parameters()], config.learning_rate)
+        self.steps = 0
+
+    def log_prob(self, out: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """log pi(a | x) from the network output (logits, or the Gaussian's mean)."""
+        if self.discrete:
+            return F.log_softmax(out, -1).gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        sigma = self.config.policy_sigma
+        return (-0.5 * ((action - out) / sigma) ** 2 - math.log(sigma) - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def kl(self, behaviour: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """KL(mu || pi) per state, from both networks' outputs."""
+        if self.discrete:
+            log_mu, log_pi = F.log_softmax(behaviour, -1), F.log_softmax(out, -1)
+            return (log_mu.exp() * (log_mu - log_pi)).sum(-1)
+        return (((behaviour - out) ** 2) / (2 * self.config.policy_sigma ** 2)).sum(-1)  # equal sigmas
+
+    def step(self, batch: Any) -> dict[str, Any]:
+        c = self.config
+        # [B, T, ...] from the queue -> time-major [T, B, ...]
+        b = {k: torch.as_tensor(np.swapaxes(getattr(batch, k), 0, 1), device=self.device)
+             for k in ("obs", "action", "reward", "discount", "cont", "next_obs", "behaviour")}
+        out = self.policy(b["obs"])
+        values = self.value(b["obs"]).squeeze(-1)
+        with torch.no_grad():
+            next_values = self.value(b["next_obs"]).squeeze(-1)
+        action = b["action"] if self.discrete else b["action"].float()
+        log_pi = self.log_prob(out, action)
+        log_mu = self.log_prob(b["behaviour"].float(), action)
+        log_rho = (log_pi - log_mu).detach()
+        if not c.correction:  # the ablation: the actors' data taken as the learner's own
+            log_rho = torch.zeros_like(log_rho)
+        targets = vtrace(log_rho, b["reward"], b["discount"], b["cont"], values.detach(), next_values,
+                         c.rho_bar, c.c_bar)
+        policy_loss = -(targets.advantages * log_pi).mean()
+        value_loss = 0.5 * ((targets.vs - values) ** 2).mean()
+        entropy = (-(F.softmax(out, -1) * F.log_softmax(out, -1)).sum(-1).mean() if self.discrete
+                   else torch.zeros((), device=self.device))
+        loss = policy_loss + c.baseline_cost * value_loss - c.entropy_cost * entropy
+        self.opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_([*self.policy.parameters(), *self.value.parameters()], 40.0)
+        self.opt.step()
+        self.steps += 1
+        with torch.no_grad():
+            rho = torch.exp(log_pi - log_mu).detach()  # the mismatch, also in the ablation
+            kl = self.kl(b["behaviour"].float(), out.detach())
+        return {"loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
+                "entropy": entropy.item(), "kl": kl.mean().item(), "rho_mean": rho.mean().item(),
+                "rho_std": rho.std().item(), "rho_clipped": (rho > c.rho_bar).float().mean().item()}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return to_numpy(self.policy)
+
+    def policy_network(self) -> nn.Module:
+        return self.policy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.state_dict(), "value": self.value.state_dict(), "opt": self.opt.state_dict(),
+                "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.value.load_state_dict(state["value"])
+        self.opt.load_state_dict(state["opt"])
+        self.steps = int(state["steps"])
+
+
+def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int,
+                 discrete: bool = True) -> DQNLearner | D4PGLearner | IMPALALearner:
     """The learner on ``config.learner_device`` (validated with the config)."""
     device = config.learner_device
+    if config.algo == "impala":
+        return IMPALALearner(config, obs_dim, act_dim, device, discrete)
     cls = DQNLearner if config.algo == "dqn" else D4PGLearner
     return cls(config, obs_dim, act_dim, device)

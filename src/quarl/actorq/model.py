@@ -277,7 +277,7 @@ def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cl
     background = machine_background(runs)
     costs = {p: costs_from_summaries(p, r, background) for p, r in runs.items()}
     for precision in list(costs):
-        if wire_bits and precision != "int8":  # int8 actors are sent a ready int8 model
+        if wire_bits and precision not in ("int8", "int4"):  # int8 / int4 actors are sent a ready ONNX model
             costs.update(wire_variants(costs[precision], [b for b in wire_bits if b != 32]))
     rows = scaling_rows(costs, actors, cluster)
     check = validation_rows(runs, validate)

@@ -248,3 +248,107 @@ class RateLimiter:
 
     def sampled(self, n: int) -> None:
         self.samples += n
+
+
+@dataclass(frozen=True)
+class Unroll:
+    """IMPALA's unit: ``U`` unrolls of ``T`` consecutive steps each (arrays ``[U, T, ...]``),
+    as an actor played them with its own policy mu."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    """gamma, or 0 where the step ended the episode at a terminal state."""
+    cont: np.ndarray
+    """1 where the episode goes on to the next step of the unroll (0 at a terminal or a truncation)."""
+    next_obs: np.ndarray
+    behaviour: np.ndarray
+    """The actor's network output at each step (logits, or the Gaussian's mean): mu itself,
+    so the learner has mu's log-probability and its KL to pi on the same states."""
+    version: np.ndarray
+    """The weight version the actor acted with, one per unroll: the policy lag."""
+
+    def __len__(self) -> int:
+        """Env steps held."""
+        return int(self.reward.size)
+
+    @property
+    def unrolls(self) -> int:
+        return int(self.reward.shape[0])
+
+
+def stack_unrolls(steps: list[tuple], length: int) -> Unroll | None:
+    """``steps`` (obs, action, reward, discount, cont, next_obs, behaviour, version) cut into
+    unrolls of ``length``, each with the oldest version it acted with; a tail shorter than
+    that is dropped (the actor runs whole unrolls)."""
+    n = len(steps) // length * length
+    if n == 0:
+        return None
+    obs, action, reward, discount, cont, next_obs, behaviour, versions = zip(*steps[:n])
+
+    def cut(values: tuple, dtype: type | None = np.float32) -> np.ndarray:
+        array = np.asarray(values, dtype=dtype)
+        return array.reshape(n // length, length, *array.shape[1:])
+
+    return Unroll(cut(obs), cut(action, None), cut(reward), cut(discount), cut(cont), cut(next_obs), cut(behaviour),
+                  cut(versions, np.int64).min(axis=1))
+
+
+class UnrollQueue:
+    """First in, first out: each unroll is learned from once, as IMPALA does (``sample``
+    takes the oldest ``batch_size // T`` unrolls). Bounded: actors wait (the limiter) when
+    the learner falls behind, which bounds the policy lag."""
+
+    def __init__(self, capacity_steps: int, seed: int = 0) -> None:
+        self.capacity = capacity_steps
+        self.items: deque[Unroll] = deque()
+        self.size = 0
+        """Env steps queued."""
+
+    def insert(self, unroll: Unroll) -> int:
+        for u in range(unroll.unrolls):
+            one = Unroll(**{k: v[u : u + 1] for k, v in unroll.__dict__.items()})
+            self.items.append(one)
+            self.size += len(one)
+        return len(unroll)
+
+    def sample(self, batch_size: int) -> Unroll:
+        if not self.items:
+            raise ValueError("cannot sample from an empty unroll queue")
+        length = self.items[0].reward.shape[1]
+        taken = [self.items.popleft() for _ in range(min(len(self.items), max(1, batch_size // length)))]
+        self.size -= sum(len(u) for u in taken)
+        return Unroll(**{k: np.concatenate([getattr(u, k) for u in taken]) for k in Unroll.__dataclass_fields__})
+
+    def state(self) -> dict:
+        """Nothing kept across a resume: queued unrolls were played by weights that are gone."""
+        return {"size": 0}
+
+    def load_state(self, state: dict) -> None:
+        self.items.clear()
+        self.size = 0
+
+
+@dataclass
+class QueueLimiter:
+    """The rate limiter of an :class:`UnrollQueue` (the interface of :class:`RateLimiter`):
+    the learner samples once a batch is queued; actors insert while the queue has room."""
+
+    queue: UnrollQueue
+    batch_size: int
+    inserts: int = 0
+    samples: int = 0
+    samples_per_insert: float = 1.0
+
+    def can_sample(self, n: int = 1) -> bool:
+        return self.queue.size >= max(n, 1) and bool(self.queue.items)
+
+    def can_insert(self, n: int = 1) -> bool:
+        return self.queue.size + n <= self.queue.capacity
+
+    def inserted(self, n: int) -> None:
+        self.inserts += n
+
+    def sampled(self, n: int) -> None:
+        self.samples += n

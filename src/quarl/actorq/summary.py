@@ -79,6 +79,11 @@ class ActorQSummary:
     machine_busy_cores: float | None = None
     """Cores the driver's machine kept busy on average (every process on it: Ray's daemons
     and the OS too); None in runs of quarl before it was recorded."""
+    mismatch: dict[str, float] | None = None
+    """impala: the actors' policy mu against the learner's pi on the states the actors met,
+    averaged over learner steps: ``kl`` (KL(mu || pi) per state), ``rho_mean``, ``rho_std``
+    and ``rho_clipped`` (the importance ratios pi / mu and the share above rho-bar), and
+    ``policy_lag`` (the learner's weight version minus the one the actors acted with)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

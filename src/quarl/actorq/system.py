@@ -33,13 +33,15 @@ from quarl.actorq.acting import ActorResult, EnvInfo, actor_quant, env_info
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.learners import make_learner
-from quarl.actorq.replay import PrioritizedReplay, RateLimiter, Replay
+from quarl.actorq.replay import PrioritizedReplay, QueueLimiter, RateLimiter, Replay, UnrollQueue
 from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
 from quarl.errors import QuarlError
 from quarl.provenance import provenance
 
 log = logging.getLogger(__name__)
 
+MISMATCH_KEYS = ("kl", "rho_mean", "rho_std", "rho_clipped", "policy_lag")
+"""What impala measures of the actors' policy against the learner's, averaged over the run."""
 QUEUE_DEPTH = 2
 """Chunks queued per actor."""
 LEARNER_SLICE_S = 0.02
@@ -77,6 +79,18 @@ class RunState:
     episodes: int = 0
     last_returns: list[float] = field(default_factory=list)
 
+    mismatch_sums: dict[str, float] = field(default_factory=dict)
+    """impala: sums over learner steps of the actor / learner mismatch (KL, ratios, lag)."""
+
+    def add_mismatch(self, metrics: dict[str, float]) -> None:
+        for k in MISMATCH_KEYS:
+            self.mismatch_sums[k] = self.mismatch_sums.get(k, 0.0) + float(metrics[k])
+        self.mismatch_sums["steps"] = self.mismatch_sums.get("steps", 0.0) + 1
+
+    def mismatch(self) -> dict[str, float] | None:
+        steps = self.mismatch_sums.get("steps", 0.0)
+        return {k: self.mismatch_sums[k] / steps for k in MISMATCH_KEYS} if steps else None
+
     def running_mean(self) -> float | None:
         if not self.evals:
             return None
@@ -89,10 +103,21 @@ def _target(config: ActorQConfig, info: EnvInfo) -> float | None:
     return info.reward_threshold
 
 
-def make_replay(config: ActorQConfig) -> Replay:
+def make_replay(config: ActorQConfig) -> Replay | UnrollQueue:
+    if config.algo == "impala":  # each unroll learned from once; room for a few batches per actor
+        return UnrollQueue(max(4 * config.batch_size, 2 * config.actors * config.chunk_steps), config.seed)
     if config.replay == "prioritized":
         return PrioritizedReplay(config.replay_size, config.seed, config.priority_exponent, config.importance_exponent)
     return Replay(config.replay_size, config.seed)
+
+
+def make_limiter(config: ActorQConfig, replay: Replay | UnrollQueue) -> RateLimiter | QueueLimiter:
+    if isinstance(replay, UnrollQueue):
+        return QueueLimiter(replay, config.batch_size)
+    # slack of at least one actor chunk plus one batch either way, so neither side starves
+    limiter = RateLimiter.from_tolerance(config.samples_per_insert, config.min_replay, config.samples_per_insert_tolerance)
+    limiter.error_buffer = max(limiter.error_buffer, (config.chunk_steps * config.samples_per_insert + config.batch_size))
+    return limiter
 
 
 def make_fleet(config: ActorQConfig, info: EnvInfo) -> Fleet:
@@ -117,11 +142,9 @@ def run_actorq(
     target = _target(config, info)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    learner = make_learner(config, info.obs_dim, info.act_dim)
+    learner = make_learner(config, info.obs_dim, info.act_dim, info.discrete)
     replay = make_replay(config)
-    # slack of at least one actor chunk plus one batch either way, so neither side starves
-    limiter = RateLimiter.from_tolerance(config.samples_per_insert, config.min_replay, config.samples_per_insert_tolerance)
-    limiter.error_buffer = max(limiter.error_buffer, (config.chunk_steps * config.samples_per_insert + config.batch_size))
+    limiter = make_limiter(config, replay)
     state = RunState()
     ckpt_path = out / "checkpoint.pt"
     if resume:
@@ -185,7 +208,10 @@ def run_actorq(
                 metrics = learner.step(batch)
                 if "priority" in metrics:
                     replay.update_priorities(batch.index, metrics.pop("priority"))
-                limiter.sampled(config.batch_size)
+                if isinstance(replay, UnrollQueue):  # how old the actors' weights were, in versions
+                    metrics["policy_lag"] = float(state.version - np.mean(batch.version))
+                    state.add_mismatch(metrics)
+                limiter.sampled(len(batch) if isinstance(replay, UnrollQueue) else config.batch_size)
                 state.learner_steps += 1
                 if state.learner_steps % config.push_period == 0:
                     state.version += 1
@@ -220,7 +246,7 @@ def run_actorq(
                 tb.add_scalar("learner/steps_per_s", line["learner_steps_per_s"], state.env_steps)
                 tb.add_scalar("actor/env_steps_per_s", line["env_steps_per_s"], state.env_steps)
                 for k, v in metrics.items():
-                    tb.add_scalar(f"learner/{k}", v, state.env_steps)
+                    tb.add_scalar(f"{'mismatch' if k in MISMATCH_KEYS else 'learner'}/{k}", v, state.env_steps)
                 if on_progress:
                     on_progress(state, line)
                 next_line = now() + 2.0
@@ -425,6 +451,7 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         episodes=state.episodes,
         broadcast=broadcast,
         energy=energy,
+        mismatch=state.mismatch(),
     )
 
 
