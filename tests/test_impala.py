@@ -83,11 +83,11 @@ def test_vtrace_with_rho_and_c_one_is_the_n_step_return() -> None:
     np.testing.assert_allclose(out.vs[:, 0].numpy(), expected, rtol=1e-6)
 
 
-def _config(tmp_path: Path, **kw) -> ActorQConfig:
+def _config(tmp_path: Path, env_id: str = "CartPole-v1", **kw) -> ActorQConfig:
     base = dict(algo="impala", actors=2, policy_layers=(64, 64), critic_layers=(64, 64), learning_rate=1e-3,
                 batch_size=320, update_period=100, push_period=1, eval_every_steps=5000, eval_episodes=5,
                 target_reward=195.0, max_env_steps=200_000, max_minutes=30.0, local=True, out=tmp_path / "run")
-    return ActorQConfig("CartPole-v1", **{**base, **kw})
+    return ActorQConfig(env_id, **{**base, **kw})
 
 
 def test_the_learner_measures_no_mismatch_against_itself(tmp_path: Path) -> None:
@@ -165,3 +165,24 @@ def test_a_local_impala_run_with_int8_actors_learns_cartpole_and_reports_the_mis
 
     row = compare_rows({"int8": [ActorQSummary.read(tmp_path / "run" / "summary.json")]})[0]
     assert row["kl"] == pytest.approx(mismatch["kl"], rel=1e-3) and "rho_clipped" in row
+    # the scaling model reads an impala run: each env step is learned from once
+    from quarl.actorq.model import costs_from_summaries
+
+    costs = costs_from_summaries("int8", [ActorQSummary.read(tmp_path / "run" / "summary.json")])
+    assert costs.env_steps_per_learner_step == 320
+    r = run_cli("actorq", "model", str(tmp_path / "run"), "--actors", "1,2,4", "--out", str(tmp_path / "model"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "model" / "model.csv").exists()
+
+
+def test_impala_with_gaussian_actions_on_mujoco_runs_with_int4_actors(tmp_path: Path) -> None:
+    """Continuous actions: a Gaussian around the network's mean (fixed sigma); int4 actors;
+    a short run on steps whose mismatch is finite and small."""
+    from quarl.actorq.system import run_actorq
+
+    config = _config(tmp_path, env_id="InvertedPendulum-v4", actor_precision="int4", max_env_steps=4_000,
+                     eval_every_steps=2_000, eval_episodes=2, target_reward=1e9)
+    summary = run_actorq(config)
+    assert summary.env_steps >= 4_000 and summary.learner_steps > 0
+    assert all(math.isfinite(v) for v in summary.mismatch.values()) and summary.mismatch["kl"] < 0.1
+    assert summary.actor_quant["mode"] in ("int4-block", "int4-weight-only")

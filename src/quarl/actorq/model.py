@@ -9,7 +9,7 @@ The throughput X (env steps / s) is the smallest of four limits::
                                             held back (its work, Ray's dispatch), plus the
                                             network time of one pull every U steps
     learner   E / l                      E = batch / samples_per_insert env steps per
-                                            learner step; l: seconds per learner step / g
+                                            learner step (impala: its whole unrolls); l: seconds per learner step / g
     cores     (K - e - M o) / (c + d + l/E + b/(E P))  the K cores the actors (c: their CPU
                                             seconds per step) share with the coordinator
                                             (d: its CPU per step beyond learner steps), a
@@ -127,6 +127,15 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     return Prediction(x, regime, limits, ttr)
 
 
+def _env_steps_per_learner_step(config: dict) -> float:
+    """dqn / d4pg: a batch over the replay ratio; impala: every step is learned from once,
+    in whole unrolls."""
+    if config.get("algo") == "impala":
+        length = int(config["unroll_length"])
+        return float(max(1, int(config["batch_size"]) // length) * length)
+    return config["batch_size"] / config["samples_per_insert"]
+
+
 def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], background: float | None = None) -> Costs:
     """``precision``'s costs, averaged over its runs; ``background``: the machine's
     background cores when known from more runs than these (see :func:`machine_background`)."""
@@ -148,7 +157,7 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], bac
             learner_s_per_step=mean(s.learner_ms_per_step / 1000 for s in summaries),
             build_s_per_version=mean(s.broadcast.get("build_s", 0.0) for s in summaries),
             broadcast_bytes=mean(s.broadcast.get("bytes", 0.0) for s in summaries),
-            env_steps_per_learner_step=config["batch_size"] / config["samples_per_insert"],
+            env_steps_per_learner_step=_env_steps_per_learner_step(config),
             push_period=int(config["push_period"]),
             update_period=int(config["update_period"]),
             env_steps_to_target=mean(reached) if reached else None,
