@@ -170,9 +170,10 @@ def test_a_local_impala_run_with_int8_actors_learns_cartpole_and_reports_the_mis
 
     costs = costs_from_summaries("int8", [ActorQSummary.read(tmp_path / "run" / "summary.json")])
     assert costs.env_steps_per_learner_step == 320
-    r = run_cli("actorq", "model", str(tmp_path / "run"), "--actors", "1,2,4", "--out", str(tmp_path / "model"))
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "model" / "model.csv").exists()
+    from quarl.actorq.model import Cluster, scaling_rows
+
+    rows = scaling_rows({"int8": costs}, [1, 8], Cluster(actors=1, nodes=1, cores_per_node=16), baseline="int8")
+    assert [r["actors"] for r in rows] == [1, 8] and rows[1]["env_steps_per_s"] > rows[0]["env_steps_per_s"]
 
 
 def test_impala_with_gaussian_actions_on_mujoco_runs_with_int4_actors(tmp_path: Path) -> None:
