@@ -272,58 +272,59 @@ class Actor:
         return action.astype(np.float32), out  # the env gets it clipped to [-1, 1], then scaled
 
     def run(self, steps: int) -> ActorResult:
+        """``steps`` env steps: dqn / d4pg explore around the greedy action and return n-step
+        transitions; impala samples its own policy mu and returns whole unrolls."""
+        started = time.perf_counter()
         if self.config.algo == "impala":
-            return self._run_unrolls(steps)
-        times, counts = ActorTimes(), {"pulls": 0, "loads": 0}
-        transitions, returns = [], []
-        started = time.perf_counter()
-        for _ in range(steps):
-            if self.since_pull >= self.config.update_period or self.policy.engine is None:
-                self.pull(times, counts)
-                if self.policy.engine is None:  # nothing published yet
-                    break
-            t = time.perf_counter()
-            action = self.act(self.obs)
-            t2 = time.perf_counter()
-            env_action = action if self.info.discrete else self.info.to_env(action)
-            next_obs, reward, terminated, truncated, _ = self.env.step(env_action)
-            times.inference += t2 - t
-            times.env += time.perf_counter() - t2
-            self.episode_return += float(reward)
-            transitions += self.nstep.add(self.obs, action, float(reward), next_obs, terminated, truncated)
-            self.since_pull += 1
-            if terminated or truncated:
-                returns.append(self.episode_return)
-                self.episode_return = 0.0
-                self.obs, _ = self.env.reset()
-            else:
-                self.obs = next_obs
-        n = len(transitions)
-        return ActorResult(self.index, stack(transitions) if n else None, steps if self.policy.engine else 0, returns,
-                           times.as_dict(), self.policy.version, counts["pulls"], counts["loads"],
-                           time.perf_counter() - started)
+            gamma, played = self.config.gamma, []
 
-    def _run_unrolls(self, steps: int) -> ActorResult:
-        """impala's chunk: ``steps`` env steps acted by sampling mu, cut into unrolls."""
+            def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                action, behaviour = self.sample(obs)
+                env = action if self.info.discrete else self.info.to_env(np.clip(action, -1.0, 1.0))
+                return action, env, behaviour
+
+            def keep(obs, action, reward, next_obs, terminated, truncated, behaviour) -> None:
+                played.append((obs, action, reward, 0.0 if terminated else gamma,
+                               0.0 if terminated or truncated else 1.0, next_obs, behaviour, self.policy.version))
+
+            times, counts, returns, n = self._play(steps, act, keep)
+            batch = stack_unrolls(played, self.config.unroll_length)
+        else:
+            transitions: list[tuple] = []
+
+            def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+                action = self.act(obs)
+                return action, action if self.info.discrete else self.info.to_env(action), None
+
+            def keep(obs, action, reward, next_obs, terminated, truncated, behaviour) -> None:
+                transitions.extend(self.nstep.add(obs, action, reward, next_obs, terminated, truncated))
+
+            times, counts, returns, n = self._play(steps, act, keep)
+            batch = stack(transitions) if transitions else None
+        return ActorResult(self.index, batch, n, returns, times.as_dict(), self.policy.version, counts["pulls"],
+                           counts["loads"], time.perf_counter() - started)
+
+    def _play(self, steps: int, act: Callable, keep: Callable) -> tuple[ActorTimes, dict[str, int], list[float], int]:
+        """The actor loop: pulls every update period, ``act`` (action, env action, behaviour),
+        the env step, ``keep`` what was played; returns the times, pull counts, finished
+        episodes' returns and the steps played (0 until weights are published)."""
         times, counts = ActorTimes(), {"pulls": 0, "loads": 0}
-        played, returns = [], []
-        started = time.perf_counter()
-        gamma = self.config.gamma
+        returns: list[float] = []
+        played = 0
         for _ in range(steps):
             if self.since_pull >= self.config.update_period or self.policy.engine is None:
                 self.pull(times, counts)
                 if self.policy.engine is None:  # nothing published yet
                     break
             t = time.perf_counter()
-            action, behaviour = self.sample(self.obs)
+            action, env_action, behaviour = act(self.obs)
             t2 = time.perf_counter()
-            env_action = action if self.info.discrete else self.info.to_env(np.clip(action, -1.0, 1.0))
             next_obs, reward, terminated, truncated, _ = self.env.step(env_action)
             times.inference += t2 - t
             times.env += time.perf_counter() - t2
             self.episode_return += float(reward)
-            played.append((self.obs, action, float(reward), 0.0 if terminated else gamma,
-                           0.0 if terminated or truncated else 1.0, next_obs, behaviour, self.policy.version))
+            keep(self.obs, action, float(reward), next_obs, terminated, truncated, behaviour)
+            played += 1
             self.since_pull += 1
             if terminated or truncated:
                 returns.append(self.episode_return)
@@ -331,9 +332,7 @@ class Actor:
                 self.obs, _ = self.env.reset()
             else:
                 self.obs = next_obs
-        unrolls = stack_unrolls(played, self.config.unroll_length)
-        return ActorResult(self.index, unrolls, len(played), returns, times.as_dict(), self.policy.version,
-                           counts["pulls"], counts["loads"], time.perf_counter() - started)
+        return times, counts, returns, played
 
     def close(self) -> None:
         self.env.close()
