@@ -72,9 +72,9 @@ def engines(net: nn.Module, shape: tuple[int, ...], calib: np.ndarray) -> dict[s
                 torch.ao.quantization.quantize_dynamic(mlp_copy(net), {nn.Linear}, dtype=torch.qint8)
             )
     out["ORT fp32"] = OrtEngine(onnx_fp32)
-    if conv:
-        out["ORT int8 u8 (quarl)"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "asymmetric"))
-        out["ORT int8 s8"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "symmetric"))
+    if conv:  # quarl's auto is s8 where the CPU has VNNI (exact there), u8 elsewhere
+        out["ORT int8 static u8"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "asymmetric"))
+        out["ORT int8 static s8"] = OrtEngine(quantize_static_int8(onnx_fp32, calib, "symmetric"))
     else:
         out["ORT int8 u8 dyn-tensor"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "asymmetric"))
         out["ORT int8 s8 dyn-tensor"] = OrtEngine(quantize_dynamic_int8(onnx_fp32, "symmetric"))
@@ -109,6 +109,35 @@ def bench_policy(name: str, net: nn.Module, shape: tuple[int, ...], batches: lis
             base.setdefault(b, us)
             cells.append(f"{us:,.1f} | {base[b] / us:.2f}x")
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
+def bench_automatic_choice(name: str, net: nn.Module, shape: tuple[int, ...], budget: float) -> None:
+    """quarl's automatic int8 against the fastest mode that agrees with fp32 (>= 99 % of
+    random states), both timed again side by side, interleaved, at batch 1."""
+    import gymnasium as gym
+
+    from quarl.policies.base import Policy
+    from quarl.quant.config import QuantConfig
+    from quarl.quant.modes import choose
+
+    rng = np.random.default_rng(0)
+    calib = rng.uniform(0, 1, (256, *shape)).astype(np.float32)
+    n_out = [m for m in net.modules() if isinstance(m, nn.Linear)][-1].out_features
+    policy = Policy(mlp_copy(net), gym.spaces.Box(0.0, 1.0, shape, np.float32), gym.spaces.Discrete(n_out), "argmax")
+    config = QuantConfig("int8").resolved()
+    chosen, tried = choose(policy, 8, calib, config.int8_weights, config.block_size, config.min_agreement,
+                           config.action_tolerance)
+    agreeing = [c for c in tried if c.agreement >= config.min_agreement] or [chosen]
+    x = calib[:1]
+    times: dict[int, list[float]] = {id(c): [] for c in agreeing}
+    for _ in range(5):
+        for c in agreeing:
+            times[id(c)].append(median_us(c.engine, x, budget / 5))
+    us = {id(c): float(np.median(t)) for c, t in ((c, times[id(c)]) for c in agreeing)}
+    fastest = min(agreeing, key=lambda c: us[id(c)])
+    mine = us.get(id(chosen), float("nan"))
+    print(f"| {name} | {chosen.mode} (fp32 {sorted(chosen.keep)}) | {mine:,.1f} | {fastest.mode} "
+          f"(fp32 {sorted(fastest.keep)}) | {us[id(fastest)]:,.1f} | {mine / us[id(fastest)]:.2f} |", flush=True)
 
 
 def bench_evaluation(episodes: int) -> None:
@@ -166,6 +195,12 @@ def main() -> None:
     bench_policy("CartPole policy 64x64 (tanh)", mlp([4, 64, 64, 2], nn.Tanh), (4,), [1, 256], args.budget)
     bench_policy("ActorQ policy 3 x 2048", mlp([17, 2048, 2048, 2048, 6]), (17,), [1, 256], args.budget)
     bench_policy("NatureCNN 4x84x84", nature_cnn(), (4, 84, 84), [1, 256], args.budget)
+    print("\n## the automatic int8 against the fastest mode that agrees (batch 1, us; random states)")
+    print("| policy | automatic | us | fastest agreeing | us | automatic / fastest |")
+    print("|---|---|---|---|---|---|")
+    bench_automatic_choice("CartPole policy 64x64 (tanh)", mlp([4, 64, 64, 2], nn.Tanh), (4,), args.budget)
+    bench_automatic_choice("ActorQ policy 3 x 2048", mlp([17, 2048, 2048, 2048, 6]), (17,), args.budget)
+    bench_automatic_choice("NatureCNN 4x84x84", nature_cnn(), (4, 84, 84), args.budget)
     bench_evaluation(args.episodes)
 
 

@@ -319,9 +319,12 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4-weight-only"])
-def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, precision: str) -> None:
+def test_exported_file_is_evaluated_as_deployed(tiny_run: Path, tmp_path: Path, precision: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """quarl ptq NAME.onnx evaluates the exported file itself: the same returns, episode by
-    episode, as the same precision evaluated from the checkpoint; the sidecar is strict JSON."""
+    episode, as the same precision evaluated from the checkpoint (export and ptq run the
+    stored choice of mode); the sidecar is strict JSON."""
+    monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
     assert run_cli("export", str(tiny_run), "--precision", precision, "--out", str(tmp_path / "export")).returncode == 0
     out = tmp_path / "export" / "policy"
 
@@ -372,8 +375,12 @@ def test_train_folder_runs_under_rl_zoo3_enjoy(tiny_run: Path, tmp_path: Path) -
     assert "Mean reward" in r.stdout
 
 
-def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path) -> None:
+def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same numbers and the same int mode: the choice is stored (the cache, on here) and
+    the CLI finds it, whatever the timings of near-tied modes do the second time."""
     import quarl as api
+
+    monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
 
     agent = api.load(tiny_run)
     int8 = api.quantize(agent.policy, "int8", agent.env_spec)
