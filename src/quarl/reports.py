@@ -72,9 +72,14 @@ def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
     agreement = quant.get("agreement")
     return {
         "mode": quant["mode"],
-        "fp32_layers": ",".join(f"#{i}" for i in quant.get("fp32_layers", [])) or "none",  # indices, not a count
+        "fp32_layers": layer_indices(quant.get("fp32_layers", [])) or "none",
         "agree%": "" if agreement is None or agreement != agreement else round(100 * agreement, 1),
     }
+
+
+def layer_indices(layers: Sequence[int]) -> str:
+    """fp32 layers by index, ``#0,#2`` (a bare ``0`` read as a count)."""
+    return ",".join(f"#{i}" for i in layers)
 
 
 def mode_summary(records: Sequence[dict[str, Any]]) -> str:
@@ -88,7 +93,7 @@ def mode_summary(records: Sequence[dict[str, Any]]) -> str:
         layers = quant.get("fp32_layers") or []
         agreement = quant.get("agreement")
         parts.append(f"{r['precision']}: {quant['mode'].split('-', 1)[1]}"
-                     + (f" (fp32 {','.join(f'#{i}' for i in layers)})" if layers else "")
+                     + (f" (fp32 {layer_indices(layers)})" if layers else "")
                      + ("" if agreement is None else f" {100 * agreement:.0f}%"))
     return ", ".join(parts)
 

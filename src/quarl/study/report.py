@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from quarl.reports import paper_table, relative_error, save_figure
+from quarl.reports import layer_indices, paper_table, relative_error, save_figure
 
 
 def _labels(records: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -59,7 +59,7 @@ def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) ->
         if quant:
             mode = quant["mode"].split("-", 1)[1]
             layers = quant.get("fp32_layers") or []
-            modes[labels[r["checkpoint"]]][r["precision"]] = mode + (f" (fp32 {','.join(map(str, layers))})" if layers else "")
+            modes[labels[r["checkpoint"]]][r["precision"]] = mode + (f" (fp32 {layer_indices(layers)})" if layers else "")
         if r.get("latency_us") is not None and r.get("model_bytes") is not None:
             costs[labels[r["checkpoint"]]][r["precision"]].append((r["model_bytes"], r["latency_us"]))
     for row in rows:
