@@ -134,6 +134,7 @@ def test_int4_actors_get_a_smaller_model_that_acts_like_fp32(tmp_path: Path) -> 
     ({"unroll_length": 30}, "--unroll-length 30 must divide the actors' chunk of 100 steps"),
     ({"c_bar": 2.0}, "must satisfy 0 < c-bar <= rho-bar"),
     ({"replay": "prioritized"}, "impala learns from a queue of unrolls"),
+    ({"entropy_cost": -0.1}, "--entropy-cost -0.1 must be >= 0"),
 ])
 def test_bad_impala_settings_are_one_line(tmp_path: Path, edit: dict, message: str) -> None:
     with pytest.raises(QuarlError, match=message):

@@ -235,8 +235,7 @@ def _is_export(checkpoint: Path) -> bool:
 
 
 def _workers(workers: Optional[int]) -> int:
-    """--workers, else $QUARL_WORKERS, else this machine's cores; the pool starts now, in the
-    background, while the command loads and calibrates."""
+    """--workers, else $QUARL_WORKERS, else this machine's cores (checked; see :func:`_warm`)."""
     from quarl import parallel
 
     if workers is None:
@@ -244,10 +243,16 @@ def _workers(workers: Optional[int]) -> int:
         if raw and not raw.isdigit():
             raise QuarlError(f"QUARL_WORKERS={raw!r} is not a whole number")
         workers = int(raw) if raw else parallel.usable_cores()
-    parallel.check_workers(workers)
-    if workers > 1:
-        parallel.warm_up(workers)
-    return workers
+    return parallel.check_workers(workers)
+
+
+def _warm(settings) -> None:
+    """Start the evaluation workers in the background once the policy has loaded (a bad
+    checkpoint fails without starting them), so they are ready when calibration ends."""
+    if settings.workers > 1:
+        from quarl import parallel
+
+        parallel.warm_up(settings.workers)
 
 
 def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[int], workers: int = 1):
@@ -318,6 +323,7 @@ def ptq(
     labels = _parse_precisions(precisions, **options)
     settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
+    _warm(settings)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
     if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
@@ -373,6 +379,7 @@ def sweep(
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
     settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
+    _warm(settings)
     variant = f"{scheme}-{granularity}" + ("-act" if activations else "")
     out = validate.out_folder(out) or _default_out("sweep", checkpoint, spec.env_id) / variant
     labels = ["fp32", *(f"sim{n}" for n in widths)]
@@ -1019,6 +1026,7 @@ def demo(
         console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
 
     runs = demo_agents(zoo, out, train_steps, say_training)
+    _warm(settings)
     with _progress() as bar:
         def on_policy(name: str, cells: list[str]):
             tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}

@@ -157,6 +157,9 @@ class ActorQConfig:
                                  f"{self.chunk_steps} steps (e.g. 10, 20, 25, 50)")
             if not 0 < self.c_bar <= self.rho_bar:
                 raise QuarlError(f"--c-bar {self.c_bar} and --rho-bar {self.rho_bar} must satisfy 0 < c-bar <= rho-bar")
+            if self.entropy_cost < 0 or self.baseline_cost <= 0:
+                raise QuarlError(f"--entropy-cost {self.entropy_cost} must be >= 0 and baseline_cost="
+                                 f"{self.baseline_cost} > 0")
             if not 0 < self.policy_sigma <= 2:
                 raise QuarlError(f"policy_sigma={self.policy_sigma} must be in (0, 2]")
             if self.replay != "uniform":
