@@ -182,3 +182,20 @@ def test_workers_on_mujoco_keep_their_envs_and_every_episodes_numbers() -> None:
     serial = evaluate(agent.policy, agent.env_spec, episodes=9, seed=0, max_steps=60)
     split = parallel.evaluate(agent.policy, agent.env_spec, episodes=9, seed=0, max_steps=60, workers=2, n_envs=3)
     assert np.array_equal(serial.returns, split.returns) and np.array_equal(serial.lengths, split.lengths)
+
+
+def test_a_killed_worker_is_one_line_and_the_next_evaluation_starts_fresh(tiny_run) -> None:
+    import os
+    import signal
+
+    from quarl.errors import QuarlError
+
+    ckpt = load_checkpoint(tiny_run)
+    parallel.evaluate(ckpt.policy, ckpt.env_spec, episodes=4, workers=2)  # workers up
+    executor = parallel._executor(2)
+    for pid in list(executor._processes):
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(QuarlError, match="an evaluation worker died"):
+        parallel.evaluate(ckpt.policy, ckpt.env_spec, episodes=6, workers=2)
+    again = parallel.evaluate(ckpt.policy, ckpt.env_spec, episodes=6, workers=2)
+    assert np.array_equal(again.returns, evaluate(ckpt.policy, ckpt.env_spec, episodes=6).returns)

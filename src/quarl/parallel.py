@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -170,10 +171,11 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
     with tempfile.NamedTemporaryFile(prefix="quarl-policy-", suffix=".pkl", dir=folder) as fh:
         fh.write(payload)
         fh.flush()
-        with _main_module_hidden():  # workers (and the fork server) may start during submit
-            pending: set[Future] = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count,
-                                                    n_envs, max_steps) for start, count in chunks(episodes, workers)}
+        pending: set[Future] = set()
         try:
+            with _main_module_hidden():  # workers (and the fork server) may start during submit
+                pending = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count,
+                                                        n_envs, max_steps) for start, count in chunks(episodes, workers)}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -183,6 +185,10 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
                     if on_episode is not None:
                         for i, r in enumerate(chunk_returns):
                             on_episode(start + i, float(r))
+        except BrokenProcessPool:  # a worker killed (out of memory, a signal): the pool is not reusable
+            shutdown()
+            raise QuarlError("an evaluation worker died mid-episode (out of memory or killed): run again, or with "
+                             "--workers 1") from None
         finally:
             for future in pending:
                 future.cancel()
