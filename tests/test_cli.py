@@ -174,10 +174,13 @@ def test_the_console_script_gives_one_line_and_exit_2(tmp_path: Path, args: list
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
-def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
+def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A NatureCNN policy (random init, Breakout's 4 actions) on the real ALE env with the
-    standard Atari wrappers and 4 stacked frames, evaluated at fp32 and static int8."""
+    standard Atari wrappers and 4 stacked frames, evaluated at fp32 and static int8; export
+    then runs the int8 mode ptq chose (stored), without choosing again."""
     import stable_baselines3 as sb3
+
+    monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
 
     from tests.test_sb3_loader import ImageEnv
 
@@ -186,13 +189,13 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = run_cli(
         "ptq", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--precisions", "int8",
-        "--episodes", "2", "--max-steps", "150", "--out", str(out),
+        "--episodes", "2", "--max-steps", "60", "--out", str(out),
     )
     assert r.returncode == 0, r.stderr
     rows = read_csv(out / "ptq.csv")
     assert [row["precision"] for row in rows] == ["fp32", "int8"]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert all(0 < min(rec["lengths"]) and max(rec["lengths"]) <= 150 for rec in records)
+    assert all(0 < min(rec["lengths"]) and max(rec["lengths"]) <= 60 for rec in records)
 
     # export: the static int8 CNN is calibrated on real network inputs (frames / 255, once)
     import numpy as np
@@ -202,16 +205,19 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path) -> None:
     from quarl.policies.sb3 import load_checkpoint
     from quarl.measure import calibration_inputs
 
-    r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "150",
+    r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "60",
                 "--out", str(tmp_path / "cnn8"))
     assert r.returncode == 0, r.stderr
     policy = load_checkpoint(tmp_path / "cnn.zip").policy
-    x = calibration_inputs(policy, env_spec_for_policy("BreakoutNoFrameskip-v4", policy.input_shape), max_steps=150)
+    x = calibration_inputs(policy, env_spec_for_policy("BreakoutNoFrameskip-v4", policy.input_shape), max_steps=60)
     assert 0.0 <= x.min() and x.max() <= 1.0
     session = ort.InferenceSession(str(tmp_path / "cnn8" / "policy.onnx"), providers=["CPUExecutionProvider"])
     q = session.run(None, {"obs": x[:64]})[0]
     ref = policy.forward(x[:64])
     assert np.corrcoef(q.ravel(), ref.ravel())[0, 1] > 0.95
+    meta = json.loads((tmp_path / "cnn8" / "policy.json").read_text())
+    int8 = next(rec for rec in records if rec["precision"] == "int8")
+    assert meta["quant"]["mode"] == int8["quant"]["mode"] and meta["quant"]["chosen_from_cache"] is True
 
 
 def test_sweep_with_activation_quantization(tiny_run: Path, tmp_path: Path) -> None:
