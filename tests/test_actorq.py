@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from quarl.actorq import wire
-from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info
+from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info, make_network
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import D4PGLearner, DQNLearner, make_learner
 from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
@@ -530,3 +530,29 @@ def test_a_target_the_untrained_policy_meets_is_refused(tmp_path: Path) -> None:
                           out=tmp_path / "run", eval_every_s=0.5, **SMALL)
     with pytest.raises(QuarlError, match=r"--target-reward 5 is met by the untrained policy \(its first evaluation"):
         run_actorq(config)
+
+
+def test_int8_actor_models_after_the_first_are_refilled_exactly_as_onnx_runtime_builds_them() -> None:
+    """Version 1 is built by ONNX Runtime's quantizer; later versions refill its graph. Each
+    refilled model holds the very initializers a fresh build of those weights holds."""
+    import onnx
+    from onnx import numpy_helper
+
+    def initializers(payload: bytes) -> dict[str, np.ndarray]:
+        model = onnx.load_from_string(payload[12:])
+        return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+    config = ActorQConfig("CartPole-v1", actor_precision="int8", policy_layers=(128, 128))
+    info = env_info(config)
+    refilled = Broadcaster(config, info)
+    for version, seed in enumerate((0, 1, 2), start=1):
+        torch.manual_seed(seed)
+        weights = {k: v.detach().numpy() for k, v in make_network(config, info).state_dict().items()}
+        refilled.publish(version, weights)
+        fresh = Broadcaster(config, info)
+        fresh.publish(version, weights)
+        got, want = initializers(refilled.payload), initializers(fresh.payload)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), (version, name)
+    assert refilled.template is not None

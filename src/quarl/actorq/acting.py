@@ -107,6 +107,47 @@ def make_network(config: ActorQConfig, info: EnvInfo) -> torch.nn.Sequential:
     return policy_network(config, info.obs_dim, info.act_dim, info.discrete)
 
 
+def quantize_uint8(w: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
+    """Per-tensor asymmetric uint8, as ONNX Runtime's dynamic quantizer quantizes a weight
+    (the range widened to include 0; tested equal to its output, bit for bit)."""
+    rmin, rmax = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+    scale = np.float32((rmax - rmin) / 255.0) if rmax > rmin else np.float32(1.0)
+    zero_point = np.uint8(np.clip(np.round(-rmin / scale), 0, 255))
+    return np.clip(np.round(w / scale) + zero_point, 0, 255).astype(np.uint8), scale, zero_point
+
+
+class Int8Template:
+    """The int8 actors' model built once by ONNX Runtime's quantizer, then refilled for each
+    new weight version: the graph never changes, only its weight initializers (quantized
+    weights, scales, zero points, the fp32 layer and the biases). 0.5 s -> a few ms per
+    version for a 3 x 1024 policy, on the CPU the actors and the learner share."""
+
+    def __init__(self, model: bytes) -> None:
+        import onnx
+
+        self.model = onnx.load_from_string(model)
+        self.initializers = {init.name: init for init in self.model.graph.initializer}
+
+    def _set(self, name: str, value: np.ndarray) -> None:
+        from onnx import numpy_helper
+
+        self.initializers[name].CopyFrom(numpy_helper.from_array(np.require(value, requirements="C"), name))  # 0-d stays 0-d
+
+    def fill(self, weights: dict[str, np.ndarray]) -> bytes:
+        for name, value in weights.items():
+            if f"{name}_quantized" in self.initializers:  # a quantized layer's weight, stored (in, out)
+                q, scale, zero_point = quantize_uint8(value.T)
+                self._set(f"{name}_quantized", q)
+                self._set(f"{name}_scale", np.asarray(scale, np.float32))
+                self._set(f"{name}_zero_point", np.asarray(zero_point, np.uint8))
+            elif name in self.initializers:  # a bias, or the fp32 layer's weight (transposed in the export)
+                stored = self.initializers[name]
+                self._set(name, value.T if len(stored.dims) == 2 else value)
+            else:
+                raise QuarlError(f"the int8 actor model has no initializer for {name!r}")
+        return self.model.SerializeToString()
+
+
 class Broadcaster:
     """Serves the latest weights, built and serialized once per version."""
 
@@ -116,6 +157,7 @@ class Broadcaster:
         self.version = -1
         self.payload: bytes | None = None
         self.stats: dict[str, float] = {}
+        self.template: Int8Template | None = None
 
     def publish(self, version: int, weights: dict[str, np.ndarray]) -> dict[str, float]:
         started = time.perf_counter()
@@ -131,6 +173,8 @@ class Broadcaster:
         from quarl.quant.backends.onnxruntime import export_onnx
         from quarl.quant.modes import BuildRequest, get_mode
 
+        if self.template is not None:
+            return _ONNX_MAGIC + struct.pack("<q", version) + self.template.fill(weights)
         net = make_network(self.config, self.info)
         net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         request = BuildRequest(net.eval(), export_onnx(net.eval(), (self.info.obs_dim,)), None, keep=INT8_ACTOR_KEEP)
@@ -138,6 +182,8 @@ class Broadcaster:
         if mode.unsupported(net) is not None:  # a CPU whose MatMulNBits int8 kernels are inexact
             mode = get_mode(mode.label.replace("-block", "-weight-only"))
         model = mode.build(request)
+        if mode.label == INT8_ACTOR_MODE:  # later versions refill this graph (int4's packing is rebuilt)
+            self.template = Int8Template(model)
         return _ONNX_MAGIC + struct.pack("<q", version) + model
 
     def get_stats(self) -> dict[str, float]:
