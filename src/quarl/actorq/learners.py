@@ -247,9 +247,9 @@ class IMPALALearner:
         action = b["action"] if self.discrete else b["action"].float()
         log_pi = self.log_prob(out, action)
         log_mu = self.log_prob(b["behaviour"].float(), action)
-        log_rho = (log_pi - log_mu).detach()
-        if not c.correction:  # the ablation: the actors' data taken as the learner's own
-            log_rho = torch.zeros_like(log_rho)
+        measured_log_rho = (log_pi - log_mu).detach()  # the mismatch, reported in the ablation too
+        # the ablation: the actors' data taken as the learner's own
+        log_rho = measured_log_rho if c.correction else torch.zeros_like(measured_log_rho)
         targets = vtrace(log_rho, b["reward"], b["discount"], b["cont"], values.detach(), next_values,
                          c.rho_bar, c.c_bar)
         policy_loss = -(targets.advantages * log_pi).mean()
@@ -263,7 +263,7 @@ class IMPALALearner:
         self.opt.step()
         self.steps += 1
         with torch.no_grad():
-            rho = torch.exp(log_pi - log_mu).detach()  # the mismatch, also in the ablation
+            rho = torch.exp(measured_log_rho)
             kl = self.kl(b["behaviour"].float(), out.detach())
         return {"loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
                 "entropy": entropy.item(), "kl": kl.mean().item(), "rho_mean": rho.mean().item(),
