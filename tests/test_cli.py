@@ -129,6 +129,7 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["sweep", "{run}", "--bits", "8,17"], "bits '17' is out of range: allowed integers 2..16"),
         (["sweep", "{run}", "--scheme", "log"], "unknown scheme 'log'"),
         (["ptq", "{run}", "--episodes", "0"], "--episodes 0 must be at least 1"),
+        (["ptq", "{run}", "--n-envs", "5000"], "--n-envs 5000 must be in 1..1024"),
         (["ptq", "{bare}"], "bare checkpoint: pass --env ENV_ID"),
         (["train", "foo", "CartPole-v1"], "unknown algorithm 'foo': allowed a2c, ppo, dqn, ddpg, td3, sac"),
         (["train", "dqn", "Pendulum-v1"], "dqn needs discrete actions but Pendulum-v1 has Box"),

@@ -150,9 +150,14 @@ def test_the_chunks_cover_every_episode_once() -> None:
 
     for episodes in (1, 2, 7, 20, 101):
         for workers in (1, 2, 3, 16):
-            pieces = chunks(episodes, workers)
-            covered = [s + i for s, n in pieces for i in range(n)]
-            assert covered == list(range(episodes)) and max(n for _, n in pieces) - min(n for _, n in pieces) <= 1
+            for n_envs in (1, 8):
+                pieces = chunks(episodes, workers, n_envs)
+                covered = [s + i for s, n in pieces for i in range(n)]
+                assert covered == list(range(episodes)) and max(n for _, n in pieces) - min(n for _, n in pieces) <= 1
+                if episodes >= workers:
+                    assert len(pieces) % workers == 0  # every worker gets as many pieces
+    assert chunks(20, 2, 8) == [(0, 10), (10, 10)]  # 8 side by side, then 2: not 8 pieces of 2 or 3
+    assert sorted({n for _, n in chunks(100, 2, 8)}) == [8, 9] and len(chunks(100, 2, 8)) == 12
 
 
 def test_a_script_without_a_main_guard_runs_once_with_workers(tmp_path, tiny_run) -> None:

@@ -59,7 +59,7 @@ def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | N
     return _quantize(policy, config, calibration, returns)
 
 
-def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 8,
+def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 32,
              max_steps: int | None = None) -> EvalResult:
     """Deterministic returns; episode i is reset with seed ``seed + i`` (see
     :mod:`quarl.evaluation`)."""

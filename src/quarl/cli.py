@@ -255,13 +255,17 @@ def _warm(settings) -> None:
         parallel.warm_up(settings.workers)
 
 
+MAX_N_ENVS = 1024
+"""Envs side by side per process: each holds an emulator or a physics model in memory."""
+
+
 def _eval_settings(episodes: int, seed: int, n_envs: int, max_steps: Optional[int], workers: int = 1):
     from quarl.measure import EvalSettings
 
     if episodes < 1:
         raise QuarlError(f"--episodes {episodes} must be at least 1")
-    if n_envs < 1:
-        raise QuarlError(f"--n-envs {n_envs} must be at least 1")
+    if not 1 <= n_envs <= MAX_N_ENVS:
+        raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
     validate.seed(seed)
     return EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps, workers=workers)
 
@@ -275,7 +279,8 @@ DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (e
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
                                                        "100000 s + i)")
 SeedOpt = typer.Option(0, "--seed")
-NEnvsOpt = typer.Option(8, "--n-envs", help="envs stepped side by side")
+NEnvsOpt = typer.Option(32, "--n-envs", help="envs stepped side by side per process, the policy called on their batch "
+                                               "(each env's action exactly as if alone)")
 MaxStepsOpt = typer.Option(None, "--max-steps", help="cut episodes after this many steps")
 WorkersOpt = typer.Option(None, "--workers", help="processes playing episodes side by side (default: this machine's "
                                                   "cores, or $QUARL_WORKERS); the same returns as --workers 1")

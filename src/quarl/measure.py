@@ -114,7 +114,7 @@ class EvalSettings:
     episodes: int = 20
     """Episodes per precision; episode i is reset with seed ``seed + i``."""
     seed: int = 0
-    n_envs: int = 8
+    n_envs: int = 32
     """Envs stepped side by side (the policy acts on their batch)."""
     max_steps: int | None = None
     """Cut episodes longer than this (None: the env's own limit)."""
@@ -302,7 +302,7 @@ class CalibrationEpisodes:
         returns, lengths = self._played(policy)
         if len(returns) < n:
             more = n - len(returns)
-            result = evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(returns), n_envs=min(more, 8),
+            result = evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(returns), n_envs=min(more, 32),
                               max_steps=self.max_steps)
             returns.extend(result.returns.tolist())
             lengths.extend(result.lengths.tolist())

@@ -39,9 +39,6 @@ from quarl.evaluation import EvalResult
 from quarl.evaluation import evaluate as evaluate_serial
 from quarl.policies.base import Policy
 
-CHUNKS_PER_WORKER = 4
-"""Episodes are cut into about this many chunks per worker: enough for the progress bar
-to move and for a slow chunk (a long episode) not to hold the others back."""
 MAX_WORKERS = 256
 
 _pool: tuple[int, ProcessPoolExecutor] | None = None
@@ -141,14 +138,18 @@ def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, sta
     return start, result.returns, result.lengths
 
 
-def chunks(episodes: int, workers: int) -> list[tuple[int, int]]:
-    """Contiguous ``(start, count)`` pieces of ``range(episodes)``, sizes within one of each other."""
-    n = min(episodes, workers * CHUNKS_PER_WORKER)
+def chunks(episodes: int, workers: int, n_envs: int = 32) -> list[tuple[int, int]]:
+    """Contiguous ``(start, count)`` pieces of ``range(episodes)``, sizes within one of each
+    other: about ``n_envs`` episodes each (a worker plays a piece's episodes side by side,
+    their policy calls batched, so a piece much smaller than ``n_envs`` wastes that) and a
+    multiple of ``workers`` pieces, so that the workers finish together."""
+    rounds = max(1, round(episodes / (workers * max(1, n_envs))))
+    n = min(episodes, workers * rounds)
     bounds = np.linspace(0, episodes, n + 1).round().astype(int)
     return [(int(a), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 8,
+def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 32,
              max_steps: int | None = None, on_episode: Callable[[int, float], None] | None = None,
              workers: int = 1) -> EvalResult:
     """:func:`quarl.evaluation.evaluate` with the episodes split over ``workers`` processes
@@ -175,7 +176,7 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
         try:
             with _main_module_hidden():  # workers (and the fork server) may start during submit
                 pending = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count,
-                                                        n_envs, max_steps) for start, count in chunks(episodes, workers)}
+                                                        n_envs, max_steps) for start, count in chunks(episodes, workers, n_envs)}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:

@@ -111,6 +111,18 @@ class Policy:
         """Deterministic actions for a batch of raw observations."""
         return self.postprocess(self.forward(self.preprocess(obs)))
 
+    def act_rows(self, x: np.ndarray) -> np.ndarray:
+        """Actions for a preprocessed batch, each row's equal to what the policy does with
+        that observation alone (batch 1, as deployed), at batch speed where the engine can
+        show it gives the same bits (:mod:`quarl.quant.backends.batching`)."""
+        if self.head == "argmax" and hasattr(self.engine, "argmax_rows"):
+            top = self.engine.argmax_rows(x)
+            if top is not None:
+                return top
+        if hasattr(self.engine, "rows"):
+            return self.postprocess(self.engine.rows(x))
+        return self.postprocess(np.concatenate([self.forward(x[i : i + 1]) for i in range(len(x))]))
+
     def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
                 deterministic: bool = True) -> tuple[np.ndarray, None]:
         """Stable-Baselines3's ``predict``: ``(actions, None)`` for one observation or a batch
@@ -122,7 +134,7 @@ class Policy:
         obs = np.asarray(observation)
         single = obs.shape == tuple(self.observation_space.shape)
         batch = obs[None] if single else obs
-        actions = np.concatenate([self.act(batch[i : i + 1]) for i in range(len(batch))])
+        actions = self.act_rows(self.preprocess(batch))
         return (actions[0] if single else actions), None
 
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":

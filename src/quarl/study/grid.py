@@ -43,7 +43,7 @@ class StudyConfig:
     """fp32 is always added: E is measured against it."""
     seeds: tuple[int, ...] = (0,)
     episodes: int = 20
-    n_envs: int = 8
+    n_envs: int = 32
     max_steps: int | None = None
     int8_weights: str = "auto"
     block_size: int = 32

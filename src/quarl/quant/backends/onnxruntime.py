@@ -31,6 +31,8 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from quarl.quant.backends.batching import RowVerdicts
+
 INPUT, OUTPUT = "obs", "out"
 
 
@@ -244,6 +246,7 @@ class OrtEngine:
         self.per_row = per_row
         self._options = (threads, fuse)
         self.session = ort.InferenceSession(model, session_options(threads, fuse), providers=["CPUExecutionProvider"])
+        self._verdicts = RowVerdicts()
 
     def __getstate__(self) -> dict:
         """Pickled as its model (evaluation workers): the session is built again on arrival."""
@@ -258,3 +261,17 @@ class OrtEngine:
         if self.per_row and x.shape[0] > 1:
             return np.concatenate([run(None, {INPUT: x[i : i + 1]})[0] for i in range(x.shape[0])])
         return run(None, {INPUT: x})[0]
+
+    def _run(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(None, {INPUT: h.numpy()})[0])
+
+    def rows(self, x: np.ndarray) -> np.ndarray:
+        """Every row's output as computed alone: one batched call where that is verified to
+        give the same bits for this batch size (ONNX Runtime's kernels can pick another code
+        path for more rows), else a call per row; a dynamic model (``per_row``) always goes
+        row by row."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.per_row or x.shape[0] == 1 or self._verdicts.verdict("model", x.shape[0]) is False:
+            run = self.session.run
+            return np.concatenate([run(None, {INPUT: x[i : i + 1]})[0] for i in range(x.shape[0])])
+        return self._verdicts.run("model", torch.from_numpy(x), self._run, self._run).numpy()

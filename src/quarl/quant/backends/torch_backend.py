@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from quarl.quant.backends.batching import CertifiedArgmax, RowVerdicts, per_row
 
 Step = Callable[[torch.Tensor], torch.Tensor]
 
@@ -36,6 +39,35 @@ def _direct(module: nn.Module) -> Step:
     return module
 
 
+def _batched(module: nn.Module, step: Step) -> Step | None:
+    """A form of ``step`` that takes the whole batch at once, for :class:`RowVerdicts` to
+    check against ``step`` row by row; ``None`` where a batch must go row by row.
+
+    A Linear runs as one ``baddbmm`` with the weight broadcast over the batch: each row is
+    its own batch-1 product, the product ``F.linear`` computes for one row (a plain batched
+    ``F.linear`` is one GEMM over all rows and rounds differently)."""
+    if type(module) is nn.Linear:
+        weight, bias = module.weight, module.bias
+        broadcast: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # views: in-place updates are seen
+
+        def linear_rows(h: torch.Tensor) -> torch.Tensor:
+            if h.dim() != 2:
+                return per_row(step, h)
+            n = h.shape[0]
+            if n not in broadcast:
+                broadcast[n] = (weight.t().expand(n, weight.shape[1], weight.shape[0]),
+                                None if bias is None else bias.expand(n, 1, bias.shape[0]))
+            w, b = broadcast[n]
+            if b is None:
+                return torch.bmm(h.unsqueeze(1), w).squeeze(1)
+            return torch.baddbmm(b, h.unsqueeze(1), w).squeeze(1)
+
+        return linear_rows
+    if type(module) in (nn.Conv2d, nn.Tanh, nn.ReLU, nn.Flatten, nn.Identity) and step is not module:
+        return step  # these steps take batches as they are
+    return None
+
+
 class TorchEngine:
     """Runs ``network`` (already converted to ``dtype``) on float32 numpy batches.
 
@@ -48,8 +80,16 @@ class TorchEngine:
         self.network = network.eval()
         self.dtype = dtype
         self._steps: list[Step] | None = None
+        self._batched: list[Step | None] = []
+        self._verdicts = RowVerdicts()
+        self._argmax: CertifiedArgmax | None = None
         if type(network) is nn.Sequential and not any(p.requires_grad for p in network.parameters()):
             self._steps = [_direct(m) for m in network]
+            self._batched = [_batched(m, step) for m, step in zip(network, self._steps)]
+        self._plans: dict[tuple[int, int], list[Step]] = {}
+        last = network[-1] if self._steps else None
+        self._last_linear = last if type(last) is nn.Linear and dtype == torch.float32 and \
+            last.weight.dtype == torch.float32 else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = torch.from_numpy(np.ascontiguousarray(x))
@@ -63,6 +103,64 @@ class TorchEngine:
                 h = step(h)
             out = h
         return (out if out.dtype == torch.float32 else out.float()).numpy()
+
+    def _tensor(self, x: np.ndarray) -> torch.Tensor:
+        h = torch.from_numpy(np.ascontiguousarray(x))
+        return h if h.dtype == self.dtype else h.to(self.dtype)
+
+    def _whole(self, h: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.network(h)
+
+    def _rows_through(self, h: torch.Tensor, stop: int) -> torch.Tensor:
+        """Steps ``[0, stop)`` on every row as if alone; once every step's verdict for this
+        batch size is in, the steps run as a fixed list (no look-ups per step)."""
+        assert self._steps is not None
+        plan = self._plans.get((stop, h.shape[0]))
+        if plan is not None:
+            for step in plan:
+                h = step(h)
+            return h
+        n = h.shape[0]
+        if n == 1:
+            self._plans[(stop, 1)] = list(self._steps[:stop])
+        for i in range(stop):
+            step, batched = self._steps[i], self._batched[i]
+            h = per_row(step, h) if batched is None else self._verdicts.run(i, h, batched, step)
+        known = self._verdicts.known()
+        if n > 1 and all(self._batched[i] is None or (i, n) in known for i in range(stop)):
+            self._plans[(stop, n)] = [
+                self._batched[i] if self._batched[i] is not None and known[(i, n)] else functools.partial(per_row, step)
+                for i, step in enumerate(self._steps[:stop])]
+        return h
+
+    def rows(self, x: np.ndarray) -> np.ndarray:
+        """The network on every row of ``x`` with the bits of a batch of one (each layer in a
+        batched form where that is verified to give them, see
+        :mod:`~quarl.quant.backends.batching`)."""
+        h = self._tensor(x)
+        if self._steps is None:
+            out = self._verdicts.run("network", h, self._whole, self._whole)
+        else:
+            out = self._rows_through(h, len(self._steps))
+        return (out if out.dtype == torch.float32 else out.float()).numpy()
+
+    def argmax_rows(self, x: np.ndarray) -> np.ndarray | None:
+        """The index of each row's largest output, equal to the argmax of its batch-1
+        output: the last Linear layer runs batched and each row's argmax is certified against
+        the rounding bound
+        (:class:`~quarl.quant.backends.batching.CertifiedArgmax`).
+        ``None`` where that does not apply (not an fp32 Sequential ending in a Linear)."""
+        if self._last_linear is None:
+            return None
+        if self._argmax is None:
+            self._argmax = CertifiedArgmax(self._last_linear.weight, self._last_linear.bias, self._steps[-1])
+        return self._argmax(self._rows_through(self._tensor(x), len(self._steps) - 1))
+
+    @property
+    def rows_alone(self) -> int:
+        """Rows :meth:`argmax_rows` computed alone (their lead within the rounding bound)."""
+        return 0 if self._argmax is None else self._argmax.rows_alone
 
     def __getstate__(self) -> dict:
         return {"network": self.network, "dtype": self.dtype}

@@ -1,0 +1,139 @@
+"""Batches that give every row the bits of a batch of one: verified batched forms and the
+certified argmax, against the engines run row by row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quarl.evaluation import evaluate
+from quarl.policies.base import Policy
+from quarl.policies.sb3 import load_checkpoint
+from quarl.quant.api import quantize
+from quarl.quant.backends.batching import CertifiedArgmax, RowVerdicts, per_row
+from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.config import QuantConfig
+from tests.conftest import zoo_run
+
+
+def _one_by_one(engine, x: np.ndarray) -> np.ndarray:
+    return np.concatenate([engine(x[i : i + 1]) for i in range(len(x))])
+
+
+@pytest.mark.parametrize("shape", [(4, 64), (64, 64), (64, 2), (17, 256), (256, 6), (256, 1), (8, 4)])
+def test_linear_layers_give_each_row_its_batch_one_bits(shape: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(*shape).requires_grad_(False)
+    engine = TorchEngine(nn.Sequential(layer, nn.Tanh()))
+    rng = np.random.default_rng(1)
+    for n in (2, 3, 5, 8, 16, 8, 3):  # the second pass runs on the verdicts reached in the first
+        x = rng.standard_normal((n, shape[0])).astype(np.float32)
+        assert np.array_equal(engine.rows(x), _one_by_one(engine, x))
+    assert engine._verdicts.known()  # every size got a verdict
+
+
+def test_a_batched_form_whose_rows_influence_each_other_is_found_and_not_used() -> None:
+    """A dynamic per-tensor scale (as ONNX Runtime's dynamic int8) takes its range over the
+    whole batch: its batched form must be caught on the first batch of each size."""
+    def scaled(h: torch.Tensor) -> torch.Tensor:
+        return torch.round(h / h.abs().max() * 127)
+
+    verdicts = RowVerdicts()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32))
+    for _ in range(3):
+        out = verdicts.run("scaled", x, scaled, scaled)
+        assert torch.equal(out, per_row(scaled, x))
+    assert verdicts.known() == {("scaled", 6): False}
+    # a form that is row by row exact is taken once checked
+    verdicts.run("tanh", x, torch.tanh, torch.tanh)
+    assert verdicts.verdict("tanh", 6) is True
+
+
+def test_identical_live_rows_do_not_hide_rows_that_influence_each_other() -> None:
+    """Atari's first frames are the same for every seed: the random probes still show it."""
+    def centred(h: torch.Tensor) -> torch.Tensor:
+        return h - h.mean()
+
+    verdicts = RowVerdicts()
+    x = torch.ones(4, 3)
+    verdicts.run("centred", x, centred, centred)
+    assert verdicts.verdict("centred", 4) is False
+
+
+def _near_ties(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows whose two outputs agree to within rounding (half of them) or differ clearly."""
+    rng = np.random.default_rng(seed)
+    w0 = rng.standard_normal(k).astype(np.float32)
+    weight = np.stack([w0, w0 + rng.standard_normal(k).astype(np.float32) * 1e-7, rng.standard_normal(k) - 3.0])
+    h = rng.standard_normal((n, k)).astype(np.float32)
+    h[n // 2 :] = np.abs(h[n // 2 :])  # w0 vs w0 + tiny: near ties; the third output trails
+    return torch.from_numpy(h), torch.from_numpy(weight.astype(np.float32)), torch.zeros(3)
+
+
+@pytest.mark.parametrize("k", [2, 64, 256])
+def test_certified_argmax_equals_the_batch_one_argmax_and_recomputes_near_ties(k: int) -> None:
+    h, weight, bias = _near_ties(512, k, seed=k)
+    alone = lambda row: F.linear(row, weight, bias)  # noqa: E731
+    certified = CertifiedArgmax(weight, bias, alone)
+    want = per_row(alone, h).numpy().argmax(axis=1)
+    got = certified(h)
+    assert np.array_equal(got, want)
+    assert certified.rows_alone > 0  # the near ties went row by row
+    assert certified.rows_alone < len(h)  # and the clear leads did not
+
+
+def test_certified_argmax_passes_clear_leads_and_sends_nan_rows_alone() -> None:
+    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    bias = torch.zeros(2)
+    h = torch.tensor([[1.0, 0.0], [0.0, 2.0], [float("nan"), 1.0], [3.0, float("inf")]])
+    alone = lambda row: F.linear(row, weight, bias)  # noqa: E731
+    certified = CertifiedArgmax(weight, bias, alone)
+    assert certified(h).tolist() == per_row(alone, h).numpy().argmax(axis=1).tolist()
+    assert certified.rows_alone == 2
+
+
+def test_weights_changed_in_place_are_seen_by_batched_forms_and_bounds() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 3)).requires_grad_(False)
+    engine = TorchEngine(net)
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    before = engine.argmax_rows(x)
+    for p in net.parameters():
+        p.mul_(-1.5)  # in place, as ActorQ's evaluator loads a new weight version
+    assert np.array_equal(engine.rows(x), _one_by_one(engine, x))
+    after = engine.argmax_rows(x)
+    assert np.array_equal(after, _one_by_one(engine, x).argmax(axis=1))
+    assert not np.array_equal(before, after)
+
+
+def test_a_cnn_policy_acts_on_a_batch_as_on_each_frame_alone() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(4, 16, 8, stride=4), nn.ReLU(), nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(32 * 9 * 9, 256), nn.ReLU(), nn.Linear(256, 6))
+    import gymnasium as gym
+
+    policy = Policy(net, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), "argmax",
+                    scale_images=True)
+    frames = np.random.default_rng(0).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8)
+    x = policy.preprocess(frames)
+    want = np.concatenate([policy.forward(x[i : i + 1]) for i in range(len(x))])
+    for n in (8, 5, 2):
+        assert np.array_equal(policy.act_rows(x[:n]), want[:n].argmax(axis=1))
+    assert np.array_equal(policy.engine.rows(x), want)
+
+
+@pytest.mark.parametrize("algo,env", [("dqn", "CartPole-v1"), ("ppo", "LunarLander-v2"), ("sac", "Pendulum-v1"),
+                                      ("ppo", "HalfCheetah-v3")])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8-static", "int8-block", "int8-dyn-tensor",
+                                       "int4-weight-only"])
+def test_zoo_policies_act_on_batches_as_on_each_observation_alone(algo: str, env: str, precision: str) -> None:
+    ckpt = load_checkpoint(zoo_run(algo, env))
+    states = evaluate(ckpt.policy, ckpt.env_spec, episodes=2, seed=123, keep_observations=300).observations
+    policy = quantize(ckpt.policy, QuantConfig.parse(precision), calibration=states)
+    want = policy.postprocess(np.concatenate([policy.forward(states[i : i + 1]) for i in range(len(states))]))
+    for n in (2, 3, 8, 16, 8):
+        for start in range(0, len(states) - n, 37):
+            assert np.array_equal(policy.act_rows(states[start : start + n]), want[start : start + n]), (n, start)
