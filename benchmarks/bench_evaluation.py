@@ -1,12 +1,14 @@
 """Evaluation throughput: quarl's exact evaluation (serial and on every core) against
 Stable-Baselines3's ``evaluate_policy`` and the env alone, side by side in one run.
 
-Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 2 minutes; ``--quick`` for
+Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 3 minutes; ``--quick`` for
 a smoke run). Needs the RL Zoo agents in ``../shared/zoo`` (PPO CartPole; PPO HalfCheetah
 for the MuJoCo rows), else it trains a small PPO CartPole first. Prints env steps per
 second and the ratios the acceptance asks for: quarl fp32 / int8 against SB3 with 8 envs,
-and against the env alone times the cores used. Every quarl row also checks that its
-returns equal the serial fp32 run's episode by episode (int8: its own serial run).
+and against the env alone times the cores used; beside that, against the env alone run in
+as many processes at once (a machine's second vCPU need not double the env's own rate).
+Every quarl row also checks that its returns equal the serial fp32 run's episode by
+episode (int8: its own serial run), whatever the number of envs side by side.
 """
 
 from __future__ import annotations
@@ -59,7 +61,26 @@ def sb3_rate(zip_path: Path, env_id: str, episodes: int, n_envs: int) -> tuple[f
     return sum(lengths) / (time.perf_counter() - start), float(np.mean(returns))
 
 
-def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None, alone: float) -> list[str]:
+def _alone_in_worker(args: tuple[str, int]) -> float:
+    torch.set_num_threads(1)
+    return env_alone(*args)
+
+
+def env_alone_on(processes: int, env_id: str, steps: int) -> float:
+    """Env steps per second of ``processes`` copies of :func:`env_alone` run at once: what
+    this machine's cores give the env itself (two vCPUs need not give twice one)."""
+    if processes == 1:
+        return env_alone(env_id, steps)
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return float(sum(pool.map(_alone_in_worker, [(env_id, steps)] * processes)))
+
+
+def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None, alone: dict[int, float],
+               env_counts: tuple[int, ...]) -> list[str]:
+    """quarl's rows: fp32 and automatic int8, serial and on every core, at each ``n_envs``.
+    ``alone`` maps a process count to the env-alone rate on that many processes."""
     import quarl
     from quarl import parallel
 
@@ -72,20 +93,25 @@ def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None
             if n > 1:
                 parallel.warm_up(n)
                 parallel.evaluate(policy, agent.env_spec, episodes=min(episodes, 2 * n), workers=n)  # workers ready
-            result = parallel.evaluate(policy, agent.env_spec, episodes=episodes, workers=n)
-            serial = serial if serial is not None else result
-            same = np.array_equal(result.returns, serial.returns) and np.array_equal(result.lengths, serial.lengths)
-            rate = result.steps_per_s
-            vs_sb3 = f"{rate / sb3_8:.2f}x" if sb3_8 else "-"
-            rows.append(f"| quarl {label} | {n} | {rate:,.0f} | {vs_sb3} | {rate / (alone * n):.2f} | "
-                        f"{result.mean:.2f} | {'yes' if same else 'NO'} |")
-            print(rows[-1], flush=True)
+            for n_envs in env_counts:
+                result = parallel.evaluate(policy, agent.env_spec, episodes=episodes, workers=n, n_envs=n_envs)
+                serial = serial if serial is not None else result
+                same = np.array_equal(result.returns, serial.returns) and np.array_equal(result.lengths, serial.lengths)
+                rate = result.steps_per_s
+                vs_sb3 = f"{rate / sb3_8:.2f}x" if sb3_8 else "-"
+                rows.append(f"| quarl {label} | {n} | {n_envs} | {rate:,.0f} | {vs_sb3} | {rate / (alone[1] * n):.2f} | "
+                            f"{rate / alone[n]:.2f} | {result.mean:.2f} | {'yes' if same else 'NO'} |")
+                print(rows[-1], flush=True)
     return rows
+
+
+HEADER = ("| path | processes | envs side by side | steps/s | vs SB3 8 envs | vs env alone x processes | "
+          "vs env alone on as many processes | mean return | same returns as serial |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=20, help="CartPole episodes per row (HalfCheetah: a quarter)")
+    parser.add_argument("--episodes", type=int, default=64, help="CartPole episodes per row (HalfCheetah: half)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: the machine's cores)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, CartPole only")
     args = parser.parse_args()
@@ -106,26 +132,31 @@ def main() -> None:
 
         cartpole = train(TrainConfig("ppo", "CartPole-v1", timesteps=20_000, out=Path("results/bench-eval"),
                                      eval_freq=0, tensorboard=False)).run_dir
-    alone = env_alone("CartPole-v1", 5_000 if args.quick else 50_000)
+    steps = 5_000 if args.quick else 50_000
+    alone = {n: env_alone_on(n, "CartPole-v1", steps) for n in counts}
     sb3_1, _ = sb3_rate(cartpole / "CartPole-v1.zip", "CartPole-v1", episodes, 1)
     sb3_8, sb3_mean = sb3_rate(cartpole / "CartPole-v1.zip", "CartPole-v1", episodes, 8)
-    print(f"\n## PPO CartPole-v1, {episodes} episodes (env steps / s; env alone {alone:,.0f} on one core)")
-    print("| path | processes | steps/s | vs SB3 8 envs | vs env alone x processes | mean return | same returns as serial |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| SB3 evaluate_policy, 1 env | 1 | {sb3_1:,.0f} | {sb3_1 / sb3_8:.2f}x | {sb3_1 / alone:.2f} | | |")
-    print(f"| SB3 evaluate_policy, 8 envs | 1 | {sb3_8:,.0f} | 1.00x | {sb3_8 / alone:.2f} | {sb3_mean:.2f} | |")
-    print(f"| env alone, random actions | 1 | {alone:,.0f} | {alone / sb3_8:.2f}x | 1.00 | | |", flush=True)
-    quarl_rows(cartpole, episodes, counts, sb3_8, alone)
+    print(f"\n## PPO CartPole-v1, {episodes} episodes (env steps / s; env alone {alone[1]:,.0f} on one core, "
+          f"{alone[cores]:,.0f} on {cores} processes at once)")
+    print(HEADER)
+    print(f"| SB3 evaluate_policy, 1 env | 1 | 1 | {sb3_1:,.0f} | {sb3_1 / sb3_8:.2f}x | {sb3_1 / alone[1]:.2f} | | | |")
+    print(f"| SB3 evaluate_policy, 8 envs | 1 | 8 | {sb3_8:,.0f} | 1.00x | {sb3_8 / alone[1]:.2f} | | {sb3_mean:.2f} | |")
+    for n in counts:
+        print(f"| env alone, random actions | {n} | 1 | {alone[n]:,.0f} | {alone[n] / sb3_8:.2f}x | "
+              f"{alone[n] / (alone[1] * n):.2f} | 1.00 | | |", flush=True)
+    quarl_rows(cartpole, episodes, counts, sb3_8, alone, (8, 32))
     cheetah = ZOO / "ppo" / "HalfCheetah-v3_1"
     if args.quick or not cheetah.exists():
         return
-    alone = env_alone("HalfCheetah-v4", 20_000)
-    n = max(episodes // 4, cores)
-    print(f"\n## PPO HalfCheetah-v4 (MuJoCo), {n} episodes of 1000 steps (env alone {alone:,.0f} on one core)")
-    print("| path | processes | steps/s | vs SB3 8 envs | vs env alone x processes | mean return | same returns as serial |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| env alone, random actions | 1 | {alone:,.0f} | - | 1.00 | | |", flush=True)
-    quarl_rows(cheetah, n, counts, None, alone)
+    alone = {n: env_alone_on(n, "HalfCheetah-v4", 10_000) for n in counts}
+    n = max(episodes // 2, cores)
+    print(f"\n## PPO HalfCheetah-v4 (MuJoCo), {n} episodes of 1000 steps (env alone {alone[1]:,.0f} on one core, "
+          f"{alone[cores]:,.0f} on {cores} processes at once)")
+    print(HEADER)
+    for k in counts:
+        print(f"| env alone, random actions | {k} | 1 | {alone[k]:,.0f} | - | {alone[k] / (alone[1] * k):.2f} | 1.00 | | |",
+              flush=True)
+    quarl_rows(cheetah, n, counts, None, alone, (32,))
 
 
 if __name__ == "__main__":
