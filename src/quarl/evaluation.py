@@ -86,7 +86,6 @@ def evaluate(
     envs = list(envs[:episodes])
     n_envs = len(envs)
     policy.check_env(envs[0])
-    discrete = isinstance(envs[0].action_space, gym.spaces.Discrete)
     games = [game_score(env) for env in envs]
     # Python lists: the loop below runs once per env step, where numpy scalars cost more
     # than the arithmetic (the sums are the same doubles)
@@ -115,8 +114,6 @@ def evaluate(
             # rounds differently from a batch of one, and a chaotic episode (MuJoCo) amplifies
             # that into another return; act_rows keeps every n_envs on SB3's own numbers
             actions = policy.act_rows(x)
-            if discrete:
-                actions = actions.tolist()  # Python ints: the env's action check takes the short path
             step += 1
             still = []
             for j, i in enumerate(active):
