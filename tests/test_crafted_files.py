@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import stable_baselines3 as sb3
 import torch
@@ -204,3 +206,146 @@ def test_a_zoo_config_never_decides_the_memory_or_crashes(tmp_path: Path, config
     code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(tmp_path / "o"))
     assert code == 2 and message in _one_line(err)
     assert peak < PEAK_LIMIT_MB, peak
+
+
+# --------------------------------------------------------------- side files of a zoo run
+
+
+def _pickled_array_bomb(shape: tuple[int, ...]) -> bytes:
+    """A 200-byte VecNormalize pickle whose statistics ask numpy for ``ndarray(shape)``."""
+    import pickle
+
+    def reduce_ndarray() -> bytes:
+        return b"cnumpy\nndarray\n" + pickle.dumps(shape, 2)[2:-1] + b"\x85R"
+
+    return (b"\x80\x02cstable_baselines3.common.vec_env.vec_normalize\nVecNormalize\n)\x81"
+            b"}(X\x07\x00\x00\x00obs_rms"
+            b"cstable_baselines3.common.running_mean_std\nRunningMeanStd\n)\x81"
+            b"}(X\x04\x00\x00\x00mean" + reduce_ndarray() + b"X\x03\x00\x00\x00var" + reduce_ndarray() + b"ub" + b"ub.")
+
+
+def _vecnormalize(tmp_path: Path, **stats) -> Path:
+    """A real VecNormalize pickle of CartPole (4 observations) with some statistics replaced."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")]))
+    for name, value in stats.items():
+        setattr(venv.obs_rms, name, value)
+    path = tmp_path / "vecnormalize.pkl"
+    venv.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("stats,message", [
+    ({"var": np.array([1.0, np.nan, 1.0, 1.0])}, "obs_rms.var holds non-finite values"),
+    ({"mean": np.array([0.0, 0.0, np.inf, 0.0])}, "obs_rms.mean holds non-finite values"),
+    ({"var": np.array([1.0, -2.0, 1.0, 1.0])}, "obs_rms.var holds negative variances"),
+    ({"mean": np.zeros(7)}, "obs_rms.mean has shape (7,) but the policy's observations are (4,)"),
+    ({"mean": np.array([0.0, None, 0.0, 0.0], dtype=object)}, "of Python objects: refused"),
+])
+def test_vecnormalize_statistics_are_checked_before_use(tmp_path: Path, stats: dict, message: str) -> None:
+    from quarl.errors import QuarlError
+    from quarl.policies.safe_load import load_vecnormalize
+
+    path = _vecnormalize(tmp_path, **stats)
+    with pytest.raises(QuarlError, match=re.escape(message)):
+        load_vecnormalize(path, obs_shape=(4,))
+
+
+def test_real_vecnormalize_statistics_load_unchanged(tmp_path: Path) -> None:
+    from quarl.policies.safe_load import load_vecnormalize
+
+    mean, var = np.array([0.5, -1.0, 0.1, 2.0]), np.array([1.0, 4.0, 0.25, 9.0])
+    stats = load_vecnormalize(_vecnormalize(tmp_path, mean=mean, var=var), obs_shape=(4,))
+    assert np.array_equal(stats["mean"], mean) and np.array_equal(stats["var"], var)
+    assert type(stats["mean"]) is np.ndarray  # a plain array, not the checked subclass
+
+
+def test_a_tiny_pickle_asking_numpy_for_8_gb_is_refused_in_one_line(tmp_path: Path) -> None:
+    """It took 8 GB and 76 s, then a traceback; an object array given a short list crashed
+    numpy outright."""
+    run = tmp_path / "ppo" / "CartPole-v1_1"
+    (run / "CartPole-v1").mkdir(parents=True)
+    _sb3_zip(tmp_path).rename(run / "CartPole-v1.zip")
+    (run / "CartPole-v1" / "config.yml").write_text("normalize: true\n")
+    (run / "CartPole-v1" / "vecnormalize.pkl").write_bytes(_pickled_array_bomb((10**9,)))
+    code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(tmp_path / "o"))
+    assert code == 2 and "asks for an array of shape (1000000000,) (8000000000 bytes)" in _one_line(err)
+    assert peak < PEAK_LIMIT_MB, peak
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    text = 'a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]\n'
+    names = "abcdefghijklmnop"
+    for low, high in zip(names[:levels], names[1 : levels + 1]):
+        text += f"{high}: &{high} [" + ", ".join([f"*{low}"] * 10) + "]\n"
+    return text
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("env_kwargs.yml", _alias_bomb(), "expands to more than 100000 values"),
+    ("env_kwargs.yml", "a: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested too deeply"),
+    ("args.yml", "env: CartPole-v1\n# " + "x" * 2**21 + "\n", "more than the 1048576 allowed for an RL Zoo YAML file"),
+])
+def test_zoo_yaml_files_are_bounded(tmp_path: Path, name: str, text: str, message: str) -> None:
+    """The alias bomb (10^10 values from 500 bytes) took 4.5 GB before it was stopped; the
+    2 MB comment kept PyYAML busy for minutes; the nesting was a RecursionError traceback."""
+    from quarl.errors import QuarlError
+    from quarl.policies.safe_load import load_zoo_yaml
+
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(QuarlError, match=re.escape(message)):
+        load_zoo_yaml(path)
+
+
+def test_a_zoo_yaml_with_a_few_aliases_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "env_kwargs.yml"
+    path.write_text("base: &b {x: 1}\nfirst: *b\nsecond: *b\n")
+    from quarl.policies.safe_load import load_zoo_yaml
+
+    assert load_zoo_yaml(path) == {"base": {"x": 1}, "first": {"x": 1}, "second": {"x": 1}}
+
+
+def _sparse(path: Path, size: int) -> Path:
+    """A file claiming ``size`` bytes without taking them on disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        fh.truncate(size)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["legacy", "onnx", "vecnormalize", "actorq"])
+def test_files_read_whole_are_refused_past_their_cap_before_they_are_read(tmp_path: Path, kind: str,
+                                                                          exported: Path) -> None:
+    from quarl.errors import QuarlError
+    from quarl.limits import model_file_cap
+
+    big = model_file_cap() + 1
+    with pytest.raises(QuarlError, match="more than the .* allowed for"):
+        if kind == "legacy":
+            from quarl.policies.legacy import load_legacy
+
+            load_legacy(_sparse(tmp_path / "ppo2" / "CartPole-v1.pkl", big))
+        elif kind == "onnx":
+            import shutil
+
+            from quarl.policies.onnx_artifact import load_artifact
+
+            folder = tmp_path / "export"
+            shutil.copytree(exported.parent, folder)
+            model = next(folder.glob("*.onnx"))
+            _sparse(model, big)
+            load_artifact(model)
+        elif kind == "vecnormalize":
+            from quarl.policies.safe_load import load_vecnormalize
+
+            load_vecnormalize(_sparse(tmp_path / "vecnormalize.pkl", 64 * 2**20 + 1))
+        else:
+            from quarl.policies.actorq_run import load_actorq_run
+
+            run = tmp_path / "run"
+            (run / "summary.json").parent.mkdir(parents=True)
+            (run / "summary.json").write_text('{"config": {"algo": "dqn", "env_id": "CartPole-v1"}}')
+            _sparse(run / "policy.pt", big)
+            load_actorq_run(run)

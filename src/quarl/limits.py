@@ -7,6 +7,9 @@ memory quarl takes. Every check runs before the memory is taken and fails with o
 - tensors must hold the values their shape claims (no zero-stride views of one value
   posing as a 10^8-wide layer), all together at most :func:`max_parameters`, and finite
   (:func:`check_tensors`);
+- files read whole are read at most their cap (:func:`read_capped`): side files a few
+  kilobytes long in practice get a cap of a megabyte or so, model files
+  :func:`model_file_cap`;
 - a network described by sizes (``--policy-layers``, ``net_arch``) is priced before it is
   built (:func:`check_layer_sizes`).
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
@@ -73,6 +77,29 @@ def read_zip_entry(archive: zipfile.ZipFile, name: str, where: str) -> bytes:
                                  "refused (a zip bomb?)")
             parts.append(chunk)
     return b"".join(parts)
+
+
+def check_file_size(path: Path, cap: int, what: str) -> None:
+    """Refuse ``path`` in one line when it holds more than ``cap`` bytes."""
+    size = path.stat().st_size
+    if size > cap:
+        raise QuarlError(f"{path} has {size} bytes, more than the {cap} allowed for {what}: refused")
+
+
+def read_capped(path: Path, cap: int, what: str) -> bytes:
+    """The bytes of ``path``, refused in one line when it holds more than ``cap``."""
+    check_file_size(path, cap, what)
+    with path.open("rb") as fh:
+        data = fh.read(cap + 1)
+    if len(data) > cap:  # grew after the check
+        raise QuarlError(f"{path} has more than the {cap} bytes allowed for {what}: refused")
+    return data
+
+
+def model_file_cap() -> int:
+    """Bytes a model file (a legacy pickle, an ONNX model, a tensor file) may have: the
+    parameter cap's fp32 weights and room for the rest."""
+    return 4 * max_parameters() + ENTRY_FLOOR
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], where: str) -> None:

@@ -15,11 +15,15 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.errors import QuarlError
-from quarl.limits import check_tensors
+from quarl.limits import check_file_size, check_tensors, model_file_cap, read_capped
 from quarl.policies.base import Policy
 from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 
 POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
+
+
+SUMMARY_CAP = 16 * 2**20
+"""Bytes an ActorQ summary.json may have (quarl writes a few kilobytes)."""
 
 
 def is_actorq_run(path: Path) -> bool:
@@ -30,10 +34,11 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     """(policy, env spec, algo) of an ActorQ output folder."""
 
     try:
-        config = json.loads((path / SUMMARY_FILE).read_text())["config"]
+        config = json.loads(read_capped(path / SUMMARY_FILE, SUMMARY_CAP, "an ActorQ summary"))["config"]
         algo, env_id = str(config["algo"]), str(config["env_id"])
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         raise QuarlError(f"{path / SUMMARY_FILE} is not an ActorQ summary (no config with algo and env_id)") from None
+    check_file_size(path / POLICY_FILE, model_file_cap(), "an ActorQ policy")
     try:
         sd = torch.load(path / POLICY_FILE, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad or unsafe file

@@ -24,7 +24,6 @@ LayerNorm with TensorFlow's epsilon.
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 from pathlib import Path
@@ -36,9 +35,9 @@ import torch
 from torch import nn
 
 from quarl.errors import QuarlError
-from quarl.limits import check_tensors
+from quarl.limits import check_tensors, model_file_cap, read_capped
 from quarl.policies.base import ObsNormalizer, Policy
-from quarl.policies.safe_load import AllowListUnpickler, Record
+from quarl.policies.safe_load import AllowListUnpickler, Record, Refused, obs_statistics
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,11 @@ class _InertUnpickler(AllowListUnpickler):
 def read_pickle(path: Path) -> Any:
     """Unpickle ``path`` with numpy arrays rebuilt and everything else inert."""
     try:
-        return _InertUnpickler(io.BytesIO(path.read_bytes())).load()
+        return _InertUnpickler(read_capped(path, model_file_cap(), "a legacy stable-baselines pickle")).load()
+    except QuarlError:
+        raise
+    except Refused as exc:
+        raise QuarlError(f"{path} asks for {exc}: refused") from None
     except Exception as exc:  # truncated, not a pickle, or a layout no stand-in can take
         raise QuarlError(f"{path} is not a readable legacy stable-baselines pickle ({exc.__class__.__name__}: {exc})") from None
 
@@ -239,13 +242,14 @@ def _algo(path: Path, data: dict) -> str:
     raise QuarlError(f"{path}: cannot tell the algorithm (put it in an ALGO/ folder: {', '.join(ALGOS)})")
 
 
-def load_running_mean_std(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``mean`` and ``var`` of a legacy ``obs_rms.pkl`` (stable-baselines RunningMeanStd)."""
+def load_running_mean_std(path: Path, shape: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``mean`` and ``var`` of a legacy ``obs_rms.pkl`` (stable-baselines RunningMeanStd),
+    checked as :func:`~quarl.policies.safe_load.obs_statistics` checks them."""
     rms = read_pickle(path)
     mean, var = getattr(rms, "mean", None), getattr(rms, "var", None)
     if mean is None or var is None:
         raise QuarlError(f"{path} holds no running mean and variance")
-    return np.asarray(mean, np.float64), np.asarray(var, np.float64)
+    return obs_statistics(mean, var, str(path), shape)
 
 
 def load_legacy(path: Path) -> tuple[Policy, str, str]:
@@ -275,7 +279,7 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
     policy = Policy(network=network, observation_space=obs_space, action_space=act_space, head=head, algo=algo)
     stats = path.parent / path.stem / "obs_rms.pkl"
     if stats.exists():  # rl-baselines-zoo saved VecNormalize's statistics beside the model
-        mean, var = load_running_mean_std(stats)
+        mean, var = load_running_mean_std(stats, tuple(obs_space.shape or ()))
         policy.obs_normalizer = ObsNormalizer(mean, var)
     log.info("loaded legacy %s policy (%s) from %s", legacy_algo, policy_class or "?", path)
     return policy, algo, path.stem

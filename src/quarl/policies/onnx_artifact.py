@@ -17,10 +17,14 @@ from torch import nn
 
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
+from quarl.limits import model_file_cap, read_capped
 from quarl.policies.base import HEADS, ObsNormalizer, Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
 
 SIDECAR_FORMAT = "quarl-policy/1"
+SIDECAR_CAP = 64 * 2**20
+"""Bytes a sidecar may have (quarl writes a few kilobytes; an image policy's observation
+bounds make it larger)."""
 
 
 class OnnxNetwork(nn.Module):
@@ -117,10 +121,8 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     meta_path = path.with_suffix(".json")
     if not meta_path.exists():
         raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to feed it")
-    if meta_path.stat().st_size > 64 * 2**20:
-        raise QuarlError(f"{meta_path} is {meta_path.stat().st_size} bytes: not a sidecar (at most 64 MB)")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(read_capped(meta_path, SIDECAR_CAP, "a quarl sidecar"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise QuarlError(f"{meta_path} is corrupt: not JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT:
@@ -130,7 +132,7 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     quant = meta.get("quant") if isinstance(meta.get("quant"), dict) else {}
     mode = quant.get("mode")
     per_row = bool(mode in MODES and MODES[mode].per_row)
-    model = path.read_bytes()
+    model = read_capped(path, model_file_cap(), "an ONNX model")
     digest = meta.get("onnx_sha256")
     if digest is not None and digest != hashlib.sha256(model).hexdigest():
         raise QuarlError(f"{path} is not the model {meta_path.name} describes (its SHA-256 differs from the sidecar's "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import io
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 import yaml
 
 from quarl.errors import QuarlError
+from quarl.limits import read_capped
 
 
 class _ZooYamlLoader(yaml.SafeLoader):
@@ -37,16 +39,45 @@ def _ordered_dict(loader: yaml.Loader, node: yaml.Node) -> dict:
 _ZooYamlLoader.add_constructor("tag:yaml.org,2002:python/object/apply:collections.OrderedDict", _ordered_dict)
 
 
+YAML_CAP = 2**20
+"""Bytes an RL Zoo YAML file may have (the zoo writes a few kilobytes)."""
+YAML_VALUES = 100_000
+"""Values a YAML file may expand to, counting every alias as the copy it stands for."""
+
+
 def load_zoo_yaml(path: Path) -> dict:
-    """An RL Zoo ``config.yml`` / ``args.yml`` / ``env_kwargs.yml`` as a plain dict."""
+    """An RL Zoo ``config.yml`` / ``args.yml`` / ``env_kwargs.yml`` as a plain dict: at most
+    :data:`YAML_CAP` bytes, expanding to at most :data:`YAML_VALUES` values (ten nested
+    aliases of ten would make 10^9)."""
+    text = read_capped(path, YAML_CAP, "an RL Zoo YAML file").decode("utf-8", errors="replace")
     try:
-        data = yaml.load(path.read_text(), Loader=_ZooYamlLoader)  # noqa: S506 - safe subclass
+        data = yaml.load(text, Loader=_ZooYamlLoader)  # noqa: S506 - safe subclass
     except yaml.YAMLError as exc:
         raise QuarlError(f"cannot read {path}: not a YAML file the RL Zoo writes ({exc.__class__.__name__})") from None
+    except RecursionError:
+        raise QuarlError(f"cannot read {path}: nested too deeply for a YAML file the RL Zoo writes") from None
     data = data or {}
     if not isinstance(data, dict):
         raise QuarlError(f"cannot read {path}: a YAML {type(data).__name__}, not the mapping the RL Zoo writes")
+    if _expanded_values(data, YAML_VALUES) > YAML_VALUES:
+        raise QuarlError(f"cannot read {path}: it expands to more than {YAML_VALUES} values (aliases repeating "
+                         "aliases?): refused")
     return data
+
+
+def _expanded_values(data: Any, limit: int) -> int:
+    """Values in ``data`` counted as a tree (a shared list counts once per reference),
+    stopping past ``limit``."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set)):
+            stack.extend(item)
+    return count
 
 
 class Record:
@@ -74,13 +105,88 @@ def _multiarray() -> Any:
     return multiarray
 
 
-# Globals a VecNormalize pickle may reference, mapped to what rebuilds them harmlessly.
-_NUMPY_GLOBALS: dict[str, Any] = {
-    "_reconstruct": _multiarray()._reconstruct,
-    "scalar": _multiarray().scalar,
-    "ndarray": np.ndarray,
-    "dtype": np.dtype,
-}
+class Refused(pickle.UnpicklingError):
+    """A pickle asked for something the allow-list admits only within bounds (an array
+    larger than the file, an array of Python objects): refused, whatever --trust-pickle."""
+
+
+PLAIN_DTYPES = frozenset(f"{kind}DType" for kind in (
+    "Bool", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64", "Float16", "Float32", "Float64"))
+"""numpy.dtypes classes a pickle may name (numbers; never ObjectDType)."""
+MAX_DIMS = 32
+
+
+class ArrayBudget:
+    """Bytes the arrays of one pickle may claim, checked before numpy allocates them: no
+    more than the file holds, because an array's values come from the file. A 200-byte
+    pickle asking numpy for ``ndarray((10**9,))`` would otherwise take 8 GB, and an object
+    array given a short list crashes numpy (a segfault)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.left = nbytes
+
+    def claim(self, shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype]:
+        try:
+            dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+            kind = np.dtype(dtype)
+        except (TypeError, ValueError, OverflowError):
+            raise Refused(f"an array of shape {shape!r} and dtype {dtype!r}") from None
+        if kind.hasobject:
+            raise Refused("an array of Python objects")
+        if len(dims) > MAX_DIMS or any(d < 0 for d in dims):
+            raise Refused(f"an array of shape {dims}")
+        nbytes = math.prod(dims) * kind.itemsize
+        if nbytes > self.left:
+            raise Refused(f"an array of shape {dims} ({nbytes} bytes), more than the file holds")
+        self.left -= nbytes
+        return dims, kind
+
+
+def _checked_array(budget: ArrayBudget) -> type:
+    """An ndarray subclass that claims its bytes from ``budget`` when built or given state."""
+
+    class CheckedArray(np.ndarray):
+        def __new__(cls, shape: Any, dtype: Any = float, *args: Any, **kwargs: Any) -> "CheckedArray":
+            if args or kwargs:
+                raise Refused("an array over a buffer")
+            dims, kind = budget.claim(shape, dtype)
+            return np.ndarray.__new__(cls, dims, kind)
+
+        def __setstate__(self, state: Any) -> None:
+            if not (isinstance(state, tuple) and len(state) in (4, 5) and isinstance(state[-1], (bytes, bytearray))):
+                raise Refused("an array state numpy does not write")
+            budget.claim(state[-4], state[-3])
+            super().__setstate__(state)
+
+        def __reduce_ex__(self, protocol: Any) -> Any:
+            return np.asarray(self).__reduce_ex__(protocol)  # pickled on as a plain array (a worker's copy)
+
+    return CheckedArray
+
+
+def numpy_globals(budget: ArrayBudget) -> dict[str, Any]:
+    """What rebuilds a pickled numpy array, dtype or scalar, within ``budget``."""
+    array = _checked_array(budget)
+    multiarray = _multiarray()
+
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        return array(shape, dtype)
+
+    def scalar(dtype: Any, data: Any = None) -> Any:
+        kind = np.dtype(dtype) if not isinstance(dtype, np.dtype) else dtype
+        if kind.hasobject or not isinstance(data, (bytes, bytearray)) or len(data) != kind.itemsize:
+            raise Refused(f"a numpy scalar of dtype {kind} from {type(data).__name__}")
+        return multiarray.scalar(kind, data)
+
+    def dtype(*args: Any, **kwargs: Any) -> np.dtype:
+        kind = np.dtype(*args, **kwargs)
+        if kind.hasobject:
+            raise Refused("a dtype of Python objects")
+        return kind
+
+    return {"_reconstruct": reconstruct, "scalar": scalar, "ndarray": array, "dtype": dtype}
+
+
 _NUMPY_MODULES = ("numpy", "numpy.core.multiarray", "numpy._core.multiarray")
 _RECORD_MODULES = (
     "stable_baselines3.common.vec_env",
@@ -91,20 +197,19 @@ _RECORD_MODULES = (
 )
 
 
-def numpy_global(module: str, name: str) -> Any:
-    """What rebuilds a pickled numpy array, dtype or scalar; None for any other global."""
-    if module in _NUMPY_MODULES and name in _NUMPY_GLOBALS:
-        return _NUMPY_GLOBALS[name]
-    if module == "numpy.dtypes" and name.endswith("DType"):
-        return getattr(np.dtypes, name)
-    return None
-
-
 class AllowListUnpickler(pickle.Unpickler):
+    """Numpy arrays, dtypes and scalars (within an :class:`ArrayBudget` of the file's size),
+    dicts, and inert records for the SB3 / gym classes; any other global is refused."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self._numpy = numpy_globals(ArrayBudget(len(data)))
+
     def find_class(self, module: str, name: str) -> Any:
-        found = numpy_global(module, name)
-        if found is not None:
-            return found
+        if module in _NUMPY_MODULES and name in self._numpy:
+            return self._numpy[name]
+        if module == "numpy.dtypes" and name in PLAIN_DTYPES:
+            return getattr(np.dtypes, name)
         if module == "collections" and name == "OrderedDict":
             return dict
         if module.startswith(_RECORD_MODULES):
@@ -112,10 +217,16 @@ class AllowListUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it references {module}.{name}")
 
 
-def load_vecnormalize(path: Path, trust_pickle: bool = False) -> dict[str, Any]:
+VECNORMALIZE_CAP = 64 * 2**20
+"""Bytes a vecnormalize.pkl may have: its statistics are two arrays of the observation's
+shape (a stacked 4 x 84 x 84 frame: 0.45 MB)."""
+
+
+def load_vecnormalize(path: Path, trust_pickle: bool = False, obs_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Observation statistics of a VecNormalize pickle: ``mean``, ``var``, ``clip_obs``,
-    ``epsilon``, ``norm_obs``."""
-    data = path.read_bytes()
+    ``epsilon``, ``norm_obs``; checked to be finite, the variances non-negative, and (given
+    ``obs_shape``) of the observation's shape."""
+    data = read_capped(path, VECNORMALIZE_CAP, "a VecNormalize pickle")
     if trust_pickle:
         try:
             obj = pickle.loads(data)  # noqa: S301 - the user vouched for this file
@@ -123,7 +234,9 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False) -> dict[str, Any]:
             raise QuarlError(f"{path} cannot be unpickled ({exc.__class__.__name__}: {exc})") from None
     else:
         try:
-            obj = AllowListUnpickler(io.BytesIO(data)).load()
+            obj = AllowListUnpickler(data).load()
+        except Refused as exc:
+            raise QuarlError(f"{path} asks for {exc}: refused") from None
         except pickle.UnpicklingError as exc:
             raise QuarlError(
                 f"{path} needs arbitrary unpickling ({exc}): refused; pass --trust-pickle if you trust this file"
@@ -135,13 +248,44 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False) -> dict[str, Any]:
         raise QuarlError(f"{path} holds no observation statistics (obs_rms): not a VecNormalize pickle")
     if isinstance(rms, dict):
         raise QuarlError(f"{path}: dict observation spaces are not supported")
-    return {
-        "mean": np.asarray(rms.mean, dtype=np.float64),
-        "var": np.asarray(rms.var, dtype=np.float64),
-        "clip_obs": float(getattr(obj, "clip_obs", 10.0)),
-        "epsilon": float(getattr(obj, "epsilon", 1e-8)),
-        "norm_obs": bool(getattr(obj, "norm_obs", True)),
-    }
+    mean, var = obs_statistics(getattr(rms, "mean"), getattr(rms, "var", None), f"{path}: obs_rms", obs_shape)
+    stats = {"mean": mean, "var": var,
+             "clip_obs": _number(obj, "clip_obs", 10.0, path), "epsilon": _number(obj, "epsilon", 1e-8, path),
+             "norm_obs": bool(getattr(obj, "norm_obs", True))}
+    if stats["clip_obs"] <= 0 or stats["epsilon"] < 0:
+        raise QuarlError(f"{path}: clip_obs={stats['clip_obs']} must be > 0 and epsilon={stats['epsilon']} >= 0")
+    return stats
+
+
+def obs_statistics(mean: Any, var: Any, where: str, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Observation normalization statistics as float64 arrays, checked: numbers, finite,
+    variances non-negative, and (given ``shape``) of the observation's shape."""
+    out = []
+    for name, raw in (("mean", mean), ("var", var)):
+        try:
+            value = np.array(raw, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise QuarlError(f"{where}.{name} is not an array of numbers") from None
+        if shape is not None and value.shape != tuple(shape):
+            raise QuarlError(f"{where}.{name} has shape {value.shape} but the policy's observations are "
+                             f"{tuple(shape)}: not this policy's statistics")
+        if not np.all(np.isfinite(value)):
+            raise QuarlError(f"{where}.{name} holds non-finite values (NaN or inf): refused")
+        out.append(value)
+    if np.any(out[1] < 0):
+        raise QuarlError(f"{where}.var holds negative variances: refused")
+    return out[0], out[1]
+
+
+def _number(obj: Any, name: str, default: float, path: Path) -> float:
+    value = getattr(obj, name, default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise QuarlError(f"{path}: {name}={value!r} is not a number") from None
+    if not np.isfinite(number):
+        raise QuarlError(f"{path}: {name}={number} is not finite")
+    return number
 
 
 class _Names(ast.NodeTransformer):

@@ -40,7 +40,7 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
-from quarl.limits import check_tensors, read_zip_entry
+from quarl.limits import check_tensors, read_capped, read_zip_entry
 from quarl.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
@@ -460,7 +460,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
             stats_path = config_dir / "vecnormalize.pkl"
             if not stats_path.exists():
                 raise QuarlError(f"{config_dir} says normalize=True but has no vecnormalize.pkl")
-            stats = load_vecnormalize(stats_path, trust_pickle=trust_pickle)
+            stats = load_vecnormalize(stats_path, trust_pickle=trust_pickle, obs_shape=policy.input_shape)
             if stats["norm_obs"]:
                 policy.obs_normalizer = ObsNormalizer(stats["mean"], stats["var"], stats["clip_obs"], stats["epsilon"])
         qat_file = config_dir / QAT_FILE
@@ -468,8 +468,8 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
             from quarl.quant.api import from_qat_state
 
             try:
-                state = json.loads(qat_file.read_text())
-            except json.JSONDecodeError:
+                state = json.loads(read_capped(qat_file, 2**20, "a QAT state"))
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 raise QuarlError(f"{qat_file} is corrupt: not JSON") from None
             policy = from_qat_state(policy, state)
     log.info("loaded %s %s policy from %s", algo, type(policy.action_space).__name__, path)
