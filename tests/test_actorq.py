@@ -532,7 +532,8 @@ def test_a_target_the_untrained_policy_meets_is_refused(tmp_path: Path) -> None:
         run_actorq(config)
 
 
-def test_int8_actor_models_after_the_first_are_refilled_exactly_as_onnx_runtime_builds_them() -> None:
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_actor_models_after_the_first_are_refilled_exactly_as_onnx_runtime_builds_them(precision: str) -> None:
     """Version 1 is built by ONNX Runtime's quantizer; later versions refill its graph. Each
     refilled model holds the very initializers a fresh build of those weights holds."""
     import onnx
@@ -542,7 +543,7 @@ def test_int8_actor_models_after_the_first_are_refilled_exactly_as_onnx_runtime_
         model = onnx.load_from_string(payload[12:])
         return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
 
-    config = ActorQConfig("CartPole-v1", actor_precision="int8", policy_layers=(128, 128))
+    config = ActorQConfig("CartPole-v1", actor_precision=precision, policy_layers=(128, 100))  # 100: a part block
     info = env_info(config)
     refilled = Broadcaster(config, info)
     for version, seed in enumerate((0, 1, 2), start=1):
