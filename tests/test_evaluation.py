@@ -136,13 +136,33 @@ def test_workers_give_every_episode_the_serial_runs_numbers(tiny_run, precision:
     ckpt = load_checkpoint(tiny_run)
     policy = ckpt.policy if precision == "fp32" else quantize_label(ckpt.policy, precision, ckpt.env_spec)
     serial = evaluate(policy, ckpt.env_spec, episodes=13, seed=3)
-    seen: list[int] = []
-    split = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=2, on_episode=lambda ep, r: seen.append(ep))
+    seen: list[tuple[int, float]] = []
+    split = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=2,
+                              on_episode=lambda ep, r: seen.append((ep, r)))
     assert np.array_equal(serial.returns, split.returns) and np.array_equal(serial.lengths, split.lengths)
-    assert sorted(seen) == list(range(13))
+    assert sorted(seen) == [(i, float(r)) for i, r in enumerate(serial.returns)]
     if precision == "fp32":  # another split: three workers, two envs each
         three = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=3, n_envs=2)
         assert np.array_equal(serial.returns, three.returns)
+
+
+def test_a_worker_reports_each_episode_as_it_ends(tiny_run, tmp_path, monkeypatch) -> None:
+    """The progress bar moves per episode while a chunk of 32 plays, not once per chunk:
+    the worker's loop puts (evaluation, episode, return) on its queue at each episode's end."""
+    import pickle
+
+    ckpt = load_checkpoint(tiny_run)
+    policy_file = tmp_path / "policy.pkl"
+    policy_file.write_bytes(pickle.dumps(ckpt.policy))
+    messages: list[tuple[int, int, float]] = []
+
+    class Queue:
+        def put(self, item: tuple[int, int, float]) -> None:
+            messages.append(item)
+
+    monkeypatch.setattr(parallel, "_finished", Queue())
+    start, returns, _ = parallel._play_chunk(str(policy_file), "test", ckpt.env_spec, 3, 5, 4, 32, None, 7)
+    assert start == 5 and sorted(messages) == [(7, 5 + i, float(r)) for i, r in enumerate(returns)]
 
 
 def test_the_chunks_cover_every_episode_once() -> None:

@@ -4,7 +4,9 @@ Each episode is reset with its own seed and the policy is stateless, so an episo
 return and length do not depend on which process plays it or beside which others: the
 episodes are cut into contiguous chunks (``seed + start .. seed + start + count - 1``),
 each chunk is played by :func:`quarl.evaluation.evaluate` in a worker, and the results are
-put back in episode order, equal to a serial run's (tested).
+put back in episode order, equal to a serial run's (tested). Each worker reports every
+episode as it ends on a queue it was given at start, so a progress bar moves per episode
+while the chunks run.
 
 Workers are started once per process (``forkserver``, with torch, ONNX Runtime and quarl
 imported once in the server, so a new worker costs a fork, not an import) and reused by
@@ -19,6 +21,7 @@ import atexit
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -28,7 +31,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from torch import nn
@@ -40,10 +43,16 @@ from quarl.evaluation import evaluate as evaluate_serial
 from quarl.policies.base import Policy
 
 MAX_WORKERS = 256
+PROGRESS_POLL_S = 0.2
+"""How often the caller looks for finished episodes while the workers play."""
+_evaluations = itertools.count()
 
-_pool: tuple[int, ProcessPoolExecutor] | None = None
+_pool: tuple[int, ProcessPoolExecutor, Any] | None = None
 _worker_policies: dict[str, Policy] = {}
 _worker_envs: dict[str, list] = {}
+_finished: Any = None
+"""In a worker: the queue it reports each finished episode on, ``(evaluation, episode,
+return)``, so the caller's progress bar moves per episode, not per chunk."""
 
 
 def usable_cores() -> int:
@@ -59,7 +68,9 @@ def check_workers(workers: int, option: str = "--workers") -> int:
     return workers
 
 
-def _start_worker() -> None:
+def _start_worker(finished: Any) -> None:
+    global _finished
+    _finished = finished
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
@@ -77,7 +88,9 @@ def _executor(workers: int) -> ProcessPoolExecutor:
         _pool[1].shutdown(cancel_futures=True)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "onnxruntime", "gymnasium", "quarl.parallel"])
-    _pool = (workers, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker))
+    finished = context.SimpleQueue()
+    _pool = (workers, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
+                                          initargs=(finished,)), finished)
     return _pool[1]
 
 
@@ -118,7 +131,7 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, start: int, count: int, n_envs: int,
-                max_steps: int | None) -> tuple[int, np.ndarray, np.ndarray]:
+                max_steps: int | None, evaluation: int) -> tuple[int, np.ndarray, np.ndarray]:
     policy = _worker_policies.get(digest)
     if policy is None:
         _worker_policies.clear()  # one policy at a time: a worker never holds every precision's model
@@ -133,9 +146,23 @@ def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, sta
     envs = _worker_envs[key]
     while len(envs) < min(n_envs, count):
         envs.append(make_env(env_spec))
+    def report(episode: int, value: float) -> None:
+        if _finished is not None:
+            _finished.put((evaluation, start + episode, float(value)))
+
     result = evaluate_serial(policy, env_spec, episodes=count, seed=seed + start, max_steps=max_steps,
-                             envs=envs[: min(n_envs, count)])
+                             envs=envs[: min(n_envs, count)], on_episode=report)
     return start, result.returns, result.lengths
+
+
+def _drain(evaluation: int, report: Callable[[int, float], None]) -> None:
+    """Report the episodes the workers have finished so far (messages of an earlier,
+    abandoned evaluation are dropped)."""
+    finished = _pool[2] if _pool is not None else None
+    while finished is not None and not finished.empty():
+        which, episode, value = finished.get()
+        if which == evaluation:
+            report(episode, value)
 
 
 def chunks(episodes: int, workers: int, n_envs: int = 32) -> list[tuple[int, int]]:
@@ -173,19 +200,28 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
         fh.write(payload)
         fh.flush()
         pending: set[Future] = set()
+        evaluation = next(_evaluations)
+        reported: set[int] = set()
+
+        def report(episode: int, value: float) -> None:
+            if on_episode is not None and episode not in reported:
+                reported.add(episode)
+                on_episode(episode, value)
+
         try:
             with _main_module_hidden():  # workers (and the fork server) may start during submit
-                pending = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count,
-                                                        n_envs, max_steps) for start, count in chunks(episodes, workers, n_envs)}
+                pending = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count, n_envs,
+                                           max_steps, evaluation)
+                           for start, count in chunks(episodes, workers, n_envs)}
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=PROGRESS_POLL_S, return_when=FIRST_COMPLETED)
+                _drain(evaluation, report)
                 for future in done:
                     start, chunk_returns, chunk_lengths = future.result()
                     returns[start : start + len(chunk_returns)] = chunk_returns
                     lengths[start : start + len(chunk_lengths)] = chunk_lengths
-                    if on_episode is not None:
-                        for i, r in enumerate(chunk_returns):
-                            on_episode(start + i, float(r))
+                    for i, r in enumerate(chunk_returns):  # any the queue has not brought yet
+                        report(start + i, float(r))
         except BrokenProcessPool:  # a worker killed (out of memory, a signal): the pool is not reusable
             shutdown()
             raise QuarlError("an evaluation worker died mid-episode (out of memory or killed): run again, or with "

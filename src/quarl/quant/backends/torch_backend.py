@@ -92,12 +92,9 @@ class TorchEngine:
             last.weight.dtype == torch.float32 else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        h = torch.from_numpy(np.ascontiguousarray(x))
-        if h.dtype != self.dtype:
-            h = h.to(self.dtype)
+        h = self._tensor(x)
         if self._steps is None:
-            with torch.inference_mode():
-                out = self.network(h)
+            out = self._whole(h)
         else:
             for step in self._steps:
                 h = step(h)
