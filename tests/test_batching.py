@@ -125,13 +125,25 @@ def test_a_cnn_policy_acts_on_a_batch_as_on_each_frame_alone() -> None:
     assert np.array_equal(policy.engine.rows(x), want)
 
 
+_STATES: dict[tuple[str, str], tuple] = {}
+
+
+def _zoo_states(algo: str, env: str) -> tuple:
+    """(checkpoint, rollout states) of a zoo agent, played once per test process."""
+    if (algo, env) not in _STATES:
+        ckpt = load_checkpoint(zoo_run(algo, env))
+        states = evaluate(ckpt.policy, ckpt.env_spec, episodes=2, seed=123, max_steps=200,
+                          keep_observations=300, keep_every=1).observations
+        _STATES[(algo, env)] = (ckpt, states)
+    return _STATES[(algo, env)]
+
+
 @pytest.mark.parametrize("algo,env", [("dqn", "CartPole-v1"), ("ppo", "LunarLander-v2"), ("sac", "Pendulum-v1"),
                                       ("ppo", "HalfCheetah-v3")])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8-static", "int8-block", "int8-dyn-tensor",
                                        "int4-weight-only"])
 def test_zoo_policies_act_on_batches_as_on_each_observation_alone(algo: str, env: str, precision: str) -> None:
-    ckpt = load_checkpoint(zoo_run(algo, env))
-    states = evaluate(ckpt.policy, ckpt.env_spec, episodes=2, seed=123, keep_observations=300).observations
+    ckpt, states = _zoo_states(algo, env)
     policy = quantize(ckpt.policy, QuantConfig.parse(precision), calibration=states)
     want = policy.postprocess(np.concatenate([policy.forward(states[i : i + 1]) for i in range(len(states))]))
     for n in (2, 3, 8, 16, 8):
