@@ -349,3 +349,48 @@ def test_files_read_whole_are_refused_past_their_cap_before_they_are_read(tmp_pa
             (run / "summary.json").write_text('{"config": {"algo": "dqn", "env_id": "CartPole-v1"}}')
             _sparse(run / "policy.pt", big)
             load_actorq_run(run)
+
+
+def _bomb_onnx(kind: str) -> bytes:
+    """A model with the sidecar's input and output whose graph sizes a tensor from the file's
+    numbers: 10^10 floats from ConstantOfShape, or a convolution padded by 10^6 pixels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, 4])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, 2])
+    if kind == "constant":
+        shape = numpy_helper.from_array(np.array([10**10], np.int64), "shape")
+        nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"], name="bomb"),
+                 helper.make_node("ReduceSum", ["big"], ["total"], keepdims=1),
+                 helper.make_node("Gemm", ["obs", "w"], ["out"], transB=1)]
+        inits = [shape, numpy_helper.from_array(np.zeros((2, 4), np.float32), "w")]
+    else:
+        nodes = [helper.make_node("Reshape", ["obs", "s"], ["img"]),
+                 helper.make_node("Conv", ["img", "k"], ["wide"], pads=[10**6] * 4, name="padded"),
+                 helper.make_node("Flatten", ["wide"], ["flat"]),
+                 helper.make_node("Gemm", ["obs", "w"], ["out"], transB=1)]
+        inits = [numpy_helper.from_array(np.array([-1, 1, 2, 2], np.int64), "s"),
+                 numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "k"),
+                 numpy_helper.from_array(np.zeros((2, 4), np.float32), "w")]
+    graph = helper.make_graph(nodes, "crafted", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("constant", "operator ai.onnx.ConstantOfShape (node 'bomb') is not one a policy network exports to"),
+    ("padded", "node 'padded' asks for pads [1000000, 1000000, 1000000, 1000000]"),
+])
+def test_an_onnx_graph_that_sizes_tensors_from_its_own_numbers_is_refused(exported: Path, tmp_path: Path, kind: str,
+                                                                          message: str) -> None:
+    """A crafted export with a matching sidecar (its SHA-256 updated) is refused before ONNX
+    Runtime builds it: only the operators a policy network exports to, padding bounded."""
+    import hashlib
+    import json
+
+    model = _bomb_onnx(kind)
+    (tmp_path / "policy.onnx").write_bytes(model)
+    meta = json.loads(exported.with_suffix(".json").read_text())
+    meta["onnx_sha256"] = hashlib.sha256(model).hexdigest()
+    (tmp_path / "policy.json").write_text(json.dumps(meta))
+    r = run_cli("ptq", str(tmp_path / "policy.onnx"), "--episodes", "1", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and message in _one_line(r.stderr)

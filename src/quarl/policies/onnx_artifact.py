@@ -27,6 +27,48 @@ SIDECAR_CAP = 64 * 2**20
 bounds make it larger)."""
 
 
+POLICY_OPS = frozenset({
+    # layers and their quantized forms, as quarl's exports write them
+    "Gemm", "MatMul", "Conv", "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "MatMulNBits",
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "LayerNormalization", "BatchNormalization",
+    # activations and elementwise arithmetic (an output never larger than its inputs)
+    "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "Selu", "Softplus", "Softsign", "HardSigmoid", "HardSwish", "Gelu",
+    "Erf", "Clip", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sqrt", "Exp", "Log", "Pow",
+    "Min", "Max", "Cast", "Identity", "Constant",
+    # reshaping without growing
+    "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "ReduceMean",
+})
+"""Operators a policy network exports to. Anything else (ConstantOfShape, Expand, Tile, Pad,
+Resize, Loop...) could size its output from the file's numbers rather than from the
+observation, so a crafted model is refused before ONNX Runtime runs it."""
+MAX_PAD = 64
+"""Padding and dilation a convolution or pooling may ask for (a real policy's are a few
+pixels; ``pads=[10**6, ...]`` would make a 84 x 84 frame a 10^12-pixel one)."""
+
+
+def check_graph(model: bytes, path: Path) -> None:
+    """Refuse in one line a model with an operator outside :data:`POLICY_OPS` or padding /
+    dilation past :data:`MAX_PAD`, before ONNX Runtime builds it."""
+    import onnx
+    from onnx import helper
+
+    try:
+        graph = onnx.load_from_string(model).graph
+    except Exception:  # protobuf's DecodeError and friends
+        raise QuarlError(f"{path} is not an ONNX model (it does not parse)") from None
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx", "com.microsoft") or node.op_type not in POLICY_OPS:
+            raise QuarlError(f"{path}: operator {node.domain or 'ai.onnx'}.{node.op_type} (node {node.name!r}) is not "
+                             "one a policy network exports to: refused")
+        for attr in node.attribute:
+            if attr.name in ("pads", "dilations"):
+                values = list(helper.get_attribute_value(attr))
+                if any(v < 0 or v > MAX_PAD for v in values):
+                    raise QuarlError(f"{path}: node {node.name!r} asks for {attr.name} {values}: refused "
+                                     f"(at most {MAX_PAD})")
+
+
 class OnnxNetwork(nn.Module):
     """A model run by ONNX Runtime, as a module: its bytes are its state (so the policy's
     fingerprint is the file's content) and it is immutable (a copy is itself)."""
@@ -137,6 +179,7 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     if digest is not None and digest != hashlib.sha256(model).hexdigest():
         raise QuarlError(f"{path} is not the model {meta_path.name} describes (its SHA-256 differs from the sidecar's "
                          "onnx_sha256): export again")
+    check_graph(model, path)
     observation_space = _space(meta.get("observation_space"), "observation space")
     action_space = _space(meta.get("action_space"), "action space")
     n_obs = int(np.prod(observation_space.shape))
