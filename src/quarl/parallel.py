@@ -146,6 +146,7 @@ def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, sta
     envs = _worker_envs[key]
     while len(envs) < min(n_envs, count):
         envs.append(make_env(env_spec))
+
     def report(episode: int, value: float) -> None:
         if _finished is not None:
             _finished.put((evaluation, start + episode, float(value)))
