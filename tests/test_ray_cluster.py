@@ -138,7 +138,9 @@ def test_a_cluster_with_no_free_cpu_is_refused_in_one_line(tmp_path: Path) -> No
             node.stop()
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "has 0 free CPUs and --actors 2 needs one each" in lines[0], r.stderr
+    # what the run starts is said first (one line), then the refusal (one line)
+    assert len(lines) == 2 and lines[0].startswith("starting 2 int8 actors"), r.stderr
+    assert "has 0 free CPUs and --actors 2 needs one each" in lines[1], r.stderr
 
 
 def test_losing_the_cpus_the_actors_need_is_one_line(tmp_path: Path) -> None:
