@@ -107,7 +107,8 @@ def _multiarray() -> Any:
 
 class Refused(pickle.UnpicklingError):
     """A pickle asked for something the allow-list admits only within bounds (an array
-    larger than the file, an array of Python objects): refused, whatever --trust-pickle."""
+    larger than the file, an array of Python objects). ``--trust-pickle`` unpickles with
+    plain :mod:`pickle` instead, with none of these checks: the user vouched for the file."""
 
 
 PLAIN_DTYPES = frozenset(f"{kind}DType" for kind in (
@@ -173,7 +174,7 @@ def numpy_globals(budget: ArrayBudget) -> dict[str, Any]:
         return array(shape, dtype)
 
     def scalar(dtype: Any, data: Any = None) -> Any:
-        kind = np.dtype(dtype) if not isinstance(dtype, np.dtype) else dtype
+        kind = np.dtype(dtype)
         if kind.hasobject or not isinstance(data, (bytes, bytearray)) or len(data) != kind.itemsize:
             raise Refused(f"a numpy scalar of dtype {kind} from {type(data).__name__}")
         return multiarray.scalar(kind, data)
@@ -262,6 +263,8 @@ def obs_statistics(mean: Any, var: Any, where: str, shape: tuple[int, ...] | Non
     variances non-negative, and (given ``shape``) of the observation's shape."""
     out = []
     for name, raw in (("mean", mean), ("var", var)):
+        if raw is None:
+            raise QuarlError(f"{where}.{name} is missing")
         try:
             value = np.array(raw, dtype=np.float64)
         except (TypeError, ValueError):

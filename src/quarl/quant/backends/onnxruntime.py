@@ -257,10 +257,13 @@ class OrtEngine:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        run = self.session.run
         if self.per_row and x.shape[0] > 1:
-            return np.concatenate([run(None, {INPUT: x[i : i + 1]})[0] for i in range(x.shape[0])])
-        return run(None, {INPUT: x})[0]
+            return self._one_by_one(x)
+        return self.session.run(None, {INPUT: x})[0]
+
+    def _one_by_one(self, x: np.ndarray) -> np.ndarray:
+        run = self.session.run
+        return np.concatenate([run(None, {INPUT: x[i : i + 1]})[0] for i in range(x.shape[0])])
 
     def _run(self, h: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session.run(None, {INPUT: h.numpy()})[0])
@@ -272,6 +275,5 @@ class OrtEngine:
         row by row."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.per_row or x.shape[0] == 1 or self._verdicts.verdict("model", x.shape[0]) is False:
-            run = self.session.run
-            return np.concatenate([run(None, {INPUT: x[i : i + 1]})[0] for i in range(x.shape[0])])
+            return self._one_by_one(x)
         return self._verdicts.run("model", torch.from_numpy(x), self._run, self._run).numpy()
