@@ -353,7 +353,8 @@ def test_files_read_whole_are_refused_past_their_cap_before_they_are_read(tmp_pa
 
 def _bomb_onnx(kind: str) -> bytes:
     """A model with the sidecar's input and output whose graph sizes a tensor from the file's
-    numbers: 10^10 floats from ConstantOfShape, or a convolution padded by 10^6 pixels."""
+    numbers: 10^10 floats from ConstantOfShape, a convolution padded by 10^6 pixels, or a
+    broadcast sum 4.4M values wide per observation."""
     from onnx import TensorProto, helper, numpy_helper
 
     x = helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, 4])
@@ -364,6 +365,16 @@ def _bomb_onnx(kind: str) -> bytes:
                  helper.make_node("ReduceSum", ["big"], ["total"], keepdims=1),
                  helper.make_node("Gemm", ["obs", "w"], ["out"], transB=1)]
         inits = [shape, numpy_helper.from_array(np.zeros((2, 4), np.float32), "w")]
+    elif kind == "broadcast":  # 35 KB of weights, 4.4M values a row: (B, 2100, 1) + (1, 2100)
+        nodes = [helper.make_node("MatMul", ["obs", "w1"], ["h"]),
+                 helper.make_node("Unsqueeze", ["h", "axis"], ["column"]),
+                 helper.make_node("Add", ["column", "row"], ["square"], name="grown"),
+                 helper.make_node("ReduceMean", ["square", "axis"], ["back"], keepdims=0),
+                 helper.make_node("Gemm", ["back", "w2"], ["out"], transB=1)]
+        inits = [numpy_helper.from_array(np.zeros((4, 2100), np.float32), "w1"),
+                 numpy_helper.from_array(np.array([2], np.int64), "axis"),
+                 numpy_helper.from_array(np.zeros((1, 2100), np.float32), "row"),
+                 numpy_helper.from_array(np.zeros((2, 2100), np.float32), "w2")]
     else:
         nodes = [helper.make_node("Reshape", ["obs", "s"], ["img"]),
                  helper.make_node("Conv", ["img", "k"], ["wide"], pads=[10**6] * 4, name="padded"),
@@ -379,6 +390,7 @@ def _bomb_onnx(kind: str) -> bytes:
 @pytest.mark.parametrize("kind,message", [
     ("constant", "operator ai.onnx.ConstantOfShape (node 'bomb') is not one a policy network exports to"),
     ("padded", "node 'padded' asks for pads [1000000, 1000000, 1000000, 1000000]"),
+    ("broadcast", "tensor 'square' holds 4410000 values per observation: refused (at most 4194304)"),
 ])
 def test_an_onnx_graph_that_sizes_tensors_from_its_own_numbers_is_refused(exported: Path, tmp_path: Path, kind: str,
                                                                           message: str) -> None:

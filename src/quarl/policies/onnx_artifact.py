@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ POLICY_OPS = frozenset({
     # layers and their quantized forms, as quarl's exports write them
     "Gemm", "MatMul", "Conv", "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "MatMulNBits",
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "LayerNormalization", "BatchNormalization",
-    # activations and elementwise arithmetic (an output never larger than its inputs)
+    # activations and elementwise arithmetic
     "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "Selu", "Softplus", "Softsign", "HardSigmoid", "HardSwish", "Gelu",
     "Erf", "Clip", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sqrt", "Exp", "Log", "Pow",
     "Min", "Max", "Cast", "Identity", "Constant",
@@ -42,31 +43,45 @@ POLICY_OPS = frozenset({
 """Operators a policy network exports to. Anything else (ConstantOfShape, Expand, Tile, Pad,
 Resize, Loop...) could size its output from the file's numbers rather than from the
 observation, so a crafted model is refused before ONNX Runtime runs it."""
+MAX_ROW_VALUES = 2**22
+"""Values one observation's intermediate tensor may hold (16 MB of fp32): the paper's largest
+policy holds 0.4M (1024 channels of 20 x 20); a crafted 1 x 80M weight would make every
+row of a batch an 80M-value outer product."""
 MAX_PAD = 64
 """Padding and dilation a convolution or pooling may ask for (a real policy's are a few
 pixels; ``pads=[10**6, ...]`` would make a 84 x 84 frame a 10^12-pixel one)."""
 
 
 def check_graph(model: bytes, path: Path) -> None:
-    """Refuse in one line a model with an operator outside :data:`POLICY_OPS` or padding /
-    dilation past :data:`MAX_PAD`, before ONNX Runtime builds it."""
+    """Refuse in one line a model with an operator outside :data:`POLICY_OPS`, a tensor of
+    more than :data:`MAX_ROW_VALUES` values per observation (shapes inferred from the graph),
+    or padding / dilation past :data:`MAX_PAD`, before ONNX Runtime builds it."""
     import onnx
     from onnx import helper
 
     try:
-        graph = onnx.load_from_string(model).graph
-    except Exception:  # protobuf's DecodeError and friends
-        raise QuarlError(f"{path} is not an ONNX model (it does not parse)") from None
+        graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(model), data_prop=True).graph
+    except Exception:  # protobuf's DecodeError, an inconsistent graph
+        raise QuarlError(f"{path} is not an ONNX model (it does not parse, or its shapes do not fit)") from None
     for node in graph.node:
         if node.domain not in ("", "ai.onnx", "com.microsoft") or node.op_type not in POLICY_OPS:
             raise QuarlError(f"{path}: operator {node.domain or 'ai.onnx'}.{node.op_type} (node {node.name!r}) is not "
                              "one a policy network exports to: refused")
         for attr in node.attribute:
+            if attr.name == "N" and node.op_type == "MatMulNBits" and helper.get_attribute_value(attr) > MAX_ROW_VALUES:
+                raise QuarlError(f"{path}: node {node.name!r} is {helper.get_attribute_value(attr)} outputs wide: "
+                                 f"refused (at most {MAX_ROW_VALUES})")  # a contrib op: shape inference skips it
             if attr.name in ("pads", "dilations"):
                 values = list(helper.get_attribute_value(attr))
                 if any(v < 0 or v > MAX_PAD for v in values):
                     raise QuarlError(f"{path}: node {node.name!r} asks for {attr.name} {values}: refused "
                                      f"(at most {MAX_PAD})")
+    # broadcasting can grow a tensor too: (B, 2100, 1) + (1, 2100) is 4.4M values a row
+    for value in [*graph.value_info, *graph.output]:  # the first axis is the batch
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim[1:] if d.HasField("dim_value")]
+        if math.prod(dims) > MAX_ROW_VALUES:
+            raise QuarlError(f"{path}: tensor {value.name!r} holds {math.prod(dims)} values per observation: refused "
+                             f"(at most {MAX_ROW_VALUES})")
 
 
 class OnnxNetwork(nn.Module):
