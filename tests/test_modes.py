@@ -342,8 +342,13 @@ def test_a_mode_chosen_on_episodes_alone_with_low_agreement_is_warned_of(caplog:
         last.weight.copy_(last.weight[:1] + 1e-3 * last.weight)  # the rows nearly equal
         last.bias.zero_()
 
+    reference = policy.predict(obs)[0]
+
     def returns(p: Policy, n: int) -> np.ndarray:
-        return np.full(n, 100.0)  # every mode keeps the return
+        # fp32 and the modes far from it keep the return, the closer ones (int4 on the last
+        # layer alone: 95.7 %) lose it, so the choice does not hang on which one times faster
+        far = p is policy or float(np.mean(p.predict(obs)[0] == reference)) < 0.9
+        return np.full(n, 100.0 if far else 0.0)
 
     with caplog.at_level(logging.INFO, logger="quarl"):
         chosen = quantize(policy, QuantConfig("int4"), obs, returns=returns)
@@ -351,6 +356,7 @@ def test_a_mode_chosen_on_episodes_alone_with_low_agreement_is_warned_of(caplog:
 
     agreement = chosen.meta["quant"]["agreement"]
     assert agreement < 0.9
+    assert max(t["agreement"] for t in chosen.meta["quant"]["tried"]) > 0.9  # a closer one was tried and lost
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "agrees on only" in r.getMessage()]
     assert len(warned) == 1 and chosen.meta["quant"]["mode"] in warned[0].getMessage()
     said = float(re.search(r"agrees on only ([0-9.]+)%", warned[0].getMessage()).group(1))
