@@ -1,7 +1,7 @@
 """Evaluation throughput: quarl's exact evaluation (serial and on every core) against
 Stable-Baselines3's ``evaluate_policy`` and the env alone, side by side in one run.
 
-Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 3 minutes; ``--quick`` for
+Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 3 minutes: each quarl row three times; ``--quick`` for
 a smoke run). Needs the RL Zoo agents in ``../shared/zoo`` (PPO CartPole; PPO HalfCheetah
 for the MuJoCo rows), else it trains a small PPO CartPole first. Prints env steps per
 second and the ratios the acceptance asks for: quarl fp32 / int8 against SB3 with 8 envs,
@@ -78,11 +78,12 @@ def env_alone_on(processes: int, env_id: str, steps: int) -> float:
 
 
 def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None, env_id: str, alone_steps: int,
-               env_counts: tuple[int, ...]) -> list[str]:
+               env_counts: tuple[int, ...], repeats: int) -> list[str]:
     """quarl's rows: fp32 and automatic int8, serial and on every core, at each ``n_envs``.
-    The env alone is timed again just before each row, on one process and on as many as
-    the row uses: on a shared VM the env's own rate drifts by tens of percent within
-    minutes, and a ratio is only worth its two terms taken side by side."""
+    Each row runs ``repeats`` times, the env alone timed just before each run on one
+    process and on as many as the row uses; the row shows the median rate and the median of
+    the runs' ratios: on a shared VM the env's own rate drifts by tens of percent within
+    seconds, and a ratio is only worth its two terms taken side by side."""
     import quarl
     from quarl import parallel
 
@@ -96,20 +97,27 @@ def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None
                 parallel.warm_up(n)
                 parallel.evaluate(policy, agent.env_spec, episodes=min(episodes, 2 * n), workers=n)  # workers ready
             for n_envs in env_counts:
-                one = env_alone_on(1, env_id, alone_steps)
-                many = one if n == 1 else env_alone_on(n, env_id, alone_steps)
-                result = parallel.evaluate(policy, agent.env_spec, episodes=episodes, workers=n, n_envs=n_envs)
-                serial = serial if serial is not None else result
-                same = np.array_equal(result.returns, serial.returns) and np.array_equal(result.lengths, serial.lengths)
-                rate = result.steps_per_s
+                rates, vs_one, vs_many, same = [], [], [], True
+                for _ in range(repeats):
+                    one = env_alone_on(1, env_id, alone_steps)
+                    many = one if n == 1 else env_alone_on(n, env_id, alone_steps)
+                    result = parallel.evaluate(policy, agent.env_spec, episodes=episodes, workers=n, n_envs=n_envs)
+                    serial = serial if serial is not None else result
+                    same &= np.array_equal(result.returns, serial.returns) and np.array_equal(result.lengths,
+                                                                                              serial.lengths)
+                    rates.append(result.steps_per_s)
+                    vs_one.append(result.steps_per_s / (one * n))
+                    vs_many.append(result.steps_per_s / many)
+                rate = float(np.median(rates))
                 vs_sb3 = f"{rate / sb3_8:.2f}x" if sb3_8 else "-"
-                rows.append(f"| quarl {label} | {n} | {n_envs} | {rate:,.0f} | {vs_sb3} | {rate / (one * n):.2f} | "
-                            f"{rate / many:.2f} | {result.mean:.2f} | {'yes' if same else 'NO'} |")
+                spread = f" ({min(vs_one):.2f}-{max(vs_one):.2f})" if repeats > 1 else ""
+                rows.append(f"| quarl {label} | {n} | {n_envs} | {rate:,.0f} | {vs_sb3} | {np.median(vs_one):.2f}{spread} | "
+                            f"{np.median(vs_many):.2f} | {result.mean:.2f} | {'yes' if same else 'NO'} |")
                 print(rows[-1], flush=True)
     return rows
 
 
-HEADER = ("| path | processes | envs side by side | steps/s | vs SB3 8 envs | vs env alone x processes | "
+HEADER = ("| path | processes | envs side by side | steps/s | vs SB3 8 envs | vs env alone x processes (runs) | "
           "vs env alone on as many processes | mean return | same returns as serial |\n|---|---|---|---|---|---|---|---|---|")
 
 
@@ -117,7 +125,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=64, help="CartPole episodes per row (HalfCheetah: half)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: the machine's cores)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, CartPole only")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row, each beside its own env-alone timing")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, one run per row, CartPole only")
     args = parser.parse_args()
     from quarl import parallel, quiet
 
@@ -125,6 +134,7 @@ def main() -> None:
 
     cores = args.workers or parallel.usable_cores()
     episodes = 4 if args.quick else args.episodes
+    repeats = 1 if args.quick else args.repeats
     counts = sorted({1, cores})
     import onnxruntime
 
@@ -148,7 +158,7 @@ def main() -> None:
     for n in counts:
         print(f"| env alone, random actions | {n} | 1 | {alone[n]:,.0f} | {alone[n] / sb3_8:.2f}x | "
               f"{alone[n] / (alone[1] * n):.2f} | 1.00 | | |", flush=True)
-    quarl_rows(cartpole, episodes, counts, sb3_8, "CartPole-v1", steps // 2, (8, 32))
+    quarl_rows(cartpole, episodes, counts, sb3_8, "CartPole-v1", steps // 2, (8, 32), repeats)
     cheetah = ZOO / "ppo" / "HalfCheetah-v3_1"
     if args.quick or not cheetah.exists():
         return
@@ -160,7 +170,7 @@ def main() -> None:
     for k in counts:
         print(f"| env alone, random actions | {k} | 1 | {alone[k]:,.0f} | - | {alone[k] / (alone[1] * k):.2f} | 1.00 | | |",
               flush=True)
-    quarl_rows(cheetah, n, counts, None, "HalfCheetah-v4", 5_000, (32,))
+    quarl_rows(cheetah, n, counts, None, "HalfCheetah-v4", 5_000, (32,), repeats)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,30 @@ def test_weights_changed_in_place_are_seen_by_batched_forms_and_bounds() -> None
     assert not np.array_equal(before, after)
 
 
+@pytest.mark.parametrize("layers", [
+    lambda: [nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5)],
+    lambda: [nn.Tanh(), nn.Linear(6, 32), nn.ReLU(), nn.Identity(), nn.Linear(32, 4, bias=False), nn.ReLU()],
+])
+def test_a_fused_mlp_gives_each_row_its_batch_one_bits_and_leaves_the_input_alone(layers) -> None:
+    """The whole Linear / activation run as one verified form: equal to the layers row by
+    row, the activations in place only on the layers' own products (a first Tanh must not
+    write the caller's array)."""
+    torch.manual_seed(0)
+    engine = TorchEngine(nn.Sequential(*layers()).requires_grad_(False))
+    rng = np.random.default_rng(2)
+    for n in (2, 32, 7, 32):
+        x = rng.standard_normal((n, 6)).astype(np.float32)
+        kept = x.copy()
+        rows = engine.rows(x)
+        assert np.array_equal(x, kept)
+        assert np.array_equal(rows, _one_by_one(engine, x))
+        if engine.argmax_rows(x) is not None:  # a last Linear layer
+            assert np.array_equal(engine.argmax_rows(x), _one_by_one(engine, x).argmax(axis=1))
+    stop = len(engine._steps)
+    assert engine._verdicts.verdict(("fused", stop), 32) is True  # the fused form runs, not the layer-by-layer one
+    assert [step.__name__ for step in engine._plans[(stop, 32)]] == ["mlp_rows"]
+
+
 def test_a_cnn_policy_acts_on_a_batch_as_on_each_frame_alone() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(4, 16, 8, stride=4), nn.ReLU(), nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),

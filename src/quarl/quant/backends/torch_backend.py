@@ -68,6 +68,49 @@ def _batched(module: nn.Module, step: Step) -> Step | None:
     return None
 
 
+ELEMENTWISE = {nn.Tanh: torch.Tensor.tanh_, nn.ReLU: torch.Tensor.relu_}
+"""Activations a fused MLP applies in place, on the fresh output of the layer before."""
+
+
+def _fused_mlp(layers: list[nn.Module], steps: list[Step], batched: list[bool], n: int) -> Step | None:
+    """The batched form of a run of Linear layers and activations at ``n`` rows as one
+    function, for :class:`RowVerdicts` to check against the layers row by row; ``None`` for
+    other layers. ``batched[i]``: layer ``i``'s batched form is verified at ``n`` rows (else
+    the layer runs row by row inside the function).
+
+    The rows stay ``(n, 1, features)`` from layer to layer, each Linear one ``baddbmm`` with the
+    weight broadcast over the batch (as :func:`_batched`) and each activation in place on the
+    product it follows: the same kernels as the layer-by-layer form, without its reshapes and
+    allocations (measured on PPO CartPole's 4-64-64 tanh MLP at 32 rows: 50-64 us against 70-100)."""
+    plan: list[Callable[[torch.Tensor, bool], torch.Tensor]] = []
+    for module, step, exact in zip(layers, steps, batched):
+        if type(module) is nn.Linear and exact:
+            w = module.weight.t().expand(n, module.weight.shape[1], module.weight.shape[0])  # views: in-place
+            b = None if module.bias is None else module.bias.expand(n, 1, module.bias.shape[0])  # updates are seen
+            plan.append(lambda h, fresh, w=w, b=b: torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w))
+        elif type(module) is nn.Linear:
+            plan.append(lambda h, fresh, step=step: per_row(step, h.squeeze(1)).unsqueeze(1))
+        elif type(module) in ELEMENTWISE and not getattr(module, "inplace", False):
+            in_place, step_ = ELEMENTWISE[type(module)], step
+            plan.append(lambda h, fresh, in_place=in_place, step=step_: in_place(h) if fresh else step(h))
+        elif type(module) is not nn.Identity:
+            return None
+    if not plan:
+        return None
+
+    def mlp_rows(h: torch.Tensor) -> torch.Tensor:
+        if h.dim() != 2 or h.shape[0] != n:
+            return per_row(lambda row: functools.reduce(lambda x, s: s(x), steps, row), h)
+        h = h.unsqueeze(1)
+        fresh = False  # the input is the caller's: never written in place
+        for apply in plan:
+            h = apply(h, fresh)
+            fresh = True  # every step's output is a tensor of its own
+        return h.squeeze(1)
+
+    return mlp_rows
+
+
 class TorchEngine:
     """Runs ``network`` (already converted to ``dtype``) on float32 numpy batches.
 
@@ -121,14 +164,27 @@ class TorchEngine:
         n = h.shape[0]
         if n == 1:
             self._plans[(stop, 1)] = list(self._steps[:stop])
+        x = h
         for i in range(stop):
             step, batched = self._steps[i], self._batched[i]
             h = per_row(step, h) if batched is None else self._verdicts.run(i, h, batched, step)
         known = self._verdicts.known()
         if n > 1 and all(self._batched[i] is None or (i, n) in known for i in range(stop)):
-            self._plans[(stop, n)] = [
-                self._batched[i] if self._batched[i] is not None and known[(i, n)] else functools.partial(per_row, step)
-                for i, step in enumerate(self._steps[:stop])]
+            exact = [self._batched[i] is not None and known[(i, n)] for i in range(stop)]
+            self._plans[(stop, n)] = [self._batched[i] if exact[i] else functools.partial(per_row, step)
+                                      for i, step in enumerate(self._steps[:stop])]
+            fused = _fused_mlp(list(self.network)[:stop], self._steps[:stop], exact, n)
+            if fused is not None:  # checked as a whole, as every batched form is
+                self._verdicts.run(("fused", stop), x, fused, functools.partial(self._alone, stop=stop))
+                if self._verdicts.verdict(("fused", stop), n):
+                    self._plans[(stop, n)] = [fused]
+        return h
+
+    def _alone(self, h: torch.Tensor, stop: int) -> torch.Tensor:
+        """Steps ``[0, stop)`` on a batch of one."""
+        assert self._steps is not None
+        for step in self._steps[:stop]:
+            h = step(h)
         return h
 
     def rows(self, x: np.ndarray) -> np.ndarray:
