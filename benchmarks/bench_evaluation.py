@@ -1,7 +1,7 @@
 """Evaluation throughput: quarl's exact evaluation (serial and on every core) against
 Stable-Baselines3's ``evaluate_policy`` and the env alone, side by side in one run.
 
-Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 3 minutes: each quarl row three times; ``--quick`` for
+Run: ``.venv/bin/python benchmarks/bench_evaluation.py`` (about 2 minutes: each quarl row three times; ``--quick`` for
 a smoke run). Needs the RL Zoo agents in ``../shared/zoo`` (PPO CartPole; PPO HalfCheetah
 for the MuJoCo rows), else it trains a small PPO CartPole first. Prints env steps per
 second and the ratios the acceptance asks for: quarl fp32 / int8 against SB3 with 8 envs,

@@ -37,6 +37,9 @@ AGENTS: dict[str, tuple[str, str, int, dict, float | None]] = {
     # Atari: 100-150 training steps/s on one core here (PPO, its 4 epochs per rollout, is the slowest)
     "a2c-Breakout": ("a2c", "BreakoutNoFrameskip-v4", 200_000, {}, 279.8),
     "ppo-Breakout": ("ppo", "BreakoutNoFrameskip-v4", 150_000, {}, 398.0),
+    # the same agent trained on to 600k (its run folder seeded with ppo-Breakout's 150k
+    # checkpoint, so the learning-rate schedule jumps there): a stronger player, same lineage
+    "ppo-Breakout-600k": ("ppo", "BreakoutNoFrameskip-v4", 600_000, {}, 398.0),
     # the zoo's DQN waits 100k steps and explores over 1M: shortened to fit the budget
     "dqn-Breakout": ("dqn", "BreakoutNoFrameskip-v4", 150_000,
                      {"buffer_size": 50_000, "learning_starts": 10_000, "exploration_fraction": 0.5}, 358.3),
