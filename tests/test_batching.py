@@ -3,6 +3,7 @@ certified argmax, against the engines run row by row."""
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -173,3 +174,35 @@ def test_zoo_policies_act_on_batches_as_on_each_observation_alone(algo: str, env
     for n in (2, 3, 8, 16, 8):
         for start in range(0, len(states) - n, 37):
             assert np.array_equal(policy.act_rows(states[start : start + n]), want[start : start + n]), (n, start)
+
+
+@pytest.mark.parametrize("label", ["int8-dyn-tensor", "int4-block"])
+def test_a_model_that_cannot_batch_runs_its_rows_in_one_scan_call_with_their_own_bits(label: str) -> None:
+    """A dynamic int8 model (activation range over the whole input) and a 4-bit model whose
+    batched call rounds differently go through ONNX Scan, each row as a batch of one: the
+    same bits as a call per row, the scan form verified per batch size like any other."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(3), "argmax")
+    rng = np.random.default_rng(3)
+    q = quantize(policy, QuantConfig.parse(label), rng.standard_normal((64, 6)).astype(np.float32))
+    engine = q.engine
+    for n in (2, 32, 5, 32):
+        x = rng.standard_normal((n, 6)).astype(np.float32) * 3
+        assert np.array_equal(engine.rows(x), _one_by_one(engine, x))
+    assert engine._verdicts.verdict("scan", 32) is True
+    if label == "int8-dyn-tensor":  # the batched model itself is never tried: its rows share a range
+        assert engine._verdicts.verdict("model", 32) is None
+
+
+def test_a_model_onnx_runtime_cannot_scan_still_runs_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quarl.quant.backends import onnxruntime as ortb
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 2))
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(2), "argmax")
+    x = np.random.default_rng(4).standard_normal((16, 6)).astype(np.float32)
+    q = quantize(policy, QuantConfig.parse("int8-dyn-tensor"), x)
+    monkeypatch.setattr(ortb, "row_scan_model", lambda model: b"not a model")
+    assert np.array_equal(q.engine.rows(x), _one_by_one(q.engine, x))
+    assert q.engine._scan_failed and q.engine._verdicts.verdict("scan", 16) is None

@@ -34,6 +34,7 @@ from torch import nn
 from quarl.quant.backends.batching import RowVerdicts
 
 INPUT, OUTPUT = "obs", "out"
+log = logging.getLogger(__name__)
 
 
 def session_options(threads: int = 1, fuse: bool = True) -> ort.SessionOptions:
@@ -238,6 +239,42 @@ def conv_layers(network: nn.Module) -> frozenset[int]:
     return frozenset(i for i, m in enumerate(layers) if isinstance(m, nn.Conv2d))
 
 
+def row_scan_model(model: bytes) -> bytes:
+    """``model`` run once per row of its input by an ONNX ``Scan`` over the batch axis: each
+    row goes through the model's own graph as a batch of one (a dynamic int8 model takes its
+    activation range over that row alone), in one ``run`` call instead of one per row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    source = onnx.load_from_string(model)
+    graph = source.graph
+    row_in, row_out, one = "quarl_row", "quarl_row_out", "quarl_axis0"
+
+    def renamed(names: Sequence[str]) -> list[str]:  # the body may not reuse the outer graph's names
+        return [f"quarl_body_{n}" if n in (INPUT, OUTPUT) else n for n in names]
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[:] = renamed(copy.input)
+        copy.output[:] = renamed(copy.output)
+        nodes.append(copy)
+    dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in graph.input[0].type.tensor_type.shape.dim]
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", [row_in, one], renamed([INPUT])), *nodes,
+         helper.make_node("Squeeze", [*renamed([OUTPUT]), one], [row_out])],
+        "quarl_row", [helper.make_tensor_value_info(row_in, TensorProto.FLOAT, dims[1:])],
+        [helper.make_tensor_value_info(row_out, TensorProto.FLOAT, None)],
+        initializer=[*graph.initializer, helper.make_tensor(one, TensorProto.INT64, [1], [0])])
+    scan = helper.make_node("Scan", [INPUT], [OUTPUT], num_scan_inputs=1, body=body)
+    outer = helper.make_graph([scan], "quarl_rows", list(graph.input), list(graph.output))
+    wrapped = helper.make_model(outer, opset_imports=list(source.opset_import))
+    wrapped.ir_version = source.ir_version
+    wrapped.functions.extend(source.functions)
+    return wrapped.SerializeToString()
+
+
 class OrtEngine:
     """Runs an ONNX model on float32 numpy batches."""
 
@@ -247,6 +284,8 @@ class OrtEngine:
         self._options = (threads, fuse)
         self.session = ort.InferenceSession(model, session_options(threads, fuse), providers=["CPUExecutionProvider"])
         self._verdicts = RowVerdicts()
+        self._scan: ort.InferenceSession | None = None
+        self._scan_failed = False
 
     def __getstate__(self) -> dict:
         """Pickled as its model (evaluation workers): the session is built again on arrival."""
@@ -268,12 +307,34 @@ class OrtEngine:
     def _run(self, h: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session.run(None, {INPUT: h.numpy()})[0])
 
+    def _scan_session(self) -> ort.InferenceSession | None:
+        """A session of :func:`row_scan_model`, built on first use (``None`` if ONNX Runtime
+        cannot build it: the rows then go one call each)."""
+        if self._scan is None and not self._scan_failed:
+            try:
+                self._scan = ort.InferenceSession(row_scan_model(self.model), session_options(*self._options),
+                                                  providers=["CPUExecutionProvider"])
+            except Exception as exc:  # any build failure only loses speed: say so under -v
+                log.debug("no row-scan form of this model (%s): rows run one call each", exc)
+                self._scan_failed = True
+        return self._scan
+
+    def _run_scan(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self._scan.run(None, {INPUT: h.numpy()})[0])
+
     def rows(self, x: np.ndarray) -> np.ndarray:
         """Every row's output as computed alone: one batched call where that is verified to
         give the same bits for this batch size (ONNX Runtime's kernels can pick another code
-        path for more rows), else a call per row; a dynamic model (``per_row``) always goes
-        row by row."""
+        path for more rows); else (and always for a dynamic model, ``per_row``) one call of
+        the model scanned over the rows (:func:`row_scan_model`) where that is verified, else
+        a call per row. Measured on the zoo's HalfCheetah at dynamic int8, 32 rows: the scan
+        takes 12.5 us per row against 29 us in calls of one."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if self.per_row or x.shape[0] == 1 or self._verdicts.verdict("model", x.shape[0]) is False:
+        n = x.shape[0]
+        if n == 1:
             return self._one_by_one(x)
-        return self._verdicts.run("model", torch.from_numpy(x), self._run, self._run).numpy()
+        if not self.per_row and self._verdicts.verdict("model", n) is not False:
+            return self._verdicts.run("model", torch.from_numpy(x), self._run, self._run).numpy()
+        if self._verdicts.verdict("scan", n) is not False and self._scan_session() is not None:
+            return self._verdicts.run("scan", torch.from_numpy(x), self._run_scan, self._run).numpy()
+        return self._one_by_one(x)
