@@ -72,6 +72,12 @@ ELEMENTWISE = {nn.Tanh: torch.Tensor.tanh_, nn.ReLU: torch.Tensor.relu_}
 """Activations a fused MLP applies in place, on the fresh output of the layer before."""
 
 
+def _through(steps: list[Step], h: torch.Tensor) -> torch.Tensor:
+    for step in steps:
+        h = step(h)
+    return h
+
+
 def _fused_mlp(layers: list[nn.Module], steps: list[Step], batched: list[bool], n: int) -> Step | None:
     """The batched form of a run of Linear layers and activations at ``n`` rows as one
     function, for :class:`RowVerdicts` to check against the layers row by row; ``None`` for
@@ -100,7 +106,7 @@ def _fused_mlp(layers: list[nn.Module], steps: list[Step], batched: list[bool], 
 
     def mlp_rows(h: torch.Tensor) -> torch.Tensor:
         if h.dim() != 2 or h.shape[0] != n:
-            return per_row(lambda row: functools.reduce(lambda x, s: s(x), steps, row), h)
+            return per_row(lambda row: _through(steps, row), h)
         h = h.unsqueeze(1)
         fresh = False  # the input is the caller's: never written in place
         for apply in plan:
@@ -183,9 +189,7 @@ class TorchEngine:
     def _alone(self, h: torch.Tensor, stop: int) -> torch.Tensor:
         """Steps ``[0, stop)`` on a batch of one."""
         assert self._steps is not None
-        for step in self._steps[:stop]:
-            h = step(h)
-        return h
+        return _through(self._steps[:stop], h)
 
     def rows(self, x: np.ndarray) -> np.ndarray:
         """The network on every row of ``x`` with the bits of a batch of one (each layer in a
