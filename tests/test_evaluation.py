@@ -140,6 +140,7 @@ def test_workers_give_every_episode_the_serial_runs_numbers(tiny_run, precision:
     split = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=2,
                               on_episode=lambda ep, r: seen.append((ep, r)))
     assert np.array_equal(serial.returns, split.returns) and np.array_equal(serial.lengths, split.lengths)
+    assert split.endings == serial.endings and len(set(serial.endings)) == 13  # CartPole's resets differ
     assert sorted(seen) == [(i, float(r)) for i, r in enumerate(serial.returns)]
     if precision == "fp32":  # another split: three workers, two envs each
         three = parallel.evaluate(policy, ckpt.env_spec, episodes=13, seed=3, workers=3, n_envs=2)
@@ -161,7 +162,7 @@ def test_a_worker_reports_each_episode_as_it_ends(tiny_run, tmp_path, monkeypatc
             messages.append(item)
 
     monkeypatch.setattr(parallel, "_finished", Queue())
-    start, returns, _ = parallel._play_chunk(str(policy_file), "test", ckpt.env_spec, 3, 5, 4, 32, None, 7)
+    start, returns, _, _ = parallel._play_chunk(str(policy_file), "test", ckpt.env_spec, 3, 5, 4, 32, None, 7)
     assert start == 5 and sorted(messages) == [(7, 5 + i, float(r)) for i, r in enumerate(returns)]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quarl.verdict import interval, judge, sequential_keeps
+from quarl.verdict import games_of, interval, judge, sequential_keeps
 
 
 def test_the_interval_covers_a_known_loss_at_about_95_percent() -> None:
@@ -95,3 +95,49 @@ def test_returns_that_are_mostly_zero_give_an_interval_not_a_crash() -> None:
     assert judge(np.array([0.0, 0.0, 0.0, 1.0]), np.array([1.0, 0.0, 0.0, 0.0])).verdict == "undecided"
     outcome = sequential_keeps(lambda n: np.zeros(n), lambda n: np.ones(n), cap=8)
     assert outcome.kept and outcome.verdict.verdict == "n/a"  # fp32 scores 0 everywhere: compared as returns
+
+
+def test_episodes_that_replay_one_game_are_one_game() -> None:
+    """Copies on either side join (transitively); distinct endings stay apart."""
+    fp32 = ["a", "b", "a", "c", "d", "e"]
+    quant = ["x", "y", "z", "y", "w", "w"]  # 1 and 3 replay one int8 game, 4 and 5 another
+    assert games_of(fp32, quant).tolist() == [0, 1, 0, 1, 2, 2]
+    assert games_of(list("abc"), list("xyz")).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="two equal lists"):
+        games_of(["a"], [])
+
+
+def test_replayed_games_add_no_confidence() -> None:
+    """Four games, each replayed by ten seeds (a deterministic Atari policy on v4): counted as
+    40 episodes the interval is narrow; as four games it is exactly the interval of the four
+    games played once (E is a ratio of sums), and a verdict that needs the copies fails."""
+    fp32_games = np.array([23.0, 12.0, 14.0, 17.0])
+    quant_games = np.array([27.0, 12.0, 16.0, 17.0])
+    fp32, quant = np.repeat(fp32_games, 10), np.repeat(quant_games, 10)
+    games = games_of([str(r) for r in fp32], [str(r) for r in quant])
+    assert games.max() == 3
+    naive = interval(fp32, quant)
+    honest = interval(fp32, quant, games=games)
+    assert np.allclose(honest, interval(fp32_games, quant_games))
+    assert honest[2] - honest[1] > 2 * (naive[2] - naive[1])
+    # a loss of 3 % with a point of noise per game: "keeps" from 40 copies, not from 4 games
+    lose = np.repeat(fp32_games * 0.97 + np.array([1.0, -1.0, 0.5, -0.5]), 10)
+    lose_games = games_of([str(r) for r in fp32], [str(r) for r in lose])
+    assert judge(fp32, lose).verdict == "keeps"
+    honest_verdict = judge(fp32, lose, games=lose_games)
+    assert honest_verdict.verdict == "undecided" and honest_verdict.games == 4
+    assert honest_verdict.label().endswith("(4 distinct games of 40)")
+    one = games_of(["g"] * 5, ["h"] * 5)  # every episode one game: nothing to generalize from
+    assert judge(np.full(5, 10.0), np.full(5, 9.0), games=one).verdict == "undecided"
+
+
+def test_the_table_judges_games_where_the_records_say_how_episodes_ended() -> None:
+    from quarl.reports import verdict_columns
+
+    fp32 = [23.0, 12.0, 14.0, 17.0] * 10
+    quant = [r * 0.97 + n for r, n in zip(fp32, [1.0, -1.0, 0.5, -0.5] * 10)]
+    base = {"mean": float(np.mean(fp32)), "returns": fp32, "endings": [f"f{r}" for r in fp32]}
+    record = {"mean": float(np.mean(quant)), "returns": quant, "endings": [f"q{r}" for r in quant]}
+    assert verdict_columns(base, record)["verdict"] == "undecided (~228 more episodes) (4 distinct games of 40)"
+    older = {k: v for k, v in record.items() if k != "endings"}  # a record from before endings: episodes as before
+    assert verdict_columns(base, older)["verdict"] == "keeps"

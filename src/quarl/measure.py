@@ -88,13 +88,16 @@ class EvalRecord:
     model_bytes: int | None
     build_s: float | None
     """Seconds to quantize (calibration and the automatic mode choice included)."""
+    endings: list | None = None
+    """Per episode, a digest of how it ended (:func:`quarl.evaluation.ending`): equal digests
+    are replays of one game (older records have none)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 _SQL = {"str": "TEXT NOT NULL", "float": "REAL NOT NULL", "list": "TEXT NOT NULL", "dict | None": "TEXT",
-        "float | None": "REAL", "int | None": "INTEGER"}
+        "float | None": "REAL", "int | None": "INTEGER", "list | None": "TEXT"}
 
 
 def sql_columns() -> dict[str, str]:
@@ -258,6 +261,7 @@ def evaluate_config(
         latency_us=latency_us,
         model_bytes=quantized.size_bytes(),
         build_s=build_s,
+        endings=result.endings,
     ).to_dict()
 
 

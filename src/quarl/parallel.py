@@ -131,7 +131,7 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, start: int, count: int, n_envs: int,
-                max_steps: int | None, evaluation: int) -> tuple[int, np.ndarray, np.ndarray]:
+                max_steps: int | None, evaluation: int) -> tuple[int, np.ndarray, np.ndarray, list[str]]:
     policy = _worker_policies.get(digest)
     if policy is None:
         _worker_policies.clear()  # one policy at a time: a worker never holds every precision's model
@@ -153,7 +153,7 @@ def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, sta
 
     result = evaluate_serial(policy, env_spec, episodes=count, seed=seed + start, max_steps=max_steps,
                              envs=envs[: min(n_envs, count)], on_episode=report)
-    return start, result.returns, result.lengths
+    return start, result.returns, result.lengths, result.endings
 
 
 def _drain(evaluation: int, report: Callable[[int, float], None]) -> None:
@@ -195,6 +195,7 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
     folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     returns = np.zeros(episodes)
     lengths = np.zeros(episodes, dtype=np.int64)
+    endings = [""] * episodes
     executor = _executor(workers)
     start_time = time.perf_counter()
     with tempfile.NamedTemporaryFile(prefix="quarl-policy-", suffix=".pkl", dir=folder) as fh:
@@ -218,9 +219,10 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
                 done, pending = wait(pending, timeout=PROGRESS_POLL_S, return_when=FIRST_COMPLETED)
                 _drain(evaluation, report)
                 for future in done:
-                    start, chunk_returns, chunk_lengths = future.result()
+                    start, chunk_returns, chunk_lengths, chunk_endings = future.result()
                     returns[start : start + len(chunk_returns)] = chunk_returns
                     lengths[start : start + len(chunk_lengths)] = chunk_lengths
+                    endings[start : start + len(chunk_endings)] = chunk_endings
                     for i, r in enumerate(chunk_returns):  # any the queue has not brought yet
                         report(start + i, float(r))
         except BrokenProcessPool:  # a worker killed (out of memory, a signal): the pool is not reusable
@@ -230,4 +232,4 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
         finally:
             for future in pending:
                 future.cancel()
-    return EvalResult(returns, lengths, time.perf_counter() - start_time)
+    return EvalResult(returns, lengths, time.perf_counter() - start_time, endings=endings)

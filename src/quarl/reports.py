@@ -16,7 +16,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from quarl.verdict import judge, relative_error
+from quarl.verdict import games_of, judge, relative_error
 
 __all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "plot_verdicts", "save_figure"]
@@ -33,7 +33,9 @@ def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix:
     fp32, quant = base.get("returns"), record.get("returns")
     if not fp32 or not quant or len(fp32) != len(quant):
         return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
-    v = judge(np.asarray(fp32, float), np.asarray(quant, float))
+    ends = base.get("endings"), record.get("endings")
+    games = games_of(*ends) if all(ends) and len(ends[0]) == len(ends[1]) == len(fp32) and all(map(all, ends)) else None
+    v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games)
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
 
