@@ -72,7 +72,7 @@ def test_the_trained_image_agent_keeps_its_reward_at_int8_and_int4(minatar_run: 
     rows = {row["precision"]: row for row in read_csv(out / "ptq.csv")}
     assert float(rows["fp32"]["mean"]) >= 2.0  # trained: the untrained network scores 0.4
     for precision in ("fp16", "int8"):
-        assert rows[precision]["verdict"] == "keeps", rows[precision]
+        assert rows[precision]["verdict"].split()[0] == "keeps", rows[precision]  # "(G distinct games of 60)"
     # int4-mixed kept it here (E 1.2 %, interval 0..3.5 %); a CPU that trains another agent may need more episodes
     assert rows["int4"]["verdict"].split()[0] in ("keeps", "undecided") and float(rows["int4"]["E%"]) <= 5, rows["int4"]
     records = {rec["precision"]: rec for rec in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
