@@ -43,6 +43,26 @@ def test_minatar_frames_reach_the_cnn_channel_first() -> None:
     assert obs.shape == (4, 10, 10) and obs.dtype == np.float32 and set(np.unique(obs)) <= {0.0, 1.0}
 
 
+def test_a_minatar_episode_depends_on_its_seed_alone(minatar_run: Path) -> None:
+    """MinAtar's sticky actions could repeat the previous episode's last action at the
+    start of the next: a reset forgets it, so the trained agent's returns are the same
+    whether one env plays every episode in turn or twelve play side by side."""
+    from quarl.envs import EnvSpec, make_env
+    from quarl.evaluation import evaluate
+
+    env = make_env(EnvSpec(ENV))
+    env.reset(seed=0)
+    for _ in range(5):
+        env.step(2)
+    assert env.unwrapped.game.last_action != 0  # MinAtar's own index of the action
+    env.reset(seed=1)
+    assert env.unwrapped.game.last_action == 0
+    agent = load_checkpoint(minatar_run)
+    one = evaluate(agent.policy, agent.env_spec, episodes=24, seed=0, n_envs=1)
+    side_by_side = evaluate(agent.policy, agent.env_spec, episodes=24, seed=0, n_envs=12)
+    assert np.array_equal(one.returns, side_by_side.returns) and one.endings == side_by_side.endings
+
+
 @pytest.mark.parametrize("label", CNN_MODES)
 def test_each_cnn_mode_computes_its_reference_on_the_trained_cnn(minatar_run: Path, label: str) -> None:
     """On the agent's own states (calibration seeds): the real kernels 10x closer to the
