@@ -141,3 +141,5 @@ def test_the_table_judges_games_where_the_records_say_how_episodes_ended() -> No
     assert verdict_columns(base, record)["verdict"] == "undecided (~228 more episodes) (4 distinct games of 40)"
     older = {k: v for k, v in record.items() if k != "endings"}  # a record from before endings: episodes as before
     assert verdict_columns(base, older)["verdict"] == "keeps"
+    crafted = {**record, "endings": [[1]] * 40}  # not digests: ignored, not a crash
+    assert verdict_columns(base, crafted)["verdict"] == "keeps"

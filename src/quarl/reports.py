@@ -34,7 +34,8 @@ def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix:
     if not fp32 or not quant or len(fp32) != len(quant):
         return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
     ends = base.get("endings"), record.get("endings")
-    games = games_of(*ends) if all(ends) and len(ends[0]) == len(ends[1]) == len(fp32) and all(map(all, ends)) else None
+    known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
+    games = games_of(*ends) if known else None  # records without digests (older ones): episodes as games
     v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games)
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
