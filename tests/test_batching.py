@@ -190,9 +190,10 @@ def test_a_model_that_cannot_batch_runs_its_rows_in_one_scan_call_with_their_own
     for n in (2, 32, 5, 32):
         x = rng.standard_normal((n, 6)).astype(np.float32) * 3
         assert np.array_equal(engine.rows(x), _one_by_one(engine, x))
-    assert engine._verdicts.verdict("scan", 32) is True
     if label == "int8-dyn-tensor":  # the batched model itself is never tried: its rows share a range
         assert engine._verdicts.verdict("model", 32) is None
+    # a CPU where the 4-bit batched call keeps the bits runs it batched; else the rows scan
+    assert engine._verdicts.verdict("model", 32) is True or engine._verdicts.verdict("scan", 32) is True
 
 
 def test_a_model_onnx_runtime_cannot_scan_still_runs_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
