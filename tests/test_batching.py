@@ -207,3 +207,22 @@ def test_a_model_onnx_runtime_cannot_scan_still_runs_row_by_row(monkeypatch: pyt
     monkeypatch.setattr(ortb, "row_scan_model", lambda model: b"not a model")
     assert np.array_equal(q.engine.rows(x), _one_by_one(q.engine, x))
     assert q.engine._scan_failed and q.engine._verdicts.verdict("scan", 16) is None
+
+
+def test_a_model_listing_its_initializers_as_inputs_still_scans() -> None:
+    """Older exporters list every initializer among the graph inputs: the scan form takes
+    the policy input alone, so its rows still come in one call with their own bits."""
+    import onnx
+
+    from quarl.quant.backends.onnxruntime import OrtEngine
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 2))
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(2), "argmax")
+    x = np.random.default_rng(5).standard_normal((16, 6)).astype(np.float32)
+    model = onnx.load_from_string(quantize(policy, QuantConfig.parse("int8-dyn-tensor"), x).engine.model)
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer)
+    engine = OrtEngine(model.SerializeToString(), per_row=True)
+    assert np.array_equal(engine.rows(x), _one_by_one(engine, x))
+    assert engine._verdicts.verdict("scan", 16) is True

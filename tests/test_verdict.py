@@ -119,6 +119,7 @@ def test_replayed_games_add_no_confidence() -> None:
     naive = interval(fp32, quant)
     honest = interval(fp32, quant, games=games)
     assert np.allclose(honest, interval(fp32_games, quant_games))
+    assert np.allclose(honest, interval(fp32, quant, games=10 * games + 7))  # any labels, none empty
     assert honest[2] - honest[1] > 2 * (naive[2] - naive[1])
     # a loss of 3 % with a point of noise per game: "keeps" from 40 copies, not from 4 games
     lose = np.repeat(fp32_games * 0.97 + np.array([1.0, -1.0, 0.5, -0.5]), 10)

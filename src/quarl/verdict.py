@@ -120,9 +120,9 @@ def interval(fp32: np.ndarray, quant: np.ndarray, confidence: float = CONFIDENCE
     if not math.isfinite(e):
         return math.nan, math.nan, math.nan
     if games is not None:
-        games = np.asarray(games)
-        if games.shape != fp32.shape:
-            raise ValueError(f"one game index per episode: got {games.shape} for {fp32.shape} episodes")
+        if np.shape(games) != fp32.shape:
+            raise ValueError(f"one game index per episode: got {np.shape(games)} for {fp32.shape} episodes")
+        _, games = np.unique(games, return_inverse=True)  # any labels -> 0..G-1, no empty games
         n_games = int(games.max()) + 1
         if n_games < 2 and len(fp32) > 1:
             return e, math.nan, math.nan  # one game replayed: nothing says how another would go
@@ -168,7 +168,7 @@ def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE,
     game index per episode (:func:`games_of`), so replays count once."""
     e, low, high = interval(fp32, quant, confidence, games=games)
     n = len(fp32)
-    k = None if games is None else int(np.max(games)) + 1
+    k = None if games is None else len(np.unique(games))
     if not math.isfinite(e):
         return Verdict(e, low, high, n, "n/a", games=k)
     if not (math.isfinite(low) and math.isfinite(high)):  # most resamples have no E (fp32 returns mostly 0)
