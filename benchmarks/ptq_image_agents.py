@@ -37,14 +37,17 @@ AGENTS: dict[str, tuple[str, str, int, dict, float | None]] = {
     # Atari: 100-150 training steps/s on one core here (PPO, its 4 epochs per rollout, is the slowest)
     "a2c-Breakout": ("a2c", "BreakoutNoFrameskip-v4", 200_000, {}, 279.8),
     "ppo-Breakout": ("ppo", "BreakoutNoFrameskip-v4", 150_000, {}, 398.0),
-    # the same agent trained on to 600k (its run folder seeded with ppo-Breakout's 150k
-    # checkpoint, so the learning-rate schedule jumps there): a stronger player, same lineage
+    # ppo-Breakout trained on to 600k (see CONTINUES): a stronger player, same lineage
     "ppo-Breakout-600k": ("ppo", "BreakoutNoFrameskip-v4", 600_000, {}, 398.0),
     # the zoo's DQN waits 100k steps and explores over 1M: shortened to fit the budget
     "dqn-Breakout": ("dqn", "BreakoutNoFrameskip-v4", 150_000,
                      {"buffer_size": 50_000, "learning_starts": 10_000, "exploration_fraction": 0.5}, 358.3),
     "a2c-Pong": ("a2c", "PongNoFrameskip-v4", 300_000, {}, 17.3),
 }
+CONTINUES = {"ppo-Breakout-600k": "ppo-Breakout"}
+"""Agents that start from another agent's last checkpoint (its run folder seeded with a copy)
+instead of from scratch; the learning-rate schedule jumps there, from the end of the
+other's to its place in this longer one."""
 EPISODES = {"minatar": 200, "atari": 30}
 """MinAtar games are cheap and chaotic: one flipped action changes the episode, so E needs
 hundreds of episodes (measured: SpaceInvaders int8 lost 14.8 % over seeds 0..99 and 2.8 %
@@ -55,7 +58,9 @@ ATARI_MAX_STEPS = 27_000
 
 def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     """The agent's run folder, trained (or resumed) if it has no final model yet."""
-    from quarl.training.sb3_train import TrainConfig, has_checkpoint, train as train_run
+    import shutil
+
+    from quarl.training.sb3_train import TrainConfig, has_checkpoint, latest_checkpoint, train as train_run
 
     algo, env_id, steps, overrides, _ = AGENTS[name]
     steps = min(steps, steps_cap or steps)
@@ -63,6 +68,12 @@ def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     final = run_dir / f"{env_id.replace('/', '_')}.zip"
     if final.exists():
         return run_dir
+    if name in CONTINUES and not has_checkpoint(run_dir):
+        start = latest_checkpoint(train(CONTINUES[name], out, steps_cap))
+        if start is not None and start[0] < steps:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(start[1], run_dir / f"rl_model_{start[0]}_steps.zip")
+            print(f"{name} starts from {CONTINUES[name]}'s checkpoint at {start[0]} steps", flush=True)
     resume = has_checkpoint(run_dir)
     started = time.perf_counter()
     config = TrainConfig(algo, env_id, timesteps=steps, out=out / "agents", eval_freq=0, tensorboard=False,

@@ -131,6 +131,12 @@ def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """(step, zip) of the run's newest complete checkpoint, or None."""
+    found = _checkpoints(Path(run_dir))
+    return found[-1] if found else None
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``train(..., resume=True)`` can continue this run."""
     return bool(_checkpoints(Path(run_dir)))
