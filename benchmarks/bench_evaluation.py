@@ -134,6 +134,8 @@ def main() -> None:
 
     cores = args.workers or parallel.usable_cores()
     episodes = 4 if args.quick else args.episodes
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats} must be at least 1")
     repeats = 1 if args.quick else args.repeats
     counts = sorted({1, cores})
     import onnxruntime
