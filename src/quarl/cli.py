@@ -299,6 +299,15 @@ Int8WeightsOpt = typer.Option("auto", help="8-bit weights of the MatMulInteger /
 BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the MatMulNBits modes: 16, 32, 64, 128 or 256")
 
 
+def _recover_hint(rows: list[dict], checkpoint: Path, recovered: bool) -> None:
+    """Where an int precision loses or is undecided, the command that repairs it."""
+    for row in rows:
+        label, verdict = str(row.get("precision", "")), str(row.get("verdict", ""))
+        if label in ("int8", "int4") and verdict.split(" ")[0] in ("loses", "undecided") and not recovered:
+            out_console.print(f"{label} {verdict.split(' ')[0]}: recover it with quarl recover {checkpoint} --precision "
+                              f"{label}", soft_wrap=True, highlight=False)
+
+
 @app.command()
 @user_errors
 def ptq(
@@ -342,12 +351,22 @@ def ptq(
         _say_reused(records, out / "results.jsonl")
         out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
         return
+    from quarl.recovery import load_recovered
+
+    recovered = load_recovered(checkpoint, trust_pickle)
+    fixed, title = {}, f"{ckpt.algo} {spec.env_id}, {episodes} episodes"
+    if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
+        fixed = {"fp32": recovered.original, recovered.precision: recovered.kernel}
+        title += f" (recovered {recovered.precision}: fp32 is the original policy)"
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
         records = run_ptq(ckpt.policy, spec, labels, settings, out,
-                          progress=lambda c, n: bar.update(tasks[c], completed=n), source=str(checkpoint), **options)
-    print_table(ptq_rows(records, identity=False), f"{ckpt.algo} {spec.env_id}, {episodes} episodes", out_console)
+                          progress=lambda c, n: bar.update(tasks[c], completed=n), source=str(checkpoint),
+                          fixed=fixed, **options)
+    rows = ptq_rows(records, identity=False)
+    print_table(rows, title, out_console)
+    _recover_hint(rows, checkpoint, recovered is not None)
     _say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))
 
@@ -896,6 +915,80 @@ def export(
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
     out_console.print(f"wrote {stem.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and "
                       f"{stem.with_suffix('.json')}", soft_wrap=True)
+
+
+@app.command()
+@user_errors
+def recover(
+    checkpoint: Path = CheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precision: str = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: "
+                                               "int8-block, int8-dyn-channel, int8-dyn-tensor, int8-weight-only, "
+                                               "int4-block, int4-weight-only"),
+    out: Optional[Path] = OutOpt,
+    rounds: int = typer.Option(12, "--rounds", help="DAgger rounds at most (round 0 plays the teacher)"),
+    updates: int = typer.Option(400, "--updates", help="student updates (Adam steps) per round"),
+    episodes_per_round: int = typer.Option(4, "--episodes-per-round", help="distillation episodes per round"),
+    lr: float = typer.Option(5e-4, "--lr", help="the student's learning rate"),
+    target_agreement: Optional[float] = typer.Option(None, "--target-agreement", help="held-out agreement with the "
+                                                     "teacher that ends the run (default: the teacher's fp16 copy's, "
+                                                     "at most 0.99)"),
+    episodes: int = EpisodesOpt,
+    seed: int = SeedOpt,
+    n_envs: int = NEnvsOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    workers: Optional[int] = WorkersOpt,
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
+    trust_pickle: bool = TrustOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Recover what quantization loses: distil the fp32 policy into a student on the real
+    int kernel's grid (DAgger on distillation seeds), write OUT as an RL Zoo run folder (its
+    zip on the grid, OUT/export the real kernel, the original recorded by hash), then judge
+    the recovered kernel against the ORIGINAL fp32 policy on the evaluation seeds. A rerun
+    resumes after the last finished round.
+
+    Example: quarl recover ../shared/zoo/dqn/CartPole-v1_1 --precision int4 --out results/recover/dqn-cartpole-int4
+    """
+    _setup(verbose)
+    from quarl.recovery import RecoverConfig, run_recover
+    from quarl.reports import print_table, ptq_rows
+
+    options = _quant_options(int8_weights, block_size)
+    config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
+                           episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement, **options)
+    settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
+    if _is_export(checkpoint):
+        raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
+                         "Zoo folder)")
+    ckpt, spec = _load(checkpoint, env, trust_pickle)
+    out = validate.out_folder(out) or _default_out("recover", checkpoint, spec.env_id).with_name(
+        f"{_default_out('recover', checkpoint, spec.env_id).name}-{precision}")
+    with _progress() as bar:
+        task = bar.add_task("distil", total=rounds)
+        evals: dict[str, int] = {}
+
+        def on_round(stats) -> None:
+            bar.update(task, completed=stats.round + 1, description=f"distil: agreement {100 * stats.agreement:.1f}%")
+
+        def on_episode(label: str, n: int) -> None:
+            if label not in evals:
+                evals[label] = bar.add_task(f"{label:>5}", total=episodes)
+            bar.update(evals[label], completed=n)
+
+        record, records = run_recover(checkpoint, spec, ckpt.policy, config, out, settings, on_round, on_episode,
+                                      trust_pickle)
+    rows = ptq_rows(records, identity=False)
+    print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
+                      f"policy, {episodes} episodes", out_console)
+    out_console.print(f"held-out agreement with the teacher: {100 * record['agreement']:.1f}% (PTQ "
+                      f"{100 * record['ptq_agreement']:.1f}%, target {100 * record['target_agreement']:.1f}%); "
+                      f"{record['labelled_states']:,} states labelled, {record['updates']:,} updates, "
+                      f"{record['wall_s']:.0f} s ({record['stopped']})", highlight=False)
+    out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv; "
+                      f"quarl ptq {out} --precisions fp32,{record['precision']} judges it again", soft_wrap=True,
+                      highlight=False)
 
 
 @app.command()

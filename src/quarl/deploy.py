@@ -78,6 +78,13 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file."""
     model, quant = quantized_model(policy, precision, calibration, returns, **options)
+    return write_artifact(policy, precision, out, model, quant, env_spec)
+
+
+def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: dict[str, Any] | None,
+                   env_spec: EnvSpec | None = None) -> dict[str, Any]:
+    """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
+    sidecar ``OUT.json``; ``quant``: the int mode's summary."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")

@@ -50,6 +50,11 @@ CALIBRATION_SEED_OFFSET = 10_000
 CALIBRATION_SEEDS = range(CALIBRATION_SEED_OFFSET, CALIBRATION_SEED_OFFSET + 200)
 """Reserved for calibration: states from 10,000..10,007, the sequential test's episodes from
 10,100 on (at most 64). Evaluation seeds (``seed .. seed + episodes - 1``) may not enter it."""
+DISTILLATION_SEEDS = range(20_000, 30_000)
+"""Reserved for quantization-aware distillation (:mod:`quarl.recovery`): the teacher's and
+the student's episodes (20,000 on) and their held-out episodes (29,000 on). Evaluation
+seeds may not enter it either."""
+RESERVED_SEEDS = {"calibration": CALIBRATION_SEEDS, "distillation": DISTILLATION_SEEDS}
 RESULT_FORMAT = 14
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
 3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
@@ -128,11 +133,12 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise QuarlError(f"episodes={self.episodes} must be at least 1")
-        first, last = CALIBRATION_SEEDS[0], CALIBRATION_SEEDS[-1]
-        if self.seed <= last and self.seed + self.episodes > first:
-            raise QuarlError(f"evaluation seeds {self.seed}..{self.seed + self.episodes - 1} would reach the calibration "
-                             f"seeds {first}..{last}: choose a seed and episodes that stay below {first} or start "
-                             f"above {last}")
+        for what, reserved in RESERVED_SEEDS.items():
+            first, last = reserved[0], reserved[-1]
+            if self.seed <= last and self.seed + self.episodes > first:
+                raise QuarlError(f"evaluation seeds {self.seed}..{self.seed + self.episodes - 1} would reach the {what} "
+                                 f"seeds {first}..{last}: choose a seed and episodes that stay below {first} or start "
+                                 f"above {last}")
         if self.max_steps is not None and self.max_steps < 1:
             raise QuarlError(f"max steps {self.max_steps} must be at least 1 (or unset)")
 

@@ -32,13 +32,17 @@ def run_ptq(
     out_dir: Path,
     progress: Progress | None = None,
     source: str | None = None,
+    fixed: dict[str, Policy] | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
     ``ptq.png`` (E per precision with its interval).
+    ``fixed``: policies evaluated as they are under a label instead of quantizing ``policy``
+    (a recovered folder: ``fp32`` is the original policy, ``int4`` its recovered kernel).
     ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
     labels = list(dict.fromkeys(["fp32", *precisions]))
-    cells = [Cell(label, QuantConfig.parse(label, **options)) for label in labels]
+    fixed = fixed or {}
+    cells = [Cell(label, QuantConfig.parse(label, **options), policy=fixed.get(label)) for label in labels]
     with output_lock(out_dir):
         records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
         write_rows(ptq_rows(records), out_dir, "ptq")

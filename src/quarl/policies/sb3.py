@@ -419,12 +419,13 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
     return zip_path, config_dir, algo_dir if algo_dir in algos() else None
 
 
-def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
+def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: Path | None = None) -> Checkpoint:
     """Load an SB3 ``.zip``, an RL Zoo run folder (``ppo/CartPole-v1_1``), a legacy
     stable-baselines pickle of rl-baselines-zoo (``ppo2/CartPole-v1.pkl``, see
     :mod:`quarl.policies.legacy`) or a model written by ``quarl export`` (``NAME.onnx``
     with its sidecar, see :mod:`quarl.policies.onnx_artifact`) or an agent on the Hugging
-    Face Hub, ``hf://ORG/REPO`` (see :mod:`quarl.hub`)."""
+    Face Hub, ``hf://ORG/REPO`` (see :mod:`quarl.hub`). ``zip_override``: read the weights
+    from this zip instead, with the folder's zoo files."""
     from quarl import hub
 
     if hub.is_hub(path):
@@ -443,7 +444,8 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
         spec = EnvSpec(env_id=current_env_id(env_id))
         return Checkpoint(policy=policy, env_spec=spec, algo=algo, path=path)
     zip_path, config_dir, zoo_algo = _zoo_files(path)
-    data, sd = _read_zip(zip_path)
+    # another zip acting in this folder's env (a recovered folder's original policy)
+    data, sd = _read_zip(zip_override or zip_path)
     config = load_zoo_yaml(config_dir / "config.yml") if config_dir else {}
     obs_space = _space_from_json(data.get("observation_space"), "observation space")
     act_space = _space_from_json(data.get("action_space"), "action space")

@@ -1,0 +1,674 @@
+"""Recovering what post-training quantization loses: quantization-aware distillation of a
+trained policy onto the grid of the real kernel it will run on.
+
+The fp32 policy is the *teacher*; the *student* is a copy whose forward computes what one
+real int mode computes (:mod:`quarl.quant.student`: the mode the automatic choice picks for
+the policy, its fp32 layers, block size, activation rounding), trained with a
+straight-through gradient. The loop, DAgger (Ross, Gordon and Bagnell, 2011)::
+
+    round 0:   the teacher plays episodes on distillation seeds; its states are kept
+    round r:   the student (its real kernel) plays; its states are added (aggregated)
+    each round: every state labelled by the teacher's network, ``updates`` Adam steps on
+               minibatches of all states, then the real model built from the student's
+               integers is checked on held-out states (their own seeds): stop when it
+               agrees with the teacher at least as often as the teacher's own fp16 copy
+               does (or ``target_agreement``) and keeps the teacher's return on
+               calibration episodes (the automatic choice's sequential test); else go on,
+               up to ``rounds``. The best round (held-out agreement) is what is written.
+
+Seeds: distillation episodes reset with :data:`quarl.measure.DISTILLATION_SEEDS`, which no
+evaluation may use (:class:`quarl.measure.EvalSettings` refuses them); VecNormalize
+statistics are the teacher's, frozen. The loss depends on the action head
+(:func:`distill_loss`). A run writes its state after every round and resumes from it.
+
+The output is an RL Zoo run folder (:func:`write_recovered`) whose zip holds the student's
+weights on the grid, with the real-kernel export beside it and the original policy
+recorded by content hash; ``quarl ptq`` on it plays the ORIGINAL fp32 policy as its fp32
+row and the recovered real kernel at its precision.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import shutil
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.evaluation import evaluate
+from quarl.measure import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
+from quarl.policies.base import Policy, linear_layers
+from quarl.quant.backends.onnxruntime import OrtEngine
+from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.modes import MODES, action_agreement, fp32_actions, get_mode, int8_compute
+from quarl.quant.student import STUDENT_MODES, KernelSpec, make_student, plain_network, real_model, student_mode
+from quarl.verdict import sequential_keeps
+
+log = logging.getLogger(__name__)
+
+Q_ALGOS = ("dqn", "qrdqn")
+"""Algorithms whose discrete head is action values (a margin loss), not logits (KL)."""
+RECOVERY_FILE = "recovery.json"
+ORIGINAL_ZIP = "original.zip"
+EXPORT_DIR = "export"
+STATE_FILE = "state.pt"
+RECOVERY_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RecoverConfig:
+    """How a policy is recovered (see the module docstring)."""
+
+    precision: str = "int4"
+    """``int8`` / ``int4`` (the mode the automatic choice picks; a mode without a student,
+    such as ``int8-static``, is replaced by the block mode of its bits) or a mode label
+    (``int4-block``, ``int8-dyn-channel``...)."""
+    rounds: int = 12
+    """DAgger rounds at most (round 0 is the teacher's)."""
+    episodes_per_round: int = 4
+    """Episodes played per round for training states (one more for held-out states)."""
+    max_episode_steps: int = 1000
+    """Distillation episodes are cut here (states, not returns, are what is collected)."""
+    updates_per_round: int = 400
+    """Adam steps per round."""
+    batch_size: int = 256
+    lr: float = 5e-4
+    target_agreement: float | None = None
+    """Held-out agreement that ends the run; None: the teacher's fp16 agreement with
+    itself, at most ``min_agreement``."""
+    min_agreement: float = 0.99
+    action_tolerance: float = 0.02
+    """Continuous actions agree when every dimension is within this share of its range."""
+    max_states: int = 200_000
+    """Aggregated states kept at most (the oldest student states are dropped first)."""
+    block_size: int = 32
+    int8_weights: str = "auto"
+    seed: int = 0
+    """Seeds the minibatch order and the student's initial noise-free copy (torch RNG)."""
+    closed_loop: bool = True
+    """Also require the student to keep the teacher's return on calibration episodes."""
+
+    def __post_init__(self) -> None:
+        from quarl.quant.config import QuantConfig
+
+        for name in ("rounds", "episodes_per_round", "max_episode_steps", "updates_per_round", "batch_size",
+                     "max_states"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise QuarlError(f"{name}={value!r} must be a whole number of at least 1")
+        if self.rounds > 1000 or self.episodes_per_round > 1000 or self.updates_per_round > 1_000_000:
+            raise QuarlError(f"rounds {self.rounds}, episodes per round {self.episodes_per_round} or updates "
+                             f"{self.updates_per_round} is beyond the allowed 1000 / 1000 / 1,000,000")
+        if not (self.lr > 0 and np.isfinite(self.lr)):
+            raise QuarlError(f"learning rate {self.lr!r} must be a positive number")
+        if self.target_agreement is not None and not 0.0 < self.target_agreement <= 1.0:
+            raise QuarlError(f"target agreement {self.target_agreement!r} must be in (0, 1]")
+        if self.max_states > 10_000_000:
+            raise QuarlError(f"max states {self.max_states} is beyond the allowed 10,000,000")
+        config = QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
+                                   min_agreement=self.min_agreement, action_tolerance=self.action_tolerance)
+        if config.precision not in ("int8", "int4"):
+            raise QuarlError(f"recover precision {self.precision!r} is not a real int precision: allowed int8, int4 "
+                             f"or a mode ({', '.join(m for m in MODES if m.split('-', 1)[1] in STUDENT_MODES)})")
+
+    def quant_config(self):
+        from quarl.quant.config import QuantConfig
+
+        return QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
+                                 min_agreement=self.min_agreement, action_tolerance=self.action_tolerance).resolved()
+
+
+# ------------------------------------------------------------------ losses
+
+
+def _q_values(policy: Policy, out: torch.Tensor) -> torch.Tensor:
+    if policy.head == "quantile_argmax":
+        return out.reshape(out.shape[0], policy.n_quantiles, -1).mean(1)
+    return out
+
+
+def _margin(student: torch.Tensor, teacher: torch.Tensor, scale: float) -> torch.Tensor:
+    """Hinge on the teacher's greedy action: the student's value of it must lead every other
+    action by half the teacher's own lead (at most ``scale``); states where the teacher
+    itself is tied (lead below 1e-3 of ``scale``) ask nothing."""
+    top2 = teacher.topk(2, dim=1)
+    best = top2.indices[:, 0]
+    lead_t = top2.values[:, 0] - top2.values[:, 1]
+    chosen = student.gather(1, best[:, None])[:, 0]
+    others = student.scatter(1, best[:, None], float("-inf")).amax(dim=1)
+    want = torch.clamp(0.5 * lead_t, max=scale)
+    untied = (lead_t > 1e-3 * scale).float()
+    return (torch.relu(want - (chosen - others)) * untied).sum() / (untied.sum().clamp(min=1.0) * scale)
+
+
+def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.Tensor, scale: float) -> torch.Tensor:
+    """The loss of one minibatch, by the policy's action head:
+
+    - Q-values (DQN, QR-DQN: the mean over quantiles): the teacher's argmax kept with a
+      margin (:func:`_margin`), plus the values' squared error over ``scale**2`` (an anchor);
+    - logits (A2C / PPO / TRPO / ARS discrete): KL(teacher || student), plus the margin;
+    - Gaussian means (``clip`` head): squared error of the clipped actions in units of the
+      action range, plus a tenth of the raw means' (a gradient where both are clipped);
+    - squashed actors (SAC, TQC, TD3, DDPG: ``unscale``, a tanh output): squared error in
+      the squashed space [-1, 1]."""
+    if policy.head in ("argmax", "quantile_argmax"):
+        s, t = _q_values(policy, student_out), _q_values(policy, teacher_out)
+        margin = _margin(s, t, scale)
+        if policy.algo in Q_ALGOS:
+            return margin + nn.functional.mse_loss(student_out, teacher_out) / scale**2
+        kl = nn.functional.kl_div(torch.log_softmax(s, 1), torch.log_softmax(t, 1), log_target=True,
+                                  reduction="batchmean")
+        return kl + margin
+    if policy.head == "clip":
+        low = torch.as_tensor(policy.action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(policy.action_space.high, dtype=torch.float32)
+        width = torch.where(torch.isfinite(high - low) & (high > low), high - low, torch.full_like(low, 2.0))
+        s_c = torch.maximum(torch.minimum(student_out, high), low)
+        t_c = torch.maximum(torch.minimum(teacher_out, high), low)
+        return (((s_c - t_c) / width) ** 2).mean() + 0.1 * (((student_out - teacher_out) / width) ** 2).mean()
+    return ((student_out - teacher_out) ** 2).mean()
+
+
+def _loss_scale(policy: Policy, labels: torch.Tensor) -> float:
+    """Spread of the teacher's action values (Q-heads), the unit of the margin and anchor."""
+    if policy.head not in ("argmax", "quantile_argmax"):
+        return 1.0
+    q = _q_values(policy, labels)
+    spread = float((q.amax(1) - q.amin(1)).mean())
+    return spread if spread > 0 else 1.0
+
+
+# ------------------------------------------------------------------ the run
+
+
+@dataclass
+class RoundStats:
+    """What one round did and measured."""
+
+    round: int
+    states: int
+    """States in the aggregated set after this round."""
+    new_states: int
+    loss: float
+    agreement: float
+    """Held-out agreement of the real kernel built from the student with the teacher."""
+    played_return: float
+    """Mean return of the episodes played this round (the teacher's in round 0)."""
+    wall_s: float
+    calibration_verdict: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RecoveryResult:
+    spec: KernelSpec
+    student: nn.Module
+    model: bytes
+    """The real ONNX Runtime model built from the student's integers."""
+    history: list[RoundStats]
+    best_round: int
+    ptq_agreement: float
+    """Held-out agreement of the same mode built from the teacher (PTQ), for comparison."""
+    target: float
+    seeds: list[int]
+    """Every env seed distillation reset an episode with."""
+    stopped: str
+    """Why the loop ended: ``target`` (agreement and calibration return reached) or ``budget``."""
+    labelled_states: int = 0
+    updates: int = 0
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Progress = Callable[[RoundStats], None]
+
+
+def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple[KernelSpec, dict[str, Any] | None]:
+    """The kernel the student reproduces: a named mode, or the automatic choice's (what
+    ``quarl ptq`` would run), replaced by the block mode where it has no student."""
+    from quarl.quant.api import quantize
+    from quarl.quant.backends import onnxruntime as ortb
+    from quarl.quant.modes import keep_options
+
+    qconfig = config.quant_config()
+    chosen: dict[str, Any] | None = None
+    if qconfig.mode == "auto":
+        calibration = calibration_inputs(policy, env_spec)
+        quantized = quantize(policy, qconfig, calibration=calibration, returns=calibration_returns(env_spec))
+        chosen = quantized.meta.get("quant") or {}
+        label, keep = str(chosen["mode"]), frozenset(int(i) for i in chosen["fp32_layers"])
+    else:
+        label, keep = qconfig.label, keep_options(policy.network)[0]
+    mode_label = student_mode(label)
+    if mode_label != label:
+        log.warning("%s has no student (its activation ranges are calibrated, not computed): recovering %s instead",
+                    label, mode_label)
+    mode = get_mode(mode_label)
+    reason = mode.unsupported(policy.network)
+    if reason is not None:
+        mode = get_mode(mode_label.replace("-block", "-weight-only"))
+    keep = keep | ortb.conv_layers(policy.network) if not mode.convolutions else keep
+    spec = KernelSpec(mode.label, frozenset(keep), qconfig.block_size, qconfig.int8_weights,
+                      int8_compute(mode.bits) == "int8")
+    return spec, chosen
+
+
+def _play(policy: Policy, env_spec: EnvSpec, seeds: range, max_steps: int, cap: int) -> tuple[np.ndarray, float]:
+    """Preprocessed states of episodes reset with ``seeds`` (every step), and their mean return."""
+    for seed in seeds:
+        if seed not in DISTILLATION_SEEDS:
+            raise QuarlError(f"seed {seed} is outside the distillation seeds {DISTILLATION_SEEDS.start}.."
+                             f"{DISTILLATION_SEEDS.stop - 1}")
+    result = evaluate(policy, env_spec, episodes=len(seeds), seed=seeds.start, n_envs=min(len(seeds), 32),
+                      max_steps=max_steps, keep_observations=cap, keep_every=1)
+    states = result.observations if result.observations is not None else np.zeros((0, *policy.input_shape), np.float32)
+    return states, result.mean
+
+
+def _teacher_outputs(policy: Policy, states: np.ndarray) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([policy.network(torch.from_numpy(states[i:i + 4096])).float()
+                          for i in range(0, len(states), 4096)]) if len(states) else torch.zeros(0)
+
+
+def _fp16_agreement(policy: Policy, states: np.ndarray, tolerance: float) -> float:
+    from quarl.quant.precisions import get
+    from quarl.quant.config import QuantConfig
+
+    half = get("fp16").build(policy, QuantConfig("fp16"), None, None)
+    with torch.inference_mode():
+        actions = half.postprocess(half.network(torch.from_numpy(states).half()).float().numpy())
+    return action_agreement(policy, fp32_actions(policy, states), actions, tolerance)
+
+
+def _acting(policy: Policy, spec: KernelSpec, model: bytes) -> Policy:
+    acting = policy.with_network(copy.deepcopy(policy.network), spec.mode,
+                                 OrtEngine(model, per_row=MODES[spec.mode].per_row))
+    acting.meta["quant"] = {"mode": spec.mode, "fp32_layers": sorted(spec.keep)}
+    return acting
+
+
+def _agreement(policy: Policy, acting: Policy, states: np.ndarray, reference: np.ndarray, tolerance: float) -> float:
+    return action_agreement(policy, reference, acting.act_rows(states), tolerance)
+
+
+def _state_bytes(policy: Policy) -> int:
+    return 4 * int(np.prod(policy.input_shape) or 1)
+
+
+def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec | None = None,
+            state_path: Path | None = None, progress: Progress | None = None) -> RecoveryResult:
+    """Distil ``policy`` (the teacher, fp32) into a student on ``spec``'s kernel (default:
+    :func:`pick_spec`); see the module docstring. With ``state_path`` the run writes its
+    state there after every round and continues from it when it exists."""
+    started = time.perf_counter()
+    if spec is None:
+        spec, _ = pick_spec(policy, env_spec, config)
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    max_states = min(config.max_states, max(10_000, (2 << 30) // _state_bytes(policy)))  # ~2 GiB of states at most
+    student = make_student(policy.network, spec)
+    optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=config.lr)
+    per_round = config.episodes_per_round
+    held_first = DISTILLATION_SEEDS.start + 9_000  # held-out episodes: their own seeds
+    history: list[RoundStats] = []
+    states = np.zeros((0, *policy.input_shape), np.float32)
+    heldout = np.zeros((0, *policy.input_shape), np.float32)
+    best: tuple[float, int, dict] | None = None
+    updates = 0
+    seeds: list[int] = []
+    fingerprint = policy.fingerprint()
+    if state_path is not None and state_path.is_file():
+        saved = _load_state(state_path, fingerprint, spec, config)
+        student.load_state_dict(saved["student"])
+        optimizer.load_state_dict(saved["optimizer"])
+        states, heldout = saved["states"].numpy(), saved["heldout"].numpy()
+        history = [RoundStats(**h) for h in saved["history"]]
+        best = (saved["best_agreement"], saved["best_round"], saved["best_student"])
+        updates, seeds = saved["updates"], list(saved["seeds"])
+        rng = np.random.default_rng([config.seed, len(history)])
+        torch.manual_seed(config.seed + len(history))
+        log.info("resuming recovery at round %d from %s", len(history), state_path)
+    # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
+    ptq = _acting(policy, spec, real_model(make_student(policy.network, spec), spec, policy.input_shape))
+    target = config.target_agreement
+    reference_held = None
+    ptq_agreement = float("nan")
+    finished = history and history[-1].calibration_verdict == "keeps"
+    for r in range(len(history), config.rounds):
+        if finished:
+            break
+        t0 = time.perf_counter()
+        model = real_model(student, spec, policy.input_shape)
+        actor = policy if r == 0 else _acting(policy, spec, model)
+        train_seeds = range(DISTILLATION_SEEDS.start + r * per_round, DISTILLATION_SEEDS.start + (r + 1) * per_round)
+        held_seeds = range(held_first + r, held_first + r + 1)
+        cap = max(1, max_states // max(config.rounds, 1))
+        new, played = _play(actor, env_spec, train_seeds, config.max_episode_steps, cap)
+        held, _ = _play(actor, env_spec, held_seeds, config.max_episode_steps, cap)
+        seeds += [*train_seeds, *held_seeds]
+        states = np.concatenate([states, new])[-max_states:]
+        heldout = np.concatenate([heldout, held])[-max_states // 4:]
+        labels = _teacher_outputs(policy, states)
+        scale = _loss_scale(policy, labels)
+        x_all = torch.from_numpy(states)
+        student.eval()  # no train-mode behaviour (batch renorm) leaks in; gradients still flow
+        losses = []
+        for _ in range(config.updates_per_round):
+            idx = torch.from_numpy(rng.integers(0, len(states), size=min(config.batch_size, len(states))))
+            loss = distill_loss(policy, student(x_all[idx]), labels[idx], scale)
+            if not torch.isfinite(loss):
+                raise QuarlError(f"the distillation loss became {loss.item()} at round {r}: lower --lr")
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        updates += config.updates_per_round
+        model = real_model(student, spec, policy.input_shape)
+        acting = _acting(policy, spec, model)
+        reference_held = fp32_actions(policy, heldout)
+        agreement = _agreement(policy, acting, heldout, reference_held, config.action_tolerance)
+        if target is None:
+            target = min(config.min_agreement, _fp16_agreement(policy, heldout, config.action_tolerance))
+        verdict = ""
+        if agreement >= target and config.closed_loop:
+            returns = calibration_returns(env_spec)
+            outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n))
+            verdict = outcome.verdict.label() if not outcome.kept else "keeps"
+        stats = RoundStats(r, len(states), len(new), float(np.mean(losses)), agreement, played,
+                           time.perf_counter() - t0, verdict)
+        history.append(stats)
+        if best is None or agreement > best[0] or verdict == "keeps":
+            best = (agreement, r, copy.deepcopy(student.state_dict()))
+        if progress is not None:
+            progress(stats)
+        log.info("round %d: %d states, loss %.4g, held-out agreement %.1f%% (target %.1f%%) %s", r, len(states),
+                 stats.loss, 100 * agreement, 100 * target, verdict)
+        finished = agreement >= target and (verdict == "keeps" or not config.closed_loop)
+        if state_path is not None:
+            _save_state(state_path, student, optimizer, states, heldout, history, best, updates, seeds, fingerprint,
+                        spec, config)
+    assert best is not None
+    student.load_state_dict(best[2])
+    model = real_model(student, spec, policy.input_shape)
+    if reference_held is None:
+        reference_held = fp32_actions(policy, heldout)
+    if len(heldout):
+        ptq_agreement = _agreement(policy, ptq, heldout, reference_held, config.action_tolerance)
+    if target is None:
+        target = config.target_agreement or config.min_agreement
+    return RecoveryResult(spec, student, model, history, best[1], ptq_agreement, float(target), seeds,
+                          "target" if finished else "budget", labelled_states=len(states), updates=updates,
+                          wall_s=time.perf_counter() - started)
+
+
+def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, states: np.ndarray,
+                heldout: np.ndarray, history: list[RoundStats], best: tuple[float, int, dict] | None, updates: int,
+                seeds: list[int], fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> None:
+    """The run after a round, written whole to a temporary file and renamed (a kill never
+    leaves half a state)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
+                "config": dataclasses.asdict(config), "student": student.state_dict(),
+                "optimizer": optimizer.state_dict(), "states": torch.from_numpy(states),
+                "heldout": torch.from_numpy(heldout), "history": [h.to_dict() for h in history],
+                "best_agreement": best[0] if best else -1.0, "best_round": best[1] if best else -1,
+                "best_student": best[2] if best else {}, "updates": updates, "seeds": seeds}, tmp)
+    tmp.replace(path)
+
+
+def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> dict[str, Any]:
+    from quarl.limits import check_file_size
+
+    if path.is_symlink() or not path.is_file():
+        raise QuarlError(f"{path} is not a regular file: remove it to start the recovery afresh")
+    check_file_size(path, 16 << 30, "a recovery state")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file
+        raise QuarlError(f"{path} cannot be read as a recovery state ({exc.__class__.__name__}): remove it to start "
+                         "afresh") from None
+    if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
+        raise QuarlError(f"{path} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start afresh")
+    if saved.get("teacher") != fingerprint:
+        raise QuarlError(f"{path} belongs to another policy (its teacher's content differs): use another --out")
+    if saved.get("spec") != spec.to_dict() or saved.get("config") != dataclasses.asdict(config):
+        raise QuarlError(f"{path} was written with other recovery options: rerun with the same options or another "
+                         "--out")
+    return saved
+
+
+# ------------------------------------------------------------------ the recovered folder
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
+    """(the agent's zip, its RL Zoo config folder or None)."""
+    from quarl.policies.sb3 import _zoo_files
+
+    zip_path, config_dir, _ = _zoo_files(checkpoint)
+    if zip_path.suffix != ".zip":
+        raise QuarlError(f"recover takes a Stable-Baselines3 .zip or an RL Zoo run folder, not {checkpoint}")
+    return zip_path, config_dir
+
+
+def _student_tensors(policy: Policy, student: nn.Module) -> dict[str, torch.Tensor]:
+    """The student's weights on the grid, by SB3 state-dict name."""
+    plain = plain_network(student, on_grid=True)
+    named: dict[str, torch.Tensor] = {}
+    for (_, original), (_, layer) in zip(linear_layers(policy.network), linear_layers(plain)):
+        name = getattr(original, "sb3_name", None)
+        if name is None:
+            raise QuarlError("this policy's layers carry no SB3 names: it cannot be written back into its zip")
+        named[f"{name}.weight"] = layer.weight.detach().clone()
+        if layer.bias is not None:
+            named[f"{name}.bias"] = layer.bias.detach().clone()
+    return named
+
+
+def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``source`` with its ``policy.pth`` tensors replaced by ``tensors`` (and the same
+    names under a ``*_target`` network, so DQN / TD3 targets match); every other entry copied."""
+    from quarl.limits import read_zip_entry
+
+    with zipfile.ZipFile(source) as archive:
+        sd = torch.load(io.BytesIO(read_zip_entry(archive, "policy.pth", str(source))), map_location="cpu",
+                        weights_only=True)
+        for name, value in tensors.items():
+            if name not in sd:
+                raise QuarlError(f"{source} has no tensor {name!r} to write the recovered weights into")
+            head, _, rest = name.partition(".")
+            for key in (name, f"{head}_target.{rest}"):
+                if key in sd:
+                    sd[key] = value.to(sd[key].dtype).reshape(sd[key].shape)
+        buffer = io.BytesIO()
+        torch.save(sd, buffer)
+        tmp = target.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+            for info in archive.infolist():
+                data = buffer.getvalue() if info.filename == "policy.pth" else read_zip_entry(archive, info.filename,
+                                                                                               str(source))
+                out.writestr(info, data)
+    tmp.replace(target)
+
+
+def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
+                    config: RecoverConfig, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
+    the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
+    its zip as ``original.zip`` and ``recovery.json``) and ``export/`` (the real-kernel
+    model built from the student's integers, with its sidecar). Returns recovery.json."""
+    from quarl.deploy import write_artifact
+    from quarl.provenance import provenance
+
+    zip_path, config_dir = _zoo_paths(checkpoint)
+    name = zip_path.stem
+    out.mkdir(parents=True, exist_ok=True)
+    zoo = out / name
+    zoo.mkdir(exist_ok=True)
+    if config_dir is not None:
+        for item in ("config.yml", "args.yml", "env_kwargs.yml", "vecnormalize.pkl"):
+            if (config_dir / item).is_file():
+                shutil.copyfile(config_dir / item, zoo / item)
+    if not (zoo / "args.yml").exists():  # a bare zip: the env it was recovered on, as the zoo writes it
+        (zoo / "args.yml").write_text(f"!!python/object/apply:collections.OrderedDict\n- - - algo\n    - {policy.algo}\n"
+                                      f"  - - env\n    - {env_spec.env_id}\n")
+        (zoo / "config.yml").write_text("!!python/object/apply:collections.OrderedDict\n- []\n")
+    shutil.copyfile(zip_path, zoo / ORIGINAL_ZIP)
+    _write_zip(zip_path, out / zip_path.name, _student_tensors(policy, result.student))
+    recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
+                                    TorchEngine(plain_network(result.student, on_grid=True)))
+    quant = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.history[
+        result.best_round].agreement, "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
+        "recovered": True}
+    precision = f"int{result.spec.bits}"
+    sidecar = write_artifact(recovered, precision, out / EXPORT_DIR / "policy", result.model, quant, env_spec)
+    record = {
+        "format": RECOVERY_FORMAT,
+        "precision": precision,
+        "kernel": result.spec.to_dict(),
+        "original": {"path": str(checkpoint), "zip_sha256": sha256_file(zip_path), "policy_sha256": policy.fingerprint(),
+                     "algo": policy.algo},
+        "recovered": {"zip_sha256": sha256_file(out / zip_path.name), "onnx_sha256": sidecar["onnx_sha256"],
+                      "export": f"{EXPORT_DIR}/policy.onnx"},
+        "env": dataclasses.asdict(env_spec),
+        "config": dataclasses.asdict(config),
+        "automatic_choice": None if chosen is None else {k: v for k, v in chosen.items() if k != "tried"},
+        "stopped": result.stopped,
+        "best_round": result.best_round,
+        "target_agreement": result.target,
+        "ptq_agreement": result.ptq_agreement,
+        "agreement": result.history[result.best_round].agreement,
+        "labelled_states": result.labelled_states,
+        "updates": result.updates,
+        "wall_s": round(result.wall_s, 2),
+        "seeds": [min(result.seeds), max(result.seeds)] if result.seeds else [],
+        "rounds": [h.to_dict() for h in result.history],
+        "provenance": provenance(),
+    }
+    (zoo / RECOVERY_FILE).write_text(json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
+    return record
+
+
+def _nan_as_null(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# ------------------------------------------------------------------ reading a recovered folder
+
+
+@dataclass
+class Recovered:
+    """What ``quarl ptq`` needs of a recovered folder."""
+
+    original: Policy
+    """The original fp32 policy (its zip copied at recovery, checked against its hash)."""
+    kernel: Policy
+    """The recovered policy on its real kernel (the export built from the student's integers)."""
+    precision: str
+    record: dict[str, Any]
+
+
+def find_recovery(checkpoint: Path) -> Path | None:
+    """``ENV/recovery.json`` of a recovered run folder (or its zip), else None."""
+    try:
+        zip_path, config_dir = _zoo_paths(checkpoint)
+    except QuarlError:
+        return None
+    candidate = zip_path.parent / zip_path.stem / RECOVERY_FILE
+    return candidate if candidate.is_file() else None
+
+
+def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
+    """The original and the recovered kernel of a folder written by :func:`write_recovered`
+    (None for any other checkpoint); a file that does not match its recorded hash is refused."""
+    from quarl.limits import read_capped
+    from quarl.policies.onnx_artifact import load_artifact
+    from quarl.policies.sb3 import load_checkpoint
+
+    path = find_recovery(checkpoint)
+    if path is None:
+        return None
+    try:
+        record = json.loads(read_capped(path, 4 << 20, "a recovery record"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise QuarlError(f"{path} is corrupt: not JSON") from None
+    if not isinstance(record, dict) or record.get("format") != RECOVERY_FORMAT:
+        raise QuarlError(f"{path} is not a quarl recovery record (format {RECOVERY_FORMAT})")
+    try:
+        original_sha = str(record["original"]["zip_sha256"])
+        onnx_sha = str(record["recovered"]["onnx_sha256"])
+        precision = str(record["precision"])
+    except (KeyError, TypeError):
+        raise QuarlError(f"{path} lacks the original's or the export's hash") from None
+    if precision not in ("int8", "int4"):
+        raise QuarlError(f"{path}: precision {precision!r} is not int8 or int4")
+    original_zip = path.parent / ORIGINAL_ZIP
+    if not original_zip.is_file() or sha256_file(original_zip) != original_sha:
+        raise QuarlError(f"{original_zip} is missing or is not the original policy recorded in {path.name}")
+    zip_path, _ = _zoo_paths(checkpoint)
+    # the original acts as its own folder did: the same zoo files, its own weights
+    original = load_checkpoint(checkpoint, trust_pickle=trust_pickle, zip_override=original_zip).policy
+    export = zip_path.parent / EXPORT_DIR
+    kernel, _ = load_artifact(export)
+    digest = hashlib.sha256((export / "policy.onnx").read_bytes()).hexdigest()
+    if digest != onnx_sha:
+        raise QuarlError(f"{export / 'policy.onnx'} is not the recovered model recorded in {path.name}")
+    kernel.precision = precision
+    return Recovered(original, kernel, precision, record)
+
+
+# ------------------------------------------------------------------ the workflow
+
+
+def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: RecoverConfig, out: Path,
+                settings: Any = None, progress: Progress | None = None,
+                episode_progress: Callable[[str, int], None] | None = None,
+                trust_pickle: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
+    write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
+    given ``settings`` (:class:`quarl.measure.EvalSettings`), judge it as ``quarl ptq OUT``
+    does: the original fp32 policy against the recovered kernel on the evaluation seeds
+    (``OUT/verdict/``). Returns (recovery.json, the verdict's records)."""
+    from quarl.measure import output_lock
+    from quarl.ptq import run_ptq
+
+    _zoo_paths(checkpoint)  # a zip or a zoo folder, refused before any work
+    if find_recovery(checkpoint) is not None:
+        raise QuarlError(f"{checkpoint} is itself a recovered folder: recover its original policy (ENV/{ORIGINAL_ZIP}"
+                         " records it)")
+    with output_lock(out):
+        spec, chosen = pick_spec(policy, env_spec, config)
+        result = distill(policy, env_spec, config, spec, state_path=out / ".recover" / STATE_FILE, progress=progress)
+        record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen)
+    records: list[dict[str, Any]] = []
+    if settings is not None:
+        recovered = load_recovered(out, trust_pickle=trust_pickle)
+        assert recovered is not None
+        records = run_ptq(recovered.original, env_spec, [recovered.precision], settings, out / "verdict",
+                          progress=episode_progress, source=str(out),
+                          fixed={"fp32": recovered.original, recovered.precision: recovered.kernel})
+    return record, records
