@@ -100,6 +100,8 @@ class RecoverConfig:
     """Seeds the minibatch order and the student's initial noise-free copy (torch RNG)."""
     closed_loop: bool = True
     """Also require the student to keep the teacher's return on calibration episodes."""
+    stop_at_target: bool = True
+    """End at the first round that reaches the target (False: play every round, keep the best)."""
 
     def __post_init__(self) -> None:
         from quarl.quant.config import QuantConfig
@@ -319,8 +321,6 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
     started = time.perf_counter()
     if spec is None:
         spec, _ = pick_spec(policy, env_spec, config)
-    torch.manual_seed(config.seed)
-    rng = np.random.default_rng(config.seed)
     max_states = min(config.max_states, max(10_000, (2 << 30) // _state_bytes(policy)))  # ~2 GiB of states at most
     student = make_student(policy.network, spec)
     optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=config.lr)
@@ -333,27 +333,36 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
     updates = 0
     seeds: list[int] = []
     fingerprint = policy.fingerprint()
+    target = config.target_agreement
     if state_path is not None and state_path.is_file():
         saved = _load_state(state_path, fingerprint, spec, config)
-        student.load_state_dict(saved["student"])
-        optimizer.load_state_dict(saved["optimizer"])
-        states, heldout = saved["states"].numpy(), saved["heldout"].numpy()
-        history = [RoundStats(**h) for h in saved["history"]]
-        best = (saved["best_agreement"], saved["best_round"], saved["best_student"])
-        updates, seeds = saved["updates"], list(saved["seeds"])
-        rng = np.random.default_rng([config.seed, len(history)])
-        torch.manual_seed(config.seed + len(history))
+        try:
+            student.load_state_dict(saved["student"])
+            optimizer.load_state_dict(saved["optimizer"])
+            states, heldout = saved["states"].numpy(), saved["heldout"].numpy()
+            history = [RoundStats(**h) for h in saved["history"]]
+            best = (float(saved["best_agreement"]), int(saved["best_round"]), saved["best_student"])
+            updates, seeds = int(saved["updates"]), [int(s) for s in saved["seeds"]]
+            target = float(saved["target"]) if saved["target"] >= 0 else None
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise QuarlError(f"{state_path} is not a complete recovery state ({exc.__class__.__name__}: {exc}): remove "
+                             "it to start afresh") from None
+        if states.shape[1:] != tuple(policy.input_shape) or heldout.shape[1:] != tuple(policy.input_shape) or \
+                not history or best[1] < 0:
+            raise QuarlError(f"{state_path} holds states of another shape or no finished round: remove it to start "
+                             "afresh")
         log.info("resuming recovery at round %d from %s", len(history), state_path)
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
     ptq = _acting(policy, spec, real_model(make_student(policy.network, spec), spec, policy.input_shape))
-    target = config.target_agreement
     reference_held = None
     ptq_agreement = float("nan")
-    finished = history and history[-1].calibration_verdict == "keeps"
+    finished = config.stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and (
+        history[-1].calibration_verdict == "keeps" or not config.closed_loop)
     for r in range(len(history), config.rounds):
         if finished:
             break
         t0 = time.perf_counter()
+        rng = np.random.default_rng([config.seed, r])  # per round: a resumed run draws what an unbroken one draws
         model = real_model(student, spec, policy.input_shape)
         actor = policy if r == 0 else _acting(policy, spec, model)
         train_seeds = range(DISTILLATION_SEEDS.start + r * per_round, DISTILLATION_SEEDS.start + (r + 1) * per_round)
@@ -395,14 +404,14 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
         history.append(stats)
         if best is None or agreement > best[0] or verdict == "keeps":
             best = (agreement, r, copy.deepcopy(student.state_dict()))
-        if progress is not None:
-            progress(stats)
+        finished = config.stop_at_target and agreement >= target and (verdict == "keeps" or not config.closed_loop)
+        if state_path is not None:
+            _save_state(state_path, student, optimizer, states, heldout, history, best, updates, seeds, target,
+                        fingerprint, spec, config)
         log.info("round %d: %d states, loss %.4g, held-out agreement %.1f%% (target %.1f%%) %s", r, len(states),
                  stats.loss, 100 * agreement, 100 * target, verdict)
-        finished = agreement >= target and (verdict == "keeps" or not config.closed_loop)
-        if state_path is not None:
-            _save_state(state_path, student, optimizer, states, heldout, history, best, updates, seeds, fingerprint,
-                        spec, config)
+        if progress is not None:
+            progress(stats)
     assert best is not None
     student.load_state_dict(best[2])
     model = real_model(student, spec, policy.input_shape)
@@ -419,7 +428,8 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
 
 def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, states: np.ndarray,
                 heldout: np.ndarray, history: list[RoundStats], best: tuple[float, int, dict] | None, updates: int,
-                seeds: list[int], fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> None:
+                seeds: list[int], target: float | None, fingerprint: str, spec: KernelSpec,
+                config: RecoverConfig) -> None:
     """The run after a round, written whole to a temporary file and renamed (a kill never
     leaves half a state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -429,7 +439,8 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
                 "optimizer": optimizer.state_dict(), "states": torch.from_numpy(states),
                 "heldout": torch.from_numpy(heldout), "history": [h.to_dict() for h in history],
                 "best_agreement": best[0] if best else -1.0, "best_round": best[1] if best else -1,
-                "best_student": best[2] if best else {}, "updates": updates, "seeds": seeds}, tmp)
+                "best_student": best[2] if best else {}, "updates": updates, "seeds": seeds,
+                "target": -1.0 if target is None else float(target)}, tmp)
     tmp.replace(path)
 
 

@@ -1,0 +1,244 @@
+"""Quantization-aware distillation (quarl recover): the student computes what its real
+kernel computes, recovery restores what PTQ flips, seeds stay apart, the recovered folder
+loads in SB3 and judges against the original, and a broken run resumes where it stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.policies.base import Policy
+from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.modes import MODES, BuildRequest, int8_compute
+from quarl.quant.student import STUDENT_MODES, KernelSpec, make_student, plain_network, real_model
+from quarl.recovery import RecoverConfig, distill
+
+CARTPOLE = EnvSpec("CartPole-v1")
+STUDENT_LABELS = [label for label, mode in MODES.items() if mode.name in STUDENT_MODES]
+
+
+def _spec(label: str, keep: frozenset[int], weights: str = "asymmetric") -> KernelSpec:
+    return KernelSpec(label, keep, 32, weights, int8_compute(MODES[label].bits) == "int8")
+
+
+def _mlp(sizes=(4, 70, 64, 3), seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.Tanh()]
+    return nn.Sequential(*layers[:-1]).eval()
+
+
+def _cartpole_states(n: int = 256) -> np.ndarray:
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=123)
+    rng, states = np.random.default_rng(0), []
+    while len(states) < n:
+        states.append(obs)
+        obs, _, term, trunc, _ = env.step(int(rng.integers(2)))
+        if term or trunc:
+            obs, _ = env.reset()
+    return np.asarray(states, np.float32)
+
+
+def _max_error(student: nn.Module, spec: KernelSpec, x: np.ndarray, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(student vs its real kernel, student vs the same net in fp32) over the rows, leaving
+    out the 2 % of rows farthest apart: where an activation sits on a rounding tie, the
+    kernel's float order may round it the other way (one step of one activation); every
+    other row must be 10x closer to the student than the fp32 net is."""
+    engine = ortb.OrtEngine(real_model(student, spec, shape), per_row=MODES[spec.mode].per_row)
+    with torch.inference_mode():
+        want = student.eval()(torch.from_numpy(x)).numpy()
+        fp32 = plain_network(student, on_grid=False)(torch.from_numpy(x)).numpy()
+    per_row = np.sort(np.abs(engine(x) - want).reshape(len(x), -1).max(1))
+    return float(per_row[int(0.98 * len(x)) - 1]), float(np.abs(fp32 - want).max())
+
+
+def _perturb(student: nn.Module, seed: int = 7) -> None:
+    """A trained student: its weights are no longer the teacher's."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=generator))
+
+
+@pytest.mark.parametrize("keep", [frozenset(), frozenset({0})], ids=["all-layers", "first-fp32"])
+@pytest.mark.parametrize("label", STUDENT_LABELS)
+def test_the_real_kernel_built_from_the_students_integers_computes_what_the_student_computes(
+        label: str, keep: frozenset) -> None:
+    net = _mlp()
+    spec = _spec(label, keep)
+    student = make_student(net, spec)
+    _perturb(student)
+    for x in (np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32) * 2, _cartpole_states()):
+        err, to_fp32 = _max_error(student, spec, x, (4,))
+        assert to_fp32 > 1e-4  # the grid really rounds something
+        assert err <= max(0.1 * to_fp32, 1e-6), (label, err, to_fp32)
+
+
+@pytest.mark.skipif(not ortb.has_vnni(), reason="symmetric int8 weights are exact only on a CPU with VNNI")
+@pytest.mark.parametrize("label", ["int8-dyn-tensor", "int8-dyn-channel"])
+def test_symmetric_int8_weights_too(label: str) -> None:
+    spec = _spec(label, frozenset(), "symmetric")
+    err, to_fp32 = _max_error(make_student(_mlp(), spec), spec, np.random.default_rng(2).normal(size=(64, 4))
+                              .astype(np.float32), (4,))
+    assert err <= max(0.1 * to_fp32, 1e-6)
+
+
+def test_a_cnn_student_keeps_its_convolutions_fp32_and_matches_its_kernel() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 64), nn.ReLU(),
+                        nn.Linear(64, 5)).eval()
+    spec = _spec("int4-block", frozenset({0}))
+    student = make_student(net, spec)
+    x = np.random.default_rng(3).random((16, 4, 10, 10)).astype(np.float32)
+    err, to_fp32 = _max_error(student, spec, x, (4, 10, 10))
+    assert err <= max(0.1 * to_fp32, 1e-6)
+
+
+@pytest.mark.parametrize("label", ["int4-block", "int8-dyn-channel", "int4-weight-only"])
+def test_an_untrained_student_is_post_training_quantization(label: str) -> None:
+    """Before any update the student computes what the mode's reference (PTQ) computes."""
+    net = _mlp()
+    mode = MODES[label]
+    request = BuildRequest(net, ortb.export_onnx(net, (4,)), None, "asymmetric", 32, frozenset({0}))
+    x = torch.from_numpy(_cartpole_states(64))
+    with torch.inference_mode():
+        reference = mode.reference(request, mode.build(request))(x)
+        student = make_student(net, _spec(label, frozenset({0})))(x)
+    assert torch.allclose(student, reference, atol=1e-5)
+
+
+def _near_tied_policy() -> Policy:
+    """A Q-network whose two action values differ by about 1 % of their size: int4 PTQ
+    flips many greedy actions."""
+    net = _mlp((4, 64, 64, 2), seed=5)
+    with torch.no_grad():
+        last = net[-1]
+        last.weight[1] = last.weight[0] + 0.01 * torch.randn(64, generator=torch.Generator().manual_seed(1))
+        last.bias[1] = last.bias[0]
+    return Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax", algo="dqn")
+
+
+def test_recovery_restores_the_greedy_actions_that_int4_rounding_flips() -> None:
+    policy = _near_tied_policy()
+    config = RecoverConfig(precision="int4-block", rounds=4, episodes_per_round=16, updates_per_round=300,
+                           closed_loop=False, target_agreement=1.0)
+    result = distill(policy, CARTPOLE, config, _spec("int4-block", frozenset({0})))
+    assert result.ptq_agreement < 0.8, result.ptq_agreement  # PTQ flips many near-tied argmaxes
+    assert result.history[result.best_round].agreement >= 0.95, [h.agreement for h in result.history]
+    states = _cartpole_states(512)  # states of a random walk, never seen in distillation
+    engine = ortb.OrtEngine(result.model)
+    with torch.inference_mode():
+        teacher = policy.network(torch.from_numpy(states)).argmax(1).numpy()
+    assert np.mean(engine(states).argmax(1) == teacher) >= 0.9
+
+
+def test_distillation_never_plays_an_evaluation_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import quarl.measure as measure
+    import quarl.recovery as recovery
+
+    seen: list[range] = []
+    for module in (recovery, measure):
+        real = module.evaluate
+
+        def spy(policy, spec, episodes=20, seed=0, _real=real, **kwargs):
+            seen.append(range(seed, seed + episodes))
+            return _real(policy, spec, episodes=episodes, seed=seed, **kwargs)
+
+        monkeypatch.setattr(module, "evaluate", spy)
+    config = RecoverConfig(precision="int4-block", rounds=2, updates_per_round=20, target_agreement=0.5)
+    distill(_near_tied_policy(), CARTPOLE, config, _spec("int4-block", frozenset({0})))
+    used = {s for r in seen for s in r}
+    assert used and all(s in measure.DISTILLATION_SEEDS or s in measure.CALIBRATION_SEEDS for s in used)
+    assert any(s in measure.DISTILLATION_SEEDS for s in used)
+    with pytest.raises(QuarlError, match="distillation seeds 20000..29999"):
+        measure.EvalSettings(episodes=20, seed=19_990)
+
+
+def test_a_broken_run_resumes_after_its_last_round_and_ends_as_an_unbroken_one(tmp_path: Path) -> None:
+    policy = _near_tied_policy()
+    config = RecoverConfig(precision="int4-block", rounds=3, episodes_per_round=4, updates_per_round=50,
+                           closed_loop=False, stop_at_target=False)
+    spec = _spec("int4-block", frozenset({0}))
+    unbroken = distill(policy, CARTPOLE, config, spec)
+    state = tmp_path / "state.pt"
+
+    def kill_after_round_1(stats) -> None:
+        if stats.round == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(policy, CARTPOLE, config, spec, state_path=state, progress=kill_after_round_1)
+    rounds_run = []
+    resumed = distill(policy, CARTPOLE, config, spec, state_path=state, progress=lambda s: rounds_run.append(s.round))
+    assert rounds_run == [2]
+    assert [h.loss for h in resumed.history] == [h.loss for h in unbroken.history]
+    assert [h.agreement for h in resumed.history] == [h.agreement for h in unbroken.history]
+    assert resumed.model == unbroken.model
+    with pytest.raises(QuarlError, match="other recovery options"):
+        distill(policy, CARTPOLE, RecoverConfig(precision="int4-block", rounds=5), spec, state_path=state)
+    state.write_bytes(b"not a torch file")
+    with pytest.raises(QuarlError, match="cannot be read as a recovery state"):
+        distill(policy, CARTPOLE, config, spec, state_path=state)
+
+
+@pytest.fixture(scope="module")
+def tiny_dqn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stable_baselines3 import DQN
+
+    torch.set_num_threads(1)
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs={"net_arch": [64, 64]}, learning_starts=200, seed=0,
+                train_freq=4, target_update_interval=200, device="cpu")
+    model.learn(2_000)
+    path = tmp_path_factory.mktemp("agent") / "dqn-cartpole.zip"
+    model.save(path)
+    return path
+
+
+def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_dqn: Path, tmp_path: Path) -> None:
+    import quarl
+    from stable_baselines3 import DQN
+
+    from quarl.measure import EvalSettings
+    from quarl.recovery import load_recovered, run_recover
+
+    agent = quarl.load(tiny_dqn, env="CartPole-v1")
+    out = tmp_path / "recovered"
+    config = RecoverConfig(precision="int4", rounds=2, updates_per_round=50, closed_loop=False)
+    record, records = run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out, EvalSettings(episodes=4, n_envs=4))
+    assert record["original"]["policy_sha256"] == agent.policy.fingerprint()
+    # SB3 loads the recovered zip, and its Q-network holds the student's weights on the grid
+    sb3 = DQN.load(out / "dqn-cartpole.zip", device="cpu")
+    states = _cartpole_states(64)
+    recovered = load_recovered(out)
+    assert recovered is not None and recovered.precision == "int4"
+    with torch.inference_mode():
+        sb3_q = sb3.q_net(torch.from_numpy(states)).numpy()
+    kernel_q = recovered.kernel.forward(states)
+    assert np.abs(sb3_q - kernel_q).max() <= 0.1 * np.abs(sb3_q).max() / 15 + 1e-5  # the grid's own kernel
+    assert recovered.original.fingerprint() == agent.policy.fingerprint()  # fp32 is the ORIGINAL policy
+    by_label = {r["precision"]: r for r in records}
+    assert by_label["fp32"]["policy_sha256"] == agent.policy.fingerprint()
+    assert by_label["int4"]["policy_sha256"] == recovered.kernel.fingerprint()
+    assert len(by_label["int4"]["returns"]) == 4
+    # a tampered export is refused
+    (out / "export" / "policy.onnx").write_bytes(b"x")
+    with pytest.raises(QuarlError):
+        load_recovered(out)
+
+
+def test_recover_options_are_checked_in_one_line() -> None:
+    with pytest.raises(QuarlError, match="not a real int precision"):
+        RecoverConfig(precision="fp16")
+    with pytest.raises(QuarlError, match="rounds=0"):
+        RecoverConfig(rounds=0)
+    with pytest.raises(QuarlError, match="learning rate"):
+        RecoverConfig(lr=float("nan"))
