@@ -1,4 +1,4 @@
-"""The Python API: what the CLI does, in three calls.
+"""The Python API: what the CLI does, in three calls (and ``recover``, a fourth).
 
 ```python
 import quarl
@@ -64,3 +64,25 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
     """Deterministic returns; episode i is reset with seed ``seed + i`` (see
     :mod:`quarl.evaluation`)."""
     return _evaluate(policy, env_spec, episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
+
+
+def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,
+            episodes: int = 20, trust_pickle: bool = False, **options: object) -> tuple[dict, list[dict]]:
+    """``quarl recover``: distil the policy of ``checkpoint`` (an SB3 .zip or RL Zoo run
+    folder; ``env`` for a bare zip) onto the real kernel of ``precision`` (``int8``,
+    ``int4`` or a mode such as ``int4-block``), write the recovered RL Zoo folder ``out``
+    and judge it against the ORIGINAL fp32 policy on ``episodes`` evaluation seeds (0 skips
+    the verdict). ``options``: :class:`quarl.recovery.RecoverConfig` fields (``rounds``,
+    ``lr``...). Returns (``ENV/recovery.json`` as a dict, the verdict's records)::
+
+        record, records = quarl.recover("../shared/zoo/dqn/CartPole-v1_1", "recovered", "int4")
+        print(record["agreement"], [r["mean"] for r in records])
+    """
+    from quarl.measure import EvalSettings
+    from quarl.recovery import RecoverConfig, run_recover
+
+    config = RecoverConfig(precision=precision, **options)  # type: ignore[arg-type]
+    checkpoint = load(checkpoint, env, trust_pickle)
+    settings = EvalSettings(episodes=episodes) if episodes else None
+    return run_recover(Path(checkpoint.path), checkpoint.env_spec, checkpoint.policy, config, Path(out), settings,
+                       trust_pickle=trust_pickle)

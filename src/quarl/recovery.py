@@ -66,6 +66,9 @@ ORIGINAL_ZIP = "original.zip"
 EXPORT_DIR = "export"
 STATE_FILE = "state.pt"
 RECOVERY_FORMAT = 1
+MIN_HELDOUT = 256
+"""Held-out states needed before a round may end the run: one short episode (a failing
+CartPole's 10 steps) agreeing on every state says little."""
 
 
 @dataclass(frozen=True)
@@ -351,12 +354,14 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
                 not history or best[1] < 0:
             raise QuarlError(f"{state_path} holds states of another shape or no finished round: remove it to start "
                              "afresh")
+        started -= sum(h.wall_s for h in history)  # the wall time counts the rounds before the break
         log.info("resuming recovery at round %d from %s", len(history), state_path)
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
     ptq = _acting(policy, spec, real_model(make_student(policy.network, spec), spec, policy.input_shape))
     reference_held = None
     ptq_agreement = float("nan")
-    finished = config.stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and (
+    finished = config.stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and \
+        len(heldout) >= MIN_HELDOUT and (
         history[-1].calibration_verdict == "keeps" or not config.closed_loop)
     for r in range(len(history), config.rounds):
         if finished:
@@ -395,16 +400,17 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
         if target is None:
             target = min(config.min_agreement, _fp16_agreement(policy, heldout, config.action_tolerance))
         verdict = ""
-        if agreement >= target and config.closed_loop:
+        if agreement >= target and config.closed_loop and len(heldout) >= MIN_HELDOUT:
             returns = calibration_returns(env_spec)
             outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n))
             verdict = outcome.verdict.label() if not outcome.kept else "keeps"
         stats = RoundStats(r, len(states), len(new), float(np.mean(losses)), agreement, played,
                            time.perf_counter() - t0, verdict)
         history.append(stats)
-        if best is None or agreement > best[0] or verdict == "keeps":
+        if best is None or agreement >= best[0] or verdict == "keeps":  # ties: the later round (more states)
             best = (agreement, r, copy.deepcopy(student.state_dict()))
-        finished = config.stop_at_target and agreement >= target and (verdict == "keeps" or not config.closed_loop)
+        finished = config.stop_at_target and agreement >= target and len(heldout) >= MIN_HELDOUT and (
+            verdict == "keeps" or not config.closed_loop)
         if state_path is not None:
             _save_state(state_path, student, optimizer, states, heldout, history, best, updates, seeds, target,
                         fingerprint, spec, config)
