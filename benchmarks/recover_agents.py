@@ -34,16 +34,38 @@ AGENTS["dqn-MountainCar-v0"] = ("sb3", "DQN", "MountainCar-v0", 120_000, {
     "target_update_interval": 600, "train_freq": 16, "gradient_steps": 8, "exploration_fraction": 0.2,
     "exploration_final_eps": 0.07, "policy_kwargs": {"net_arch": [256, 256]}})
 OWN = ["dqn-CartPole-v1", "qrdqn-CartPole-v1", "dqn-MountainCar-v0", "a2c-CartPole-v1", "sac-Pendulum-v1"]
+ZOO_TRAINED = [("dqn", "CartPole-v1", 3, None), ("qrdqn", "CartPole-v1", 3, None), ("dqn", "MountainCar-v0", 3, None),
+               ("dqn", "Acrobot-v1", 3, None), ("ppo", "Pendulum-v1", 3, None),
+               ("dqn", "MinAtar/Breakout-v1", 0, 200_000)]
+"""(algo, env, seed, steps) trained here by ``quarl train`` with the RL Zoo's hyperparameters
+(quarl's MinAtar entry where the zoo has none) and budget (None: the zoo's)."""
+EPISODES = {"MinAtar": 200}
+"""Evaluation episodes where 20 are too few: MinAtar games are chaotic (one flipped action
+sends an episode elsewhere), as ptq_image_agents.py found."""
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 
 
 def agents(only: list[str]) -> list[tuple[str, Path, str | None]]:
     """(name, checkpoint, env id for a bare zip) of every agent to measure."""
     found: list[tuple[str, Path, str | None]] = [(name, Path(), AGENTS[name][2]) for name in OWN]
+    found += [(f"trained-{algo}-{env.replace('/', '-')}", Path(), None) for algo, env, _, _ in ZOO_TRAINED]
     if ZOO.is_dir():
         for folder in sorted(p for p in ZOO.glob("*/*_1") if p.is_dir()):
             found.append((f"zoo-{folder.parent.name}-{folder.name}", folder, None))
     return [a for a in found if not only or a[0] in only]
+
+
+def train_zoo(name: str, out: Path, quick: bool) -> Path:
+    """``quarl train ALGO ENV --seed S`` (the RL Zoo's hyperparameters), once."""
+    from quarl.training.sb3_train import TrainConfig, train as zoo_train
+
+    algo, env, seed, steps = next(t for t in ZOO_TRAINED if f"trained-{t[0]}-{t[1].replace('/', '-')}" == name)
+    stem = env.replace("/", "_")
+    run = out / "zoo-trained" / algo / f"{stem}_1"
+    if not (run / f"{stem}.zip").exists():
+        zoo_train(TrainConfig(algo, env, seed=seed, out=out / "zoo-trained", run_dir=run,
+                              timesteps=5_000 if quick else steps))
+    return run
 
 
 def measure(name: str, checkpoint: Path, env_id: str | None, out: Path, episodes: int, rounds: int) -> list[dict]:
@@ -54,6 +76,7 @@ def measure(name: str, checkpoint: Path, env_id: str | None, out: Path, episodes
     from quarl.reports import ptq_rows
 
     agent = quarl.load(checkpoint, env=env_id)
+    episodes = next((n for key, n in EPISODES.items() if key in agent.env_spec.env_id and episodes >= 20), episodes)
     settings = EvalSettings(episodes=episodes)
     ptq = {r["precision"]: r for r in ptq_rows(run_ptq(agent.policy, agent.env_spec, ["int8", "int4"], settings,
                                                        out / "ptq" / name))}
@@ -92,12 +115,14 @@ def main() -> int:
 
     only = [s for s in args.only.split(",") if s]
     if args.quick:
-        only, args.episodes, args.rounds = ["dqn-CartPole-v1"], 4, 2
+        only, args.episodes, args.rounds = ["trained-dqn-CartPole-v1"], 4, 2
         args.out = args.out.with_name(args.out.name + "-quick")
     rows = []
     for name, checkpoint, env_id in agents(only):
         if name in AGENTS:
             checkpoint = train(name, args.out, steps_cap=5_000 if args.quick else None)
+        elif name.startswith("trained-"):
+            checkpoint = train_zoo(name, args.out, args.quick)
         rows += measure(name, checkpoint, env_id, args.out, args.episodes, args.rounds)
     write_rows(rows, args.out, "recover")
     print(f"wrote {args.out}/recover.csv, recover.md, recover.json")

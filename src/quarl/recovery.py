@@ -227,6 +227,9 @@ class RecoveryResult:
     """The real ONNX Runtime model built from the student's integers."""
     history: list[RoundStats]
     best_round: int
+    """The round whose student is written; -1: none beat the untrained student (PTQ itself)."""
+    agreement: float
+    """Held-out agreement of the written model with the teacher (on the final held-out set)."""
     ptq_agreement: float
     """Held-out agreement of the same mode built from the teacher (PTQ), for comparison."""
     target: float
@@ -423,11 +426,16 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
     model = real_model(student, spec, policy.input_shape)
     if reference_held is None:
         reference_held = fp32_actions(policy, heldout)
+    best_round, agreement = best[1], best[0]
     if len(heldout):
         ptq_agreement = _agreement(policy, ptq, heldout, reference_held, config.action_tolerance)
+        agreement = _agreement(policy, _acting(policy, spec, model), heldout, reference_held, config.action_tolerance)
+        if ptq_agreement > agreement:  # distillation made it no better: PTQ's own model is written
+            student, model, best_round, agreement = make_student(policy.network, spec), ptq.engine.model, -1, \
+                ptq_agreement
     if target is None:
         target = config.target_agreement or config.min_agreement
-    return RecoveryResult(spec, student, model, history, best[1], ptq_agreement, float(target), seeds,
+    return RecoveryResult(spec, student, model, history, best_round, agreement, ptq_agreement, float(target), seeds,
                           "target" if finished else "budget", labelled_states=len(states), updates=updates,
                           wall_s=time.perf_counter() - started)
 
@@ -558,8 +566,8 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     _write_zip(zip_path, out / zip_path.name, _student_tensors(policy, result.student))
     recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
                                     TorchEngine(plain_network(result.student, on_grid=True)))
-    quant = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.history[
-        result.best_round].agreement, "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
+    quant = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,
+             "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
         "recovered": True}
     precision = f"int{result.spec.bits}"
     sidecar = write_artifact(recovered, precision, out / EXPORT_DIR / "policy", result.model, quant, env_spec)
@@ -578,7 +586,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "best_round": result.best_round,
         "target_agreement": result.target,
         "ptq_agreement": result.ptq_agreement,
-        "agreement": result.history[result.best_round].agreement,
+        "agreement": result.agreement,
         "labelled_states": result.labelled_states,
         "updates": result.updates,
         "wall_s": round(result.wall_s, 2),
