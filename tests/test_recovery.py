@@ -242,3 +242,26 @@ def test_recover_options_are_checked_in_one_line() -> None:
         RecoverConfig(rounds=0)
     with pytest.raises(QuarlError, match="learning rate"):
         RecoverConfig(lr=float("nan"))
+
+
+def test_a_study_adds_a_recovered_column_recovered_once_per_agent(tiny_dqn: Path, tmp_path: Path) -> None:
+    from quarl.study.grid import StudyConfig, run_study
+    from quarl.study.report import study_table
+
+    config = StudyConfig((tiny_dqn,), ("fp32", "int4", "rec-int4"), (0, 1), episodes=3, n_envs=3, out=tmp_path)
+    with pytest.raises(QuarlError, match="bare checkpoint"):  # a bare zip names no env: refused before any work
+        run_study(config)
+    folder = tmp_path / "agent" / "dqn" / "CartPole-v1_1"  # as an RL Zoo folder, the study finds its env
+    folder.mkdir(parents=True)
+    (folder / "CartPole-v1.zip").write_bytes(tiny_dqn.read_bytes())
+    (folder / "CartPole-v1").mkdir()
+    (folder / "CartPole-v1" / "args.yml").write_text("env: CartPole-v1\n")
+    (folder / "CartPole-v1" / "config.yml").write_text("{}\n")
+    config = StudyConfig((folder,), ("fp32", "int4", "rec-int4"), (0, 1), episodes=3, n_envs=3, out=tmp_path / "s")
+    records = run_study(config)
+    recovered = [r for r in records if r["precision"] == "rec-int4"]
+    assert len(recovered) == 2 and all(r["quant"]["recovered"] for r in recovered)
+    assert len(list((tmp_path / "s" / "recovered").iterdir())) == 1  # one recovery for both seeds
+    row = study_table(records, ["int4", "rec-int4"])[0]
+    assert "rec-int4 verdict" in row and row["fp32"] == pytest.approx(np.mean([r["mean"] for r in records
+                                                                               if r["precision"] == "fp32"]), abs=0.01)

@@ -170,11 +170,20 @@ def _parse_bits(text: str) -> list[int]:
     return bits
 
 
-def _parse_precisions(text: str, **options) -> list[str]:
+def _parse_precisions(text: str, recovered: bool = False, **options) -> list[str]:
+    """The labels of --precisions, each checked; ``recovered``: ``rec-int4`` / ``rec-int8``
+    (a recovered column, quarl study) are allowed too."""
     from quarl.quant.config import QuantConfig
+    from quarl.recovery import RECOVERED_PREFIX, recovered_precision
 
     labels = _split(text, "--precisions")
     for label in labels:
+        if label.lower().startswith(RECOVERED_PREFIX):
+            if not recovered:
+                raise QuarlError(f"{label!r} is a study column: here run quarl recover POLICY --precision "
+                                 f"{label[len(RECOVERED_PREFIX):]}")
+            recovered_precision(label)
+            continue
         QuantConfig.parse(label, **options)  # raises a clear error for an unknown one
     return [label.lower() for label in labels]
 
@@ -1139,7 +1148,9 @@ def demo(
 @user_errors
 def study(
     agents: list[Path] = typer.Argument(..., help="checkpoints, or folders of agents (RL Zoo ALGO/ENV_1, legacy ALGO/ENV.pkl)"),
-    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP),
+    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP + "; rec-int8, rec-int4: "
+                                   "the agent recovered by quarl recover at that precision (once per agent, under "
+                                   "OUT/recovered), its real kernel against the original fp32"),
     seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 s + i"),
     episodes: int = StudyEpisodesOpt,
     n_envs: int = NEnvsOpt,
@@ -1173,7 +1184,7 @@ def study(
         seed_list.append(validate.seed(int(text), "--seeds"))
     _check_count("--max-steps", max_steps, 1)
     validate.out_folder(out)
-    labels = _parse_precisions(precisions, **options)
+    labels = _parse_precisions(precisions, recovered=True, **options)
     _eval_settings(episodes, 0, n_envs, max_steps)
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
                          int8_weights, block_size, trust_pickle, workers, address, out)

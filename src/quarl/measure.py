@@ -173,13 +173,14 @@ def cell_key(policy: Policy, env_spec: EnvSpec, cell: Cell, settings: EvalSettin
 
 
 @contextlib.contextmanager
-def output_lock(out_dir: Path) -> Iterator[None]:
+def output_lock(out_dir: Path, wait: bool = False) -> Iterator[None]:
     """Hold ``OUT/.lock`` for the length of a run: a second run on the same folder fails
-    at once with one line instead of interleaving its cells and tables."""
+    at once with one line instead of interleaving its cells and tables (``wait``: it waits
+    for the first, as a study's cells sharing one recovered folder do)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / ".lock").open("w") as fh:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise QuarlError(f"{out_dir} is being written by another quarl run: wait for it or pass another --out") from None
         try:

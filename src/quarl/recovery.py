@@ -672,12 +672,14 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
 def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: RecoverConfig, out: Path,
                 settings: Any = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
-                trust_pickle: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                trust_pickle: bool = False, wait: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
     given ``settings`` (:class:`quarl.measure.EvalSettings`), judge it as ``quarl ptq OUT``
     does: the original fp32 policy against the recovered kernel on the evaluation seeds
-    (``OUT/verdict/``). Returns (recovery.json, the verdict's records)."""
+    (``OUT/verdict/``). A finished recovery of the same policy and options in ``OUT`` is
+    reused as it is; ``wait``: wait for another run holding ``OUT`` instead of refusing.
+    Returns (recovery.json, the verdict's records)."""
     from quarl.measure import output_lock
     from quarl.ptq import run_ptq
 
@@ -685,10 +687,15 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
     if find_recovery(checkpoint) is not None:
         raise QuarlError(f"{checkpoint} is itself a recovered folder: recover its original policy (ENV/{ORIGINAL_ZIP}"
                          " records it)")
-    with output_lock(out):
-        spec, chosen = pick_spec(policy, env_spec, config)
-        result = distill(policy, env_spec, config, spec, state_path=out / ".recover" / STATE_FILE, progress=progress)
-        record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen)
+    with output_lock(out, wait=wait):
+        record = finished_record(out, policy, config, env_spec)
+        if record is None:
+            spec, chosen = pick_spec(policy, env_spec, config)
+            result = distill(policy, env_spec, config, spec, state_path=out / ".recover" / STATE_FILE,
+                             progress=progress)
+            record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen)
+        else:
+            log.info("%s holds this recovery, finished: reused", out)
     records: list[dict[str, Any]] = []
     if settings is not None:
         recovered = load_recovered(out, trust_pickle=trust_pickle)
@@ -697,3 +704,46 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                           progress=episode_progress, source=str(out),
                           fixed={"fp32": recovered.original, recovered.precision: recovered.kernel})
     return record, records
+
+
+def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> dict[str, Any] | None:
+    """``OUT``'s recovery.json where it records a finished recovery of this very policy
+    (content hash), env and options whose files are all intact, else None."""
+    for path in sorted(out.glob(f"*/{RECOVERY_FILE}")):
+        try:
+            recovered = load_recovered(path.parent.parent / f"{path.parent.name}.zip")
+        except QuarlError:
+            return None
+        if recovered is None:
+            return None
+        record = recovered.record
+        same = (record.get("original", {}).get("policy_sha256") == policy.fingerprint()
+                and record.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
+                and record.get("env") == json.loads(json.dumps(dataclasses.asdict(env_spec))))
+        return record if same else None
+    return None
+
+
+RECOVERED_PREFIX = "rec-"
+"""A study precision ``rec-int4`` is ``quarl recover --precision int4`` then its real kernel."""
+
+
+def recovered_precision(label: str) -> str | None:
+    """``int4`` for ``rec-int4`` (checked as ``--precision`` is), None for other labels."""
+    if not label.lower().startswith(RECOVERED_PREFIX):
+        return None
+    precision = label.lower().removeprefix(RECOVERED_PREFIX)
+    RecoverConfig(precision=precision)  # one line for a bad one
+    return precision
+
+
+def recovered_kernel(checkpoint: Path, policy: Policy, env_spec: EnvSpec, precision: str, out: Path,
+                     trust_pickle: bool = False, **options: Any) -> Policy:
+    """The real kernel of ``policy`` recovered at ``precision`` into ``out`` (recovered
+    there once, reused by every later call; concurrent calls wait for the first)."""
+    config = RecoverConfig(precision=precision, **options)
+    run_recover(checkpoint, env_spec, policy, config, out, trust_pickle=trust_pickle, wait=True)
+    recovered = load_recovered(out, trust_pickle=trust_pickle)
+    assert recovered is not None
+    recovered.kernel.precision = f"{RECOVERED_PREFIX}{precision}"
+    return recovered.kernel

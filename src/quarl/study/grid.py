@@ -59,7 +59,7 @@ class StudyConfig:
         if not self.checkpoints:
             raise QuarlError("no agents to study: give checkpoints or a folder of agents")
         for label in self.precisions:  # one clear line for an unknown precision or option
-            QuantConfig.parse(label, int8_weights=self.int8_weights, block_size=self.block_size)
+            QuantConfig.parse(_base_label(label), int8_weights=self.int8_weights, block_size=self.block_size)
         if self.episodes < 1:
             raise QuarlError(f"--episodes {self.episodes} must be at least 1")
         if self.workers < 1:
@@ -87,23 +87,39 @@ class StudyCell:
     int8_weights: str
     block_size: int
     trust_pickle: bool = False
+    recover_out: str = ""
+    """``rec-int4`` / ``rec-int8`` cells: the folder the recovered agent is written to (and reused from)."""
 
     def key(self) -> tuple:
         return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
                 self.max_steps or 0)
 
     def quant_config(self) -> QuantConfig:
-        return QuantConfig.parse(self.precision, int8_weights=self.int8_weights, block_size=self.block_size)
+        return QuantConfig.parse(_base_label(self.precision), int8_weights=self.int8_weights,
+                                 block_size=self.block_size)
 
 
-def config_key(config: QuantConfig) -> str:
+def _base_label(label: str) -> str:
+    """``int4`` for a recovered column ``rec-int4`` (checked), the label itself otherwise."""
+    from quarl.recovery import recovered_precision
+
+    return recovered_precision(label) or label
+
+
+def config_key(config: QuantConfig, recovered: bool = False) -> str:
     """Hash of the config as this CPU runs it, the result format, and for real int cells
-    the runtime and CPU (see :func:`quarl.quant.modes.runtime_key`)."""
+    the runtime and CPU (see :func:`quarl.quant.modes.runtime_key`); a recovered column
+    adds the recovery's format and options."""
     from quarl.quant import precisions as registry
     from quarl.quant.modes import runtime_key
 
     runtime = runtime_key() if registry.get(config.precision).real_int else {}
-    text = json.dumps([RESULT_FORMAT, dataclasses.asdict(config.resolved()), runtime], sort_keys=True)
+    parts: list[Any] = [RESULT_FORMAT, dataclasses.asdict(config.resolved()), runtime]
+    if recovered:
+        from quarl.recovery import RECOVERY_FORMAT, RecoverConfig
+
+        parts.append([RECOVERY_FORMAT, dataclasses.asdict(RecoverConfig(precision=config.label))])
+    text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -116,9 +132,14 @@ def cells(config: StudyConfig) -> list[StudyCell]:
         sha = _load(path, config.trust_pickle)[0].policy.fingerprint()
         for seed in config.seeds:
             for p in precisions:
-                quant = QuantConfig.parse(p, int8_weights=config.int8_weights, block_size=config.block_size)
-                out.append(StudyCell(path, sha, p, config_key(quant), seed, config.episodes, config.n_envs,
-                                     config.max_steps, config.int8_weights, config.block_size, config.trust_pickle))
+                quant = QuantConfig.parse(_base_label(p), int8_weights=config.int8_weights,
+                                          block_size=config.block_size)
+                recovered = _base_label(p) != p
+                folder = str(Path(config.out).resolve() / "recovered" / f"{sha[:12]}-{_base_label(p)}") if recovered \
+                    else ""
+                out.append(StudyCell(path, sha, p, config_key(quant, recovered), seed, config.episodes, config.n_envs,
+                                     config.max_steps, config.int8_weights, config.block_size, config.trust_pickle,
+                                     folder))
     return out
 
 
@@ -149,7 +170,13 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
     config = cell.quant_config()
     settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
                             max_steps=cell.max_steps)
-    result = evaluate_config(ckpt.policy, spec, config, settings)
+    quantized = None
+    if cell.recover_out:  # a recovered column: recovered once per agent (the first cell), its real kernel evaluated
+        from quarl.recovery import recovered_kernel
+
+        quantized = recovered_kernel(ckpt.path, ckpt.policy, spec, _base_label(cell.precision), Path(cell.recover_out),
+                                     cell.trust_pickle, int8_weights=cell.int8_weights, block_size=cell.block_size)
+    result = evaluate_config(ckpt.policy, spec, config, settings, quantized=quantized)
     return {
         **dict(zip(KEY, cell.key())),
         **result,
