@@ -265,3 +265,19 @@ def test_a_study_adds_a_recovered_column_recovered_once_per_agent(tiny_dqn: Path
     row = study_table(records, ["int4", "rec-int4"])[0]
     assert "rec-int4 verdict" in row and row["fp32"] == pytest.approx(np.mean([r["mean"] for r in records
                                                                                if r["precision"] == "fp32"]), abs=0.01)
+
+
+def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(tiny_dqn: Path) -> None:
+    import quarl
+    from quarl.training.finetune import finetune
+
+    agent = quarl.load(tiny_dqn, env="CartPole-v1")
+    spec = _spec("int4-block", frozenset({0}))
+    student = finetune(tiny_dqn, agent.policy, agent.env_spec, spec, None, steps=600)
+    start = make_student(agent.policy.network, spec)
+    moved = [float((a - b).abs().max()) for a, b in zip(student.parameters(), start.parameters())]
+    assert max(moved) > 0  # DQN's own updates changed the acting network
+    err, to_fp32 = _max_error(student, spec, _cartpole_states(), (4,))
+    assert err <= max(0.1 * to_fp32, 1e-6)  # and its real kernel computes what it computes
+    with pytest.raises(QuarlError, match="must be in 1..100,000,000"):
+        finetune(tiny_dqn, agent.policy, agent.env_spec, spec, None, steps=0)

@@ -942,6 +942,9 @@ def recover(
     target_agreement: Optional[float] = typer.Option(None, "--target-agreement", help="held-out agreement with the "
                                                      "teacher that ends the run (default: the teacher's fp16 copy's, "
                                                      "at most 0.99)"),
+    finetune_steps: int = typer.Option(0, "--finetune-steps", help="then fine-tune this many env steps with the "
+                                       "agent's own algorithm, fake quantization on (the RL Zoo's hyperparameters, a "
+                                       "tenth of its learning rate); kept where it plays calibration episodes better"),
     episodes: int = EpisodesOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
@@ -966,7 +969,8 @@ def recover(
 
     options = _quant_options(int8_weights, block_size)
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
-                           episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement, **options)
+                           episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
+                           finetune_steps=finetune_steps, **options)
     settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
     if _is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
@@ -995,6 +999,15 @@ def recover(
                       f"{100 * record['ptq_agreement']:.1f}%, target {100 * record['target_agreement']:.1f}%); "
                       f"{record['labelled_states']:,} states labelled, {record['updates']:,} updates, "
                       f"{record['wall_s']:.0f} s ({record['stopped']})", highlight=False)
+    if "finetune" in record:
+        tuned = record["finetune"]
+        out_console.print(f"fine-tuned {tuned['steps']:,} steps in {tuned['wall_s']:.0f} s: calibration return "
+                          f"{tuned['calibration']['finetuned']['mean']:.2f} against distilled "
+                          f"{tuned['calibration']['distilled']['mean']:.2f}; kept the {tuned['chosen']}",
+                          highlight=False)
+    elif record["stopped"] == "budget":
+        out_console.print(f"distillation ended at its budget without reaching the target: more --rounds, or add "
+                          f"--finetune-steps 20000 to fine-tune with {ckpt.algo}'s own updates", highlight=False)
     out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv; "
                       f"quarl ptq {out} --precisions fp32,{record['precision']} judges it again", soft_wrap=True,
                       highlight=False)

@@ -105,6 +105,10 @@ class RecoverConfig:
     """Also require the student to keep the teacher's return on calibration episodes."""
     stop_at_target: bool = True
     """End at the first round that reaches the target (False: play every round, keep the best)."""
+    finetune_steps: int = 0
+    """Env steps of QAT fine-tuning with the agent's own algorithm after distillation
+    (:mod:`quarl.training.finetune`; 0: none). The fine-tuned student is kept where it plays
+    the calibration episodes better than the distilled one."""
 
     def __post_init__(self) -> None:
         from quarl.quant.config import QuantConfig
@@ -121,6 +125,9 @@ class RecoverConfig:
             raise QuarlError(f"learning rate {self.lr!r} must be a positive number")
         if self.target_agreement is not None and not 0.0 < self.target_agreement <= 1.0:
             raise QuarlError(f"target agreement {self.target_agreement!r} must be in (0, 1]")
+        if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or \
+                not 0 <= self.finetune_steps <= 100_000_000:
+            raise QuarlError(f"finetune_steps={self.finetune_steps!r} must be a whole number in 0..100,000,000")
         if self.max_states > 10_000_000:
             raise QuarlError(f"max states {self.max_states} is beyond the allowed 10,000,000")
         config = QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
@@ -241,6 +248,8 @@ class RecoveryResult:
     updates: int = 0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    heldout: np.ndarray | None = field(default=None, repr=False)
+    """The held-out states the agreement was measured on."""
 
 
 Progress = Callable[[RoundStats], None]
@@ -437,7 +446,7 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
         target = config.target_agreement or config.min_agreement
     return RecoveryResult(spec, student, model, history, best_round, agreement, ptq_agreement, float(target), seeds,
                           "target" if finished else "budget", labelled_states=len(states), updates=updates,
-                          wall_s=time.perf_counter() - started)
+                          wall_s=time.perf_counter() - started, heldout=heldout)
 
 
 def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, states: np.ndarray,
@@ -500,9 +509,9 @@ def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
     return zip_path, config_dir
 
 
-def _student_tensors(policy: Policy, student: nn.Module) -> dict[str, torch.Tensor]:
-    """The student's weights on the grid, by SB3 state-dict name."""
-    plain = plain_network(student, on_grid=True)
+def _student_tensors(policy: Policy, student: nn.Module, on_grid: bool = True) -> dict[str, torch.Tensor]:
+    """The student's weights (on the grid, or as trained), by SB3 state-dict name."""
+    plain = plain_network(student, on_grid=on_grid)
     named: dict[str, torch.Tensor] = {}
     for (_, original), (_, layer) in zip(linear_layers(policy.network), linear_layers(plain)):
         name = getattr(original, "sb3_name", None)
@@ -583,6 +592,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "config": dataclasses.asdict(config),
         "automatic_choice": None if chosen is None else {k: v for k, v in chosen.items() if k != "tried"},
         "stopped": result.stopped,
+        **({"finetune": result.extra["finetune"]} if "finetune" in result.extra else {}),
         "best_round": result.best_round,
         "target_agreement": result.target,
         "ptq_agreement": result.ptq_agreement,
@@ -693,6 +703,8 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
             spec, chosen = pick_spec(policy, env_spec, config)
             result = distill(policy, env_spec, config, spec, state_path=out / ".recover" / STATE_FILE,
                              progress=progress)
+            if config.finetune_steps:
+                result = finetune_stage(_zoo_paths(checkpoint)[0], policy, env_spec, config, result)
             record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen)
         else:
             log.info("%s holds this recovery, finished: reused", out)
@@ -747,3 +759,40 @@ def recovered_kernel(checkpoint: Path, policy: Policy, env_spec: EnvSpec, precis
     assert recovered is not None
     recovered.kernel.precision = f"{RECOVERED_PREFIX}{precision}"
     return recovered.kernel
+
+
+def finetune_stage(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: RecoverConfig,
+                   result: RecoveryResult) -> RecoveryResult:
+    """Fine-tune the distilled student with the agent's own algorithm, fake quantization on
+    (:func:`quarl.training.finetune.finetune`), then keep whichever of the two plays the
+    calibration episodes better against the teacher: the one the paired sequential test
+    finds keeping, else the higher mean return."""
+    from quarl.training.finetune import finetune
+
+    started = time.perf_counter()
+    tuned = finetune(zip_path, policy, env_spec, result.spec, result.student, config.finetune_steps, config.seed)
+    model = real_model(tuned, result.spec, policy.input_shape)
+    returns = calibration_returns(env_spec)
+    judged, acting = {}, {}
+    for name, candidate in (("distilled", result.model), ("finetuned", model)):
+        acting[name] = _acting(policy, result.spec, candidate)
+        outcome = sequential_keeps(lambda n: returns(policy, n), lambda n, a=acting[name]: returns(a, n))
+        judged[name] = {"kept": outcome.kept, "verdict": outcome.verdict.label(), "episodes": outcome.episodes}
+    n = max(j["episodes"] for j in judged.values())  # both means over the same episodes
+    for name in judged:
+        judged[name]["mean"] = float(np.mean(returns(acting[name], n)))
+    d, t = judged["distilled"], judged["finetuned"]
+    better = (t["kept"] and not d["kept"]) or (t["kept"] == d["kept"] and t["mean"] > d["mean"])
+    extra = dict(result.extra)
+    extra["finetune"] = {"steps": config.finetune_steps, "wall_s": round(time.perf_counter() - started, 2),
+                         "chosen": "finetuned" if better else "distilled", "calibration": judged}
+    log.info("fine-tuned %d steps: calibration return %.2f (%s) against distilled %.2f (%s): keeping the %s",
+             config.finetune_steps, t["mean"], t["verdict"], d["mean"], d["verdict"], extra["finetune"]["chosen"])
+    if not better:
+        return dataclasses.replace(result, extra=extra)
+    agreement = result.agreement
+    if result.heldout is not None and len(result.heldout):
+        agreement = _agreement(policy, _acting(policy, result.spec, model), result.heldout,
+                               fp32_actions(policy, result.heldout), config.action_tolerance)
+    return dataclasses.replace(result, student=tuned, model=model, agreement=agreement, extra=extra,
+                               wall_s=result.wall_s + time.perf_counter() - started)

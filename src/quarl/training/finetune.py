@@ -1,0 +1,213 @@
+"""QAT fine-tuning of a trained agent with its own algorithm, on the grid of the real kernel
+it will run on: what ``quarl recover --finetune-steps N`` runs where distillation alone does
+not keep the reward.
+
+The agent is rebuilt with the RL Zoo's hyperparameters for its algorithm and env (its
+architecture from the checkpoint), its saved tensors loaded (``policy.pth`` and SAC's
+entropy coefficient, read as plain tensors: nothing is unpickled), its acting layers put
+on the student's grid (:class:`quarl.quant.student.StudentLinear`, wrapping the same
+parameters, so SB3's optimizers and target updates see the same tensors) and trained for
+``steps`` env steps at a tenth of the zoo's learning rate. An off-policy agent first
+refills its replay buffer with its own episodes (its final exploration, no updates) so
+the first updates are not made on an empty or random buffer. Observation normalization is
+the checkpoint's, frozen."""
+
+from __future__ import annotations
+
+import io
+import logging
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.limits import read_zip_entry
+from quarl.policies.base import Policy, linear_layers
+from quarl.quant.student import KernelSpec, StudentLinear, make_student
+
+log = logging.getLogger(__name__)
+
+LR_FACTOR = 0.1
+"""Fine-tuning runs at this share of the zoo's (initial) learning rate."""
+REFILL_STEPS = 5_000
+"""Env steps an off-policy agent plays with its own policy before its first update."""
+OFF_POLICY = ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc", "crossq")
+
+
+def _read_tensors(zip_path: Path, entry: str) -> dict[str, Any] | None:
+    with zipfile.ZipFile(zip_path) as archive:
+        if entry not in archive.namelist():
+            return None
+        return torch.load(io.BytesIO(read_zip_entry(archive, entry, str(zip_path))), map_location="cpu",
+                          weights_only=True)
+
+
+def _data_policy_kwargs(zip_path: Path, policy: Policy) -> dict[str, Any]:
+    """The architecture the checkpoint was built with: its plain policy_kwargs (net_arch,
+    n_quantiles, log_std_init, use_sde...) and the activation the loaded network uses."""
+    import json
+
+    from quarl.policies.sb3 import _ACTIVATIONS
+
+    with zipfile.ZipFile(zip_path) as archive:
+        data = json.loads(read_zip_entry(archive, "data", str(zip_path)))
+    def plain(v: Any) -> bool:
+        if isinstance(v, dict):
+            return all(isinstance(k, str) and plain(x) for k, x in v.items())
+        if isinstance(v, list):
+            return all(plain(x) for x in v)
+        return isinstance(v, (int, float, str, bool))
+
+    kwargs = {k: v for k, v in (data.get("policy_kwargs") or {}).items()
+              if not k.startswith(":") and plain(v) and not k.endswith("_class")}
+    # the MLP's activation: the first one after the first Linear layer (a CNN's own are ReLU)
+    modules = list(policy.network.modules())[1:]
+    first = next((i for i, m in enumerate(modules) if isinstance(m, nn.Linear)), None)
+    if first is not None:
+        kwargs["activation_fn"] = next((type(m) for m in modules[first + 1:] if type(m) in _ACTIVATIONS.values()),
+                                       nn.ReLU)
+    return kwargs
+
+
+def _wrap(sb3_policy: nn.Module, policy: Policy, spec: KernelSpec) -> list[tuple[str, StudentLinear]]:
+    """Put the acting layers of ``sb3_policy`` (found by the SB3 names the loader gave
+    quarl's network) on the student's grid, in place."""
+    wrapped = []
+    for i, (_, layer) in enumerate(linear_layers(policy.network)):
+        if not isinstance(layer, nn.Linear) or i in spec.keep:
+            continue
+        name = getattr(layer, "sb3_name", None)
+        if name is None:
+            raise QuarlError("this policy's layers carry no SB3 names: it cannot be fine-tuned with its algorithm")
+        parent, _, attr = name.rpartition(".")
+        owner = sb3_policy.get_submodule(parent) if parent else sb3_policy
+        target = getattr(owner, attr)
+        if not isinstance(target, nn.Linear):
+            raise QuarlError(f"{name} of the SB3 policy is a {type(target).__name__}, not the Linear layer quarl loaded")
+        student = StudentLinear(target, spec)
+        setattr(owner, attr, student)
+        wrapped.append((name, student))
+    return wrapped
+
+
+def _unwrap(sb3_policy: nn.Module, wrapped: list[tuple[str, StudentLinear]]) -> None:
+    for name, student in wrapped:
+        parent, _, attr = name.rpartition(".")
+        setattr(sb3_policy.get_submodule(parent) if parent else sb3_policy, attr, student.layer)
+
+
+def _set_lr(model: Any, lr: float) -> None:
+    from stable_baselines3.common.utils import update_learning_rate
+
+    model.learning_rate = lr
+    model.lr_schedule = lambda _: lr
+    optimizers = [getattr(model.policy, "optimizer", None), getattr(getattr(model, "actor", None), "optimizer", None),
+                  getattr(getattr(model, "critic", None), "optimizer", None)]
+    for optimizer in optimizers:
+        if optimizer is not None:
+            update_learning_rate(optimizer, lr)
+
+
+def finetune(zip_path: Path, policy: Policy, env_spec: EnvSpec, spec: KernelSpec, start: nn.Module | None,
+             steps: int, seed: int = 0, lr_factor: float = LR_FACTOR,
+             progress: Callable[[int], None] | None = None) -> nn.Module:
+    """A student (see :func:`quarl.quant.student.make_student`) fine-tuned from the agent
+    of ``zip_path`` with its own algorithm for ``steps`` env steps; ``start``: a student
+    whose weights the acting network starts from (the distilled one), else the checkpoint's."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from quarl.training.hyperparams import TRAINERS, prepare
+    from quarl.training.sb3_train import _vec_env
+
+    algo = policy.algo
+    if algo not in TRAINERS:
+        raise QuarlError(f"fine-tuning needs an algorithm quarl trains ({', '.join(TRAINERS)}), not {algo!r}")
+    if steps < 1 or steps > 100_000_000:
+        raise QuarlError(f"fine-tuning steps {steps} must be in 1..100,000,000")
+    setup = prepare(algo, env_spec.env_id, policy.action_space)
+    if setup.normalize is not None and setup.normalize.get("norm_reward", True) and algo not in OFF_POLICY:
+        raise QuarlError(f"{algo} {env_spec.env_id} was trained on normalized rewards, whose statistics quarl does not "
+                         "read: fine-tune it with the RL Zoo, or recover it by distillation alone")
+    import inspect
+
+    kwargs = dict(setup.model_kwargs)
+    algo_cls = TRAINERS[algo].algo_class()
+    accepted = inspect.signature(algo_cls.policy_aliases[setup.policy].__init__).parameters
+    policy_kwargs = {**(kwargs.pop("policy_kwargs", None) or {}),
+                     **{k: v for k, v in _data_policy_kwargs(zip_path, policy).items() if k in accepted}}
+    kwargs.pop("learning_starts", None)
+    if "use_sde" in policy_kwargs:  # gSDE is the algorithm's option (SB3 hands it to the policy)
+        kwargs["use_sde"] = bool(policy_kwargs.pop("use_sde"))
+    torch.manual_seed(seed)
+    env = _vec_env(setup, setup.n_envs, seed, training=True)
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    if isinstance(env, VecNormalize):  # the checkpoint's statistics, frozen
+        if policy.obs_normalizer is None:
+            raise QuarlError("the RL Zoo normalizes this env's observations but the checkpoint holds no statistics")
+        env.obs_rms.mean = np.asarray(policy.obs_normalizer.mean, np.float64)
+        env.obs_rms.var = np.asarray(policy.obs_normalizer.var, np.float64)
+        env.training, env.norm_reward = False, False
+    model = algo_cls(setup.policy, env, seed=seed, verbose=0, device="cpu",
+                                        policy_kwargs=policy_kwargs, learning_starts=0, **kwargs)
+    state = _read_tensors(zip_path, "policy.pth")
+    try:
+        model.policy.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(line.strip() for line in str(exc).splitlines()[1:3])[:300]
+        raise QuarlError(f"{zip_path}'s network is not what the RL Zoo's {algo} {env_spec.env_id} hyperparameters build "
+                         f"({detail}): fine-tuning needs the zoo's architecture") from None
+    variables = _read_tensors(zip_path, "pytorch_variables.pth") or {}
+    for name, value in variables.items():  # SAC / TQC's entropy coefficient
+        if isinstance(value, torch.Tensor) and isinstance(getattr(model, name, None), torch.Tensor):
+            getattr(model, name).data.copy_(value)
+    if start is not None:  # the distilled student's acting weights
+        from quarl.recovery import _student_tensors
+
+        named = _student_tensors(policy, start, on_grid=False)
+        own = model.policy.state_dict()
+        own.update({k: v for k, v in named.items() if k in own})
+        model.policy.load_state_dict(own)
+    lr = lr_factor * float(setup.model_kwargs["learning_rate"](1.0) if callable(setup.model_kwargs.get(
+        "learning_rate")) else setup.model_kwargs.get("learning_rate", 3e-4))
+    _set_lr(model, lr)
+    if hasattr(model, "exploration_schedule"):  # DQN: act at its final exploration, not from 1.0 again
+        final = float(getattr(model, "exploration_final_eps", 0.05))
+        model.exploration_schedule = lambda _: final
+        model.exploration_rate = final
+    wrapped = _wrap(model.policy, policy, spec)
+
+    class Report(BaseCallback):
+        def _on_step(self) -> bool:
+            if progress is not None and self.num_timesteps % 1000 == 0:
+                progress(self.num_timesteps)
+            return True
+
+    try:
+        if algo in OFF_POLICY:  # refill the buffer with the agent's own play, no updates
+            gradient_steps = model.gradient_steps
+            model.gradient_steps = 0
+            model.learn(min(REFILL_STEPS, getattr(model, "buffer_size", REFILL_STEPS)), callback=Report())
+            model.gradient_steps = gradient_steps
+            model.learn(steps, callback=Report(), reset_num_timesteps=False)
+        else:
+            model.learn(steps, callback=Report())
+    finally:
+        _unwrap(model.policy, wrapped)
+        env.close()
+    student = make_student(policy.network, spec)
+    tuned = model.policy.state_dict()
+    with torch.no_grad():
+        for (_, mine) in linear_layers(student):
+            name = getattr(mine, "sb3_name", None)
+            if name is None or f"{name}.weight" not in tuned:
+                continue
+            mine.weight.copy_(tuned[f"{name}.weight"].reshape(mine.weight.shape))
+            if mine.bias is not None:
+                mine.bias.copy_(tuned[f"{name}.bias"].reshape(mine.bias.shape))
+    return student
