@@ -281,3 +281,34 @@ def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(ti
     assert err <= max(0.1 * to_fp32, 1e-6)  # and its real kernel computes what it computes
     with pytest.raises(QuarlError, match="must be in 1..100,000,000"):
         finetune(tiny_dqn, agent.policy, agent.env_spec, spec, None, steps=0)
+
+
+def test_quarl_recover_killed_mid_run_resumes_after_its_last_round(tiny_dqn: Path, tmp_path: Path) -> None:
+    """SIGKILL to a running ``quarl recover`` (no cleanup at all): the rerun continues after
+    the last round written to OUT/.recover/state.pt and ends with every round recorded."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "rec"
+    args = [sys.executable, "-m", "quarl.cli", "recover", str(tiny_dqn), "--env", "CartPole-v1", "--precision",
+            "int4-block", "--rounds", "8", "--updates", "300", "--episodes", "3", "--workers", "1", "--out", str(out)]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = out / ".recover" / "state.pt"
+    deadline = time.monotonic() + 300
+    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert state.exists()
+    rounds_before = len(torch.load(state, weights_only=True)["history"])
+    assert 1 <= rounds_before < 8
+    rerun = subprocess.run([*args, "-v"], env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"resuming recovery at round {rounds_before}" in rerun.stdout + rerun.stderr
+    record = json.loads((out / tiny_dqn.stem / "recovery.json").read_text())
+    assert [r["round"] for r in record["rounds"]] == list(range(len(record["rounds"])))
