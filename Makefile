@@ -41,7 +41,7 @@ BENCHMARKS := bench_inference bench_evaluation bench_train_precision bench_actor
 bench: $(STAMP)
 	for b in $(BENCHMARKS); do $(VENV)/bin/python benchmarks/$$b.py || exit 1; done
 
-# every benchmark (and the two agent studies) at its --quick size: a smoke run that CI makes
+# every benchmark (and the three agent studies) at its --quick size: a smoke run that CI makes
 bench-quick: $(STAMP)
-	for b in $(BENCHMARKS) ptq_own_agents ptq_image_agents; do \
+	for b in $(BENCHMARKS) ptq_own_agents ptq_image_agents recover_agents; do \
 		echo "== $$b --quick"; $(VENV)/bin/python benchmarks/$$b.py --quick > /dev/null || exit 1; done

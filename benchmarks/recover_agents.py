@@ -33,7 +33,7 @@ AGENTS["dqn-MountainCar-v0"] = ("sb3", "DQN", "MountainCar-v0", 120_000, {
     "learning_rate": 4e-3, "batch_size": 128, "buffer_size": 10_000, "learning_starts": 1000, "gamma": 0.98,
     "target_update_interval": 600, "train_freq": 16, "gradient_steps": 8, "exploration_fraction": 0.2,
     "exploration_final_eps": 0.07, "policy_kwargs": {"net_arch": [256, 256]}})
-OWN = ["dqn-CartPole-v1", "qrdqn-CartPole-v1", "dqn-MountainCar-v0", "a2c-CartPole-v1", "sac-Pendulum-v1"]
+OWN = ["qrdqn-CartPole-v1", "dqn-MountainCar-v0", "a2c-CartPole-v1", "sac-Pendulum-v1"]
 ZOO_TRAINED = [("dqn", "CartPole-v1", 3, None), ("qrdqn", "CartPole-v1", 3, None), ("dqn", "MountainCar-v0", 3, None),
                ("dqn", "Acrobot-v1", 3, None), ("ppo", "Pendulum-v1", 3, None),
                ("dqn", "MinAtar/Breakout-v1", 0, 200_000)]
