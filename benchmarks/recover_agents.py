@@ -36,7 +36,7 @@ AGENTS["dqn-MountainCar-v0"] = ("sb3", "DQN", "MountainCar-v0", 120_000, {
 OWN = ["qrdqn-CartPole-v1", "dqn-MountainCar-v0", "a2c-CartPole-v1", "sac-Pendulum-v1"]
 ZOO_TRAINED = [("dqn", "CartPole-v1", 3, None), ("qrdqn", "CartPole-v1", 3, None), ("dqn", "MountainCar-v0", 3, None),
                ("dqn", "Acrobot-v1", 3, None), ("ppo", "Pendulum-v1", 3, None),
-               ("dqn", "MinAtar/Breakout-v1", 0, 200_000)]
+               ("dqn", "MinAtar/Breakout-v1", 0, 200_000), ("sac", "HalfCheetah-v4", 0, 60_000)]
 """(algo, env, seed, steps) trained here by ``quarl train`` with the RL Zoo's hyperparameters
 (quarl's MinAtar entry where the zoo has none) and budget (None: the zoo's)."""
 EPISODES = {"MinAtar": 200}
@@ -124,7 +124,12 @@ def main() -> int:
         elif name.startswith("trained-"):
             checkpoint = train_zoo(name, args.out, args.quick)
         rows += measure(name, checkpoint, env_id, args.out, args.episodes, args.rounds)
-    write_rows(rows, args.out, "recover")
+    # rows of agents measured by earlier runs (another --only) are kept; this run's replace theirs
+    previous = args.out / "recover.json"
+    measured = {(r["agent"], r["precision"]) for r in rows}
+    kept = [r for r in json.loads(previous.read_text()) if (r["agent"], r["precision"]) not in measured] \
+        if previous.exists() else []
+    write_rows(kept + rows, args.out, "recover")
     print(f"wrote {args.out}/recover.csv, recover.md, recover.json")
     return 0
 
