@@ -312,3 +312,26 @@ def test_quarl_recover_killed_mid_run_resumes_after_its_last_round(tiny_dqn: Pat
     assert f"resuming recovery at round {rounds_before}" in rerun.stdout + rerun.stderr
     record = json.loads((out / tiny_dqn.stem / "recovery.json").read_text())
     assert [r["round"] for r in record["rounds"]] == list(range(len(record["rounds"])))
+
+
+def test_ptq_says_how_to_recover_where_int4_loses_and_recover_keeps_the_zoo_dqn(tmp_path: Path) -> None:
+    """The zoo's DQN CartPole loses at int4 (near-tied Q-values); ptq prints the command,
+    and that command's verdict keeps the ORIGINAL fp32 policy's 500 at real int4."""
+    from tests.conftest import run_cli, zoo_run
+    from tests.test_cli import read_csv
+
+    agent = zoo_run("dqn", "CartPole-v1")
+    r = run_cli("ptq", str(agent), "--precisions", "int4", "--episodes", "5", "--out", str(tmp_path / "ptq"))
+    assert r.returncode == 0, r.stderr
+    assert f"int4 loses: recover it with quarl recover {agent} --precision int4" in r.stdout.replace("\n", " ")
+    out = tmp_path / "rec"
+    r = run_cli("recover", str(agent), "--precision", "int4", "--episodes", "5", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {row["precision"]: row for row in read_csv(out / "verdict" / "ptq.csv")}
+    assert float(rows["fp32"]["mean"]) == 500.0 and float(rows["int4"]["mean"]) == 500.0
+    assert rows["int4"]["verdict"] == "keeps" and rows["int4"]["mode"].startswith("int4-")
+    # ptq on the recovered folder plays the original at fp32 and the recovered kernel at int4
+    r = run_cli("ptq", str(out), "--precisions", "fp32,int4", "--episodes", "5", "--out", str(tmp_path / "again"))
+    assert r.returncode == 0 and "fp32 is the original policy" in r.stdout.replace("\n", " ")
+    again = {row["precision"]: row for row in read_csv(tmp_path / "again" / "ptq.csv")}
+    assert again["int4"]["verdict"] == "keeps" and "recover it" not in r.stdout
