@@ -1005,7 +1005,7 @@ def recover(
                           f"{tuned['calibration']['finetuned']['mean']:.2f} against distilled "
                           f"{tuned['calibration']['distilled']['mean']:.2f}; kept the {tuned['chosen']}",
                           highlight=False)
-    elif record["stopped"] == "budget":
+    elif record["stopped"] == "budget" and not any(str(r.get("verdict", "")).startswith("keeps") for r in rows):
         out_console.print(f"distillation ended at its budget without reaching the target: more --rounds, or add "
                           f"--finetune-steps 20000 to fine-tune with {ckpt.algo}'s own updates", highlight=False)
     out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv; "
