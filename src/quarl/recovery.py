@@ -51,11 +51,12 @@ from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.measure import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
-from quarl.policies.base import Policy, linear_layers
+from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.modes import MODES, action_agreement, fp32_actions, get_mode, int8_compute
-from quarl.quant.student import STUDENT_MODES, KernelSpec, make_student, plain_network, real_model, student_mode
+from quarl.quant.student import (STUDENT_MODES, KernelSpec, make_student, plain_network, real_model, sb3_tensors,
+                                 student_mode)
 from quarl.verdict import sequential_keeps
 
 log = logging.getLogger(__name__)
@@ -515,20 +516,6 @@ def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
     return zip_path, config_dir
 
 
-def _student_tensors(policy: Policy, student: nn.Module, on_grid: bool = True) -> dict[str, torch.Tensor]:
-    """The student's weights (on the grid, or as trained), by SB3 state-dict name."""
-    plain = plain_network(student, on_grid=on_grid)
-    named: dict[str, torch.Tensor] = {}
-    for (_, original), (_, layer) in zip(linear_layers(policy.network), linear_layers(plain)):
-        name = getattr(original, "sb3_name", None)
-        if name is None:
-            raise QuarlError("this policy's layers carry no SB3 names: it cannot be written back into its zip")
-        named[f"{name}.weight"] = layer.weight.detach().clone()
-        if layer.bias is not None:
-            named[f"{name}.bias"] = layer.bias.detach().clone()
-    return named
-
-
 def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
     """``source`` with its ``policy.pth`` tensors replaced by ``tensors`` (and the same
     names under a ``*_target`` network, so DQN / TD3 targets match); every other entry copied."""
@@ -578,7 +565,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
                                       f"  - - env\n    - {env_spec.env_id}\n")
         (zoo / "config.yml").write_text("!!python/object/apply:collections.OrderedDict\n- []\n")
     shutil.copyfile(zip_path, zoo / ORIGINAL_ZIP)
-    _write_zip(zip_path, out / zip_path.name, _student_tensors(policy, result.student))
+    _write_zip(zip_path, out / zip_path.name, sb3_tensors(policy.network, result.student))
     recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
                                     TorchEngine(plain_network(result.student, on_grid=True)))
     quant = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,

@@ -211,6 +211,21 @@ def plain_network(student: nn.Module, on_grid: bool) -> nn.Module:
     return net.eval()
 
 
+def sb3_tensors(network: nn.Module, student: nn.Module, on_grid: bool = True) -> dict[str, torch.Tensor]:
+    """The student's weights (on the grid, or as trained) by the Stable-Baselines3
+    state-dict names that ``network`` (the teacher, as the SB3 loader built it) carries."""
+    plain = plain_network(student, on_grid=on_grid)
+    named: dict[str, torch.Tensor] = {}
+    for (_, original), (_, layer) in zip(_weight_layers(network), _weight_layers(plain)):
+        name = getattr(original, "sb3_name", None)
+        if name is None:
+            raise QuarlError("this policy's layers carry no SB3 names: it cannot be written back into its zip")
+        named[f"{name}.weight"] = layer.weight.detach().clone()
+        if layer.bias is not None:
+            named[f"{name}.bias"] = layer.bias.detach().clone()
+    return named
+
+
 # ------------------------------------------------------------------ the real model
 
 

@@ -28,7 +28,7 @@ from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.limits import read_zip_entry
 from quarl.policies.base import Policy, linear_layers
-from quarl.quant.student import KernelSpec, StudentLinear, make_student
+from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_tensors
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +167,7 @@ def finetune(zip_path: Path, policy: Policy, env_spec: EnvSpec, spec: KernelSpec
         if isinstance(value, torch.Tensor) and isinstance(getattr(model, name, None), torch.Tensor):
             getattr(model, name).data.copy_(value)
     if start is not None:  # the distilled student's acting weights
-        from quarl.recovery import _student_tensors
-
-        named = _student_tensors(policy, start, on_grid=False)
+        named = sb3_tensors(policy.network, start, on_grid=False)
         own = model.policy.state_dict()
         own.update({k: v for k, v in named.items() if k in own})
         model.policy.load_state_dict(own)
