@@ -1,8 +1,9 @@
 """One ``make_env`` for every env quarl runs (evaluation, training, ActorQ), through a
 registry of env families: ``gymnasium`` (classic control, Box2D, MuJoCo), ``atari`` (ALE
 ids, registered on first use), ``minatar`` (MinAtar's 10x10 games, ``MinAtar/Breakout-v1``,
-channel-first float frames) and ``dm_control`` (the DeepMind Control Suite through
-shimmy, observations flattened to float32). A new family is one :func:`register_env_family`.
+channel-first float frames), ``dm_control`` (the DeepMind Control Suite through
+shimmy, observations flattened to float32) and ``pybullet`` (the paper's third family:
+``HalfCheetahBulletEnv-v0``, ``Walker2DBulletEnv-v0``... from pybullet-envs-gymnasium). A new family is one :func:`register_env_family`.
 
 An :class:`EnvSpec` says how a policy's env was built (RL Zoo ``config.yml``: env
 wrappers, frame stacking, env kwargs) so that evaluation rebuilds the same observations.
@@ -12,6 +13,7 @@ Old ids that gymnasium no longer makes (MuJoCo ``-v2``/``-v3`` needed mujoco-py,
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import logging
@@ -68,6 +70,8 @@ class EnvFamily:
     """``(id, env kwargs, wrappers) -> kwargs for gym.make``."""
     adapt: Callable[[gym.Env], gym.Env] = _identity
     """Turns the made env (after the zoo's wrappers) into what a policy reads: a Box observation."""
+    on_made: Callable[[gym.Env], gym.Env] = _identity
+    """Wraps the bare env first, inside every other wrapper (PyBullet's quiet first reset)."""
 
 
 ENV_FAMILIES: dict[str, EnvFamily] = {}
@@ -172,12 +176,76 @@ def _minatar_frames(env: gym.Env) -> gym.Env:
                                              space)
 
 
+def is_pybullet(env_id: str) -> bool:
+    return "BulletEnv-" in env_id
+
+
+@functools.cache
+def _register_pybullet() -> None:
+    """pybullet-envs-gymnasium registers the ids on import (its banner goes to stderr, kept quiet)."""
+    with _quiet_fd(1), _quiet_fd(2):
+        try:
+            import pybullet  # noqa: F401  (its build-time banner is printed on this first import)
+            import pybullet_envs_gymnasium  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - a dependency
+            raise QuarlError(f"PyBullet envs need pybullet and pybullet-envs-gymnasium ({exc})") from None
+
+
+@contextlib.contextmanager
+def _quiet_fd(fd: int):
+    """Send what C code writes to ``fd`` to /dev/null meanwhile (pybullet prints from C)."""
+    import os
+    import sys
+
+    stream = sys.stdout if fd == 1 else sys.stderr
+    stream.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        stream.flush()
+        _libc_flush()  # C stdio buffers what it printed: out now, while fd still goes nowhere
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _libc_flush() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # pragma: no cover - no C library to ask
+        pass
+
+
+class _QuietConnect(gym.Wrapper):
+    """A PyBullet env connects to its physics server on its first reset, and pybullet's C
+    code prints ``argv[0]=`` to stdout then: into a table or a CSV piped from quarl. That
+    reset runs with stdout silenced."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._connected = False
+
+    def reset(self, **kwargs):  # type: ignore[override]
+        if self._connected:
+            return self.env.reset(**kwargs)
+        with _quiet_fd(1):
+            out = self.env.reset(**kwargs)
+        self._connected = True
+        return out
+
+
 register_env_family(EnvFamily("gymnasium", lambda env_id: True))  # classic control, Box2D, MuJoCo: gymnasium's own
 register_env_family(EnvFamily("atari", is_atari, _register_ale, _atari_kwargs))
 register_env_family(EnvFamily("minatar", lambda env_id: env_id.startswith("MinAtar/"), _register_minatar,
                               adapt=_minatar_frames))
 register_env_family(EnvFamily("dm_control", lambda env_id: env_id.startswith("dm_control/"), _register_dm_control,
                               adapt=_flat_float32))
+register_env_family(EnvFamily("pybullet", is_pybullet, _register_pybullet, on_made=_QuietConnect))
 
 
 def check_env_id(env_id: str) -> str:
@@ -281,7 +349,7 @@ def make_env(spec: EnvSpec, training: bool = False, stack_frames: bool = True,
         raise QuarlError(f"env {env_id!r} needs a package that is missing: {exc}") from None
     except TypeError as exc:
         raise QuarlError(f"env {env_id!r} rejects env kwargs {kwargs}: {exc}") from None
-    env = on_made(env)
+    env = on_made(family.on_made(env))
     if not training and env_wrappers.scores_games(spec.wrappers):
         env = GameScore(env)
     env = family.adapt(env_wrappers.apply(env, spec.wrappers))
