@@ -80,7 +80,8 @@ def test_the_episodes_an_undecided_verdict_asks_for_do_decide_it() -> None:
     fp32 = rng.normal(100, 20, 4000)
     quant = fp32 - 2 + rng.normal(0, 15, 4000)  # a true 2 % loss: keeps, given enough episodes
     first = judge(fp32[:20], quant[:20])
-    assert first.verdict == "undecided" and "more episodes" in first.label()
+    assert first.verdict == "undecided" and first.label() in (f"undecided (~{first.episodes_to_decide - 20} more "
+                                                              "episodes)", "undecided after 20 episodes (E near 5 %)")
     enough = first.episodes_to_decide
     assert 20 < enough < 4000
     assert judge(fp32[:enough], quant[:enough]).verdict == "keeps"
@@ -140,7 +141,48 @@ def test_the_table_judges_games_where_the_records_say_how_episodes_ended() -> No
     base = {"mean": float(np.mean(fp32)), "returns": fp32, "endings": [f"f{r}" for r in fp32]}
     record = {"mean": float(np.mean(quant)), "returns": quant, "endings": [f"q{r}" for r in quant]}
     assert verdict_columns(base, record)["verdict"] == "undecided (~228 more episodes) (4 distinct games of 40)"
+
     older = {k: v for k, v in record.items() if k != "endings"}  # a record from before endings: episodes as before
     assert verdict_columns(base, older)["verdict"] == "keeps"
     crafted = {**record, "endings": [[1]] * 40}  # not digests: ignored, not a crash
     assert verdict_columns(base, crafted)["verdict"] == "keeps"
+
+def test_an_estimate_far_beyond_the_episodes_played_is_not_printed_as_a_plan() -> None:
+    rng = np.random.default_rng(0)
+    fp32 = rng.normal(100, 30, 20)
+    near = judge(fp32, fp32 * 0.948 + rng.normal(0, 3, 20))  # E 5.0 %: an estimate of millions of episodes
+    assert near.verdict == "undecided" and near.episodes_to_decide > 10 * 20
+    assert near.label() == "undecided after 20 episodes (E near 5 %)"
+
+
+def test_ptq_plays_more_episodes_until_the_verdict_decides_and_a_rerun_reuses_them(tmp_path) -> None:
+    """A random Pendulum policy at sim4: undecided over 4 episodes; --decide-episodes plays
+    4, 8 more (fp32 too, on the next seeds) until it keeps; a rerun plays nothing again."""
+    import gymnasium as gym
+    import torch
+    from torch import nn
+
+    from quarl.envs import EnvSpec
+    from quarl.measure import EvalSettings
+    from quarl.policies.base import Policy
+    from quarl.ptq import run_ptq
+    from quarl.reports import ptq_rows
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 32), nn.Tanh(), nn.Linear(32, 1), nn.Tanh())
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), gym.spaces.Box(-2, 2, (1,), np.float32),
+                    "unscale")
+    settings = EvalSettings(episodes=4, n_envs=4)
+    spec = EnvSpec("Pendulum-v1")
+    plain = {r["precision"]: r for r in ptq_rows(run_ptq(policy, spec, ["sim4"], settings, tmp_path / "plain"))}
+    assert plain["sim4"]["verdict"].startswith("undecided")
+    records = run_ptq(policy, spec, ["sim4"], settings, tmp_path / "decide", decide_episodes=64)
+    rows = {r["precision"]: r for r in ptq_rows(records)}
+    assert rows["sim4"]["verdict"] == "keeps"
+    by = {r["precision"]: r for r in records}
+    assert len(by["sim4"]["returns"]) == len(by["fp32"]["returns"]) == 16  # 4, then 4 and 8 more
+    assert np.mean(by["fp32"]["returns"][:4]) == pytest.approx(plain["fp32"]["mean"], abs=0.01)  # seeds 0..3 first
+    log = (tmp_path / "decide" / "results.jsonl").read_text().splitlines()
+    again = run_ptq(policy, spec, ["sim4"], settings, tmp_path / "decide", decide_episodes=64)
+    assert (tmp_path / "decide" / "results.jsonl").read_text().splitlines() == log  # every chunk reused
+    assert [r["returns"] for r in again] == [r["returns"] for r in records]

@@ -264,6 +264,8 @@ def _warm(settings) -> None:
         parallel.warm_up(settings.workers)
 
 
+MAX_DECIDE_EPISODES = 100_000
+"""--decide-episodes at most: beyond it a verdict near the 5 % line is a fact, not a plan."""
 MAX_N_ENVS = 1024
 """Envs side by side per process: each holds an emulator or a physics model in memory."""
 
@@ -324,6 +326,9 @@ def ptq(
     env: Optional[str] = EnvOpt,
     precisions: str = typer.Option("fp32,fp16,bf16,int8,int4", help=PRECISIONS_HELP),
     episodes: int = EpisodesOpt,
+    decide_episodes: int = typer.Option(0, "--decide-episodes", help="where a verdict is undecided, play as many "
+                                        "episodes again (the next seeds, fp32 too) until it decides or a cell has "
+                                        "played this many (0: off; e.g. 200)"),
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -345,6 +350,9 @@ def ptq(
     options = _quant_options(int8_weights, block_size)
     labels = _parse_precisions(precisions, **options)
     settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
+    if decide_episodes and not episodes < decide_episodes <= MAX_DECIDE_EPISODES:
+        raise QuarlError(f"--decide-episodes {decide_episodes} must be above --episodes {episodes} and at most "
+                         f"{MAX_DECIDE_EPISODES:,} (or 0: off)")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     _warm(settings)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
@@ -370,9 +378,12 @@ def ptq(
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
-        records = run_ptq(ckpt.policy, spec, labels, settings, out,
-                          progress=lambda c, n: bar.update(tasks[c], completed=n), source=str(checkpoint),
-                          fixed=fixed, **options)
+
+        def on_episodes(cell: str, n: int) -> None:  # --decide-episodes: a bar grows with its cell's episodes
+            bar.update(tasks[cell], completed=n, total=max(n, bar.tasks[tasks[cell]].total or 0))
+
+        records = run_ptq(ckpt.policy, spec, labels, settings, out, progress=on_episodes, source=str(checkpoint),
+                          fixed=fixed, decide_episodes=decide_episodes, **options)
     rows = ptq_rows(records, identity=False)
     print_table(rows, title, out_console)
     _recover_hint(rows, checkpoint, recovered is not None)

@@ -9,11 +9,15 @@ plots are rebuilt from those records. How a cell is measured, calibrated and key
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.measure import Cell, EvalSettings, Progress, output_lock, run_cells
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
@@ -33,23 +37,70 @@ def run_ptq(
     progress: Progress | None = None,
     source: str | None = None,
     fixed: dict[str, Policy] | None = None,
+    decide_episodes: int = 0,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
     ``ptq.png`` (E per precision with its interval).
     ``fixed``: policies evaluated as they are under a label instead of quantizing ``policy``
     (a recovered folder: ``fp32`` is the original policy, ``int4`` its recovered kernel).
-    ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
+    ``decide_episodes``: play more episodes where a verdict is undecided, up to this many per
+    cell (:func:`decide`). ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
     labels = list(dict.fromkeys(["fp32", *precisions]))
     fixed = fixed or {}
     cells = [Cell(label, QuantConfig.parse(label, **options), policy=fixed.get(label)) for label in labels]
     with output_lock(out_dir):
-        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
+        log_file = ResultsLog(out_dir / "results.jsonl")
+        records = run_cells(policy, env_spec, cells, settings, log_file, progress, source)
+        if decide_episodes > settings.episodes:
+            records = decide(policy, env_spec, cells, settings, log_file, records, decide_episodes, progress, source)
         write_rows(ptq_rows(records), out_dir, "ptq")
         if len(records) > 1:
             plot_verdicts({env_spec.env_id: records}, out_dir / "ptq.png",
                           f"{env_spec.env_id}, {settings.episodes} episodes")
     return records
+
+
+def _joined(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """``first``'s episodes followed by ``more``'s (the next seeds): one record."""
+    returns = [*first["returns"], *more["returns"]]
+    endings = (first.get("endings") or []) + (more.get("endings") or []) if first.get("endings") is not None and \
+        more.get("endings") is not None else None
+    return {**first, "returns": returns, "lengths": [*first["lengths"], *more["lengths"]], "endings": endings,
+            "mean": float(np.mean(returns)), "std": float(np.std(returns)), "episodes": len(returns)}
+
+
+def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: EvalSettings, log_file: ResultsLog,
+           records: list[dict[str, Any]], budget: int, progress: Progress | None = None,
+           source: str | None = None) -> list[dict[str, Any]]:
+    """Verdicts that decide: while a cell's verdict is undecided and it has played fewer
+    than ``budget`` episodes, fp32 and the undecided cells play as many episodes again on
+    the next seeds (each chunk a stored cell of its own, reused by a rerun); decided cells
+    stop. Returns the records joined per precision (a cell's episodes are seeds ``seed``,
+    ``seed + 1``..., fp32's first ones pair with every cell)."""
+    joined = {r["precision"]: r for r in records}
+    played = settings.episodes
+    while played < budget:
+        rows = ptq_rows(list(joined.values()))
+        undecided = [r["precision"] for r in rows if str(r.get("verdict", "")).startswith("undecided")
+                     and len(joined[r["precision"]]["returns"]) == played]
+        if not undecided:
+            break
+        more = min(played, budget - played)
+        try:
+            chunk = dataclasses.replace(settings, episodes=more, seed=settings.seed + played)
+        except QuarlError as exc:  # the next seeds would reach reserved ones
+            log.warning("undecided verdicts stay undecided: %s", exc)
+            break
+        log.info("%s undecided after %d episodes: %d more on seeds %d..%d", ", ".join(undecided), played, more,
+                 chunk.seed, chunk.seed + more - 1)
+        offset = played
+        step = run_cells(policy, env_spec, [c for c in cells if c.label in ("fp32", *undecided)], chunk, log_file,
+                         (lambda c, n: progress(c, offset + n)) if progress else None, source)
+        for record in step:
+            joined[record["precision"]] = _joined(joined[record["precision"]], record)
+        played += more
+    return [joined[r["precision"]] for r in records]
 
 
 def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_dir: Path,

@@ -31,9 +31,14 @@ def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix:
     if base is None or record is base:
         return {f"{e}%": 0.0 if record is base else math.nan, f"{e} lo": "", f"{e} hi": "", name: ""}
     fp32, quant = base.get("returns"), record.get("returns")
+    ends = base.get("endings"), record.get("endings")
+    if fp32 and quant and len(fp32) > len(quant) and base.get("seed") == record.get("seed"):
+        # fp32 played on past a cell that decided earlier (ptq --decide-episodes): episode i is seed + i on
+        # both sides, so the first len(quant) of fp32's pair with it
+        fp32 = fp32[: len(quant)]
+        ends = (ends[0][: len(quant)] if isinstance(ends[0], list) else ends[0]), ends[1]
     if not fp32 or not quant or len(fp32) != len(quant):
         return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
-    ends = base.get("endings"), record.get("endings")
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
     games = games_of(*ends) if known else None  # records without digests (older ones): episodes as games
     v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games)

@@ -38,6 +38,11 @@ CONFIDENCE = 0.95
 RESAMPLES = 4999
 
 
+MORE_EPISODES_SHOWN = 10
+"""An undecided label gives its estimate of the episodes needed only up to this many times
+the episodes played (a six-digit estimate means E lies near the line, not a plan)."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     """E and its interval (percent), and what they say against the tolerance."""
@@ -54,11 +59,16 @@ class Verdict:
     """Distinct games among the episodes (replays counted once); None: not known."""
 
     def label(self) -> str:
-        """``keeps``, ``loses``, ``undecided (~N more episodes)``; ``, G distinct games`` where
-        the episodes replay fewer games than there are episodes."""
+        """``keeps``, ``loses``, ``undecided (~N more episodes)`` (or ``undecided after N
+        episodes (E near 5 %)`` where that estimate is over :data:`MORE_EPISODES_SHOWN` times
+        the episodes played); ``, G distinct games`` where the episodes replay fewer games
+        than there are episodes."""
         label = self.verdict
         if self.verdict == "undecided" and self.episodes_to_decide is not None:
-            label = f"undecided (~{max(self.episodes_to_decide - self.episodes, 1)} more episodes)"
+            more = max(self.episodes_to_decide - self.episodes, 1)
+            # an estimate many times the episodes played says only that E sits near the 5 % line
+            label = (f"undecided (~{more} more episodes)" if more <= MORE_EPISODES_SHOWN * self.episodes
+                     else f"undecided after {self.episodes} episodes (E near 5 %)")
         if self.games is not None and self.games < self.episodes:
             label += f" ({self.games} distinct games of {self.episodes})"
         return label
