@@ -1134,6 +1134,8 @@ def demo(
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = DemoEpisodesOpt,
+    decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
+                                        "episodes until it decides or a cell has played this many (0: off)"),
     workers: Optional[int] = WorkersOpt,
     out: Path = typer.Option(Path("results/demo"), "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
@@ -1152,6 +1154,8 @@ def demo(
     labels = _parse_precisions(precisions)
     settings = _eval_settings(episodes, 0, 8, None, _workers(workers))
     validate.out_folder(out)
+    if decide_episodes and not decide_episodes <= MAX_DECIDE_EPISODES:
+        raise QuarlError(f"--decide-episodes {decide_episodes} must be at most {MAX_DECIDE_EPISODES:,} (or 0: off)")
 
     def say_training(where: Path) -> None:
         console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
@@ -1163,7 +1167,7 @@ def demo(
             tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}
             return lambda c, n: bar.update(tasks[c], completed=n)
 
-        rows = run_demo(runs, labels, settings, out, on_policy)
+        rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes)
     print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console)
     out_console.print(f"wrote {out}/table.csv, table.md, table.json, table.png")
 

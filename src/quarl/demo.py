@@ -40,11 +40,13 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
 
 
 def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
-             on_policy: Callable[[str, list[str]], Progress] | None = None) -> list[dict[str, Any]]:
+             on_policy: Callable[[str, list[str]], Progress] | None = None,
+             decide_episodes: int = 0) -> list[dict[str, Any]]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
-    ``on_policy(name, cells)`` gives the progress callback for one agent's cells."""
+    ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
+    ``decide_episodes``: see :func:`quarl.ptq.decide`."""
     per_policy: dict[str, list[dict]] = {}
     modes: dict[str, dict[str, str]] = {}
     cells = list(dict.fromkeys(["fp32", *labels]))
@@ -55,7 +57,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         progress = on_policy(name, cells) if on_policy else None
         per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
                                    out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
-                                   source=str(run))
+                                   source=str(run), decide_episodes=decide_episodes)
         modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
     rows = paper_table(per_policy, cells)
     for row in rows:  # which real kernel each int column ran
