@@ -200,3 +200,36 @@ def test_spec_with_arguments_survives_json() -> None:
     back = EnvSpec(**json.loads(json.dumps(dataclasses.asdict(spec))))
     assert back == spec
     assert spec.wrappers == (("history", (("horizon", 2),)), "time_feature")
+
+
+def test_sticky_actions_make_a_deterministic_agents_seeds_different_games() -> None:
+    """MinAtar Breakout with an untrained deterministic CNN: without sticky actions its 16
+    seeds replay 2 games; at p = 0.25 (Machado et al.) they are 5 distinct games. The
+    probability is an env kwarg (so part of every result's key); envs without one refuse it."""
+    import gymnasium as gym
+    import numpy as np
+    import pytest
+    import torch
+    from torch import nn
+
+    from quarl.envs import EnvSpec, with_sticky_actions
+    from quarl.errors import QuarlError
+    from quarl.evaluation import evaluate
+    from quarl.policies.base import Policy
+
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 3))
+    with torch.no_grad():  # large weights: actions that change with the frames (sticky actions repeat a change)
+        for p in net.parameters():
+            p.mul_(20)
+    policy = Policy(net, gym.spaces.Box(0.0, 1.0, (4, 10, 10), np.float32), gym.spaces.Discrete(3), "argmax")
+    plain = with_sticky_actions(EnvSpec("MinAtar/Breakout-v1"), 0.0)
+    sticky = with_sticky_actions(EnvSpec("MinAtar/Breakout-v1"), 0.25)
+    assert sticky.env_kwargs == {"sticky_action_prob": 0.25}
+    games = {p: len(set(evaluate(policy, spec, episodes=16, n_envs=8).endings)) for p, spec in ((0.0, plain),
+                                                                                                 (0.25, sticky))}
+    assert games[0.25] > games[0.0], games
+    with pytest.raises(QuarlError, match="for Atari and MinAtar envs; CartPole-v1"):
+        with_sticky_actions(EnvSpec("CartPole-v1"), 0.25)
+    with pytest.raises(QuarlError, match=r"must be a probability in \[0, 1\)"):
+        with_sticky_actions(EnvSpec("MinAtar/Breakout-v1"), 1.5)

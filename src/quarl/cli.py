@@ -329,6 +329,9 @@ def ptq(
     decide_episodes: int = typer.Option(0, "--decide-episodes", help="where a verdict is undecided, play as many "
                                         "episodes again (the next seeds, fp32 too) until it decides or a cell has "
                                         "played this many (0: off; e.g. 200)"),
+    sticky_actions: Optional[float] = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the "
+                                                   "previous action with this probability (0.25: Machado et al., "
+                                                   "ALE v5), so a deterministic agent's seeds are different games"),
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -354,6 +357,10 @@ def ptq(
         raise QuarlError(f"--decide-episodes {decide_episodes} must be above --episodes {episodes} and at most "
                          f"{MAX_DECIDE_EPISODES:,} (or 0: off)")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
+    if sticky_actions is not None:
+        from quarl.envs import with_sticky_actions
+
+        spec = with_sticky_actions(spec, sticky_actions)
     _warm(settings)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
     if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized

@@ -72,6 +72,9 @@ class EnvFamily:
     """Turns the made env (after the zoo's wrappers) into what a policy reads: a Box observation."""
     on_made: Callable[[gym.Env], gym.Env] = _identity
     """Wraps the bare env first, inside every other wrapper (PyBullet's quiet first reset)."""
+    sticky: str | None = None
+    """The env kwarg that sets the probability of repeating the previous action (sticky
+    actions, Machado et al. 2018), where the family has one."""
 
 
 ENV_FAMILIES: dict[str, EnvFamily] = {}
@@ -240,9 +243,9 @@ class _QuietConnect(gym.Wrapper):
 
 
 register_env_family(EnvFamily("gymnasium", lambda env_id: True))  # classic control, Box2D, MuJoCo: gymnasium's own
-register_env_family(EnvFamily("atari", is_atari, _register_ale, _atari_kwargs))
+register_env_family(EnvFamily("atari", is_atari, _register_ale, _atari_kwargs, sticky="repeat_action_probability"))
 register_env_family(EnvFamily("minatar", lambda env_id: env_id.startswith("MinAtar/"), _register_minatar,
-                              adapt=_minatar_frames))
+                              adapt=_minatar_frames, sticky="sticky_action_prob"))
 register_env_family(EnvFamily("dm_control", lambda env_id: env_id.startswith("dm_control/"), _register_dm_control,
                               adapt=_flat_float32))
 register_env_family(EnvFamily("pybullet", is_pybullet, _register_pybullet, on_made=_QuietConnect))
@@ -257,6 +260,22 @@ def check_env_id(env_id: str) -> str:
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise QuarlError(f"unknown env id {env_id!r}: not a registered gymnasium id{hint}")
     return new
+
+
+def with_sticky_actions(spec: "EnvSpec", probability: float) -> "EnvSpec":
+    """``spec`` whose env repeats the agent's previous action with ``probability`` at each
+    step (ALE's ``repeat_action_probability``: 0.25 in Machado et al. 2018 and ALE v5;
+    MinAtar's ``sticky_action_prob``, 0.1 by default), so a deterministic agent's seeds are
+    different games. Part of the env kwargs, so of every stored result's key."""
+    import math
+
+    family = env_family(spec.env_id)
+    if family.sticky is None:
+        raise QuarlError(f"--sticky-actions is for Atari and MinAtar envs; {spec.env_id} ({family.name}) has none")
+    if not (isinstance(probability, (int, float)) and math.isfinite(probability) and 0.0 <= probability < 1.0):
+        raise QuarlError(f"--sticky-actions {probability!r} must be a probability in [0, 1)")
+    return EnvSpec(spec.env_id, {**spec.env_kwargs, family.sticky: float(probability)}, spec.wrappers,
+                   spec.frame_stack)
 
 
 def wrapper_names(spec: object) -> tuple[env_wrappers.Wrapper, ...]:
