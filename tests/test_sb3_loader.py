@@ -258,3 +258,23 @@ def test_predict_has_sb3s_signature_and_numbers(tiny_run: Path) -> None:
     assert (int8.predict(obs)[0] == actions).mean() >= 0.9
     with pytest.raises(QuarlError, match=r"predict\(deterministic=False\) is not supported"):
         agent.policy.predict(obs, deterministic=False)
+
+
+def test_a_zip_inside_a_run_folder_finds_the_statistics_it_was_trained_with(tmp_path: Path) -> None:
+    """best_model.zip / rl_model_N_steps.zip in an RL Zoo run folder: its ENV/ holds the
+    VecNormalize statistics, as rl_zoo3 finds them (without them the zoo's HalfCheetah scored
+    -1043 instead of 5891)."""
+    import shutil
+
+    from tests.conftest import zoo_run
+
+    run = tmp_path / "HalfCheetah-v3_1"
+    shutil.copytree(zoo_run("ppo", "HalfCheetah-v3"), run)
+    for name in ("best_model.zip", "rl_model_1000_steps.zip"):
+        shutil.copy(run / "HalfCheetah-v3.zip", run / name)
+        agent = load_checkpoint(run / name)
+        assert agent.policy.obs_normalizer is not None and agent.env_spec.env_id == "HalfCheetah-v4"
+    (run / "Other-v0").mkdir()
+    (run / "Other-v0" / "config.yml").write_text("{}\n")
+    with pytest.raises(QuarlError, match="beside 2 RL Zoo config folders"):
+        load_checkpoint(run / "best_model.zip")

@@ -415,6 +415,14 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
     folder = zip_path.parent
     env_name = zip_path.stem
     config_dir = folder / env_name if (folder / env_name / "config.yml").exists() else None
+    if config_dir is None and zip_path.suffix == ".zip":
+        # best_model.zip, rl_model_N_steps.zip (or a renamed zip) inside a run folder: its ENV/ holds the
+        # statistics the agent was trained with, as rl_zoo3 --load-best / --load-checkpoint finds them
+        found = sorted(d for d in folder.iterdir() if d.is_dir() and (d / "config.yml").is_file())
+        if len(found) > 1:
+            raise QuarlError(f"{zip_path} sits beside {len(found)} RL Zoo config folders "
+                             f"({', '.join(d.name for d in found)}): cannot tell which is its own")
+        config_dir = found[0] if found else None
     algo_dir = folder.parent.name.lower()
     return zip_path, config_dir, algo_dir if algo_dir in algos() else None
 
@@ -457,7 +465,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
 
     env_spec = None
     if config_dir is not None:
-        env_spec = _zoo_env_spec(config_dir, zip_path.stem, config)
+        env_spec = _zoo_env_spec(config_dir, config_dir.name, config)
         if config.get("normalize"):
             stats_path = config_dir / "vecnormalize.pkl"
             if not stats_path.exists():
