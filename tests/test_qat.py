@@ -66,3 +66,24 @@ def test_convert_matches_fake_quantized_network() -> None:
     assert torch.allclose(plain(x), qat(x), atol=1e-6)
     first = plain[0][0].weight
     assert torch.equal(first, quantize_dequantize(qat_layers(qat)[0].layer.weight, 4, "quarl"))
+
+
+def test_a_qat_network_runs_at_fp16_and_bf16() -> None:
+    """Its fake-quantized outputs keep the dtype they are given (a float32 grid scale made an
+    fp16 copy fail with 'mat1 and mat2 must have the same dtype')."""
+    import gymnasium as gym
+    import numpy as np
+
+    from quarl.policies.base import Policy
+    from quarl.quant.api import quantize, with_activation_quant
+    from quarl.quant.config import QuantConfig
+
+    torch.manual_seed(0)
+    net = with_activation_quant(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)),
+                                {"0": (-2.0, 2.0), "2": (-3.0, 3.0)}, 4)
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    reference = policy.forward(x)
+    for precision in ("fp16", "bf16"):
+        out = quantize(policy, QuantConfig(precision)).forward(x)
+        assert out.dtype == np.float32 and np.abs(out - reference).max() < 0.1, precision

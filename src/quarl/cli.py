@@ -382,6 +382,8 @@ def ptq(
     if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
         fixed = {"fp32": recovered.original, recovered.precision: recovered.kernel}
         title += f" (recovered {recovered.precision}: fp32 is the original policy)"
+    elif ckpt.policy.precision.startswith("qat"):  # a QAT run: every row starts from its fake-quantized network
+        title += f" (a {ckpt.policy.precision} QAT net: fp32 is that net in fp32 arithmetic, not an fp32-trained agent)"
     cells = list(dict.fromkeys(["fp32", *labels]))
     with _progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}

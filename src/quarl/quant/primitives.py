@@ -251,5 +251,6 @@ class ActivationFakeQuant(nn.Module):
         self.qp = qparams_from_range(torch.tensor(lo), torch.tensor(hi), bits, "affine")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # plain ops (no straight-through autograd function): inference only, and ONNX-exportable
-        return dequantize(quantize(x, self.qp), self.qp)
+        # plain ops (no straight-through autograd function): inference only, and ONNX-exportable; in the
+        # input's dtype (an fp16 / bf16 copy of a QAT network: the grid's float32 scale must not promote it)
+        return dequantize(quantize(x, self.qp), self.qp).to(x.dtype)
