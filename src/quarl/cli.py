@@ -332,6 +332,10 @@ def ptq(
     sticky_actions: Optional[float] = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the "
                                                    "previous action with this probability (0.25: Machado et al., "
                                                    "ALE v5), so a deterministic agent's seeds are different games"),
+    stochastic: Optional[bool] = typer.Option(None, "--stochastic/--deterministic", help="sample actions as "
+                                              "rl_zoo3.enjoy --stochastic does (fp32 and each precision share "
+                                              "their noise per seed and step), or act greedily; default: the RL "
+                                              "Zoo's (stochastic on Atari and MinAtar)"),
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -361,6 +365,9 @@ def ptq(
         from quarl.envs import with_sticky_actions
 
         spec = with_sticky_actions(spec, sticky_actions)
+    from quarl.evaluation import acting
+
+    ckpt.policy = acting(ckpt.policy, spec, stochastic)
     _warm(settings)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
     if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
@@ -378,9 +385,11 @@ def ptq(
     from quarl.recovery import load_recovered
 
     recovered = load_recovered(checkpoint, trust_pickle)
-    fixed, title = {}, f"{ckpt.algo} {spec.env_id}, {episodes} episodes"
+    fixed, title = {}, f"{ckpt.algo} {spec.env_id}, {episodes} episodes" + (", stochastic" if ckpt.policy.stochastic
+                                                                              else "")
     if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
-        fixed = {"fp32": recovered.original, recovered.precision: recovered.kernel}
+        fixed = {"fp32": acting(recovered.original, spec, ckpt.policy.stochastic),
+                 recovered.precision: acting(recovered.kernel, spec, ckpt.policy.stochastic)}
         title += f" (recovered {recovered.precision}: fp32 is the original policy)"
     elif ckpt.policy.precision.startswith("qat"):  # a QAT run: every row starts from its fake-quantized network
         title += f" (a {ckpt.policy.precision} QAT net: fp32 is that net in fp32 arithmetic, not an fp32-trained agent)"

@@ -1,4 +1,4 @@
-"""Seeded, batched, deterministic evaluation of a policy.
+"""Seeded, batched evaluation of a policy: greedy, or sampling with common random numbers.
 
 Episode ``i`` is reset with seed ``seed + i`` whatever the precision and whatever the
 number of envs, so every precision meets the same initial states and the same command
@@ -10,6 +10,10 @@ An episode is a whole game. Where the agent's episodes are parts of it (Atari: a
 ends the agent's episode, rewards are clipped), the env is reset between lives as the RL
 Zoo's player resets it (FIRE, a new frame stack) and the return is the game's score, kept
 inside the wrappers (:class:`quarl.envs.GameScore`); lengths count the agent's steps.
+
+A policy with ``stochastic`` set samples its actions (:func:`acting` sets it, as
+``rl_zoo3.enjoy --stochastic`` would); the noise of each env's step is a function of its
+episode's seed and the step alone, so fp32 and a quantized copy playing one seed share it.
 """
 
 from __future__ import annotations
@@ -128,7 +132,10 @@ def evaluate(
             # each env's action as a deployed policy computes it alone: a plain batched matmul
             # rounds differently from a batch of one, and a chaotic episode (MuJoCo) amplifies
             # that into another return; act_rows keeps every n_envs on SB3's own numbers
-            actions = policy.act_rows(x)
+            if policy.stochastic:  # each env's noise from its episode's seed and step alone (common random numbers)
+                actions = policy.sample_rows(x, [(seed + slot_episode[i], lengths[slot_episode[i]]) for i in active])
+            else:
+                actions = policy.act_rows(x)
             step += 1
             still = []
             for j, i in enumerate(active):
@@ -165,3 +172,26 @@ def evaluate(
     wall = time.perf_counter() - start
     observations = np.concatenate(kept) if kept else None
     return EvalResult(np.array(returns), np.array(lengths, dtype=np.int64), wall, observations, endings)
+
+
+STOCHASTIC_FAMILIES = ("atari", "minatar")
+"""Env families the RL Zoo's player evaluates stochastically by default (``rl_zoo3.enjoy``:
+deterministic "except for Atari games"; MinAtar's games are Atari's)."""
+
+
+def acting(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None) -> Policy:
+    """``policy`` acting greedily or sampling (:func:`quarl.policies.base.sample_actions`):
+    ``stochastic`` True / False, or None for the RL Zoo's default (stochastic on Atari and
+    MinAtar where the head can sample, greedy elsewhere). A head that cannot sample, asked
+    to, is refused in one line."""
+    import dataclasses
+
+    from quarl.envs import env_family
+    from quarl.policies.base import stochastic_support
+
+    reason = stochastic_support(policy)
+    if stochastic is None:
+        stochastic = env_family(env_spec.env_id).name in STOCHASTIC_FAMILIES and reason is None
+    if stochastic and reason is not None:
+        raise QuarlError(reason)
+    return dataclasses.replace(policy, stochastic=bool(stochastic), meta=dict(policy.meta))

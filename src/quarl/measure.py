@@ -340,9 +340,11 @@ def calibration_returns(env_spec: EnvSpec, max_steps: int | None = None) -> Cali
 
 def calibration_inputs(policy: Policy, env_spec: EnvSpec, max_steps: int | None = None) -> np.ndarray:
     """Preprocessed observations (network inputs) from fp32 rollouts on the fixed
-    calibration seeds: calibration for int8 CNNs and activation ranges, inputs for timing."""
+    calibration seeds: calibration for int8 CNNs and activation ranges, inputs for timing.
+    Greedy rollouts, whether the policy is evaluated greedily or by sampling (the int mode a
+    policy gets does not depend on how a command plays it)."""
     result = evaluate(
-        policy,
+        dataclasses.replace(policy, stochastic=False),
         env_spec,
         episodes=8,
         seed=CALIBRATION_SEED_OFFSET,

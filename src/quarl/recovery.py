@@ -666,6 +666,8 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     if digest != onnx_sha:
         raise QuarlError(f"{export / 'policy.onnx'} is not the recovered model recorded in {path.name}")
     kernel.precision = precision
+    if "exploration_rate" in original.meta:  # a stochastic DQN explores as its original does
+        kernel.meta["exploration_rate"] = original.meta["exploration_rate"]
     return Recovered(original, kernel, precision, record)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -76,6 +76,9 @@ class Policy:
     meta: dict = field(default_factory=dict)
     """What quantization did, under ``"quant"`` (a real int mode's summary: mode, fp32
     layers, agreement with fp32, every mode tried); tables and export sidecars read it."""
+    stochastic: bool = False
+    """Evaluation samples actions as SB3's ``predict(deterministic=False)`` does (see
+    :func:`sample_actions`) instead of acting greedily."""
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
@@ -110,6 +113,13 @@ class Policy:
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for a batch of raw observations."""
         return self.postprocess(self.forward(self.preprocess(obs)))
+
+    def sample_rows(self, x: np.ndarray, keys: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Sampled actions for a preprocessed batch (:func:`sample_actions`), each row's
+        network output as computed alone."""
+        out = self.engine.rows(x) if hasattr(self.engine, "rows") else np.concatenate(
+            [self.forward(x[i : i + 1]) for i in range(len(x))])
+        return sample_actions(self, out, keys)
 
     def act_rows(self, x: np.ndarray) -> np.ndarray:
         """Actions for a preprocessed batch, each row's equal to what the policy does with
@@ -165,6 +175,8 @@ class Policy:
                 h.update(np.asarray(arr, np.float64).tobytes())
         h.update(repr((self.head, self.scale_images, self.n_quantiles, self.precision, self.action_space,
                        self.observation_space)).encode())
+        if self.stochastic:  # only then: every greedy policy's content, and so its stored results, stay as they were
+            h.update(f"stochastic {self.meta.get('exploration_rate', '')}".encode())
         if isinstance(self.action_space, gym.spaces.Box):  # repr abbreviates long bounds
             h.update(np.asarray(self.action_space.low, np.float64).tobytes())
             h.update(np.asarray(self.action_space.high, np.float64).tobytes())
@@ -189,6 +201,46 @@ class Policy:
         elif isinstance(want, gym.spaces.Box):
             if not isinstance(got, gym.spaces.Box) or got.shape != want.shape:
                 raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
+
+
+LOGIT_ALGOS = ("a2c", "ppo", "trpo", "ppo_mask")
+"""Discrete actor-critics: the network's output is a categorical distribution's logits."""
+Q_VALUE_ALGOS = ("dqn", "qrdqn")
+
+
+def stochastic_support(policy: Policy) -> str | None:
+    """Why ``policy`` cannot be evaluated stochastically here (None: it can)."""
+    if policy.head == "argmax" and policy.algo in LOGIT_ALGOS:
+        return None
+    if policy.head in ("argmax", "quantile_argmax") and policy.algo in Q_VALUE_ALGOS:
+        return None
+    if policy.head == "argmax":  # ARS: a deterministic policy; SB3 samples nothing either
+        return None
+    return (f"stochastic evaluation of {policy.algo}'s {policy.head} head (a Gaussian) is not built yet: only "
+            "categorical (A2C / PPO / TRPO) and epsilon-greedy (DQN / QR-DQN) heads sample")
+
+
+def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Actions sampled from the network outputs ``out`` (one row per env) as SB3's
+    ``predict(deterministic=False)`` samples them: a categorical head by the Gumbel-max
+    trick, a Q-head epsilon-greedy with its saved ``exploration_rate``. Row j's noise comes
+    from ``keys[j]`` = (episode seed, step) alone, so a precision and fp32 playing one seed
+    draw the same noise at the same step (common random numbers): their episodes part only
+    where their action distributions really differ."""
+    greedy = policy.postprocess(out)
+    if policy.algo in Q_VALUE_ALGOS:
+        rate = float(policy.meta.get("exploration_rate", 0.0))
+        n = int(policy.action_space.n)
+        for j, key in enumerate(keys):
+            u, pick = np.random.default_rng(list(key)).random(2)
+            if u < rate:
+                greedy[j] = min(int(pick * n), n - 1)
+        return greedy
+    if policy.algo not in LOGIT_ALGOS:
+        return greedy
+    logits = np.asarray(out, np.float64)
+    gumbel = np.stack([np.random.default_rng(list(key)).gumbel(size=logits.shape[1]) for key in keys])
+    return (logits + gumbel).argmax(axis=1)
 
 
 def linear_layers(network: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -462,6 +462,9 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
         kwargs.setdefault("squash_output", False)
     algo = zoo_algo or _algo_from_data(data, _layout(sd).name)
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
+    rate = data.get("exploration_rate")
+    if policy.head in ("argmax", "quantile_argmax") and isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0:
+        policy.meta["exploration_rate"] = float(rate)  # what SB3's predict(deterministic=False) explores with
 
     env_spec = None
     if config_dir is not None:

@@ -24,6 +24,8 @@ nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on t
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import logging
 from dataclasses import dataclass
@@ -207,6 +209,8 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
     config = config.resolved()
     cached = False
+    acting, policy = policy, dataclasses.replace(policy, stochastic=False)  # the mode is chosen on greedy play,
+    # the same whether a command evaluates greedily or samples (ptq on Atari, export: one choice, stored once)
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
@@ -235,7 +239,7 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
         tried = [best.summary()]
     _explain(config.label, best.summary(), tried, cached)
     network = best.reference if best.reference is not None else policy.clone_network()
-    quantized = policy.with_network(network, config.label, best.engine)
+    quantized = acting.with_network(network, config.label, best.engine)
     quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
                                "chosen_from_cache": cached, "tried": tried}
     return quantized

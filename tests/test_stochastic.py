@@ -1,0 +1,86 @@
+"""Stochastic evaluation as the RL Zoo plays (``predict(deterministic=False)``), with common
+random numbers between precisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.evaluation import acting, evaluate
+from quarl.policies.sb3 import load_checkpoint
+from quarl.quant.api import quantize
+from quarl.quant.config import QuantConfig
+
+CARTPOLE = EnvSpec("CartPole-v1")
+
+
+def test_sampled_returns_match_sb3s_stochastic_predict_in_distribution(tiny_run: Path) -> None:
+    """A weak PPO CartPole (its sampled and greedy play differ): quarl's sampled returns and
+    SB3's evaluate_policy(deterministic=False) over 60 episodes each agree in mean within 4
+    standard errors, while greedy play scores otherwise."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.utils import set_random_seed
+
+    policy = load_checkpoint(tiny_run).policy
+    ours = evaluate(acting(policy, CARTPOLE, True), CARTPOLE, episodes=60, n_envs=16).returns
+    model = PPO.load(next(tiny_run.glob("*.zip")), device="cpu")
+    set_random_seed(0)
+    from stable_baselines3.common.monitor import Monitor
+
+    env = Monitor(gym.make("CartPole-v1"))
+    env.reset(seed=1000)
+    theirs, _ = evaluate_policy(model, env, n_eval_episodes=60, deterministic=False, return_episode_rewards=True)
+    theirs = np.asarray(theirs, float)
+    se = np.sqrt(ours.var(ddof=1) / len(ours) + theirs.var(ddof=1) / len(theirs))
+    assert abs(ours.mean() - theirs.mean()) < 4 * se, (ours.mean(), theirs.mean(), se)
+    greedy = evaluate(policy, CARTPOLE, episodes=60, n_envs=16).returns
+    assert not np.array_equal(greedy, ours)  # it really samples
+
+
+def test_fp32_and_a_quantized_copy_share_their_noise_per_seed_and_step(tiny_run: Path) -> None:
+    policy = acting(load_checkpoint(tiny_run).policy, CARTPOLE, True)
+    fp32 = evaluate(policy, CARTPOLE, episodes=40, n_envs=8)
+    half = evaluate(quantize(policy, QuantConfig("fp16")), CARTPOLE, episodes=40, n_envs=8)
+    again = evaluate(policy, CARTPOLE, episodes=40, n_envs=3)  # the noise is the seed's and step's, not the env's
+    assert np.array_equal(fp32.returns, again.returns)
+    assert np.mean(fp32.returns == half.returns) >= 0.9  # they part only where the distributions differ
+
+
+def test_the_zoo_default_and_heads_that_cannot_sample() -> None:
+    import torch
+    from torch import nn
+
+    from quarl.policies.base import Policy
+
+    net = nn.Sequential(nn.Linear(4, 2))
+    box = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    logits = Policy(net, box, gym.spaces.Discrete(2), "argmax", algo="ppo")
+    assert not acting(logits, CARTPOLE).stochastic  # the RL Zoo plays CartPole greedily
+    assert acting(logits, EnvSpec("MinAtar/Breakout-v1")).stochastic  # and Atari / MinAtar stochastically
+    gaussian = Policy(nn.Sequential(nn.Linear(3, 1), nn.Tanh()), gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+                      gym.spaces.Box(-2, 2, (1,), np.float32), "unscale", algo="sac")
+    assert not acting(gaussian, EnvSpec("Pendulum-v1")).stochastic
+    with pytest.raises(QuarlError, match="not built yet"):
+        acting(gaussian, EnvSpec("Pendulum-v1"), True)
+    assert logits.fingerprint() != acting(logits, CARTPOLE, True).fingerprint()  # stored apart
+    assert torch.equal(net[0].weight, acting(logits, CARTPOLE, True).network[0].weight)
+
+
+def test_a_dqn_explores_with_its_saved_rate() -> None:
+    from tests.conftest import zoo_run
+
+    policy = load_checkpoint(zoo_run("dqn", "CartPole-v1")).policy
+    rate = policy.meta["exploration_rate"]
+    assert 0 < rate < 0.2
+    sampled = acting(policy, CARTPOLE, True)
+    x = np.zeros((2000, 4), np.float32)
+    greedy = policy.act_rows(x)
+    explored = sampled.sample_rows(x, [(0, t) for t in range(2000)])
+    changed = np.mean(explored != greedy)
+    assert 0.25 * rate < changed < rate  # a random action is the greedy one half the time (2 actions)
