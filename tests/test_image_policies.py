@@ -87,7 +87,8 @@ def test_each_cnn_mode_computes_its_reference_on_the_trained_cnn(minatar_run: Pa
 
 def test_the_trained_image_agent_keeps_its_reward_at_int8_and_int4(minatar_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "ptq"
-    r = run_cli("ptq", str(minatar_run), "--precisions", "fp16,int8,int4", "--episodes", "60", "--out", str(out))
+    r = run_cli("ptq", str(minatar_run), "--precisions", "fp16,int8,int4", "--episodes", "60", "--deterministic",
+                "--out", str(out))  # greedy, as the docs' image tables were measured
     assert r.returncode == 0, r.stderr
     rows = {row["precision"]: row for row in read_csv(out / "ptq.csv")}
     assert float(rows["fp32"]["mean"]) >= 2.0  # trained: the untrained network scores 0.4
