@@ -313,10 +313,15 @@ BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the Ma
 def _recover_hint(rows: list[dict], checkpoint: Path, recovered: bool) -> None:
     """Where an int precision loses or is undecided, the command that repairs it."""
     for row in rows:
-        label, verdict = str(row.get("precision", "")), str(row.get("verdict", ""))
-        if label in ("int8", "int4") and verdict.split(" ")[0] in ("loses", "undecided") and not recovered:
-            out_console.print(f"{label} {verdict.split(' ')[0]}: recover it with quarl recover {checkpoint} --precision "
-                              f"{label}", soft_wrap=True, highlight=False)
+        label, verdict = str(row.get("precision", "")), str(row.get("verdict", "")).split(" ")[0]
+        if label not in ("int8", "int4") or recovered:
+            continue
+        if verdict == "loses":
+            out_console.print(f"{label} loses: recover it with quarl recover {checkpoint} --precision {label}",
+                              soft_wrap=True, highlight=False)
+        elif verdict == "undecided":  # more episodes may show it keeps: say both ways out
+            out_console.print(f"{label} undecided: play more episodes (--decide-episodes 200), or recover it with "
+                              f"quarl recover {checkpoint} --precision {label}", soft_wrap=True, highlight=False)
 
 
 @app.command()
