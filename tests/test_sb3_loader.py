@@ -278,3 +278,17 @@ def test_a_zip_inside_a_run_folder_finds_the_statistics_it_was_trained_with(tmp_
     (run / "Other-v0" / "config.yml").write_text("{}\n")
     with pytest.raises(QuarlError, match="beside 2 RL Zoo config folders"):
         load_checkpoint(run / "best_model.zip")
+
+
+def test_the_api_takes_an_env_id_and_the_zoos_schedule_syntax_is_text(tiny_run: Path) -> None:
+    import quarl
+    from quarl.policies.safe_load import parse_literal
+
+    agent = quarl.load(tiny_run)
+    by_id = quarl.evaluate(agent.policy, "CartPole-v1", episodes=3)
+    by_spec = quarl.evaluate(agent.policy, agent.env_spec, episodes=3)
+    assert np.array_equal(by_id.returns, by_spec.returns)
+    assert quarl.quantize(agent.policy, "int8", "CartPole-v1").meta["quant"]["mode"].startswith("int8-")
+    with pytest.raises(QuarlError, match="neither an EnvSpec nor a gymnasium env id"):
+        quarl.evaluate(agent.policy, 42, episodes=1)
+    assert parse_literal("lin_3e-4") == "lin_3e-4" and parse_literal("1e-3") == 1e-3  # --hp learning_rate=lin_3e-4

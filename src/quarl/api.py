@@ -40,7 +40,7 @@ def load(path: str | Path, env: str | None = None, trust_pickle: bool = False) -
     return checkpoint
 
 
-def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | None = None,
+def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | str | None = None,
              **options: object) -> Policy:
     """``policy`` at ``precision`` (a label such as ``"int8"``, ``"int4-block"``, ``"sim6"``,
     or a :class:`QuantConfig`). Modes that need calibration (automatic int8 / int4,
@@ -53,17 +53,32 @@ def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | N
         if env_spec is None:
             from quarl.errors import QuarlError
 
-            raise QuarlError(f"{config.label} calibrates on rollouts: pass the env_spec")
+            raise QuarlError(f"{config.label} calibrates on rollouts: pass the env_spec (or an env id)")
+        env_spec = _spec(policy, env_spec)
         calibration = calibration_inputs(policy, env_spec)
         returns = calibration_returns(env_spec)
     return _quantize(policy, config, calibration, returns)
 
 
-def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 32,
+def _spec(policy: Policy, env: EnvSpec | str) -> EnvSpec:
+    """An env id taken as the env a bare policy acts in (Atari ids with the zoo's wrappers)."""
+    if isinstance(env, EnvSpec):
+        return env
+    if not isinstance(env, str):
+        from quarl.errors import QuarlError
+
+        raise QuarlError(f"env {env!r} is neither an EnvSpec nor a gymnasium env id")
+    from quarl.envs import env_spec_for_policy
+
+    return env_spec_for_policy(check_env_id(env), policy.input_shape)
+
+
+def evaluate(policy: Policy, env_spec: EnvSpec | str, episodes: int = 20, seed: int = 0, n_envs: int = 32,
              max_steps: int | None = None) -> EvalResult:
-    """Deterministic returns; episode i is reset with seed ``seed + i`` (see
-    :mod:`quarl.evaluation`)."""
-    return _evaluate(policy, env_spec, episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
+    """Returns per episode (greedy, or sampled where ``policy.stochastic``); episode i is
+    reset with seed ``seed + i`` (see :mod:`quarl.evaluation`). ``env_spec``: an
+    :class:`EnvSpec` (``quarl.load(...).env_spec``) or a gymnasium env id."""
+    return _evaluate(policy, _spec(policy, env_spec), episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
 
 
 def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,

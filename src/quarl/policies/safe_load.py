@@ -321,4 +321,7 @@ def parse_literal(text: str) -> Any:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
         return text
-    return ast.literal_eval(_Names().visit(tree))
+    try:
+        return ast.literal_eval(_Names().visit(tree))
+    except (ValueError, TypeError):  # an expression, not a literal (the zoo's lin_3e-4 reads as lin_3e - 4): text
+        return text
