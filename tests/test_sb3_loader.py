@@ -256,8 +256,10 @@ def test_predict_has_sb3s_signature_and_numbers(tiny_run: Path) -> None:
     assert np.ndim(one) == 0 and one == actions[0]
     int8 = quantize(agent.policy, "int8", agent.env_spec)
     assert (int8.predict(obs)[0] == actions).mean() >= 0.9
-    with pytest.raises(QuarlError, match=r"predict\(deterministic=False\) is not supported"):
-        agent.policy.predict(obs, deterministic=False)
+    # deterministic=False samples, as SB3's does: over many draws, each state's action frequencies agree
+    draws = np.stack([agent.policy.predict(obs[:4], deterministic=False)[0] for _ in range(400)])
+    theirs = np.stack([model.predict(obs[:4], deterministic=False)[0] for _ in range(400)])
+    assert np.abs(draws.mean(axis=0) - theirs.mean(axis=0)).max() < 0.15
 
 
 def test_a_zip_inside_a_run_folder_finds_the_statistics_it_was_trained_with(tmp_path: Path) -> None:

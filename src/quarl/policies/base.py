@@ -137,14 +137,20 @@ class Policy:
                 deterministic: bool = True) -> tuple[np.ndarray, None]:
         """Stable-Baselines3's ``predict``: ``(actions, None)`` for one observation or a batch
         (each row computed alone, as a deployed policy acts), so code written for an SB3
-        model runs a loaded or quantized quarl policy unchanged. Only the deterministic
-        (greedy) action exists here."""
-        if not deterministic:
-            raise QuarlError("quarl policies act greedily: predict(deterministic=False) is not supported")
+        model runs a loaded or quantized quarl policy unchanged. ``deterministic=False``
+        samples as SB3 does (:func:`sample_actions`, fresh noise per call) where the head
+        can; a Gaussian head is refused in one line."""
         obs = np.asarray(observation)
         single = obs.shape == tuple(self.observation_space.shape)
         batch = obs[None] if single else obs
-        actions = self.act_rows(self.preprocess(batch))
+        if deterministic:
+            actions = self.act_rows(self.preprocess(batch))
+        else:
+            reason = stochastic_support(self)
+            if reason is not None:
+                raise QuarlError(reason)
+            draws = np.random.default_rng().integers(0, 2**62, size=len(batch))
+            actions = self.sample_rows(self.preprocess(batch), [(int(d), 0) for d in draws])
         return (actions[0] if single else actions), None
 
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
