@@ -84,3 +84,19 @@ def test_a_dqn_explores_with_its_saved_rate() -> None:
     explored = sampled.sample_rows(x, [(0, t) for t in range(2000)])
     changed = np.mean(explored != greedy)
     assert 0.25 * rate < changed < rate  # a random action is the greedy one half the time (2 actions)
+
+
+def test_a_categorical_heads_distance_to_fp32_is_reported_beside_agreement(tiny_run: Path) -> None:
+    """KL(fp32 || int mode) per calibration state: near 0 at int8, larger at int4, and in
+    the table's KL column; Q-heads and Gaussians have none."""
+    from quarl.measure import calibration_inputs
+    from quarl.reports import quant_columns
+
+    agent = load_checkpoint(tiny_run)
+    states = calibration_inputs(agent.policy, agent.env_spec)
+    kl = {p: quantize(agent.policy, QuantConfig.parse(p), states).meta["quant"]["kl"] for p in ("int8-block",
+                                                                                                "int4-weight-only")}
+    assert 0 <= kl["int8-block"] < kl["int4-weight-only"] < 0.5, kl
+    assert float(quant_columns({"quant": {"mode": "int8-block", "agreement": 1.0, "kl": kl["int8-block"]}})["KL"]) \
+        == pytest.approx(kl["int8-block"], rel=0.05)
+    assert "KL" not in quant_columns({"quant": {"mode": "int8-block", "agreement": 1.0, "kl": None}})

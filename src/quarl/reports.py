@@ -77,11 +77,13 @@ def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
     quant = record.get("quant")
     if not quant:
         return {"mode": "", "fp32_layers": "", "agree%": ""}
-    agreement = quant.get("agreement")
+    agreement, kl = quant.get("agreement"), quant.get("kl")
     return {
         "mode": quant["mode"],
         "fp32_layers": layer_indices(quant.get("fp32_layers", [])) or "none",
         "agree%": "" if agreement is None or agreement != agreement else round(100 * agreement, 1),
+        # a categorical head's distance between fp32's and the mode's action distributions (where sampled)
+        **({"KL": f"{kl:.2g}"} if isinstance(kl, (int, float)) and kl == kl else {}),
     }
 
 

@@ -276,6 +276,9 @@ class Candidate:
     calibration_verdict: str = ""
     """What the sequential test found against fp32 (keeps, loses, undecided...)."""
     calibration_kept: bool | None = None
+    kl: float = float("nan")
+    """Mean KL divergence per state from fp32's action distribution to this mode's, on the
+    check states (categorical heads; NaN elsewhere): how far a sampling policy moves."""
     engine: ortb.OrtEngine | None = field(default=None, repr=False)
     reference: nn.Module | None = field(default=None, repr=False)
 
@@ -284,6 +287,7 @@ class Candidate:
             return None if x != x else round(x, digits)
 
         return {"mode": self.mode, "fp32_layers": list(self.keep), "agreement": num(self.agreement, 4),
+                "kl": num(self.kl, 6),
                 "latency_us": num(self.latency_us, 1), "model_bytes": self.model_bytes,
                 "calibration_return": num(self.calibration_return, 3),
                 "calibration_episodes": self.calibration_episodes, "calibration_verdict": self.calibration_verdict}
@@ -323,13 +327,28 @@ def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, check:
     request = mode.request_for(request)
     model = mode.build(request)
     engine = ortb.OrtEngine(model, per_row=mode.per_row)
-    agreement = float("nan")
+    agreement = kl = float("nan")
     if check is not None:
-        actions = policy.postprocess(engine(check))
+        out = engine(check)
+        actions = policy.postprocess(out)
         agreement = action_agreement(policy, fp32_actions(policy, check), actions, tolerance)
+        kl = categorical_kl(policy, check, out)
     simulated = mode.reference(request, model) if mode.reference is not None else None
-    return Candidate(mode.label, tuple(sorted(request.keep)), agreement, model_bytes=len(model), engine=engine,
+    return Candidate(mode.label, tuple(sorted(request.keep)), agreement, model_bytes=len(model), kl=kl, engine=engine,
                      reference=simulated)
+
+
+def categorical_kl(policy: Policy, states: np.ndarray, out: np.ndarray) -> float:
+    """Mean per-state KL(fp32 || quantized) of a categorical head's action distributions
+    (softmax of the logits) on ``states``; NaN for heads that are not categorical."""
+    from quarl.policies.base import LOGIT_ALGOS
+
+    if policy.head != "argmax" or policy.algo not in LOGIT_ALGOS:
+        return float("nan")
+    with torch.inference_mode():
+        p = torch.log_softmax(policy.network(torch.from_numpy(states)).double(), dim=1)
+    q = torch.log_softmax(torch.from_numpy(np.asarray(out, np.float64)), dim=1)
+    return float((p.exp() * (p - q)).sum(dim=1).mean())
 
 
 def keep_options(network: nn.Module) -> list[frozenset[int]]:
