@@ -100,3 +100,32 @@ def test_a_categorical_heads_distance_to_fp32_is_reported_beside_agreement(tiny_
     assert float(quant_columns({"quant": {"mode": "int8-block", "agreement": 1.0, "kl": kl["int8-block"]}})["KL"]) \
         == pytest.approx(kl["int8-block"], rel=0.05)
     assert "KL" not in quant_columns({"quant": {"mode": "int8-block", "agreement": 1.0, "kl": None}})
+
+
+def test_a_gaussian_ppo_samples_as_sb3s_does(tmp_path: Path) -> None:
+    """A PPO Pendulum (diagonal Gaussian, state-independent log std): sampled returns match
+    SB3's evaluate_policy(deterministic=False) in mean within 4 standard errors; fp32 and
+    fp16 share their noise."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.utils import set_random_seed
+
+    model = PPO("MlpPolicy", "Pendulum-v1", n_steps=256, seed=0, device="cpu")
+    model.learn(512)
+    model.save(tmp_path / "ppo.zip")
+    policy = load_checkpoint(tmp_path / "ppo.zip").policy
+    assert len(policy.meta["log_std"]) == 1
+    spec = EnvSpec("Pendulum-v1")
+    sampled = acting(policy, spec, True)
+    ours = evaluate(sampled, spec, episodes=40, n_envs=8).returns
+    set_random_seed(0)
+    env = Monitor(gym.make("Pendulum-v1"))
+    env.reset(seed=1000)
+    theirs = np.asarray(evaluate_policy(model, env, n_eval_episodes=40, deterministic=False,
+                                        return_episode_rewards=True)[0], float)
+    se = np.sqrt(ours.var(ddof=1) / len(ours) + theirs.var(ddof=1) / len(theirs))
+    assert abs(ours.mean() - theirs.mean()) < 4 * se, (ours.mean(), theirs.mean(), se)
+    assert not np.array_equal(ours, evaluate(policy, spec, episodes=40, n_envs=8).returns)
+    half = evaluate(quantize(sampled, QuantConfig("fp16")), spec, episodes=40, n_envs=8).returns
+    assert np.abs(half - ours).max() < 0.05 * np.abs(ours).mean()  # the same noise: nearly the same episodes

@@ -182,7 +182,7 @@ class Policy:
         h.update(repr((self.head, self.scale_images, self.n_quantiles, self.precision, self.action_space,
                        self.observation_space)).encode())
         if self.stochastic:  # only then: every greedy policy's content, and so its stored results, stay as they were
-            h.update(f"stochastic {self.meta.get('exploration_rate', '')}".encode())
+            h.update(f"stochastic {self.meta.get('exploration_rate', '')} {self.meta.get('log_std', '')}".encode())
         if isinstance(self.action_space, gym.spaces.Box):  # repr abbreviates long bounds
             h.update(np.asarray(self.action_space.low, np.float64).tobytes())
             h.update(np.asarray(self.action_space.high, np.float64).tobytes())
@@ -222,18 +222,26 @@ def stochastic_support(policy: Policy) -> str | None:
         return None
     if policy.head == "argmax":  # ARS: a deterministic policy; SB3 samples nothing either
         return None
-    return (f"stochastic evaluation of {policy.algo}'s {policy.head} head (a Gaussian) is not built yet: only "
-            "categorical (A2C / PPO / TRPO) and epsilon-greedy (DQN / QR-DQN) heads sample")
+    if policy.head == "clip" and "log_std" in policy.meta:
+        return None
+    return (f"stochastic evaluation of {policy.algo}'s {policy.head} head is not built yet: categorical (A2C / PPO / "
+            "TRPO), epsilon-greedy (DQN / QR-DQN) and diagonal Gaussian (A2C / PPO / TRPO without gSDE) heads sample")
 
 
 def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, int]]) -> np.ndarray:
     """Actions sampled from the network outputs ``out`` (one row per env) as SB3's
     ``predict(deterministic=False)`` samples them: a categorical head by the Gumbel-max
-    trick, a Q-head epsilon-greedy with its saved ``exploration_rate``. Row j's noise comes
+    trick, a Q-head epsilon-greedy with its saved ``exploration_rate``, a diagonal Gaussian
+    (``clip`` head) as mean + std * N(0, 1) clipped to the bounds. Row j's noise comes
     from ``keys[j]`` = (episode seed, step) alone, so a precision and fp32 playing one seed
     draw the same noise at the same step (common random numbers): their episodes part only
     where their action distributions really differ."""
     greedy = policy.postprocess(out)
+    if policy.head == "clip" and "log_std" in policy.meta:  # mean + std * N(0, 1), clipped to the bounds as SB3 does
+        std = np.exp(np.asarray(policy.meta["log_std"], np.float64)).reshape(policy.action_space.shape)
+        noise = np.stack([np.random.default_rng(list(key)).standard_normal(std.shape) for key in keys])
+        return np.clip(np.asarray(out, np.float64) + std * noise, policy.action_space.low,
+                       policy.action_space.high).astype(np.float32)
     if policy.algo in Q_VALUE_ALGOS:
         rate = float(policy.meta.get("exploration_rate", 0.0))
         n = int(policy.action_space.n)

@@ -462,6 +462,11 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
         kwargs.setdefault("squash_output", False)
     algo = zoo_algo or _algo_from_data(data, _layout(sd).name)
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
+    log_std = sd.get("log_std")
+    if policy.head == "clip" and isinstance(log_std, torch.Tensor) and log_std.shape == policy.action_space.shape:
+        # a diagonal Gaussian's state-independent log std (A2C / PPO / TRPO; gSDE's is a matrix): what
+        # predict(deterministic=False) samples with
+        policy.meta["log_std"] = [float(v) for v in log_std.reshape(-1)]
     rate = data.get("exploration_rate")
     if policy.head in ("argmax", "quantile_argmax") and isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0:
         policy.meta["exploration_rate"] = float(rate)  # what SB3's predict(deterministic=False) explores with
