@@ -344,7 +344,7 @@ def calibration_inputs(policy: Policy, env_spec: EnvSpec, max_steps: int | None 
     Greedy rollouts, whether the policy is evaluated greedily or by sampling (the int mode a
     policy gets does not depend on how a command plays it)."""
     result = evaluate(
-        dataclasses.replace(policy, stochastic=False),
+        dataclasses.replace(policy, stochastic=False) if policy.stochastic else policy,
         env_spec,
         episodes=8,
         seed=CALIBRATION_SEED_OFFSET,

@@ -209,8 +209,11 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
     config = config.resolved()
     cached = False
-    acting, policy = policy, dataclasses.replace(policy, stochastic=False)  # the mode is chosen on greedy play,
-    # the same whether a command evaluates greedily or samples (ptq on Atari, export: one choice, stored once)
+    # the mode is chosen on greedy play, the same whether a command evaluates greedily or samples (ptq on Atari,
+    # export: one choice, stored once); a greedy policy is kept as it is (calibration episodes know it by identity)
+    acting = policy
+    if policy.stochastic:
+        policy = dataclasses.replace(policy, stochastic=False)
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
