@@ -31,7 +31,7 @@ from quarl.envs import EnvSpec
 from quarl import parallel
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
-from quarl.policies.base import Policy
+from quarl.policies.base import Policy, greedy
 from quarl.provenance import provenance
 from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
@@ -344,7 +344,7 @@ def calibration_inputs(policy: Policy, env_spec: EnvSpec, max_steps: int | None 
     Greedy rollouts, whether the policy is evaluated greedily or by sampling (the int mode a
     policy gets does not depend on how a command plays it)."""
     result = evaluate(
-        dataclasses.replace(policy, stochastic=False) if policy.stochastic else policy,
+        greedy(policy),
         env_spec,
         episodes=8,
         seed=CALIBRATION_SEED_OFFSET,

@@ -209,6 +209,18 @@ class Policy:
                 raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
 
 
+def greedy(policy: Policy) -> Policy:
+    """``policy`` acting greedily: itself, or for a sampling policy one greedy copy kept
+    with it (calibration episodes know a policy by identity, so every cell of a run must
+    hand them the same copy)."""
+    if not policy.stochastic:
+        return policy
+    copy_ = policy.__dict__.get("_greedy")
+    if copy_ is None:
+        copy_ = policy.__dict__["_greedy"] = replace(policy, stochastic=False)
+    return copy_
+
+
 LOGIT_ALGOS = ("a2c", "ppo", "trpo", "ppo_mask")
 """Discrete actor-critics: the network's output is a categorical distribution's logits."""
 Q_VALUE_ALGOS = ("dqn", "qrdqn")

@@ -24,8 +24,6 @@ nbit       weights rounded to n bits (+ activation        ONNX Runtime fp32 on t
 
 from __future__ import annotations
 
-import dataclasses
-
 import copy
 import logging
 from dataclasses import dataclass
@@ -36,7 +34,7 @@ import torch
 from torch import nn
 
 from quarl.errors import QuarlError
-from quarl.policies.base import Policy, linear_layers
+from quarl.policies.base import Policy, greedy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant import choice_cache
@@ -211,9 +209,7 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     cached = False
     # the mode is chosen on greedy play, the same whether a command evaluates greedily or samples (ptq on Atari,
     # export: one choice, stored once); a greedy policy is kept as it is (calibration episodes know it by identity)
-    acting = policy
-    if policy.stochastic:
-        policy = dataclasses.replace(policy, stochastic=False)
+    acting, policy = policy, greedy(policy)
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
