@@ -1012,6 +1012,9 @@ def recover(
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     out = validate.out_folder(out) or _default_out("recover", checkpoint, spec.env_id).with_name(
         f"{_default_out('recover', checkpoint, spec.env_id).name}-{precision}")
+    from quarl.recovery import preflight
+
+    preflight(checkpoint, out)  # one line before any progress bar
     with _progress() as bar:
         task = bar.add_task("distil", total=rounds)
         evals: dict[str, int] = {}

@@ -688,10 +688,7 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
     from quarl.measure import output_lock
     from quarl.ptq import run_ptq
 
-    _zoo_paths(checkpoint)  # a zip or a zoo folder, refused before any work
-    if find_recovery(checkpoint) is not None:
-        raise QuarlError(f"{checkpoint} is itself a recovered folder: recover its original policy (ENV/{ORIGINAL_ZIP}"
-                         " records it)")
+    preflight(checkpoint, out)
     with output_lock(out, wait=wait):
         record = finished_record(out, policy, config, env_spec)
         if record is None:
@@ -711,6 +708,30 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                           progress=episode_progress, source=str(out),
                           fixed={"fp32": recovered.original, recovered.precision: recovered.kernel})
     return record, records
+
+
+def preflight(checkpoint: Path, out: Path) -> None:
+    """Refuse, before any work, what recovery would refuse later: a checkpoint that is not
+    a zip or zoo folder, a recovered folder as the policy, an unreadable state in ``out``."""
+    _zoo_paths(checkpoint)
+    if find_recovery(checkpoint) is not None:
+        raise QuarlError(f"{checkpoint} is itself a recovered folder: recover its original policy (ENV/{ORIGINAL_ZIP}"
+                         " records it)")
+    state = out / ".recover" / STATE_FILE
+    if state.exists() or state.is_symlink():
+        from quarl.limits import check_file_size
+
+        if state.is_symlink() or not state.is_file():
+            raise QuarlError(f"{state} is not a regular file: remove it to start the recovery afresh")
+        check_file_size(state, 16 << 30, "a recovery state")
+        try:
+            saved = torch.load(state, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for a bad file
+            raise QuarlError(f"{state} cannot be read as a recovery state ({exc.__class__.__name__}): remove it to "
+                             "start afresh") from None
+        if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
+            raise QuarlError(f"{state} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start "
+                             "afresh")
 
 
 def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> dict[str, Any] | None:
