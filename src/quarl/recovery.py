@@ -474,12 +474,18 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
     tmp.replace(path)
 
 
-def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> dict[str, Any]:
+STATE_CAP = 16 << 30
+"""Bytes a recovery state may have (its aggregated states are capped at about 2 GiB)."""
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A recovery state file, as plain tensors and containers (nothing unpickled): a regular
+    file of bounded size holding this format, else one line saying to remove it."""
     from quarl.limits import check_file_size
 
     if path.is_symlink() or not path.is_file():
         raise QuarlError(f"{path} is not a regular file: remove it to start the recovery afresh")
-    check_file_size(path, 16 << 30, "a recovery state")
+    check_file_size(path, STATE_CAP, "a recovery state")
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
@@ -487,6 +493,11 @@ def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverC
                          "afresh") from None
     if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
         raise QuarlError(f"{path} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start afresh")
+    return saved
+
+
+def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> dict[str, Any]:
+    saved = read_state(path)
     if saved.get("teacher") != fingerprint:
         raise QuarlError(f"{path} belongs to another policy (its teacher's content differs): use another --out")
     if saved.get("spec") != spec.to_dict() or saved.get("config") != dataclasses.asdict(config):
@@ -499,6 +510,9 @@ def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverC
 
 
 def sha256_file(path: Path) -> str:
+    """SHA-256 of a regular file, read in chunks (a FIFO or device is refused, never waited on)."""
+    if not path.is_file():
+        raise QuarlError(f"{path} is not a regular file")
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -633,7 +647,7 @@ def find_recovery(checkpoint: Path) -> Path | None:
 def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
     """The original and the recovered kernel of a folder written by :func:`write_recovered`
     (None for any other checkpoint); a file that does not match its recorded hash is refused."""
-    from quarl.limits import read_capped
+    from quarl.limits import model_file_cap, read_capped
     from quarl.policies.onnx_artifact import load_artifact
     from quarl.policies.sb3 import load_checkpoint
 
@@ -662,7 +676,7 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     original = load_checkpoint(checkpoint, trust_pickle=trust_pickle, zip_override=original_zip).policy
     export = zip_path.parent / EXPORT_DIR
     kernel, _ = load_artifact(export)
-    digest = hashlib.sha256((export / "policy.onnx").read_bytes()).hexdigest()
+    digest = hashlib.sha256(read_capped(export / "policy.onnx", model_file_cap(), "an ONNX model")).hexdigest()
     if digest != onnx_sha:
         raise QuarlError(f"{export / 'policy.onnx'} is not the recovered model recorded in {path.name}")
     kernel.precision = precision
@@ -719,19 +733,7 @@ def preflight(checkpoint: Path, out: Path) -> None:
                          " records it)")
     state = out / ".recover" / STATE_FILE
     if state.exists() or state.is_symlink():
-        from quarl.limits import check_file_size
-
-        if state.is_symlink() or not state.is_file():
-            raise QuarlError(f"{state} is not a regular file: remove it to start the recovery afresh")
-        check_file_size(state, 16 << 30, "a recovery state")
-        try:
-            saved = torch.load(state, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises many types for a bad file
-            raise QuarlError(f"{state} cannot be read as a recovery state ({exc.__class__.__name__}): remove it to "
-                             "start afresh") from None
-        if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
-            raise QuarlError(f"{state} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start "
-                             "afresh")
+        read_state(state)
 
 
 def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> dict[str, Any] | None:
