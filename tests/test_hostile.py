@@ -284,3 +284,39 @@ def test_every_command_refuses_bad_values_in_one_line(tiny_run: Path, tmp_path: 
     if r.exit_code == 2:
         lines = [line for line in r.output.strip().splitlines() if line.strip()]
         assert len(lines) == 1 and "Traceback" not in r.output, (args, r.output)
+
+
+def test_evaluation_workers_die_with_a_killed_quarl(tmp_path) -> None:
+    """SIGKILL to ``quarl ptq --workers 2`` mid-evaluation: its workers (children of the
+    fork server, not of quarl) and the fork server are gone within seconds instead of
+    playing on under init."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import zoo_run
+
+    agent = zoo_run("ppo", "HalfCheetah-v3")
+    proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", "ptq", str(agent), "--precisions", "fp32,fp16,bf16",
+                             "--episodes", "3000", "--workers", "2", "--out", str(tmp_path / "out")],
+                            env={**os.environ, "QUARL_WORKERS": "2"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    main = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    workers: list[psutil.Process] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        tree = main.children(recursive=True)
+        workers = [p for p in tree if "forkserver" in " ".join(p.cmdline())]
+        if len(workers) >= 3:  # the server and its two workers
+            break
+        time.sleep(0.2)
+    assert len(workers) >= 3, "the workers never started"
+    time.sleep(2)  # they are playing episodes
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, [p.pid for p in alive]

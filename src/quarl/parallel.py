@@ -68,9 +68,33 @@ def check_workers(workers: int, option: str = "--workers") -> int:
     return workers
 
 
-def _start_worker(finished: Any) -> None:
+PARENT_POLL_S = 0.5
+"""How often a worker checks that the process that started it is still alive."""
+
+
+def _die_with(parent: int) -> None:
+    """Exit this worker once ``parent`` (the quarl process) is gone: a worker's own parent is
+    the fork server, which outlives a SIGKILLed or crashed quarl (measured: both played on,
+    owned by init, after ``kill -9`` of ``quarl ptq --workers 2``)."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # pragma: no cover - the pid now belongs to another user's process
+                os._exit(1)
+
+    threading.Thread(target=watch, name="quarl-parent-watch", daemon=True).start()
+
+
+def _start_worker(finished: Any, parent: int) -> None:
     global _finished
     _finished = finished
+    _die_with(parent)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
@@ -90,7 +114,7 @@ def _executor(workers: int) -> ProcessPoolExecutor:
     context.set_forkserver_preload(["torch", "onnxruntime", "gymnasium", "quarl.parallel"])
     finished = context.SimpleQueue()
     _pool = (workers, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                          initargs=(finished,)), finished)
+                                          initargs=(finished, os.getpid())), finished)
     return _pool[1]
 
 
