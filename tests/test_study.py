@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from quarl.errors import QuarlError
 from quarl.study.grid import StudyConfig, find_agents, run_study
@@ -127,3 +128,38 @@ def test_one_eval_record_definition_serves_results_jsonl_and_the_store(tiny_run:
     store = StudyStore(tmp_path / "study.db")
     columns = [row[1] for row in store.db.execute(f"PRAGMA table_info({TABLE})")]
     assert columns[columns.index("env_id"):columns.index("env_id") + len(fields)] == fields
+
+
+def test_a_study_plays_more_seeds_where_a_verdict_is_undecided(tmp_path: Path) -> None:
+    """An untrained PPO Pendulum with large weights (its actions move with rounding) at sim4,
+    4 episodes a seed: undecided over one seed; with decide_episodes the undecided pair (and
+    fp32) get more seeds until it decides, and a rerun evaluates nothing again."""
+    import sqlite3
+
+    from stable_baselines3 import PPO
+
+    from quarl.study.report import study_table
+    from quarl.study.store import TABLE
+
+    run = tmp_path / "ppo" / "Pendulum-v1_1"
+    (run / "Pendulum-v1").mkdir(parents=True)
+    model = PPO("MlpPolicy", "Pendulum-v1", n_steps=256, seed=0, device="cpu")
+    with torch.no_grad():
+        for p in [*model.policy.mlp_extractor.policy_net.parameters(), *model.policy.action_net.parameters()]:
+            p.mul_(10.0)
+    model.save(run / "Pendulum-v1.zip")
+    (run / "Pendulum-v1" / "args.yml").write_text("env: Pendulum-v1\n")
+    (run / "Pendulum-v1" / "config.yml").write_text("{}\n")
+    plain = run_study(StudyConfig((run,), ("fp32", "sim4"), (0,), episodes=4, n_envs=4, out=tmp_path / "a"))
+    assert study_table(plain, ["sim4"])[0]["sim4 verdict"].startswith("undecided")
+    config = StudyConfig((run,), ("fp32", "sim4"), (0,), episodes=4, n_envs=4, out=tmp_path / "b", decide_episodes=32)
+    records = run_study(config)
+    seeds = {p: sorted(r["seed"] for r in records if r["precision"] == p) for p in ("fp32", "sim4")}
+    row = study_table(records, ["sim4"])[0]
+    assert len(seeds["sim4"]) > 1 and seeds["fp32"][: len(seeds["sim4"])] == seeds["sim4"] == list(range(len(
+        seeds["sim4"])))
+    assert not row["sim4 verdict"].startswith("undecided") or len(seeds["sim4"]) * 4 >= 32, (row, seeds)
+    count = sqlite3.connect(tmp_path / "b" / "study.sqlite").execute(f"select count(*) from {TABLE}").fetchone()[0]
+    again = run_study(config)
+    assert sqlite3.connect(tmp_path / "b" / "study.sqlite").execute(f"select count(*) from {TABLE}").fetchone()[0] == count
+    assert len(again) == len(records)

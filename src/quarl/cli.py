@@ -1216,6 +1216,9 @@ def study(
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(Path("results/study"), "--out", parser=validate.out_option,
                              help="folder of study.sqlite, the table and the plot"),
+    decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
+                                        "seeds for it (and fp32) until it decides or it has this many episodes "
+                                        "(0: off)"),
     verbose: bool = VerboseOpt,
 ) -> None:
     """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per
@@ -1240,13 +1243,15 @@ def study(
     validate.out_folder(out)
     labels = _parse_precisions(precisions, recovered=True, **options)
     _eval_settings(episodes, 0, n_envs, max_steps)
+    if decide_episodes and not decide_episodes <= MAX_DECIDE_EPISODES:
+        raise QuarlError(f"--decide-episodes {decide_episodes} must be at most {MAX_DECIDE_EPISODES:,} (or 0: off)")
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
-                         int8_weights, block_size, trust_pickle, workers, address, out)
+                         int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes)
     with _progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 
         def on_cell(record: dict, done: int, total: int) -> None:
-            bar.update(task, completed=done)
+            bar.update(task, completed=done, total=total)  # deciding verdicts adds cells
             log.info("%s %s seed %d: %.2f", record["policy"], record["precision"], record["seed"], record["mean"])
 
         records = run_study(config, on_cell)

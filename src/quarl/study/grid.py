@@ -54,6 +54,9 @@ class StudyConfig:
     address: str | None = None
     """Ray cluster to run the cells on (spread over its nodes)."""
     out: Path = Path("results/study")
+    decide_episodes: int = 0
+    """Where a verdict is undecided, play more seeds for it (and fp32) until it decides or
+    its cells hold this many episodes (0: off)."""
 
     def __post_init__(self) -> None:
         if not self.checkpoints:
@@ -192,34 +195,80 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
 def run_study(config: StudyConfig, on_cell: Callable[[dict[str, Any], int, int], None] | None = None
               ) -> list[dict[str, Any]]:
     """Evaluate the missing cells, storing each as it finishes; return every record of
-    the study's cells. ``on_cell(record, done, total)`` reports progress."""
+    the study's cells. ``on_cell(record, done, total)`` reports progress. With
+    ``config.decide_episodes``, undecided verdicts get more seeds (:func:`_decide`)."""
     store = StudyStore(config.db_path)
     try:
-        todo_all = cells(config)
-        stored = store.done()
-        todo = [c for c in todo_all if c.key() not in stored]
-        done = len(todo_all) - len(todo)
-        if done:
-            log.info("%d of %d cells already in %s", done, len(todo_all), config.db_path)
-
-        def finished(record: dict[str, Any]) -> None:
-            nonlocal done
-            store.insert(record)
-            done += 1
-            if on_cell:
-                on_cell(record, done, len(todo_all))
-
-        if todo and (config.workers > 1 or config.address):
-            from quarl.study.ray_runner import run_on_ray
-
-            run_on_ray(todo, evaluate_cell, config.workers, config.address, finished)
-        else:
-            for cell in todo:
-                finished(evaluate_cell(cell))
-        wanted = {c.key() for c in todo_all}
-        return [r for r in store.records() if tuple(r[k] for k in KEY) in wanted]
+        wanted = cells(config)
+        records = _run_cells(store, wanted, config, on_cell)
+        if config.decide_episodes > config.episodes * len(config.seeds):
+            records = _decide(store, wanted, records, config, on_cell)
+        return records
     finally:
         store.close()
+
+
+def _run_cells(store: StudyStore, wanted: list[StudyCell], config: StudyConfig,
+               on_cell: Callable[[dict[str, Any], int, int], None] | None) -> list[dict[str, Any]]:
+    """Evaluate the cells of ``wanted`` the store lacks; the records of all of them."""
+    stored = store.done()
+    todo = [c for c in wanted if c.key() not in stored]
+    done = len(wanted) - len(todo)
+    if done:
+        log.info("%d of %d cells already in %s", done, len(wanted), config.db_path)
+
+    def finished(record: dict[str, Any]) -> None:
+        nonlocal done
+        store.insert(record)
+        done += 1
+        if on_cell:
+            on_cell(record, done, len(wanted))
+
+    if todo and (config.workers > 1 or config.address):
+        from quarl.study.ray_runner import run_on_ray
+
+        run_on_ray(todo, evaluate_cell, config.workers, config.address, finished)
+    else:
+        for cell in todo:
+            finished(evaluate_cell(cell))
+    keys = {c.key() for c in wanted}
+    return [r for r in store.records() if tuple(r[k] for k in KEY) in keys]
+
+
+def _decide(store: StudyStore, wanted: list[StudyCell], records: list[dict[str, Any]], config: StudyConfig,
+            on_cell: Callable[[dict[str, Any], int, int], None] | None) -> list[dict[str, Any]]:
+    """Verdicts that decide: while an (agent, precision) verdict is undecided and its cells
+    hold fewer than ``config.decide_episodes`` episodes, it and its agent's fp32 play as many
+    seeds again (the next seed numbers; stored cells, reused by a rerun). Decided ones stop;
+    a verdict pairs a precision's episodes with fp32's first ones, seed by seed."""
+    from quarl.study.report import _labels, study_table
+
+    precisions = list(dict.fromkeys(c.precision for c in wanted))
+    seeds = list(config.seeds)
+    while len(seeds) * config.episodes < config.decide_episodes:
+        labels = _labels(records)
+        by_label = {label: checkpoint for checkpoint, label in labels.items()}
+        counts: dict[tuple[str, str], int] = {}
+        for r in records:
+            counts[(r["checkpoint"], r["precision"])] = counts.get((r["checkpoint"], r["precision"]), 0) + 1
+        undecided = {(by_label[row["policy"]], p) for row in study_table(records, precisions) for p in precisions
+                     if str(row.get(f"{p} verdict", "")).startswith("undecided")
+                     and counts.get((by_label[row["policy"]], p)) == len(seeds)}
+        if not undecided:
+            break
+        more = min(len(seeds), (config.decide_episodes - len(seeds) * config.episodes) // config.episodes)
+        if more < 1:
+            break
+        new_seeds = tuple(range(max(seeds) + 1, max(seeds) + 1 + more))
+        agents = {checkpoint for checkpoint, _ in undecided}
+        extra = [c for c in cells(dataclasses.replace(config, seeds=new_seeds))
+                 if (c.checkpoint, c.precision) in undecided or (c.precision == "fp32" and c.checkpoint in agents)]
+        log.info("%d undecided verdicts after %d seeds: seeds %d..%d for them", len(undecided), len(seeds),
+                 new_seeds[0], new_seeds[-1])
+        wanted = wanted + extra
+        seeds += new_seeds
+        records = _run_cells(store, wanted, config, on_cell)
+    return records
 
 
 def find_agents(paths: Sequence[Path]) -> list[Path]:
