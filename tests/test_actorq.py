@@ -557,3 +557,23 @@ def test_actor_models_after_the_first_are_refilled_exactly_as_onnx_runtime_build
         for name in want:
             assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), (version, name)
     assert refilled.template is not None
+
+
+def test_ctrl_c_in_the_first_second_leaves_a_run_that_resumes(tmp_path: Path) -> None:
+    """A Ctrl-C long before the first periodic checkpoint (60 s): the interrupted run still
+    writes one, and --resume continues from its learner steps."""
+    ticks = []
+
+    def interrupt(state, fleet) -> None:
+        ticks.append(state.learner_steps)
+        if state.learner_steps >= 5:
+            raise KeyboardInterrupt
+
+    config = ActorQConfig("CartPole-v1", max_minutes=5.0, out=tmp_path / "run", **{
+        **CARTPOLE, "target_reward": 1e9, "actors": 1, "min_replay": 100, "policy_layers": (64, 64)},
+        max_env_steps=600)
+    with pytest.raises(KeyboardInterrupt):
+        run_actorq(config, on_tick=interrupt)
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+    resumed = run_actorq(config, resume=True)
+    assert resumed.learner_steps > ticks[-1] >= 5

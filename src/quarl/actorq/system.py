@@ -258,6 +258,10 @@ def run_actorq(
                 next_ckpt = now() + config.checkpoint_every_s
             if on_tick:
                 on_tick(state, fleet)
+    except KeyboardInterrupt:  # Ctrl-C at any time, the first second included: what was learnt is kept
+        state.elapsed_s = now()
+        _checkpoint(ckpt_path, learner, replay, limiter, state, config)
+        raise
     finally:
         state.elapsed_s = now()
         broadcast = fleet.broadcast_stats()
