@@ -216,7 +216,7 @@ def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_
     record, records = run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out, EvalSettings(episodes=4, n_envs=4))
     assert record["original"]["policy_sha256"] == agent.policy.fingerprint()
     # SB3 loads the recovered zip, and its Q-network holds the student's weights on the grid
-    sb3 = DQN.load(out / "dqn-cartpole.zip", device="cpu")
+    sb3 = DQN.load(out / "CartPole-v1.zip", device="cpu")  # a bare zip recovered: named after its env, as the zoo names it
     states = _cartpole_states(64)
     recovered = load_recovered(out)
     assert recovered is not None and recovered.precision == "int4"
@@ -310,7 +310,7 @@ def test_quarl_recover_killed_mid_run_resumes_after_its_last_round(tiny_dqn: Pat
     rerun = subprocess.run([*args, "-v"], env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert f"resuming recovery at round {rounds_before}" in rerun.stdout + rerun.stderr
-    record = json.loads((out / tiny_dqn.stem / "recovery.json").read_text())
+    record = json.loads((out / "CartPole-v1" / "recovery.json").read_text())
     assert [r["round"] for r in record["rounds"]] == list(range(len(record["rounds"])))
 
 
@@ -335,3 +335,27 @@ def test_ptq_says_how_to_recover_where_int4_loses_and_recover_keeps_the_zoo_dqn(
     assert r.returncode == 0 and "fp32 is the original policy" in r.stdout.replace("\n", " ")
     again = {row["precision"]: row for row in read_csv(tmp_path / "again" / "ptq.csv")}
     assert again["int4"]["verdict"] == "keeps" and "recover it" not in r.stdout
+
+
+def test_a_damaged_recovered_folder_is_refused_never_judged_with_another_fp32(tiny_dqn: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import quarl
+    from quarl.recovery import load_recovered, run_recover
+
+    agent = quarl.load(tiny_dqn, env="CartPole-v1")
+    out = tmp_path / "rec"
+    run_recover(tiny_dqn, agent.env_spec, agent.policy, RecoverConfig(precision="int4", rounds=1, updates_per_round=20),
+                out)
+    assert load_recovered(out) is not None
+    cases = {
+        "no record": lambda d: (d / "CartPole-v1" / "recovery.json").unlink(),
+        "no export": lambda d: (d / "export" / "policy.onnx").unlink(),
+        "another zip": lambda d: shutil.copy(d / "CartPole-v1" / "original.zip", d / "CartPole-v1.zip"),
+    }
+    for name, damage in cases.items():
+        broken = tmp_path / name.replace(" ", "-")
+        shutil.copytree(out, broken)
+        damage(broken)
+        with pytest.raises(QuarlError, match="recover again"):
+            load_recovered(broken)

@@ -960,10 +960,14 @@ def export(
                       f"{stem.with_suffix('.json')}", soft_wrap=True)
 
 
+RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "
+                                                 "folder (ppo/CartPole-v1_1)")
+
+
 @app.command()
 @user_errors
 def recover(
-    checkpoint: Path = CheckpointArg,
+    checkpoint: Path = RecoverCheckpointArg,
     env: Optional[str] = EnvOpt,
     precision: str = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: "
                                                "int8-block, int8-dyn-channel, int8-dyn-tensor, int8-weight-only, "
@@ -1032,10 +1036,12 @@ def recover(
     rows = ptq_rows(records, identity=False)
     print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
                       f"policy, {episodes} episodes", out_console)
-    out_console.print(f"held-out agreement with the teacher: {100 * record['agreement']:.1f}% (PTQ "
-                      f"{100 * record['ptq_agreement']:.1f}%, target {100 * record['target_agreement']:.1f}%); "
-                      f"{record['labelled_states']:,} states labelled, {record['updates']:,} updates, "
-                      f"{record['wall_s']:.0f} s ({record['stopped']})", highlight=False)
+    kept = "the fine-tuned model's" if record.get("finetune", {}).get("chosen") == "finetuned" else "the written model's"
+    stopped = "target reached" if record["stopped"] == "target" else "round budget spent"
+    out_console.print(f"held-out agreement with the teacher ({kept}, on every held-out state): "
+                      f"{100 * record['agreement']:.1f}% (PTQ {100 * record['ptq_agreement']:.1f}%, target "
+                      f"{100 * record['target_agreement']:.1f}%); {record['labelled_states']:,} states labelled, "
+                      f"{record['updates']:,} updates, {record['wall_s']:.0f} s ({stopped})", highlight=False)
     if "finetune" in record:
         tuned = record["finetune"]
         out_console.print(f"fine-tuned {tuned['steps']:,} steps in {tuned['wall_s']:.0f} s: calibration return "

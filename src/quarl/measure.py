@@ -115,6 +115,10 @@ def json_fields() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(EvalRecord) if str(f.type).split(" ")[0] in ("list", "dict"))
 
 
+MAX_EPISODE_STEPS = 10**9
+"""--max-steps at most: past it a cut means nothing (and a study's SQLite integer overflows at 2**63)."""
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """How every cell is evaluated (the same for all precisions of a run)."""
@@ -139,8 +143,8 @@ class EvalSettings:
                 raise QuarlError(f"evaluation seeds {self.seed}..{self.seed + self.episodes - 1} would reach the {what} "
                                  f"seeds {first}..{last}: choose a seed and episodes that stay below {first} or start "
                                  f"above {last}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise QuarlError(f"max steps {self.max_steps} must be at least 1 (or unset)")
+        if self.max_steps is not None and not 1 <= self.max_steps <= MAX_EPISODE_STEPS:
+            raise QuarlError(f"max steps {self.max_steps} must be in 1..{MAX_EPISODE_STEPS:,} (or unset)")
 
     def key(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "seed": self.seed, "max_steps": self.max_steps}
