@@ -124,7 +124,7 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["ptq", "{run}", "--precisions", "int1"], "unknown precision 'int1' (int1 has no real kernel"),
         (["ptq", "{run}", "--precisions", "sim17"], "unknown precision 'sim17'"),
         (["ptq", "{run}", "--block-size", "48"], "block size 48 is not allowed: 16, 32, 64, 128 or 256"),
-        (["ptq", "{run}", "--max-steps", "0"], "max steps 0 must be at least 1"),
+        (["ptq", "{run}", "--max-steps", "0"], "max steps 0 must be in 1..1,000,000,000"),
         (["demo", "--zoo", "no/such/zoo"], "--zoo 'no/such/zoo' is not a folder of agents"),
         (["sweep", "{run}", "--bits", "8,17"], "bits '17' is out of range: allowed integers 2..16"),
         (["sweep", "{run}", "--scheme", "log"], "unknown scheme 'log'"),

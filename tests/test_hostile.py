@@ -97,7 +97,7 @@ def test_cuda_learner_without_a_gpu_is_one_line() -> None:
     (["bench", "{run}", "--budget", "0"], "--budget 0.0 must be a positive number of seconds"),
     (["bench", "{run}", "--budget", "1e999"], "--budget inf must be a positive number of seconds, at most 600"),
     (["bench", "{run}", "--batches", "1,99999999"], "batch size '99999999' must be an integer in 1..65536"),
-    (["ptq", "{run}", "--max-steps", "-1"], "max steps -1 must be at least 1"),
+    (["ptq", "{run}", "--max-steps", "-1"], "max steps -1 must be in 1..1,000,000,000"),
     (["export", "{run}", "--precision", "sim4"], "has no ONNX model"),
     (["ptq", "{missing_onnx}"], "has no sidecar"),
     (["ptq", "{run}", "--seed", "-1"], "--seed -1 is out of range: allowed 0.."),
