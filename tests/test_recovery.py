@@ -359,3 +359,27 @@ def test_a_damaged_recovered_folder_is_refused_never_judged_with_another_fp32(ti
         damage(broken)
         with pytest.raises(QuarlError, match="recover again"):
             load_recovered(broken)
+
+
+def test_fine_tuning_prices_the_checkpoints_declared_architecture_before_building(tiny_dqn: Path,
+                                                                                  tmp_path: Path) -> None:
+    """A zip whose data entry declares net_arch [10**7, 10**7] (its tensors stay small) is
+    refused in one line before SB3 allocates anything."""
+    import json
+    import zipfile
+
+    import quarl
+    from quarl.training.finetune import finetune
+
+    crafted = tmp_path / "crafted.zip"
+    with zipfile.ZipFile(tiny_dqn) as src, zipfile.ZipFile(crafted, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "data":
+                entry = json.loads(data)
+                entry["policy_kwargs"]["net_arch"] = [10**7, 10**7]
+                data = json.dumps(entry).encode()
+            dst.writestr(info, data)
+    agent = quarl.load(crafted, env="CartPole-v1")
+    with pytest.raises(QuarlError, match="net_arch"):
+        finetune(crafted, agent.policy, agent.env_spec, _spec("int4-block", frozenset({0})), None, steps=100)

@@ -129,3 +129,28 @@ def test_a_gaussian_ppo_samples_as_sb3s_does(tmp_path: Path) -> None:
     assert not np.array_equal(ours, evaluate(policy, spec, episodes=40, n_envs=8).returns)
     half = evaluate(quantize(sampled, QuantConfig("fp16")), spec, episodes=40, n_envs=8).returns
     assert np.abs(half - ours).max() < 0.05 * np.abs(ours).mean()  # the same noise: nearly the same episodes
+
+
+def test_an_absurd_log_std_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A crafted zip whose Gaussian log std is 1000 (std overflows to inf) would sample inf /
+    NaN actions: refused on load (a NaN one already is, as every non-finite tensor)."""
+    import io
+    import zipfile
+
+    import torch
+    from stable_baselines3 import PPO
+
+    PPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, seed=0, device="cpu").save(tmp_path / "ok.zip")
+    with zipfile.ZipFile(tmp_path / "ok.zip") as src, zipfile.ZipFile(tmp_path / "nan.zip", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "policy.pth":
+                sd = torch.load(io.BytesIO(data), weights_only=True)
+                sd["log_std"] = torch.full_like(sd["log_std"], 1000.0)
+                buffer = io.BytesIO()
+                torch.save(sd, buffer)
+                data = buffer.getvalue()
+            dst.writestr(info, data)
+    assert "log_std" in load_checkpoint(tmp_path / "ok.zip").policy.meta
+    with pytest.raises(QuarlError, match=r"log_std \[1000.0\] is not finite within \+-20"):
+        load_checkpoint(tmp_path / "nan.zip")

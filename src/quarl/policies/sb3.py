@@ -427,6 +427,10 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
     return zip_path, config_dir, algo_dir if algo_dir in algos() else None
 
 
+MAX_ABS_LOG_STD = 20.0
+"""A Gaussian's log std beyond this (std above 5e8 or below 2e-9) is not a trained policy's."""
+
+
 def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: Path | None = None) -> Checkpoint:
     """Load an SB3 ``.zip``, an RL Zoo run folder (``ppo/CartPole-v1_1``), a legacy
     stable-baselines pickle of rl-baselines-zoo (``ppo2/CartPole-v1.pkl``, see
@@ -465,7 +469,10 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
     log_std = sd.get("log_std")
     if policy.head == "clip" and isinstance(log_std, torch.Tensor) and log_std.shape == policy.action_space.shape:
         # a diagonal Gaussian's state-independent log std (A2C / PPO / TRPO; gSDE's is a matrix): what
-        # predict(deterministic=False) samples with
+        # predict(deterministic=False) samples with; an absurd one would overflow (NaN / inf: check_tensors refused)
+        if float(log_std.abs().max()) > MAX_ABS_LOG_STD:
+            raise QuarlError(f"{zip_override or zip_path}: policy.pth's log_std {log_std.tolist()} is not finite "
+                             f"within +-{MAX_ABS_LOG_STD}")
         policy.meta["log_std"] = [float(v) for v in log_std.reshape(-1)]
     rate = data.get("exploration_rate")
     if policy.head in ("argmax", "quantile_argmax") and isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0:

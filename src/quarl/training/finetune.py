@@ -121,7 +121,7 @@ def finetune(zip_path: Path, policy: Policy, env_spec: EnvSpec, spec: KernelSpec
     whose weights the acting network starts from (the distilled one), else the checkpoint's."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from quarl.training.hyperparams import TRAINERS, prepare
+    from quarl.training.hyperparams import TRAINERS, check_net_arch, prepare
     from quarl.training.sb3_train import _vec_env
 
     algo = policy.algo
@@ -140,6 +140,7 @@ def finetune(zip_path: Path, policy: Policy, env_spec: EnvSpec, spec: KernelSpec
     accepted = inspect.signature(algo_cls.policy_aliases[setup.policy].__init__).parameters
     policy_kwargs = {**(kwargs.pop("policy_kwargs", None) or {}),
                      **{k: v for k, v in _data_policy_kwargs(zip_path, policy).items() if k in accepted}}
+    check_net_arch(policy_kwargs, f"{zip_path}'s policy_kwargs")  # a crafted data entry never sizes the build
     kwargs.pop("learning_starts", None)
     if "use_sde" in policy_kwargs:  # gSDE is the algorithm's option (SB3 hands it to the policy)
         kwargs["use_sde"] = bool(policy_kwargs.pop("use_sde"))

@@ -197,10 +197,15 @@ def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
     kwargs = overrides.get("policy_kwargs")
     if isinstance(kwargs, str):
         kwargs = parse_literal(kwargs)
-    arch = kwargs.get("net_arch") if isinstance(kwargs, dict) else None
+    check_net_arch(kwargs, "--hp policy_kwargs")
+
+
+def check_net_arch(policy_kwargs: Any, what: str) -> None:
+    """A ``net_arch`` priced before SB3 builds it (layer widths bounded by the machine's memory)."""
+    arch = policy_kwargs.get("net_arch") if isinstance(policy_kwargs, dict) else None
     widths = arch.get("pi", []) + arch.get("qf", arch.get("vf", [])) if isinstance(arch, dict) else arch
     if isinstance(widths, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in widths):
-        check_layer_sizes((1, *widths, 1), f"--hp policy_kwargs net_arch {arch}")  # priced before SB3 builds it
+        check_layer_sizes((1, *widths, 1), f"{what} net_arch {arch}")
 
 
 _COUNTS = {"n_envs": 1, "n_timesteps": 1, "batch_size": 1, "n_steps": 1, "n_epochs": 1, "buffer_size": 1,
