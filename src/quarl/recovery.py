@@ -383,6 +383,7 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
     ptq = _acting(policy, spec, real_model(make_student(policy.network, spec), spec, policy.input_shape))
     reference_held = None
+    labels: torch.Tensor | None = None  # the teacher's outputs on ``states``, row for row
     ptq_agreement = float("nan")
     finished = config.stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and \
         len(heldout) >= MIN_HELDOUT and (
@@ -400,9 +401,12 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
         new, played = _play(actor, env_spec, train_seeds, config.max_episode_steps, cap)
         held, _ = _play(actor, env_spec, held_seeds, config.max_episode_steps, cap)
         seeds += [*train_seeds, *held_seeds]
+        # only the new states are labelled (the teacher is fixed); a resumed run labels its saved ones once
+        fresh = _teacher_outputs(policy, new if labels is not None else np.concatenate([states, new]))
+        labels = fresh if labels is None else torch.cat([labels, fresh]) if len(fresh) else labels
         states = np.concatenate([states, new])[-max_states:]
+        labels = labels[-max_states:]
         heldout = np.concatenate([heldout, held])[-max_states // 4:]
-        labels = _teacher_outputs(policy, states)
         scale = _loss_scale(policy, labels)
         x_all = torch.from_numpy(states)
         student.eval()  # no train-mode behaviour (batch renorm) leaks in; gradients still flow
