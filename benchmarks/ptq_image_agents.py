@@ -3,7 +3,10 @@ agents with the RL Zoo's Atari hyperparameters (AtariWrapper, 4 stacked frames, 
 each within a step budget that fits 2 CPU cores (the zoo trains Atari agents for 10M
 steps; these are partly trained, their score is printed beside the zoo's). Each agent is
 evaluated at fp32, fp16, int8 and int4 (automatic modes, chosen on calibration seeds apart
-from the evaluation seeds), every E with its 95 % interval and verdict.
+from the evaluation seeds), every E with its 95 % interval and verdict. The default
+protocol plays as the RL Zoo does (sampled actions, every precision sharing its noise per
+seed and step) with sticky actions on Atari, so seeds are different games; ``--protocol
+greedy`` gives the older argmax table.
 
 Resumable: a trained agent is reused (an interrupted training resumes from its last
 checkpoint), and every evaluated cell is reused by ``run_ptq``. Trained agents stay out of
@@ -54,6 +57,10 @@ hundreds of episodes (measured: SpaceInvaders int8 lost 14.8 % over seeds 0..99 
 over 0..399)."""
 ATARI_MAX_STEPS = 27_000
 """108k frames: the usual cap on an Atari evaluation game."""
+PROTOCOLS = {"zoo": "ptq-zoo", "greedy": "ptq"}
+"""Evaluation protocol -> the folder of its records under OUT."""
+ATARI_STICKY = 0.25
+"""Machado et al. 2018 and ALE v5's repeat_action_probability."""
 
 
 def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
@@ -89,6 +96,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma list of agent names")
     parser.add_argument("--episodes", type=int, default=0, help="episodes per precision (default: MinAtar 200, Atari 30)")
     parser.add_argument("--precisions", default="fp16,int8,int4")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="zoo",
+                        help="zoo: sampled actions as rl_zoo3.enjoy plays Atari and MinAtar, sticky actions 0.25 on "
+                             "Atari (MinAtar keeps its own 0.1); greedy: argmax actions, no sticky actions on Atari "
+                             "(the table before quarl sampled)")
     parser.add_argument("--train-only", action="store_true", help="train the agents, evaluate nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="the table and plot from the records already stored (the newest per precision, whatever "
@@ -102,6 +113,7 @@ def main() -> int:
             args.out = Path("results/image-agents-quick")
 
     from quarl.envs import env_family
+    from quarl.evaluation import protocol
     from quarl.measure import EvalSettings
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_ptq
@@ -121,7 +133,8 @@ def main() -> int:
                                 max_steps=ATARI_MAX_STEPS if family == "atari" else None)
         started = time.perf_counter()
         if args.report_only:
-            stored = {r["precision"]: r for r in ResultsLog(args.out / "ptq" / name / "results.jsonl").load()}
+            stored = {r["precision"]: r for r in ResultsLog(args.out / PROTOCOLS[args.protocol] / name /
+                                                            "results.jsonl").load()}
             if not all(p in stored for p in ["fp32", *labels]):
                 continue  # not evaluated yet
             records = [stored[p] for p in ["fp32", *labels]]
@@ -130,7 +143,9 @@ def main() -> int:
             if args.train_only:
                 continue
             agent = load_checkpoint(run_dir)
-            records = run_ptq(agent.policy, agent.env_spec, labels, settings, args.out / "ptq" / name)
+            sticky = ATARI_STICKY if family == "atari" and args.protocol == "zoo" else None
+            spec, policy = protocol(agent.policy, agent.env_spec, args.protocol == "zoo", sticky)
+            records = run_ptq(policy, spec, labels, settings, args.out / PROTOCOLS[args.protocol] / name)
         per_policy[name] = records
         extra[name] = {"steps": steps, "zoo (10M steps)": zoo if zoo is not None else "",
                        "episodes": len(records[0]["returns"]),
@@ -142,9 +157,12 @@ def main() -> int:
     rows = paper_table(per_policy, ["fp32", *labels])
     for row in rows:
         row.update(extra[row["policy"]])
-    print_table(rows, f"image agents trained here (E%: reward lost against fp32; zoo: {ZOO_10M})")
-    write_rows(rows, args.out, "table")
-    plot_verdicts(per_policy, args.out / "table.png", "image agents trained here: E against fp32")
+    table = "table" if args.protocol == "greedy" else f"table-{args.protocol}"
+    print_table(rows, f"image agents trained here, {args.protocol} protocol (E%: reward lost against fp32; zoo: "
+                      f"{ZOO_10M})")
+    write_rows(rows, args.out, table)
+    plot_verdicts(per_policy, args.out / f"{table}.png", f"image agents trained here ({args.protocol} protocol): E "
+                                                         "against fp32")
     return 0
 
 

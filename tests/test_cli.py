@@ -513,3 +513,26 @@ def test_ptq_with_workers_stores_the_serial_runs_returns(tiny_run: Path, tmp_pat
     assert returns(tmp_path / "1") == returns(tmp_path / "2")
     r = run_cli("ptq", str(tiny_run), "--workers", "0", "--out", str(tmp_path / "0"))
     assert r.returncode == 2 and "--workers 0 must be in 1..256" in r.stderr
+
+
+def test_a_table_wider_than_the_terminal_prints_one_block_per_row() -> None:
+    """27 columns on 80: one field | value block per agent, every value whole on its line,
+    no line past 80; markup-like text ([/], [bold]) printed as it is."""
+    import io
+
+    from rich.console import Console
+
+    from quarl.reports import print_table
+
+    rows = [{"policy": f"ppo [/]agent{i}", **{f"column {j}": f"[bold]{i * 100 + j}" for j in range(26)}}
+            for i in range(2)]
+    buf = io.StringIO()
+    print_table(rows, "title [/]", Console(file=buf, width=80))
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = buf.getvalue()
+    assert "title [/]" in text and "ppo [/]agent1" in text
+    assert all(f"column {j}" in text and f"[bold]{100 + j}" in text for j in range(26))
+    buf = io.StringIO()
+    print_table(rows, None, Console(file=buf, width=80), wide=True)
+    assert max(line.count("│") for line in buf.getvalue().splitlines()) == 28  # one table of 27 columns

@@ -154,3 +154,56 @@ def test_an_absurd_log_std_is_refused_in_one_line(tmp_path: Path) -> None:
     assert "log_std" in load_checkpoint(tmp_path / "ok.zip").policy.meta
     with pytest.raises(QuarlError, match=r"log_std \[1000.0\] is not finite within \+-20"):
         load_checkpoint(tmp_path / "nan.zip")
+
+
+def test_a_study_samples_and_sets_sticky_actions_where_an_env_has_them(tiny_run: Path, tmp_path: Path) -> None:
+    """One store, two protocols: a sampled study of a CartPole and a MinAtar agent keys its
+    cells apart from the greedy one (the fp32 returns differ), records how each played, and
+    sets sticky actions on the MinAtar env alone; its fp32 cell is what ``evaluate`` gives
+    the sampled policy on those seeds."""
+    from quarl.envs import with_sticky_actions
+    from quarl.study.grid import SEED_STRIDE, StudyConfig, run_study
+    from quarl.training.sb3_train import TrainConfig, train
+
+    minatar = train(TrainConfig("a2c", "MinAtar/Breakout-v1", timesteps=256, out=tmp_path / "agents", eval_freq=0,
+                                tensorboard=False)).run_dir
+    agents = (tiny_run, minatar)
+    greedy = run_study(StudyConfig(agents, ("fp32",), (1,), episodes=6, n_envs=3, out=tmp_path, stochastic=False))
+    sampled = run_study(StudyConfig(agents, ("fp32",), (1,), episodes=6, n_envs=3, out=tmp_path, stochastic=True,
+                                    sticky_actions=0.25))
+    assert len(greedy) == len(sampled) == 2
+    assert {r["policy_sha256"] for r in greedy}.isdisjoint({r["policy_sha256"] for r in sampled})
+    by_env = {r["env_id"]: r for r in sampled}
+    assert {r["acting"] for r in greedy} == {"greedy"} and {r["acting"] for r in sampled} == {"sampled"}
+    assert by_env["MinAtar/Breakout-v1"]["sticky_actions"] == 0.25 and by_env["CartPole-v1"]["sticky_actions"] is None
+    want = evaluate(acting(load_checkpoint(tiny_run).policy, CARTPOLE, True), CARTPOLE, episodes=6,
+                    seed=SEED_STRIDE, n_envs=2).returns
+    np.testing.assert_allclose(by_env["CartPole-v1"]["returns"], want, atol=1e-3)
+    spec = with_sticky_actions(EnvSpec("MinAtar/Breakout-v1"), 0.25)
+    want = evaluate(acting(load_checkpoint(minatar).policy, spec, True), spec, episodes=6, seed=SEED_STRIDE,
+                    n_envs=2).returns
+    np.testing.assert_allclose(by_env["MinAtar/Breakout-v1"]["returns"], want, atol=1e-3)
+    greedy_cartpole = next(r for r in greedy if r["env_id"] == "CartPole-v1")
+    assert greedy_cartpole["returns"] != by_env["CartPole-v1"]["returns"]
+
+
+def test_play_samples_as_ptq_does(tiny_run: Path) -> None:
+    from tests.conftest import run_cli
+
+    result = run_cli("play", str(tiny_run), "--episodes", "3", "--seed", "7", "--stochastic")
+    assert result.returncode == 0, result.stdout + result.stderr
+    want = evaluate(acting(load_checkpoint(tiny_run).policy, CARTPOLE, True), CARTPOLE, episodes=3, seed=7,
+                    n_envs=1).returns
+    assert f"mean return {want.mean():.2f} over 3 episodes, sampled actions" in result.stdout
+    refused = run_cli("play", str(tiny_run), "--episodes", "1", "--sticky-actions", "0.25")
+    assert refused.returncode == 2 and "--sticky-actions is for Atari and MinAtar" in refused.stderr
+
+
+def test_demo_samples_when_asked(tiny_run: Path, tmp_path: Path) -> None:
+    from quarl.demo import run_demo
+    from quarl.measure import EvalSettings
+
+    rows = run_demo([tiny_run], ["fp16"], EvalSettings(episodes=5, n_envs=5), tmp_path, stochastic=True,
+                    sticky_actions=0.25)  # CartPole has no sticky actions: it plays as it is
+    want = evaluate(acting(load_checkpoint(tiny_run).policy, CARTPOLE, True), CARTPOLE, episodes=5).returns
+    assert rows[0]["fp32"] == pytest.approx(want.mean(), abs=0.01)

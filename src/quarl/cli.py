@@ -237,6 +237,14 @@ def _default_out(kind: str, checkpoint: Path, env_id: str) -> Path:
     return Path("results") / kind / f"{algo}-{name}-{env_id.replace('/', '_')}"
 
 
+def _protocol(policy, spec, stochastic: Optional[bool], sticky_actions: Optional[float]):
+    """The env spec with ``--sticky-actions`` and the policy acting as ``--stochastic`` /
+    ``--deterministic`` say (or the RL Zoo's default)."""
+    from quarl.evaluation import protocol
+
+    return protocol(policy, spec, stochastic, sticky_actions)
+
+
 def _is_export(checkpoint: Path) -> bool:
     from quarl.policies.onnx_artifact import is_artifact
 
@@ -288,7 +296,7 @@ EnvOpt = typer.Option(None, "--env", help="gymnasium env id (default: the zoo fo
 EpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses seed + i)")
 DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
-                                                       "100000 s + i)")
+                                                       "100000 × s + i)")
 SeedOpt = typer.Option(0, "--seed")
 NEnvsOpt = typer.Option(32, "--n-envs", help="envs stepped side by side per process, the policy called on their batch "
                                                "(each env's action exactly as if alone)")
@@ -298,6 +306,14 @@ WorkersOpt = typer.Option(None, "--workers", help="processes playing episodes si
 OutOpt = typer.Option(None, "--out", parser=validate.out_option, help="output folder (default results/<command>/<policy>)")
 TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
 VerboseOpt = typer.Option(False, "--verbose", "-v")
+WideOpt = typer.Option(False, "--wide", help="print the table as one wide table even where it is wider than the "
+                       "terminal (it then prints one block per row; the CSV is always wide)")
+StickyOpt = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the previous action with this "
+                         "probability (0.25: Machado et al., ALE v5), so a deterministic agent's seeds are different "
+                         "games")
+StochasticOpt = typer.Option(None, "--stochastic/--deterministic", help="sample actions as rl_zoo3.enjoy "
+                             "--stochastic does (fp32 and each precision share their noise per seed and step), or act "
+                             "greedily; default: the RL Zoo's (stochastic on Atari and MinAtar)")
 BitsOpt = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16")
 SchemeOpt = typer.Option("quarl", help="quarl (paper, unclamped), affine or symmetric")
 GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel, "
@@ -334,13 +350,8 @@ def ptq(
     decide_episodes: int = typer.Option(0, "--decide-episodes", help="where a verdict is undecided, play as many "
                                         "episodes again (the next seeds, fp32 too) until it decides or a cell has "
                                         "played this many (0: off; e.g. 200)"),
-    sticky_actions: Optional[float] = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the "
-                                                   "previous action with this probability (0.25: Machado et al., "
-                                                   "ALE v5), so a deterministic agent's seeds are different games"),
-    stochastic: Optional[bool] = typer.Option(None, "--stochastic/--deterministic", help="sample actions as "
-                                              "rl_zoo3.enjoy --stochastic does (fp32 and each precision share "
-                                              "their noise per seed and step), or act greedily; default: the RL "
-                                              "Zoo's (stochastic on Atari and MinAtar)"),
+    sticky_actions: Optional[float] = StickyOpt,
+    stochastic: Optional[bool] = StochasticOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -349,6 +360,7 @@ def ptq(
     block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
+    wide: bool = WideOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Evaluate a policy at several precisions and print precision | mean | std | E%.
@@ -366,13 +378,7 @@ def ptq(
         raise QuarlError(f"--decide-episodes {decide_episodes} must be above --episodes {episodes} and at most "
                          f"{MAX_DECIDE_EPISODES:,} (or 0: off)")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    if sticky_actions is not None:
-        from quarl.envs import with_sticky_actions
-
-        spec = with_sticky_actions(spec, sticky_actions)
-    from quarl.evaluation import acting
-
-    ckpt.policy = acting(ckpt.policy, spec, stochastic)
+    spec, ckpt.policy = _protocol(ckpt.policy, spec, stochastic, sticky_actions)
     _warm(settings)
     out = validate.out_folder(out) or _default_out("ptq", checkpoint, spec.env_id)
     if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
@@ -383,7 +389,7 @@ def ptq(
             records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
                                    source=str(checkpoint))
         print_table(ptq_rows(records, identity=False), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), {episodes} episodes",
-                    out_console)
+                    out_console, wide)
         _say_reused(records, out / "results.jsonl")
         out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
         return
@@ -408,7 +414,7 @@ def ptq(
         records = run_ptq(ckpt.policy, spec, labels, settings, out, progress=on_episodes, source=str(checkpoint),
                           fixed=fixed, decide_episodes=decide_episodes, **options)
     rows = ptq_rows(records, identity=False)
-    print_table(rows, title, out_console)
+    print_table(rows, title, out_console, wide)
     _recover_hint(rows, checkpoint, recovered is not None)
     _say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))
@@ -1065,6 +1071,8 @@ def play(
                                                "calibration seeds, as ptq does)"),
     episodes: int = typer.Option(3, "--episodes", help="episodes to play (episode i uses seed + i, as in ptq)"),
     seed: int = SeedOpt,
+    sticky_actions: Optional[float] = StickyOpt,
+    stochastic: Optional[bool] = StochasticOpt,
     video: Optional[Path] = typer.Option(None, "--video", parser=validate.out_option,
                                          help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
                                               "needed)"),
@@ -1092,6 +1100,7 @@ def play(
     _check_count("--max-steps", max_steps, 1)
     validate.out_folder(video, "--video")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
+    spec, ckpt.policy = _protocol(ckpt.policy, spec, stochastic, sticky_actions)
     if _is_export(checkpoint):
         if labels[0] != "fp32":
             raise QuarlError(f"{checkpoint} is an exported model: it plays as exported ({ckpt.policy.precision}); "
@@ -1106,7 +1115,8 @@ def play(
     mode = (policy.meta.get("quant") or {}).get("mode")
     print_table(rows, None, out_console)
     out_console.print(f"{ckpt.algo} {spec.env_id} at {name}" + (f" (mode {mode})" if mode else "") +
-                      f": mean return {result.mean:.2f} over {episodes} episodes", soft_wrap=True)
+                      f": mean return {result.mean:.2f} over {episodes} episodes" +
+                      (", sampled actions" if policy.stochastic else ""), soft_wrap=True)
     if video is not None:
         out_console.print(f"wrote {len(rows)} videos to {video}/ ({name}-episode-0.mp4 ...)", soft_wrap=True)
 
@@ -1169,8 +1179,13 @@ def demo(
     decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
                                         "episodes until it decides or a cell has played this many (0: off)"),
     workers: Optional[int] = WorkersOpt,
+    sticky_actions: Optional[float] = typer.Option(None, "--sticky-actions", help="Atari / MinAtar agents: repeat "
+                                                   "the previous action with this probability (0.25: ALE v5); "
+                                                   "the other agents play as they are"),
+    stochastic: Optional[bool] = StochasticOpt,
     out: Path = typer.Option(Path("results/demo"), "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
+    wide: bool = WideOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """The main job: every zoo agent at each precision, as the paper's table
@@ -1199,8 +1214,8 @@ def demo(
             tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}
             return lambda c, n: bar.update(tasks[c], completed=n)
 
-        rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes)
-    print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console)
+        rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes, stochastic, sticky_actions)
+    print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console, wide)
     out_console.print(f"wrote {out}/table.csv, table.md, table.json, table.png")
 
 
@@ -1211,7 +1226,7 @@ def study(
     precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP + "; rec-int8, rec-int4: "
                                    "the agent recovered by quarl recover at that precision (once per agent, under "
                                    "OUT/recovered), its real kernel against the original fp32"),
-    seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 s + i"),
+    seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 × s + i"),
     episodes: int = StudyEpisodesOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -1225,6 +1240,11 @@ def study(
     decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
                                         "seeds for it (and fp32) until it decides or it has this many episodes "
                                         "(0: off)"),
+    sticky_actions: Optional[float] = typer.Option(None, "--sticky-actions", help="Atari / MinAtar agents: repeat "
+                                                   "the previous action with this probability (0.25: ALE v5); "
+                                                   "the other agents play as they are"),
+    stochastic: Optional[bool] = StochasticOpt,
+    wide: bool = WideOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per
@@ -1252,7 +1272,8 @@ def study(
     if decide_episodes and not decide_episodes <= MAX_DECIDE_EPISODES:
         raise QuarlError(f"--decide-episodes {decide_episodes} must be at most {MAX_DECIDE_EPISODES:,} (or 0: off)")
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
-                         int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes)
+                         int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,
+                         sticky_actions)
     with _progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 
@@ -1264,7 +1285,7 @@ def study(
         bar.update(task, completed=len(records))
     rows = study_table(records, labels)
     print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)} seeds (E%: reward lost against fp32)",
-                out_console)
+                out_console, wide)
     write_rows(rows, out, "table")
     plot_study(records, labels, out / "study.png", f"{len(rows)} agents, {len(seed_list)} seeds")
     out_console.print(f"wrote {out}/study.sqlite ({len(records)} cells), table.csv, table.md, table.json, study.png")

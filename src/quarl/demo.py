@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 from quarl.errors import QuarlError
 from quarl.measure import EvalSettings, Progress
+from quarl.evaluation import protocol
 from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 from quarl.ptq import run_ptq
 from quarl.reports import paper_table, plot_verdicts, write_rows
@@ -41,18 +42,21 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
 
 def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
              on_policy: Callable[[str, list[str]], Progress] | None = None,
-             decide_episodes: int = 0) -> list[dict[str, Any]]:
+             decide_episodes: int = 0, stochastic: bool | None = None,
+             sticky_actions: float | None = None) -> list[dict[str, Any]]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
-    ``decide_episodes``: see :func:`quarl.ptq.decide`."""
+    ``decide_episodes``: see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
+    see :func:`quarl.evaluation.protocol` (sticky actions only where the env has them)."""
     per_policy: dict[str, list[dict]] = {}
     modes: dict[str, dict[str, str]] = {}
     cells = list(dict.fromkeys(["fp32", *labels]))
     for run in runs:
         ckpt = load_checkpoint(run)
-        spec = resolve_env_spec(ckpt, None)
+        spec, ckpt.policy = protocol(ckpt.policy, resolve_env_spec(ckpt, None), stochastic, sticky_actions,
+                                     where_supported=True)
         name = f"{ckpt.algo} {spec.env_id}"
         progress = on_policy(name, cells) if on_policy else None
         per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,

@@ -278,6 +278,13 @@ def with_sticky_actions(spec: "EnvSpec", probability: float) -> "EnvSpec":
                    spec.frame_stack)
 
 
+def sticky_probability(spec: "EnvSpec") -> float | None:
+    """The sticky-action probability ``spec`` sets (None: the env's own default)."""
+    family = env_family(spec.env_id)
+    value = spec.env_kwargs.get(family.sticky) if family.sticky else None
+    return float(value) if value is not None else None
+
+
 def wrapper_names(spec: object) -> tuple[env_wrappers.Wrapper, ...]:
     """Wrappers (with their arguments) from a zoo ``env_wrapper`` entry."""
     return env_wrappers.from_zoo(spec)

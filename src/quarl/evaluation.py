@@ -195,3 +195,16 @@ def acting(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None) ->
     if stochastic and reason is not None:
         raise QuarlError(reason)
     return dataclasses.replace(policy, stochastic=bool(stochastic), meta=dict(policy.meta))
+
+
+def protocol(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None, sticky_actions: float | None = None,
+             where_supported: bool = False) -> tuple[EnvSpec, Policy]:
+    """The env spec and policy of an evaluation protocol: ``sticky_actions`` (see
+    :func:`quarl.envs.with_sticky_actions`; with ``where_supported``, envs without sticky
+    actions play as they are instead of refusing, as a study of mixed agents needs) and
+    the policy :func:`acting` as ``stochastic`` says."""
+    from quarl.envs import env_family, with_sticky_actions
+
+    if sticky_actions is not None and not (where_supported and env_family(env_spec.env_id).sticky is None):
+        env_spec = with_sticky_actions(env_spec, sticky_actions)
+    return env_spec, acting(policy, env_spec, stochastic)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from quarl.envs import EnvSpec
+from quarl.envs import EnvSpec, sticky_probability
 from quarl import parallel
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
@@ -96,13 +96,19 @@ class EvalRecord:
     endings: list | None = None
     """Per episode, a digest of how it ended (:func:`quarl.evaluation.ending`): equal digests
     are replays of one game (older records have none)."""
+    acting: str | None = None
+    """``sampled`` (the policy drew its actions, :func:`quarl.evaluation.acting`) or
+    ``greedy`` (older records have none: greedy)."""
+    sticky_actions: float | None = None
+    """The env's sticky-action probability where one was set (:func:`quarl.envs.with_sticky_actions`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 _SQL = {"str": "TEXT NOT NULL", "float": "REAL NOT NULL", "list": "TEXT NOT NULL", "dict | None": "TEXT",
-        "float | None": "REAL", "int | None": "INTEGER", "list | None": "TEXT"}
+        "float | None": "REAL", "int | None": "INTEGER", "list | None": "TEXT",
+        "str | None": "TEXT"}
 
 
 def sql_columns() -> dict[str, str]:
@@ -273,6 +279,8 @@ def evaluate_config(
         model_bytes=quantized.size_bytes(),
         build_s=build_s,
         endings=result.endings,
+        acting="sampled" if quantized.stochastic else "greedy",
+        sticky_actions=sticky_probability(env_spec),
     ).to_dict()
 
 

@@ -127,16 +127,38 @@ def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Seq
     return rows
 
 
-def print_table(rows: Sequence[dict[str, Any]], title: str | None, console: Console | None = None) -> None:
+def print_table(rows: Sequence[dict[str, Any]], title: str | None, console: Console | None = None,
+                wide: bool = False) -> None:
+    """``rows`` as one table; where it is wider than the terminal (and not ``wide``), as one
+    field | value block per row instead, so nothing is cut or folded into a column of
+    single letters (the CSV beside it keeps the wide form)."""
+    from rich.markup import escape
+    from rich.measure import Measurement
+
     console = console or Console()
-    table = Table(title=title)
     columns = list(dict.fromkeys(k for row in rows for k in row))
+    table = Table(title=escape(title) if title else None)
     for c in columns:
         # a narrow terminal folds a cell or header onto two lines; nothing is cut to "..."
-        table.add_column(c, justify="left" if c in ("policy", "precision", "layer") else "right", overflow="fold")
+        table.add_column(escape(c), justify="left" if c in ("policy", "precision", "layer") else "right",
+                         overflow="fold")
     for row in rows:
-        table.add_row(*[_fmt(row.get(c, "")) for c in columns])
-    console.print(table)
+        table.add_row(*[escape(_fmt(row.get(c, ""))) for c in columns])
+    natural = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
+    if wide or natural <= console.width or not rows:
+        console.print(table)
+        return
+    if title:
+        console.print(escape(title), style="italic", soft_wrap=True)
+    first = columns[0]
+    for row in rows:
+        block = Table(title=escape(f"{first} {_fmt(row.get(first, ''))}"), show_header=False, title_justify="left")
+        block.add_column(overflow="fold")
+        block.add_column(overflow="fold")
+        for c in columns[1:]:
+            if row.get(c, "") != "":
+                block.add_row(escape(c), escape(_fmt(row[c])))
+        console.print(block)
 
 
 def _fmt(value: Any) -> str:

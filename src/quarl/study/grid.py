@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from quarl.errors import QuarlError
+from quarl.evaluation import acting, protocol
 from quarl.measure import RESULT_FORMAT, EvalSettings, evaluate_config
 from quarl.quant.config import QuantConfig
 from quarl.study.store import KEY, StudyStore
@@ -57,6 +58,12 @@ class StudyConfig:
     decide_episodes: int = 0
     """Where a verdict is undecided, play more seeds for it (and fp32) until it decides or
     its cells hold this many episodes (0: off)."""
+    stochastic: bool | None = None
+    """Sample actions (True), act greedily (False) or the RL Zoo's default per env (None:
+    stochastic on Atari and MinAtar); see :func:`quarl.evaluation.acting`."""
+    sticky_actions: float | None = None
+    """Atari / MinAtar agents repeat their previous action with this probability; the other
+    agents play as they are."""
 
     def __post_init__(self) -> None:
         if not self.checkpoints:
@@ -92,6 +99,10 @@ class StudyCell:
     trust_pickle: bool = False
     recover_out: str = ""
     """``rec-int4`` / ``rec-int8`` cells: the folder the recovered agent is written to (and reused from)."""
+    stochastic: bool = False
+    """The policy samples its actions (resolved per agent: part of ``policy_sha256``)."""
+    sticky_actions: float | None = None
+    """Applied to this agent's env (part of ``config_key``)."""
 
     def key(self) -> tuple:
         return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
@@ -109,10 +120,11 @@ def _base_label(label: str) -> str:
     return recovered_precision(label) or label
 
 
-def config_key(config: QuantConfig, recovered: bool = False) -> str:
+def config_key(config: QuantConfig, recovered: bool = False, sticky_actions: float | None = None) -> str:
     """Hash of the config as this CPU runs it, the result format, and for real int cells
     the runtime and CPU (see :func:`quarl.quant.modes.runtime_key`); a recovered column
-    adds the recovery's format and options."""
+    adds the recovery's format and options, sticky actions their probability (absent
+    ones add nothing, so older stores keep their keys)."""
     from quarl.quant import precisions as registry
     from quarl.quant.modes import runtime_key
 
@@ -122,6 +134,8 @@ def config_key(config: QuantConfig, recovered: bool = False) -> str:
         from quarl.recovery import RECOVERY_FORMAT, RecoverConfig
 
         parts.append([RECOVERY_FORMAT, dataclasses.asdict(RecoverConfig(precision=config.label))])
+    if sticky_actions is not None:
+        parts.append({"sticky_actions": sticky_actions})
     text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -132,7 +146,10 @@ def cells(config: StudyConfig) -> list[StudyCell]:
     out = []
     for checkpoint in config.checkpoints:
         path = str(Path(checkpoint).resolve())
-        sha = _load(path, config.trust_pickle)[0].policy.fingerprint()
+        ckpt, own_spec = _load(path, config.trust_pickle)
+        spec, policy = protocol(ckpt.policy, own_spec, config.stochastic, config.sticky_actions, where_supported=True)
+        sticky = config.sticky_actions if spec is not own_spec else None  # only agents whose env has sticky actions
+        sha = policy.fingerprint()
         for seed in config.seeds:
             for p in precisions:
                 quant = QuantConfig.parse(_base_label(p), int8_weights=config.int8_weights,
@@ -140,9 +157,9 @@ def cells(config: StudyConfig) -> list[StudyCell]:
                 recovered = _base_label(p) != p
                 folder = str(Path(config.out).resolve() / "recovered" / f"{sha[:12]}-{_base_label(p)}") if recovered \
                     else ""
-                out.append(StudyCell(path, sha, p, config_key(quant, recovered), seed, config.episodes, config.n_envs,
-                                     config.max_steps, config.int8_weights, config.block_size, config.trust_pickle,
-                                     folder))
+                out.append(StudyCell(path, sha, p, config_key(quant, recovered, sticky), seed, config.episodes,
+                                     config.n_envs, config.max_steps, config.int8_weights, config.block_size,
+                                     config.trust_pickle, folder, policy.stochastic, sticky))
     return out
 
 
@@ -170,6 +187,7 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
     torch.set_num_threads(1)
     started = time.perf_counter()
     ckpt, spec = _load(cell.checkpoint, cell.trust_pickle)
+    spec, policy = protocol(ckpt.policy, spec, cell.stochastic, cell.sticky_actions)
     config = cell.quant_config()
     settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
                             max_steps=cell.max_steps)
@@ -177,13 +195,14 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
     if cell.recover_out:  # a recovered column: recovered once per agent (the first cell), its real kernel evaluated
         from quarl.recovery import recovered_kernel
 
-        quantized = recovered_kernel(ckpt.path, ckpt.policy, spec, _base_label(cell.precision), Path(cell.recover_out),
-                                     cell.trust_pickle, int8_weights=cell.int8_weights, block_size=cell.block_size)
-    result = evaluate_config(ckpt.policy, spec, config, settings, quantized=quantized)
+        kernel = recovered_kernel(ckpt.path, ckpt.policy, spec, _base_label(cell.precision), Path(cell.recover_out),
+                                  cell.trust_pickle, int8_weights=cell.int8_weights, block_size=cell.block_size)
+        quantized = acting(kernel, spec, cell.stochastic)
+    result = evaluate_config(policy, spec, config, settings, quantized=quantized)
     return {
         **dict(zip(KEY, cell.key())),
         **result,
-        "policy_sha256": ckpt.policy.fingerprint(),  # what was evaluated, should the file have changed since
+        "policy_sha256": policy.fingerprint(),  # what was evaluated, should the file have changed since
         "policy": f"{ckpt.algo} {spec.env_id}",
         "algo": ckpt.algo,
         "wall_s": time.perf_counter() - started,
