@@ -207,3 +207,47 @@ def test_demo_samples_when_asked(tiny_run: Path, tmp_path: Path) -> None:
                     sticky_actions=0.25)  # CartPole has no sticky actions: it plays as it is
     want = evaluate(acting(load_checkpoint(tiny_run).policy, CARTPOLE, True), CARTPOLE, episodes=5).returns
     assert rows[0]["fp32"] == pytest.approx(want.mean(), abs=0.01)
+
+
+def test_sampled_agreement_is_one_minus_total_variation_for_two_actions(tiny_run: Path) -> None:
+    """Under shared Gumbel noise two categorical policies over 2 actions sample the same
+    action with probability 1 - TV: the estimate over 2,000 states is within 0.01 of it."""
+    import torch
+
+    from quarl.quant.modes import sampled_agreement
+
+    policy = load_checkpoint(tiny_run).policy
+    states = np.random.default_rng(3).normal(size=(2000, 4)).astype(np.float32)
+    with torch.no_grad():
+        logits = policy.network(torch.from_numpy(states)).double().numpy()
+    moved = logits + np.random.default_rng(4).normal(scale=1.0, size=logits.shape)
+    p, q = (np.exp(x - x.max(1, keepdims=True)) for x in (logits, moved))
+    tv = 0.5 * np.abs(p / p.sum(1, keepdims=True) - q / q.sum(1, keepdims=True)).sum(1).mean()
+    assert sampled_agreement(policy, states, logits) == 1.0
+    assert abs(sampled_agreement(policy, states, moved) - (1 - tv)) < 0.01
+
+
+def test_a_sampling_policys_int_mode_is_chosen_on_its_sampled_agreement(tiny_run: Path) -> None:
+    """The automatic choice of a sampling categorical policy records the sampled agreement
+    it was judged by (a choice stored apart from the greedy one) and the table shows it."""
+    from quarl.measure import calibration_inputs
+    from quarl.reports import quant_columns
+
+    policy = load_checkpoint(tiny_run).policy
+    calibration = calibration_inputs(policy, CARTPOLE)
+    sampled = quantize(acting(policy, CARTPOLE, True), QuantConfig.parse("int4"), calibration=calibration)
+    greedy = quantize(policy, QuantConfig.parse("int4"), calibration=calibration)
+    quant = sampled.meta["quant"]
+    assert sampled.stochastic and not greedy.stochastic
+    assert 0.9 <= quant["sampled_agreement"] <= 1.0
+    assert "sampled agree%" in quant_columns({"quant": quant})
+    from quarl.quant.modes import choose
+
+    states = calibration[:400]
+    for bar in (0.95, 0.9999):  # a bar the sampled agreement meets, and one it may not
+        chosen, tried = choose(policy, 4, states, "auto", 32, bar, 0.02, sampled=True)
+        passing = [c for c in tried if c.sampled_agreement >= bar]
+        if passing:
+            assert chosen.sampled_agreement >= bar
+        else:
+            assert chosen.sampled_agreement == max(c.sampled_agreement for c in tried)

@@ -77,13 +77,16 @@ def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
     quant = record.get("quant")
     if not quant:
         return {"mode": "", "fp32_layers": "", "agree%": ""}
-    agreement, kl = quant.get("agreement"), quant.get("kl")
+    agreement, kl, sampled = quant.get("agreement"), quant.get("kl"), quant.get("sampled_agreement")
     return {
         "mode": quant["mode"],
         "fp32_layers": layer_indices(quant.get("fp32_layers", [])) or "none",
         "agree%": "" if agreement is None or agreement != agreement else round(100 * agreement, 1),
-        # a categorical head's distance between fp32's and the mode's action distributions (where sampled)
+        # a categorical head's distance between fp32's and the mode's action distributions, and how often a sampled
+        # action stays the same under shared noise (what the automatic choice judges a sampling policy by)
         **({"KL": f"{kl:.2g}"} if isinstance(kl, (int, float)) and kl == kl else {}),
+        **({"sampled agree%": round(100 * sampled, 1)} if isinstance(sampled, (int, float)) and sampled == sampled
+           else {}),
     }
 
 

@@ -226,6 +226,11 @@ LOGIT_ALGOS = ("a2c", "ppo", "trpo", "ppo_mask")
 Q_VALUE_ALGOS = ("dqn", "qrdqn")
 
 
+def categorical(policy: Policy) -> bool:
+    """Whether the policy's network outputs a categorical distribution's logits."""
+    return policy.head == "argmax" and policy.algo in LOGIT_ALGOS
+
+
 def stochastic_support(policy: Policy) -> str | None:
     """Why ``policy`` cannot be evaluated stochastically here (None: it can)."""
     if policy.head == "argmax" and policy.algo in LOGIT_ALGOS:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from quarl.errors import QuarlError
-from quarl.policies.base import Policy, greedy, linear_layers
+from quarl.policies.base import Policy, categorical, greedy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant import choice_cache
@@ -178,9 +178,10 @@ def _explain(label: str, chosen: dict, tried: list[dict], cached: bool) -> None:
              if cached else "")
 
 
-def _choice_options(config: "QuantConfig") -> dict:
-    return {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
-            "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
+def _choice_options(config: "QuantConfig", sampled: bool = False) -> dict:
+    options = {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
+               "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
+    return {**options, "sampled": True} if sampled else options  # a greedy choice keeps its older key
 
 
 def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: dict) -> Candidate:
@@ -207,20 +208,22 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     which layers stayed fp32 and how often its actions agreed with fp32 on ``calibration``."""
     config = config.resolved()
     cached = False
-    # the mode is chosen on greedy play, the same whether a command evaluates greedily or samples (ptq on Atari,
-    # export: one choice, stored once); a greedy policy is kept as it is (calibration episodes know it by identity)
+    # calibration episodes play greedily whether a command evaluates greedily or samples (a greedy policy is kept
+    # as it is: calibration episodes know it by identity); a sampling categorical policy is judged on its sampled
+    # actions' agreement (modes.sampled_agreement), a choice stored apart from the greedy one
     acting, policy = policy, greedy(policy)
+    sampled = acting.stochastic and categorical(policy)
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
                              "fp32 (quarl.measure.calibration_inputs)")
-        key = choice_cache.choice_key(policy.fingerprint(), _choice_options(config), calibration, returns)
+        key = choice_cache.choice_key(policy.fingerprint(), _choice_options(config, sampled), calibration, returns)
         entry = choice_cache.load(key, {m for m in MODES if MODES[m].bits == config.bits})
         if entry is not None:
             best, tried, cached = _rebuild(policy, config, calibration, entry), entry["tried"], True
         else:
             best, candidates = choose(policy, config.bits, calibration, config.int8_weights, config.block_size,
-                                      config.min_agreement, config.action_tolerance, returns)
+                                      config.min_agreement, config.action_tolerance, returns, sampled=sampled)
             tried = [c.summary() for c in candidates]
             choice_cache.store(key, {"mode": best.mode, "keep": list(best.keep), "chosen": best.summary(),
                                      "tried": tried})
