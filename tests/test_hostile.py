@@ -4,6 +4,7 @@ run, and every user mistake answered with one line and exit status 2 (never a tr
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import stable_baselines3 as sb3
 from typer.testing import CliRunner
 
 from quarl.cli import app
+from quarl.errors import QuarlError
 from tests.test_cli import quarl, read_csv
 
 runner = CliRunner()
@@ -290,7 +292,6 @@ def test_evaluation_workers_die_with_a_killed_quarl(tmp_path) -> None:
     """SIGKILL to ``quarl ptq --workers 2`` mid-evaluation: its workers (children of the
     fork server, not of quarl) and the fork server are gone within seconds instead of
     playing on under init."""
-    import os
     import signal
     import subprocess
     import sys
@@ -320,3 +321,53 @@ def test_evaluation_workers_die_with_a_killed_quarl(tmp_path) -> None:
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive, [p.pid for p in alive]
+
+
+@pytest.mark.parametrize("kind", ["zip", "vecnormalize", "config", "results", "cache"])
+def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(kind: str, tmp_path: Path,
+                                                                              tiny_run: Path) -> None:
+    """A FIFO where quarl reads a file would block forever, /dev/zero would never end: each
+    is refused in one line (or, for a cache entry, ignored) at once."""
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.records import ResultsLog
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    zip_path = next(run.glob("*.zip"))
+    if kind == "zip":
+        zip_path.unlink()
+        os.mkfifo(zip_path)
+        with pytest.raises(QuarlError, match="named pipe"):
+            load_checkpoint(run)
+    elif kind == "vecnormalize":
+        from quarl.policies.safe_load import load_vecnormalize
+
+        target = next(run.rglob("config.yml")).parent / "vecnormalize.pkl"
+        target.unlink(missing_ok=True)
+        target.symlink_to("/dev/zero")
+        with pytest.raises(QuarlError, match="device"):
+            load_vecnormalize(target, obs_shape=(4,))
+    elif kind == "config":
+        config = next(run.rglob("config.yml"))
+        config.unlink()
+        os.mkfifo(config)
+        with pytest.raises(QuarlError, match="named pipe"):
+            load_checkpoint(run)
+    elif kind == "results":
+        log = tmp_path / "results.jsonl"
+        os.mkfifo(log)
+        with pytest.raises(QuarlError, match="named pipe"):
+            ResultsLog(log).load()
+    else:
+        from quarl.quant import choice_cache
+
+        folder = tmp_path / "cache"
+        folder.mkdir()
+        os.environ[choice_cache.CACHE_ENV] = str(folder)
+        try:
+            os.mkfifo(folder / "abc.json")
+            assert choice_cache.load("abc", {"int8-block"}) is None
+            (folder / "def.json").symlink_to("/dev/zero")
+            assert choice_cache.load("def", {"int8-block"}) is None
+        finally:
+            del os.environ[choice_cache.CACHE_ENV]

@@ -399,6 +399,8 @@ def ptq(
     fixed, title = {}, f"{ckpt.algo} {spec.env_id}, {episodes} episodes" + (", stochastic" if ckpt.policy.stochastic
                                                                               else "")
     if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
+        from quarl.evaluation import acting
+
         fixed = {"fp32": acting(recovered.original, spec, ckpt.policy.stochastic),
                  recovered.precision: acting(recovered.kernel, spec, ckpt.policy.stochastic)}
         title += f" (recovered {recovered.precision}: fp32 is the original policy)"

@@ -7,7 +7,8 @@ memory quarl takes. Every check runs before the memory is taken and fails with o
 - tensors must hold the values their shape claims (no zero-stride views of one value
   posing as a 10^8-wide layer), all together at most :func:`max_parameters`, and finite
   (:func:`check_tensors`);
-- files read whole are read at most their cap (:func:`read_capped`): side files a few
+- files are regular files (:func:`regular_file`: a named pipe or a device would block or
+  never end) and are read whole at most their cap (:func:`read_capped`): side files a few
   kilobytes long in practice get a cap of a megabyte or so, model files
   :func:`model_file_cap`;
 - a network described by sizes (``--policy-layers``, ``net_arch``) is priced before it is
@@ -19,9 +20,10 @@ memory quarl takes. Every check runs before the memory is taken and fails with o
 from __future__ import annotations
 
 import os
+import stat
 import zipfile
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import BinaryIO, Iterable, Mapping
 
 import torch
 
@@ -79,21 +81,74 @@ def read_zip_entry(archive: zipfile.ZipFile, name: str, where: str) -> bytes:
     return b"".join(parts)
 
 
-def check_file_size(path: Path, cap: int, what: str) -> None:
-    """Refuse ``path`` in one line when it holds more than ``cap`` bytes."""
-    size = path.stat().st_size
+def regular_file(path: Path, what: str, within: Path | None = None) -> Path:
+    """``path`` if it is a regular file (a symlink to one is followed): a named pipe, a
+    device or a socket would block a read or never end, so each is refused in one line;
+    with ``within``, a symlink that leads out of that folder is refused too (a run
+    folder's side file is that run's own)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise QuarlError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise QuarlError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a named pipe" if stat.S_ISFIFO(info.st_mode) else "a device" if stat.S_ISCHR(info.st_mode)
+                or stat.S_ISBLK(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode)
+                else "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file")
+        raise QuarlError(f"{path} is {kind}, not a regular file: refused as {what}")
+    if within is not None and path.is_symlink():
+        target, root = path.resolve(), Path(within).resolve()
+        if root not in target.parents:
+            raise QuarlError(f"{path} is a symlink out of {within} (to {target}): refused as {what}")
+    return path
+
+
+def open_regular(path: Path, what: str, within: Path | None = None) -> BinaryIO:
+    """``path`` opened for reading, checked to be a regular file on the descriptor itself
+    (the file cannot be swapped for a pipe between the check and the open: the open does
+    not block and the descriptor is what is checked)."""
+    regular_file(path, what, within)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise QuarlError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise QuarlError(f"{path} is not a regular file: refused as {what}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def check_file_size(path: Path, cap: int, what: str, within: Path | None = None) -> None:
+    """Refuse ``path`` in one line when it is not a regular file (:func:`regular_file`) or
+    holds more than ``cap`` bytes."""
+    size = regular_file(path, what, within).stat().st_size
     if size > cap:
         raise QuarlError(f"{path} has {size} bytes, more than the {cap} allowed for {what}: refused")
 
 
-def read_capped(path: Path, cap: int, what: str) -> bytes:
-    """The bytes of ``path``, refused in one line when it holds more than ``cap``."""
-    check_file_size(path, cap, what)
-    with path.open("rb") as fh:
+def read_capped(path: Path, cap: int, what: str, within: Path | None = None) -> bytes:
+    """The bytes of regular file ``path``, refused in one line when it holds more than ``cap``."""
+    check_file_size(path, cap, what, within)
+    with open_regular(path, what, within) as fh:
         data = fh.read(cap + 1)
     if len(data) > cap:  # grew after the check
         raise QuarlError(f"{path} has more than the {cap} bytes allowed for {what}: refused")
     return data
+
+
+def open_zip(path: Path, what: str, within: Path | None = None) -> zipfile.ZipFile:
+    """A zip archive read from regular file ``path`` (never a pipe), refused in one line
+    when it is not a zip or larger than :func:`model_file_cap`."""
+    check_file_size(path, model_file_cap(), what, within)
+    fh = open_regular(path, what, within)
+    try:
+        return zipfile.ZipFile(fh)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        fh.close()
+        raise QuarlError(f"{path} is not a readable zip ({exc}): refused as {what}") from None
 
 
 def model_file_cap() -> int:

@@ -8,6 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from quarl.limits import read_capped
+
+RESULTS_CAP = 256 << 20
+"""A results log of 256 MB holds ~50,000 records of 1,000 episodes: more is not one of quarl's."""
+
 
 class ResultsLog:
     """Append-only JSON-lines file of records (dicts)."""
@@ -20,7 +25,8 @@ class ResultsLog:
         if not self.path.exists():
             return []
         records = []
-        for line in self.path.read_text().splitlines():
+        text = read_capped(self.path, RESULTS_CAP, "a results log").decode("utf-8", errors="replace")
+        for line in text.splitlines():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:  # a line cut short by a kill: recompute that cell

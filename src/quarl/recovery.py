@@ -547,9 +547,9 @@ def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
 def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
     """``source`` with its ``policy.pth`` tensors replaced by ``tensors`` (and the same
     names under a ``*_target`` network, so DQN / TD3 targets match); every other entry copied."""
-    from quarl.limits import read_zip_entry
+    from quarl.limits import open_zip, read_zip_entry
 
-    with zipfile.ZipFile(source) as archive:
+    with open_zip(source, "a Stable-Baselines3 checkpoint") as archive:
         sd = torch.load(io.BytesIO(read_zip_entry(archive, "policy.pth", str(source))), map_location="cpu",
                         weights_only=True)
         for name, value in tensors.items():

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from quarl.errors import QuarlError
+from quarl.limits import read_capped
 
 WINDOW = 10
 """Evaluations in the running mean that time-to-reward uses (as the paper)."""
@@ -107,7 +108,7 @@ class ActorQSummary:
     @classmethod
     def read(cls, path: Path) -> "ActorQSummary":
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(read_capped(Path(path), 16 << 20, "an ActorQ summary.json"))
         except (OSError, ValueError):
             raise QuarlError(f"{path} is not an ActorQ summary.json") from None
         return cls.from_json(data, str(path))

@@ -358,6 +358,9 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> 
 
     if not path.exists():
         raise QuarlError(f"nothing to resume: {path} does not exist")
+    from quarl.limits import check_file_size, model_file_cap
+
+    check_file_size(path, 2 * model_file_cap(), "an ActorQ checkpoint")  # the learner's weights and its replay
     try:  # tensors, numbers and strings only: nothing in the file can run code
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a foreign or crafted file

@@ -40,7 +40,7 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
-from quarl.limits import check_tensors, read_capped, read_zip_entry
+from quarl.limits import check_tensors, open_zip, read_capped, read_zip_entry
 from quarl.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
@@ -338,7 +338,7 @@ def _check_shapes(policy: Policy) -> None:
 
 def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_zip(path, "a Stable-Baselines3 checkpoint") as archive:
             names = set(archive.namelist())
             if "data" not in names or "policy.pth" not in names:
                 raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: it lacks 'data' or 'policy.pth'")

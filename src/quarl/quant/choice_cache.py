@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from quarl.errors import QuarlError
+from quarl.limits import read_capped
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "QUARL_CACHE"
@@ -67,10 +70,12 @@ def load(key: str | None, known_modes: set[str]) -> dict[str, Any] | None:
         return None
     path = folder / f"{key}.json"
     try:
-        if path.stat().st_size > MAX_ENTRY_BYTES:
+        if not path.exists():
             return None
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        entry = json.loads(read_capped(path, MAX_ENTRY_BYTES, "an int mode cache entry", within=folder))
+    except (OSError, ValueError, UnicodeDecodeError, QuarlError) as exc:
+        if path.exists() or path.is_symlink():
+            log.info("ignoring the int mode cache entry %s: %s", path, exc)
         return None
     ok = (isinstance(entry, dict) and entry.get("mode") in known_modes
           and isinstance(entry.get("keep"), list) and all(isinstance(i, int) and 0 <= i < 10_000 for i in entry["keep"])

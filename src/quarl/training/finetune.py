@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import logging
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +25,7 @@ from torch import nn
 
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
-from quarl.limits import read_zip_entry
+from quarl.limits import open_zip, read_zip_entry
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_tensors
 
@@ -40,7 +39,7 @@ OFF_POLICY = ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc", "crossq")
 
 
 def _read_tensors(zip_path: Path, entry: str) -> dict[str, Any] | None:
-    with zipfile.ZipFile(zip_path) as archive:
+    with open_zip(zip_path, "a Stable-Baselines3 checkpoint") as archive:
         if entry not in archive.namelist():
             return None
         return torch.load(io.BytesIO(read_zip_entry(archive, entry, str(zip_path))), map_location="cpu",
@@ -54,7 +53,7 @@ def _data_policy_kwargs(zip_path: Path, policy: Policy) -> dict[str, Any]:
 
     from quarl.policies.sb3 import _ACTIVATIONS
 
-    with zipfile.ZipFile(zip_path) as archive:
+    with open_zip(zip_path, "a Stable-Baselines3 checkpoint") as archive:
         data = json.loads(read_zip_entry(archive, "data", str(zip_path)))
     def plain(v: Any) -> bool:
         if isinstance(v, dict):

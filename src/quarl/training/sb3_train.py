@@ -29,6 +29,7 @@ import yaml
 
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
+from quarl.limits import read_capped
 from quarl.quant.config import QATConfig
 from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TRAINERS, TrainSetup, prepare
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
@@ -172,6 +173,9 @@ def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _load_arrays(path: Path) -> dict[str, np.ndarray]:
+    from quarl.limits import check_file_size
+
+    check_file_size(path, 1 << 30, "a checkpoint's arrays")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
@@ -389,7 +393,7 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
                          **setup.model_kwargs)
         _resume_from(model, Path(path), done, config.trust_pickle)
         if config.qat is not None and Path(f"{stem}.qat.json").exists():
-            qat_restore = json.loads(Path(f"{stem}.qat.json").read_text())
+            qat_restore = json.loads(read_capped(Path(f"{stem}.qat.json"), 1 << 20, "a QAT state"))
         log.info("resuming %s from step %d", run_dir, done)
     enable_mixed_precision(model, config.precision)
     checkpointer = _Checkpointer(run_dir, config.qat, config.save_replay)
