@@ -294,3 +294,36 @@ def test_the_api_takes_an_env_id_and_the_zoos_schedule_syntax_is_text(tiny_run: 
     with pytest.raises(QuarlError, match="neither an EnvSpec nor a gymnasium env id"):
         quarl.evaluate(agent.policy, 42, episodes=1)
     assert parse_literal("lin_3e-4") == "lin_3e-4" and parse_literal("1e-3") == 1e-3  # --hp learning_rate=lin_3e-4
+
+
+def test_a_run_folder_is_one_policy_and_the_zoo_options_pick_its_zips(tiny_run: Path, tmp_path: Path) -> None:
+    """rl_zoo3.enjoy's rules: the final model by default, --load-checkpoint N,
+    --load-last-checkpoint, --load-best; a second final model is refused with both names."""
+    import shutil
+
+    from quarl.errors import QuarlError
+    from quarl.policies.sb3 import load_checkpoint, pick_zip
+    from tests.conftest import run_cli
+
+    run = tmp_path / "ppo" / "CartPole-v1_1"
+    shutil.copytree(tiny_run, run)
+    steps = sorted(int(p.name.split("_")[2]) for p in run.glob("rl_model_*_steps.zip"))
+    assert steps, "the tiny run keeps checkpoints"
+    assert pick_zip(run) == run / "CartPole-v1.zip"
+    assert pick_zip(run, load_last_checkpoint=True) == run / f"rl_model_{steps[-1]}_steps.zip"
+    assert pick_zip(run, load_checkpoint=steps[0]) == run / f"rl_model_{steps[0]}_steps.zip"
+    with pytest.raises(QuarlError, match=r"--load-checkpoint 7: .* no rl_model_7_steps.zip \(checkpoints: "):
+        pick_zip(run, load_checkpoint=7)
+    with pytest.raises(QuarlError, match="no best_model.zip"):
+        pick_zip(run, load_best=True)
+    first = run_cli("play", str(run), "--load-checkpoint", str(steps[0]), "--episodes", "2")
+    want = load_checkpoint(run / f"rl_model_{steps[0]}_steps.zip")
+    assert first.returncode == 0 and want.policy.fingerprint() != load_checkpoint(run).policy.fingerprint()
+    from quarl.evaluation import evaluate
+
+    mean = evaluate(want.policy, want.env_spec, episodes=2, n_envs=1).returns.mean()
+    assert f"mean return {mean:.2f} over 2 episodes" in first.stdout
+    shutil.copyfile(run / "CartPole-v1.zip", run / "other.zip")
+    refused = run_cli("ptq", str(run), "--episodes", "1")
+    assert refused.returncode == 2 and "holds 2 policies (CartPole-v1.zip, other.zip)" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import click
 import typer
@@ -214,6 +214,33 @@ def _progress() -> Progress:
     )
 
 
+def _load_choice(fn: Callable) -> Callable:
+    """Gives a command rl_zoo3.enjoy's ``--load-best``, ``--load-checkpoint N`` and
+    ``--load-last-checkpoint``: which zip of a run folder its CHECKPOINT means
+    (:func:`quarl.policies.sb3.pick_zip`); the zip then finds its folder's statistics."""
+    extra = [
+        inspect.Parameter("load_best", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--load-best", help="a run folder's best_model.zip (as rl_zoo3.enjoy --load-best)")),
+        inspect.Parameter("load_checkpoint", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[int],
+                          default=typer.Option(None, "--load-checkpoint", help="a run folder's rl_model_N_steps.zip")),
+        inspect.Parameter("load_last_checkpoint", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--load-last-checkpoint", help="a run folder's latest rl_model_N_steps.zip")),
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, load_best: bool = False, load_checkpoint: Optional[int] = None,
+                load_last_checkpoint: bool = False, **kwargs: Any) -> Any:
+        if load_best or load_checkpoint is not None or load_last_checkpoint:
+            from quarl.policies.sb3 import pick_zip
+
+            kwargs["checkpoint"] = pick_zip(kwargs["checkpoint"], load_best, load_checkpoint, load_last_checkpoint)
+        return fn(*args, **kwargs)
+
+    signature = inspect.signature(fn)
+    wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])
+    return wrapper
+
+
 def _load(checkpoint: Path, env: Optional[str], trust_pickle: bool):
     """quarl.load: fails before any work when the env does not fit the policy."""
     from quarl.api import load
@@ -342,6 +369,7 @@ def _recover_hint(rows: list[dict], checkpoint: Path, recovered: bool) -> None:
 
 @app.command()
 @user_errors
+@_load_choice
 def ptq(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
@@ -424,6 +452,7 @@ def ptq(
 
 @app.command()
 @user_errors
+@_load_choice
 def sweep(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
@@ -919,6 +948,7 @@ def _is_count(text: str, option: str) -> bool:
 
 @app.command()
 @user_errors
+@_load_choice
 def export(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
@@ -974,6 +1004,7 @@ RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip
 
 @app.command()
 @user_errors
+@_load_choice
 def recover(
     checkpoint: Path = RecoverCheckpointArg,
     env: Optional[str] = EnvOpt,
@@ -1066,6 +1097,7 @@ def recover(
 
 @app.command()
 @user_errors
+@_load_choice
 def play(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
@@ -1125,6 +1157,7 @@ def play(
 
 @app.command()
 @user_errors
+@_load_choice
 def bench(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,

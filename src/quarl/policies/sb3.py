@@ -400,14 +400,53 @@ def _policy_class_name(data: dict) -> str | None:
     return strings[-1] if strings else None
 
 
+CHECKPOINT_ZIP = re.compile(r"rl_model_(\d+)_steps\.zip")
+
+
+def pick_zip(folder: Path, load_best: bool = False, load_checkpoint: int | None = None,
+             load_last_checkpoint: bool = False) -> Path:
+    """The zip of an RL Zoo run folder a command takes, chosen as ``rl_zoo3.enjoy`` chooses:
+    ``best_model.zip`` (``load_best``), ``rl_model_N_steps.zip`` (``load_checkpoint=N``),
+    the latest of those (``load_last_checkpoint``), else the final model: the one zip that
+    is neither (``best_model.zip`` where there is no other). Two final models are refused
+    with their names: a folder is one policy."""
+    folder = Path(folder)
+    if sum([load_best, load_checkpoint is not None, load_last_checkpoint]) > 1:
+        raise QuarlError("--load-best, --load-checkpoint and --load-last-checkpoint pick one zip each: give one")
+    if not folder.is_dir():
+        if load_best or load_checkpoint is not None or load_last_checkpoint:
+            raise QuarlError(f"--load-best / --load-checkpoint / --load-last-checkpoint pick a zip of a run folder; "
+                             f"{folder} is not a folder")
+        return folder
+    checkpoints = {int(m.group(1)): p for p in folder.glob("rl_model_*_steps.zip") if (m := CHECKPOINT_ZIP.fullmatch(p.name))}
+    if load_best:
+        if not (folder / "best_model.zip").is_file():
+            raise QuarlError(f"--load-best: {folder} has no best_model.zip (it is written by training with evaluation)")
+        return folder / "best_model.zip"
+    if load_checkpoint is not None:
+        if load_checkpoint not in checkpoints:
+            have = ", ".join(str(n) for n in sorted(checkpoints)) or "none"
+            raise QuarlError(f"--load-checkpoint {load_checkpoint}: {folder} has no rl_model_{load_checkpoint}_steps.zip "
+                             f"(checkpoints: {have})")
+        return checkpoints[load_checkpoint]
+    if load_last_checkpoint:
+        if not checkpoints:
+            raise QuarlError(f"--load-last-checkpoint: {folder} has no rl_model_N_steps.zip checkpoint")
+        return checkpoints[max(checkpoints)]
+    finals = sorted(p for p in folder.glob("*.zip") if p.name != "best_model.zip" and p not in checkpoints.values())
+    if len(finals) > 1:
+        raise QuarlError(f"{folder} holds {len(finals)} policies ({', '.join(p.name for p in finals)}): a run folder "
+                         f"is one policy; name the zip to use (e.g. {finals[0]})")
+    finals = finals or sorted(folder.glob("best_model.zip"))
+    if not finals:
+        raise QuarlError(f"{folder} holds no .zip checkpoint: expected an RL Zoo run folder like ppo/CartPole-v1_1")
+    return finals[0]
+
+
 def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
     """(zip, config folder, algo) for a zoo run folder or a zip (maybe inside one)."""
     if path.is_dir():
-        zips = sorted(p for p in path.glob("*.zip") if not p.name.startswith(("best_model", "rl_model")))
-        zips = zips or sorted(path.glob("best_model.zip"))
-        if not zips:
-            raise QuarlError(f"{path} holds no .zip checkpoint: expected an RL Zoo run folder like ppo/CartPole-v1_1")
-        zip_path = zips[0]
+        zip_path = pick_zip(path)
     elif path.suffix == ".zip" or path.is_file():
         zip_path = path
     else:
