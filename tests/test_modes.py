@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import gymnasium as gym
@@ -367,6 +369,7 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     """The choice is keyed by policy content, calibration and options: the second quantize
     builds only the stored mode and says so; another policy, or an unreadable entry, is
     chosen afresh; QUARL_CACHE=off never stores."""
+    from quarl.policies.base import linear_layers
     from quarl.quant import choice_cache
 
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
@@ -390,6 +393,12 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     again = quantize(policy, QuantConfig("int8"), obs).meta["quant"]
     assert again["chosen_from_cache"] is False and again["mode"] in {t["mode"] for t in first["tried"]}
     assert choice_cache.load(choice_cache.choice_key(policy.fingerprint(), {}, obs, None), set()) is None
+    # an entry keeping every layer in fp32 would run the int8 row in fp32: ignored, chosen afresh
+    entry = json.loads(files[0].read_text())
+    n_layers = len(linear_layers(policy.network))
+    files[0].write_text(json.dumps({**entry, "mode": first["mode"], "keep": list(range(n_layers))}))
+    crafted = quantize(policy, QuantConfig("int8"), obs).meta["quant"]
+    assert crafted["chosen_from_cache"] is False and len(crafted["fp32_layers"]) < n_layers
     # episodes that do not say what they play are never cached
     assert choice_cache.choice_key(policy.fingerprint(), {}, obs, lambda p, n: np.zeros(n)) is None
     monkeypatch.setenv("QUARL_CACHE", "off")

@@ -42,6 +42,12 @@ def cache_dir() -> Path | None:
     return Path(raw).expanduser() if raw.strip() else Path.home() / ".cache" / "quarl" / "int-modes"
 
 
+def _mode_set() -> list[str]:
+    from quarl.quant.modes import MODES
+
+    return sorted(MODES)
+
+
 def choice_key(fingerprint: str, options: dict[str, Any], calibration: np.ndarray, returns: object) -> str | None:
     """The key of a choice, or None when it cannot be named: calibration episodes that do not
     say what they play (a caller's own function) make the choice uncacheable."""
@@ -59,12 +65,15 @@ def choice_key(fingerprint: str, options: dict[str, Any], calibration: np.ndarra
         "format": CHOICE_FORMAT, "policy": fingerprint, "options": options, "returns": returns_key,
         "calibration": [list(calibration.shape), str(calibration.dtype), hashlib.sha256(calibration.tobytes()).hexdigest()],
         "onnxruntime": info["versions"].get("onnxruntime"), "cpu_flags": info["cpu_flags"],
+        "modes": _mode_set(),  # a mode added to the registry is tried, not hidden behind an older choice
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load(key: str | None, known_modes: set[str]) -> dict[str, Any] | None:
-    """The stored choice for ``key``, checked: ``{"mode", "keep", "chosen", "tried"}``."""
+def load(key: str | None, known_modes: set[str], n_layers: int | None = None) -> dict[str, Any] | None:
+    """The stored choice for ``key``, checked: ``{"mode", "keep", "chosen", "tried"}``, a
+    mode of ``known_modes`` keeping some of the ``n_layers`` weight layers in fp32, never all
+    of them (an entry that would run the int row in fp32 is ignored with a note)."""
     folder = cache_dir()
     if key is None or folder is None:
         return None
@@ -79,9 +88,12 @@ def load(key: str | None, known_modes: set[str]) -> dict[str, Any] | None:
         return None
     ok = (isinstance(entry, dict) and entry.get("mode") in known_modes
           and isinstance(entry.get("keep"), list) and all(isinstance(i, int) and 0 <= i < 10_000 for i in entry["keep"])
+          and len(set(entry["keep"])) == len(entry["keep"])
+          and (n_layers is None or (all(i < n_layers for i in entry["keep"]) and len(entry["keep"]) < n_layers))
           and isinstance(entry.get("chosen"), dict) and isinstance(entry.get("tried"), list))
     if not ok:
-        log.info("ignoring the unreadable int mode cache entry %s", path)
+        log.warning("ignoring the int mode cache entry %s: it does not fit this policy (mode, fp32 layers); choosing "
+                    "afresh", path)
         return None
     return entry
 

@@ -218,7 +218,8 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
                              "fp32 (quarl.measure.calibration_inputs)")
         key = choice_cache.choice_key(policy.fingerprint(), _choice_options(config, sampled), calibration, returns)
-        entry = choice_cache.load(key, {m for m in MODES if MODES[m].bits == config.bits})
+        entry = choice_cache.load(key, {m for m in MODES if MODES[m].bits == config.bits},
+                                  len(linear_layers(policy.network)))
         if entry is not None:
             best, tried, cached = _rebuild(policy, config, calibration, entry), entry["tried"], True
         else:
