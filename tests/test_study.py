@@ -163,3 +163,44 @@ def test_a_study_plays_more_seeds_where_a_verdict_is_undecided(tmp_path: Path) -
     again = run_study(config)
     assert sqlite3.connect(tmp_path / "b" / "study.sqlite").execute(f"select count(*) from {TABLE}").fetchone()[0] == count
     assert len(again) == len(records)
+
+
+def test_a_read_only_store_is_refused_before_computing(tiny_run: Path, tmp_path: Path) -> None:
+    """A store this run cannot write is refused in one line before a cell is computed."""
+    StudyStore(tmp_path / "study.sqlite").close()
+    os.chmod(tmp_path / "study.sqlite", 0o444)
+    try:
+        if os.access(tmp_path / "study.sqlite", os.W_OK):
+            pytest.skip("running as a user who writes read-only files (root)")
+        with pytest.raises(QuarlError, match="cannot be written as a study store"):
+            run_study(StudyConfig((tiny_run,), ("fp32",), (0,), episodes=1, n_envs=1, out=tmp_path))
+    finally:
+        os.chmod(tmp_path / "study.sqlite", 0o644)
+
+
+def test_a_store_held_by_another_writer_is_waited_for(tiny_run: Path, tmp_path: Path) -> None:
+    import threading
+
+    """A store another writer holds for a moment is waited for and the cell lands; one held
+    past the wait is refused in one line before any cell is computed."""
+    from quarl.study import store
+
+    db = tmp_path / "study.sqlite"
+    StudyStore(db).close()
+    holder = sqlite3.connect(db, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another study writing
+    threading.Timer(1.5, holder.rollback).start()
+    records = run_study(StudyConfig((tiny_run,), ("fp32",), (0,), episodes=1, n_envs=1, out=tmp_path))
+    assert len(records) == 1 and len(_rows(db)) == 1
+    holder.execute("BEGIN IMMEDIATE")
+    computed: list = []
+    original, store.BUSY_TIMEOUT_S = store.BUSY_TIMEOUT_S, 0.5
+    try:
+        with pytest.raises(QuarlError, match="database is locked"):
+            run_study(StudyConfig((tiny_run,), ("fp32",), (1,), episodes=1, n_envs=1, out=tmp_path),
+                      lambda r, d, t: computed.append(r))
+    finally:
+        store.BUSY_TIMEOUT_S = original
+        holder.rollback()
+        holder.close()
+    assert computed == []

@@ -8,7 +8,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from quarl.errors import QuarlError
 from quarl.measure import json_fields, sql_columns
+
+BUSY_TIMEOUT_S = 120.0
+"""How long a write waits for a store another process holds before it fails."""
 
 KEY = ("checkpoint", "policy_sha256", "precision", "config_key", "seed", "episodes", "max_steps")
 """What identifies a cell: the same key is never evaluated twice."""
@@ -40,15 +44,24 @@ class StudyStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path)
-        self.db.execute("PRAGMA journal_mode=WAL")  # readers (a report) never block the writer
-        columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
-        self.db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
-        have = {row[1] for row in self.db.execute(f"PRAGMA table_info({TABLE})")}
-        for name, kind in _COLUMNS.items():  # a store from an earlier quarl gains the newer nullable columns
-            if name not in have and "NOT NULL" not in kind:
-                self.db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
-        self.db.commit()
+        if self.path.exists() and not self.path.is_file():
+            raise QuarlError(f"{self.path} is not a regular file: refused as a study store")
+        try:
+            # a store another study holds is waited for (bounded), never given up on with a computed cell in hand
+            self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
+            self.db.execute("PRAGMA journal_mode=WAL")  # readers (a report) never block the writer
+            columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({TABLE})")}
+            for name, kind in _COLUMNS.items():  # a store from an earlier quarl gains the newer nullable columns
+                if name not in have and "NOT NULL" not in kind:
+                    self.db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
+            self.db.commit()
+            self.db.execute("BEGIN IMMEDIATE")  # can this run write here? asked before any cell is computed
+            self.db.rollback()
+        except sqlite3.DatabaseError as exc:
+            raise QuarlError(f"{self.path} cannot be written as a study store ({exc}): refused before computing "
+                             "anything; fix its permissions or pass another --out") from None
 
     def done(self) -> set[tuple]:
         """Keys of the cells already stored."""
