@@ -389,25 +389,25 @@ def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> None:
     """Two int8 actors on a local Ray: one is killed mid-run and replaced; the run goes on
-    to its env-step budget (a bound in steps, not seconds), the replaced actor stepping
-    again, and the learner keeps learning (evaluations spaced in env steps)."""
+    until the replaced actor has stepped 1,000 more and 16,000 env steps are done (bounds in
+    steps, not seconds: a slow replacement start on a busy machine only makes it longer), and
+    the learner keeps learning (evaluations spaced in env steps)."""
     killed: list[int] = []
     steps_at_kill: list[int] = []
 
-    def kill_once(state, fleet) -> None:
+    def kill_once(state, fleet) -> bool:
         if not killed and state.learner_steps > 100:
             fleet.kill(0)
             killed.append(state.learner_steps)
             steps_at_kill.append(state.actor_steps.get(0, 0))
+        return bool(killed) and state.env_steps >= 16_000 and state.actor_steps.get(0, 0) > steps_at_kill[0] + 1_000
 
     config = ActorQConfig("CartPole-v1", max_minutes=30.0, out=tmp_path / "ray",
                           **{**CARTPOLE, "target_reward": 1e9, "eval_every_s": 1e6}, eval_every_steps=4_000,
-                          max_env_steps=16_000)
+                          max_env_steps=400_000)
     summary = run_actorq(config, on_tick=kill_once)
     assert killed and summary.restarts >= 1
-    assert summary.env_steps >= 16_000
-    actor0_steps = summary.actor_env_steps_per_s["0"] * summary.elapsed_s
-    assert actor0_steps > steps_at_kill[0] + 1_000  # the replacement acted
+    assert 16_000 <= summary.env_steps < 400_000  # ended by the rule above: the replacement acted
     first, last = summary.evals[0][2], max(e[2] for e in summary.evals[-3:])
     assert last > first + 30, summary.evals  # learning went on past the kill
 

@@ -134,9 +134,11 @@ def run_actorq(
     config: ActorQConfig,
     resume: bool = False,
     on_progress: Callable[[RunState, dict[str, Any]], None] | None = None,
-    on_tick: Callable[[RunState, Fleet], None] | None = None,
+    on_tick: Callable[[RunState, Fleet], bool | None] | None = None,
 ) -> ActorQSummary:
-    """Train until the target reward or the time budget; return the summary."""
+    """Train until the target reward or the time budget; return the summary. ``on_tick(state,
+    fleet)`` is called once per pass of the loop; returning True ends the run there, as a
+    spent budget would (a caller's own stopping rule)."""
     torch.set_num_threads(1)
     info = env_info(config)
     target = _target(config, info)
@@ -256,8 +258,8 @@ def run_actorq(
                 state.elapsed_s = now()
                 _checkpoint(ckpt_path, learner, replay, limiter, state, config)
                 next_ckpt = now() + config.checkpoint_every_s
-            if on_tick:
-                on_tick(state, fleet)
+            if on_tick and on_tick(state, fleet):
+                break
     except KeyboardInterrupt:  # Ctrl-C at any time, the first second included: what was learnt is kept
         state.elapsed_s = now()
         _checkpoint(ckpt_path, learner, replay, limiter, state, config)
