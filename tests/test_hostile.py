@@ -371,3 +371,18 @@ def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(k
             assert choice_cache.load("def", {"int8-block"}) is None
         finally:
             del os.environ[choice_cache.CACHE_ENV]
+
+
+@pytest.mark.parametrize("args", [["sweep", "BITS", "--bits", "8,²"], ["study", "--seeds", "٣"],
+                                  ["bench", "--batches", "1,²"], ["ptq", "--precisions", "int²"]])
+def test_digits_are_ascii_digits(args: list[str], tmp_path: Path) -> None:
+    """A superscript or another script's digit passes str.isdigit but is not a number a user
+    meant: one line naming it, exit 2."""
+    zoo = Path(__file__).resolve().parents[1].parent / "shared" / "zoo" / "dqn" / "CartPole-v1_1"
+    if not zoo.exists():
+        pytest.skip("../shared/zoo is not beside the checkout")
+    args = [a for a in args if a != "BITS"]
+    argv = [args[0], str(zoo), *args[1:]] + (["--out", str(tmp_path / "s")] if args[0] == "study" else [])
+    result = _cli(*argv)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and ("²" in result.output or "٣" in result.output)

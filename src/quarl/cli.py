@@ -164,7 +164,7 @@ def _parse_bits(text: str) -> list[int]:
 
     bits = []
     for item in _split(text, "--bits"):
-        if not item.isdigit() or not MIN_BITS <= int(item) <= MAX_BITS:
+        if not validate.digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
             raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
         bits.append(int(item))
     return bits
@@ -284,7 +284,7 @@ def _workers(workers: Optional[int]) -> int:
 
     if workers is None:
         raw = os.environ.get("QUARL_WORKERS", "")
-        if raw and not raw.isdigit():
+        if raw and not validate.digits(raw):
             raise QuarlError(f"QUARL_WORKERS={raw!r} is not a whole number")
         workers = int(raw) if raw else parallel.usable_cores()
     return parallel.check_workers(workers)
@@ -721,7 +721,7 @@ def qat(
 
 def _parse_layers(text: str) -> tuple[int, ...]:
     items = _split(text, "--policy-layers")
-    if not all(i.isdigit() and int(i) > 0 for i in items):
+    if not all(validate.digits(i) and int(i) > 0 for i in items):
         raise QuarlError(f"--policy-layers {text!r} must be positive integers, e.g. 2048,2048,2048")
     return tuple(int(i) for i in items)
 
@@ -941,7 +941,7 @@ def actorq_model(
 
 
 def _is_count(text: str, option: str) -> bool:
-    if not text.isdigit() or int(text) < 1:
+    if not validate.digits(text) or int(text) < 1:
         raise QuarlError(f"{option}: {text!r} is not a positive integer")
     return True
 
@@ -1185,7 +1185,7 @@ def bench(
         raise QuarlError(f"--budget {budget} must be a positive number of seconds, at most {MAX_BENCH_BUDGET_S:g}")
     sizes = []
     for item in _split(batches, "--batches"):
-        if not item.isdigit() or not 1 <= int(item) <= MAX_BENCH_BATCH:
+        if not validate.digits(item) or not 1 <= int(item) <= MAX_BENCH_BATCH:
             raise QuarlError(f"batch size {item!r} must be an integer in 1..{MAX_BENCH_BATCH}")
         sizes.append(int(item))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
@@ -1297,7 +1297,7 @@ def study(
     options = _quant_options(int8_weights, block_size)
     seed_list = []
     for text in _split(seeds, "--seeds"):
-        if not text.isdigit():
+        if not validate.digits(text):
             raise QuarlError(f"--seeds: {text!r} is not a non-negative integer")
         seed_list.append(validate.seed(int(text), "--seeds"))
     _check_count("--max-steps", max_steps, 1)

@@ -8,13 +8,14 @@ import os
 import socket
 
 from quarl.errors import QuarlError
+from quarl.validate import digits
 
 
 def check_reachable(address: str) -> None:
     """Fail in seconds, not minutes, when nothing listens at ``address`` (host:port)."""
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not digits(port):
         raise QuarlError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, or ray://HOST:10001)")
     try:
         with socket.create_connection((host, int(port)), timeout=3):

@@ -19,6 +19,12 @@ EMPTY = "\0"
 """What :func:`out_option` gives for ``--out ''`` (a Path cannot tell '' from '.')."""
 
 
+def digits(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only: ``str.isdigit`` also takes "²" (which ``int``
+    refuses) and other scripts' digits."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
 def finite(value: float, option: str) -> float:
     if not math.isfinite(value):
         raise QuarlError(f"{option} {value} must be a finite number")

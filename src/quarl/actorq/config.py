@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl.errors import QuarlError
+from quarl.validate import digits
 from quarl import validate
 from quarl.limits import check_layer_sizes
 
@@ -178,7 +179,7 @@ class ActorQConfig:
 
 def _check_device(device: str) -> None:
     kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not digits(index))):
         raise QuarlError(f"--learner-device {device!r} is not a device: allowed cpu, cuda, cuda:N")
     if kind == "cuda":
         import torch

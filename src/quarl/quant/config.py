@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from quarl.errors import QuarlError
+from quarl.validate import digits
 from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 
@@ -89,10 +90,10 @@ class QuantConfig:
         if text in MODES:
             precision, mode = text.split("-", 1)
             return cls(precision=precision, mode=mode, **kwargs)  # type: ignore[arg-type]
-        if text.startswith("sim") and text[3:].isdigit() and MIN_BITS <= int(text[3:]) <= MAX_BITS:
+        if text.startswith("sim") and digits(text[3:]) and MIN_BITS <= int(text[3:]) <= MAX_BITS:
             return cls(precision="nbit", bits=int(text[3:]), **kwargs)  # type: ignore[arg-type]
         hint = ""
-        if text.startswith("int") and text[3:].isdigit():
+        if text.startswith("int") and digits(text[3:]):
             hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)"
         raise QuarlError(
             f"unknown precision {label!r}{hint}: allowed {', '.join(p for p in registry.PRECISIONS if p != 'nbit')} "

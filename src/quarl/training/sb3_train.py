@@ -29,6 +29,7 @@ import yaml
 
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
+from quarl.validate import digits
 from quarl.limits import read_capped
 from quarl.quant.config import QATConfig
 from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TRAINERS, TrainSetup, prepare
@@ -149,7 +150,7 @@ def run_folder(config: TrainConfig, resume: bool) -> Path:
         return Path(config.run_dir)
     base = Path(config.out) / config.algo
     name = config.env_id.replace("/", "_")
-    ids = sorted(int(p.name.rsplit("_", 1)[1]) for p in base.glob(f"{name}_*") if p.name.rsplit("_", 1)[1].isdigit())
+    ids = sorted(int(p.name.rsplit("_", 1)[1]) for p in base.glob(f"{name}_*") if digits(p.name.rsplit("_", 1)[1]))
     if resume:  # the newest run that has a checkpoint (a start that failed leaves an empty folder)
         with_checkpoint = [i for i in ids if _checkpoints(base / f"{name}_{i}")]
         if not with_checkpoint:
