@@ -536,3 +536,32 @@ def test_a_table_wider_than_the_terminal_prints_one_block_per_row() -> None:
     buf = io.StringIO()
     print_table(rows, None, Console(file=buf, width=80), wide=True)
     assert max(line.count("│") for line in buf.getvalue().splitlines()) == 28  # one table of 27 columns
+
+
+def test_sigterm_keeps_a_checkpoint_and_prints_the_command_that_resumes(tmp_path: Path) -> None:
+    """SIGTERM (a scheduler's, or `kill`) takes Ctrl-C's path: training writes a checkpoint
+    where it stopped, exits 143 and prints the command that continues it, which does."""
+    import shlex
+    import signal
+    import time
+
+    args = ["train", "dqn", "CartPole-v1", "--timesteps", "4000", "--checkpoint-freq", "1000", "--eval-freq", "0",
+            "--hp", "learning_starts=500", "--hp", "train_freq=64", "--hp", "gradient_steps=8",
+            "--out", str(tmp_path), "--eval-episodes", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], env={**os.environ, "OMP_NUM_THREADS": "1",
+                            "COLUMNS": "400"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "dqn" / "CartPole-v1_1"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(run.glob("rl_model_1000_steps.zip")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    line = next(x for x in output.splitlines() if "to continue, run:" in x)
+    command = shlex.split(line.split("to continue, run:", 1)[1])
+    assert command[:3] == ["quarl", "train", "dqn"] and command[-1] == "--resume"
+    steps = {int(p.stem.split("_")[2]) for p in run.glob("rl_model_*_steps.zip")}
+    assert any(s % 1000 for s in steps), steps  # written where it stopped, not only at the periodic saves
+    r = run_cli(*command[1:])
+    assert r.returncode == 0, r.stderr
+    assert (run / "CartPole-v1.zip").is_file()

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 import click
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 try:  # typer >= 0.2x carries its own copy of click
@@ -138,18 +139,45 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except QuarlError as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
             # a path the user gave (--out naming a file, a folder we may not write)
-            console.print(f"[red]error:[/red] {exc.filename}: {exc.strerror}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(exc.filename))}: {escape(str(exc.strerror))}",
+                          highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            console.print("interrupted: what finished is kept in the output folder; run the same command again to "
-                          "continue (quarl train: add --resume)")
-            raise typer.Exit(130) from None
+            console.print(f"interrupted: what finished is kept; to continue, run: {escape(_resume_command(fn))}",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(128 + _stopped_by[-1] if _stopped_by else 130) from None
 
     return wrapper
+
+
+RESUMES_WITH_FLAG = ("train_cmd", "actorq_run")
+"""Commands that continue only with ``--resume`` (the others reuse what they find)."""
+
+
+def _resume_command(fn: Callable) -> str:
+    """The command line that continues an interrupted run: the same one, with ``--resume``
+    where the command needs it."""
+    import shlex
+
+    argv = ["quarl", *sys.argv[1:]]
+    if fn.__name__ in RESUMES_WITH_FLAG and "--resume" not in argv:
+        argv.append("--resume")
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+_stopped_by: list[int] = []
+"""The signal that stopped the run (SIGTERM, SIGHUP), for the exit code 128 + N."""
+
+
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM / SIGHUP take Ctrl-C's path: every long command writes what it finished
+    (checkpoints, stored cells) and says how to continue, workers and Ray shut down."""
+    _stopped_by.append(signum)
+    raise KeyboardInterrupt
 
 
 def _split(text: str, what: str) -> list[str]:
@@ -1327,6 +1355,10 @@ def study(
 
 
 def main() -> None:
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_on_signal)
     try:
         app()
     except BrokenPipeError:  # `quarl ... | head`
