@@ -987,6 +987,10 @@ def export(
     block_size: int = BlockSizeOpt,
     seed: int = typer.Option(0, "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="cut calibration episodes after this many steps"),
+    stochastic: Optional[bool] = typer.Option(None, "--stochastic/--deterministic", help="how the deployed policy "
+                                              "acts: a sampling categorical policy's int mode must keep its action "
+                                              "distributions, a greedy one its argmax; default: the RL Zoo's "
+                                              "(stochastic on Atari and MinAtar), as ptq"),
     trust_pickle: bool = TrustOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -1012,6 +1016,7 @@ def export(
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
+    spec, ckpt.policy = _protocol(ckpt.policy, spec, stochastic, None)
     if out is None:
         default = _default_out("export", checkpoint, spec.env_id)
         out = default.with_name(f"{default.name}-{precision}")

@@ -92,7 +92,9 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
     meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model),
             "onnx_sha256": hashlib.sha256(model).hexdigest(),
             "env": None if env_spec is None else dataclasses.asdict(env_spec),
-            "policy_sha256": policy.fingerprint(), "provenance": provenance()}
+            "policy_sha256": policy.fingerprint(), "provenance": provenance(),
+            # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.modes.sampled_agreement)
+            "acting": "sampled" if policy.stochastic else "greedy"}
     if quant is not None:
         meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1, allow_nan=False))
