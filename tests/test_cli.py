@@ -565,3 +565,21 @@ def test_sigterm_keeps_a_checkpoint_and_prints_the_command_that_resumes(tmp_path
     r = run_cli(*command[1:])
     assert r.returncode == 0, r.stderr
     assert (run / "CartPole-v1.zip").is_file()
+
+
+def test_export_folders_are_timed_as_exported_and_refused_where_float_weights_are_needed(tiny_run: Path,
+                                                                                         tmp_path: Path) -> None:
+    out = tmp_path / "exp"
+    assert run_cli("export", str(tiny_run), "--precision", "int8", "--out", str(out)).returncode == 0
+    r = run_cli("bench", str(out), "--budget", "0.05", "--batches", "1,4", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(tmp_path / "b" / "bench.csv")
+    meta = json.loads((out / "policy.json").read_text())
+    assert [row["precision"] for row in rows] == ["int8 (onnx)"] and rows[0]["mode"] == meta["quant"]["mode"]
+    assert int(rows[0]["model_bytes"]) == (out / "policy.onnx").stat().st_size and float(rows[0]["b4_us"]) > 0
+    for args, why in ((["bench", str(out), "--precisions", "int4"], "drop --precisions"),
+                      (["sweep", str(out)], "sweep re-quantizes the float weights"),
+                      (["analyze", str(out)], "analyze reads the float weights"),
+                      (["recover", str(out), "--precision", "int4"], "recover the checkpoint it came from")):
+        r = run_cli(*args)
+        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

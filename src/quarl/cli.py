@@ -300,6 +300,13 @@ def _protocol(policy, spec, stochastic: Optional[bool], sticky_actions: Optional
     return protocol(policy, spec, stochastic, sticky_actions)
 
 
+def _refuse_export(checkpoint: Path, why: str) -> None:
+    """One line for an exported model given to a command that needs the float policy."""
+    if _is_export(checkpoint):
+        raise QuarlError(f"{checkpoint} is an exported model: {why}; give the SB3 .zip or RL Zoo folder it was "
+                         "exported from (ptq, play and bench take the export as it is)")
+
+
 def _is_export(checkpoint: Path) -> bool:
     from quarl.policies.onnx_artifact import is_artifact
 
@@ -440,6 +447,10 @@ def ptq(
     if _is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
 
+        out_console.print(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), "
+                          "--precisions does not apply (ptq the checkpoint it came from for the other rows)",
+                          soft_wrap=True, highlight=False)
+
         with _progress() as bar:
             task = bar.add_task(ckpt.policy.precision, total=episodes)
             records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
@@ -510,6 +521,7 @@ def sweep(
     widths = _parse_bits(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
     settings = _eval_settings(episodes, seed, n_envs, max_steps, _workers(workers))
+    _refuse_export(checkpoint, "sweep re-quantizes the float weights")
     ckpt, spec = _load(checkpoint, env, trust_pickle)
     _warm(settings)
     variant = f"{scheme}-{granularity}" + ("-act" if activations else "")
@@ -562,6 +574,7 @@ def analyze(
 
     widths = _parse_bits(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
+    _refuse_export(checkpoint, "analyze reads the float weights")
     ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
     out = validate.out_folder(out) or _default_out("analyze", checkpoint, "weights")
     stats, kl = run_analyze(ckpt.policy, widths, out, scheme, granularity, title=f"{ckpt.algo} {checkpoint.name}")
@@ -1194,7 +1207,8 @@ def play(
 def bench(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
-    precisions: str = typer.Option("fp16,bf16,int8,int4", help=PRECISIONS_HELP + "; PyTorch and ONNX Runtime fp32 "
+    precisions: Optional[str] = typer.Option(None, help=PRECISIONS_HELP + " (default fp16,bf16,int8,int4; an "
+                                             "exported model is timed as exported); PyTorch and ONNX Runtime fp32 "
                                                                                  "are always measured"),
     batches: str = typer.Option("1,256", help="comma list of batch sizes"),
     budget: float = typer.Option(1.0, help="seconds of timing per cell"),
@@ -1213,7 +1227,10 @@ def bench(
     from quarl.measure import calibration_inputs, calibration_returns
     from quarl.reports import print_table
 
-    labels = _parse_precisions(precisions)
+    if precisions is not None and _is_export(checkpoint):
+        raise QuarlError(f"{checkpoint} is an exported model: bench times it as exported; drop --precisions (or bench "
+                         "the checkpoint it came from)")
+    labels = _parse_precisions(precisions or "fp16,bf16,int8,int4")
     if not 0 < budget <= MAX_BENCH_BUDGET_S:
         raise QuarlError(f"--budget {budget} must be a positive number of seconds, at most {MAX_BENCH_BUDGET_S:g}")
     sizes = []
@@ -1222,10 +1239,15 @@ def bench(
             raise QuarlError(f"batch size {item!r} must be an integer in 1..{MAX_BENCH_BATCH}")
         sizes.append(int(item))
     ckpt, spec = _load(checkpoint, env, trust_pickle)
-    rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget,
-                            calibration_returns(spec))
-    print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup "
-                      "over PyTorch fp32", out_console)
+    if _is_export(checkpoint):
+        rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), [], sizes, budget, as_exported=True)
+    else:
+        rows = bench_precisions(ckpt.policy, calibration_inputs(ckpt.policy, spec), labels, sizes, budget,
+                                calibration_returns(spec))
+    against = "itself (an exported model has no float network beside it)" if _is_export(checkpoint) else \
+        "PyTorch fp32"
+    print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup over "
+                      f"{against}", out_console)
     if out is not None:
         from quarl.reports import write_rows
 

@@ -108,17 +108,24 @@ def bench_precisions(
     batches: Sequence[int] = (1, 256),
     budget_s: float = 1.0,
     returns: Returns | None = None,
+    as_exported: bool = False,
 ) -> list[dict[str, Any]]:
     """Latency (median us per call) of each precision's engine at each batch size, the
     model's size, next to PyTorch fp32 (the ``fp32`` row) and ONNX Runtime fp32
     (``fp32-ort``). ``inputs`` are network inputs (preprocessed observations from
     ``ptq.calibration_inputs``) and, with ``returns``, choose the int modes as ``ptq``
-    does. (Process memory is not reported: ONNX Runtime's arenas, not the model, set it.)"""
+    does. ``as_exported``: ``policy`` is an exported model (no float network to quantize
+    or compare with): its own engine alone, one row, the ``x`` columns against itself.
+    (Process memory is not reported: ONNX Runtime's arenas, not the model, set it.)"""
     x_all = inputs
     rows: list[dict[str, Any]] = []
     base: dict[int, float] = {}
-    ort_fp32 = OrtEngine(export_onnx(policy.network, policy.input_shape))
-    cells: list[tuple[str, Policy | OrtEngine]] = [("fp32", policy), ("fp32-ort", ort_fp32)]
+    if as_exported:
+        cells: list[tuple[str, Policy | OrtEngine]] = [(policy.precision, policy)]
+        precisions = []
+    else:
+        ort_fp32 = OrtEngine(export_onnx(policy.network, policy.input_shape))
+        cells = [("fp32", policy), ("fp32-ort", ort_fp32)]
     for label in precisions:
         if label != "fp32":  # the baseline row
             cells.append((label, quantize(policy, QuantConfig.parse(label), calibration=x_all[:256], returns=returns)))
@@ -126,7 +133,7 @@ def bench_precisions(
         engine = p.engine if isinstance(p, Policy) else p
         size = p.size_bytes() if isinstance(p, Policy) else len(p.model)
         quant = p.meta.get("quant") if isinstance(p, Policy) else None
-        row: dict[str, Any] = {"precision": label, "engine": type(engine).__name__,
+        row: dict[str, Any] = {"precision": label, "engine": "onnxruntime" if as_exported else type(engine).__name__,
                                "mode": quant["mode"] if quant else "", "model_bytes": size}
         for b in batches:
             x = np.resize(x_all, (b, *x_all.shape[1:])).astype(np.float32)
