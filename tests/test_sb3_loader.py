@@ -327,3 +327,29 @@ def test_a_run_folder_is_one_policy_and_the_zoo_options_pick_its_zips(tiny_run: 
     refused = run_cli("ptq", str(run), "--episodes", "1")
     assert refused.returncode == 2 and "holds 2 policies (CartPole-v1.zip, other.zip)" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_api_takes_the_sb3_model_a_user_holds() -> None:
+    """quarl.load / quantize / evaluate take an SB3 model object with its VecNormalize: the
+    env id and the observation statistics come with it, and quarl acts as model.predict."""
+    import numpy as np
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    import quarl
+
+    venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=0), norm_reward=False)
+    model = sb3.PPO("MlpPolicy", venv, n_steps=64, batch_size=64, seed=0, device="cpu")
+    model.learn(256)
+    agent = quarl.load(model)
+    assert agent.env_spec.env_id == "CartPole-v1" and agent.policy.obs_normalizer is not None
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    want, _ = model.predict(venv.normalize_obs(obs), deterministic=True)
+    assert np.array_equal(agent.policy.act(obs), want)
+    result = quarl.evaluate(model, episodes=4, n_envs=2)
+    assert np.array_equal(result.returns, quarl.evaluate(agent.policy, "CartPole-v1", episodes=4, n_envs=2).returns)
+    int8 = quarl.quantize(model, "int8")
+    assert int8.meta["quant"]["mode"].startswith("int8") and int8.obs_normalizer is not None
+    with pytest.raises(QuarlError, match="not a dict"):
+        quarl.quantize({}, "int8")

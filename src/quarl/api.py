@@ -12,6 +12,9 @@ print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.evaluation import EvalResult
@@ -24,13 +27,23 @@ from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import QuantConfig
 
 
-def load(path: str | Path, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
+def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
     """An SB3 zip, RL Zoo run folder, legacy stable-baselines pickle or exported ONNX
-    model; ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a
-    bare zip). Raises :class:`quarl.errors.QuarlError` with one line on bad input."""
+    model, or an SB3 / sb3-contrib model object as you hold it after ``PPO.load`` or
+    ``model.learn`` (its VecNormalize statistics and env id come with it);
+    ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a bare zip).
+    Raises :class:`quarl.errors.QuarlError` with one line on bad input."""
     if env is not None:
         check_env_id(env)
-    checkpoint = load_checkpoint(path, trust_pickle=trust_pickle)
+    if _is_sb3_model(path):
+        checkpoint = _from_sb3_model(path)
+        env = env or _sb3_env_id(path)
+    else:
+        if not isinstance(path, (str, Path)):
+            from quarl.errors import QuarlError
+
+            raise QuarlError(f"quarl.load takes a path or an SB3 model, not a {type(path).__name__}")
+        checkpoint = load_checkpoint(path, trust_pickle=trust_pickle)
     checkpoint.env_spec = resolve_env_spec(checkpoint, env)
     probe = make_env(checkpoint.env_spec)
     try:
@@ -40,13 +53,16 @@ def load(path: str | Path, env: str | None = None, trust_pickle: bool = False) -
     return checkpoint
 
 
-def quantize(policy: Policy, precision: str | QuantConfig, env_spec: EnvSpec | str | None = None,
+def quantize(policy: Policy | Checkpoint | Any, precision: str | QuantConfig, env_spec: EnvSpec | str | None = None,
              **options: object) -> Policy:
     """``policy`` at ``precision`` (a label such as ``"int8"``, ``"int4-block"``, ``"sim6"``,
-    or a :class:`QuantConfig`). Modes that need calibration (automatic int8 / int4,
-    activation ranges) calibrate on ``env_spec`` with the fixed calibration seeds
-    (``quarl.measure.CALIBRATION_SEEDS``, which evaluation never uses), exactly as every
-    command does, so the same policy gets the same mode here and in ``quarl ptq``."""
+    or a :class:`QuantConfig`). ``policy``: a quarl :class:`Policy`, what :func:`load`
+    returns, or an SB3 model object (the env then comes from the agent unless given). Modes
+    that need calibration (automatic int8 / int4, activation ranges) calibrate on
+    ``env_spec`` with the fixed calibration seeds (``quarl.measure.CALIBRATION_SEEDS``,
+    which evaluation never uses), exactly as every command does, so the same policy gets
+    the same mode here and in ``quarl ptq``."""
+    policy, env_spec = _policy_and_env(policy, env_spec)
     config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
     calibration = returns = None
     if needs_calibration(config):
@@ -73,12 +89,75 @@ def _spec(policy: Policy, env: EnvSpec | str) -> EnvSpec:
     return env_spec_for_policy(check_env_id(env), policy.input_shape)
 
 
-def evaluate(policy: Policy, env_spec: EnvSpec | str, episodes: int = 20, seed: int = 0, n_envs: int = 32,
-             max_steps: int | None = None) -> EvalResult:
+def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = None, episodes: int = 20,
+             seed: int = 0, n_envs: int = 32, max_steps: int | None = None) -> EvalResult:
     """Returns per episode (greedy, or sampled where ``policy.stochastic``); episode i is
-    reset with seed ``seed + i`` (see :mod:`quarl.evaluation`). ``env_spec``: an
-    :class:`EnvSpec` (``quarl.load(...).env_spec``) or a gymnasium env id."""
+    reset with seed ``seed + i`` (see :mod:`quarl.evaluation`). ``policy`` as
+    :func:`quantize` takes it; ``env_spec``: an :class:`EnvSpec` (``quarl.load(...).env_spec``)
+    or a gymnasium env id, by default the agent's own."""
+    policy, env_spec = _policy_and_env(policy, env_spec)
+    if env_spec is None:
+        from quarl.errors import QuarlError
+
+        raise QuarlError("evaluate needs an env: pass env_spec (an EnvSpec or a gymnasium env id)")
     return _evaluate(policy, _spec(policy, env_spec), episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
+
+
+def _is_sb3_model(obj: Any) -> bool:
+    try:
+        from stable_baselines3.common.base_class import BaseAlgorithm
+    except ImportError:  # pragma: no cover - SB3 is a dependency
+        return False
+    return isinstance(obj, BaseAlgorithm)
+
+
+def _from_sb3_model(model: Any) -> Checkpoint:
+    """The policy of an SB3 model object: saved to a temporary zip and read as every
+    checkpoint is (nothing unpickled), with its VecNormalize observation statistics."""
+    import dataclasses
+    import tempfile
+
+    from quarl.policies.base import ObsNormalizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.zip"
+        model.save(path)
+        checkpoint = load_checkpoint(path)
+    vec_normalize = model.get_vec_normalize_env()
+    if vec_normalize is not None and getattr(vec_normalize, "norm_obs", False):
+        rms = vec_normalize.obs_rms
+        normalizer = ObsNormalizer(np.asarray(rms.mean, np.float64), np.asarray(rms.var, np.float64),
+                                   float(vec_normalize.clip_obs), float(vec_normalize.epsilon))
+        checkpoint.policy = dataclasses.replace(checkpoint.policy, obs_normalizer=normalizer,
+                                                meta=dict(checkpoint.policy.meta))
+    checkpoint.path = Path(f"<{type(model).__name__} object>")
+    return checkpoint
+
+
+def _sb3_env_id(model: Any) -> str | None:
+    """The gymnasium id of the env an SB3 model holds (None: it holds none)."""
+    env = model.get_env()
+    if env is None:
+        return None
+    try:
+        spec = env.get_attr("spec", [0])[0]
+    except Exception:  # a custom VecEnv without the attribute
+        return None
+    return getattr(spec, "id", None)
+
+
+def _policy_and_env(policy: Any, env_spec: EnvSpec | str | None) -> tuple[Policy, EnvSpec | str | None]:
+    """A quarl Policy and the env to use from what the caller holds (Policy, Checkpoint,
+    SB3 model): an explicit ``env_spec`` wins, else the agent's own."""
+    if isinstance(policy, Policy):
+        return policy, env_spec
+    if _is_sb3_model(policy):
+        policy = load(policy, env_spec if isinstance(env_spec, str) else None)
+    if isinstance(policy, Checkpoint):
+        return policy.policy, env_spec if env_spec is not None else policy.env_spec
+    from quarl.errors import QuarlError
+
+    raise QuarlError(f"expected a quarl Policy, what quarl.load returns or an SB3 model, not a {type(policy).__name__}")
 
 
 def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,
