@@ -583,3 +583,83 @@ def test_export_folders_are_timed_as_exported_and_refused_where_float_weights_ar
                       (["recover", str(out), "--precision", "int4"], "recover the checkpoint it came from")):
         r = run_cli(*args)
         assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+CORRIDOR_MODULE = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Walk right to the end of a corridor: +1 per step right, -1 per step left."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = float(self.np_random.uniform(-0.5, 0.5))
+        self.t = 0
+        return np.array([self.pos, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        self.pos += 0.05 if action == 1 else -0.05
+        obs = np.array([np.clip(self.pos, -1, 1), self.t / 50], np.float32)
+        return obs, 1.0 if action == 1 else -1.0, abs(self.pos) >= 1.0, self.t >= 50, {}
+
+
+gym.register("QuarlCorridor-v0", entry_point=Corridor)
+'''
+
+
+def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(tmp_path: Path) -> None:
+    """rl_zoo3's --gym-packages: a module that registers an env, imported before the command
+    runs and in the evaluation workers (two here), and read from a run folder's args.yml."""
+    import importlib
+
+    import numpy as np
+    import stable_baselines3 as sb3
+    import yaml
+
+    (tmp_path / "corridor_envs.py").write_text(CORRIDOR_MODULE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.import_module("corridor_envs")
+        import gymnasium as gym
+
+        model = sb3.PPO("MlpPolicy", gym.make("QuarlCorridor-v0"), n_steps=128, batch_size=64, seed=0, device="cpu")
+        model.learn(256)
+        model.save(tmp_path / "corridor.zip")
+        from quarl.evaluation import evaluate
+        from quarl.policies.sb3 import load_checkpoint
+        from quarl.envs import EnvSpec
+
+        want = evaluate(load_checkpoint(tmp_path / "corridor.zip").policy, EnvSpec("QuarlCorridor-v0"), episodes=6,
+                        n_envs=2).returns
+    finally:
+        sys.path.remove(str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    out = tmp_path / "ptq"
+    cmd = [sys.executable, "-m", "quarl.cli", "ptq", str(tmp_path / "corridor.zip"), "--env", "QuarlCorridor-v0",
+           "--precisions", "fp16", "--episodes", "6", "--n-envs", "2", "--workers", "2", "--out", str(out),
+           "--gym-packages", "corridor_envs"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fp32 = next(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()
+                if json.loads(line)["precision"] == "fp32")
+    np.testing.assert_allclose(fp32["returns"], want, atol=1e-3)
+    r = subprocess.run(cmd[:-2], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "unknown env id 'QuarlCorridor-v0'" in r.stderr
+    r = subprocess.run(cmd[:-1] + ["no_such_module"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--gym-packages 'no_such_module' cannot be imported" in r.stderr
+    # an RL Zoo folder names its packages in args.yml
+    run = tmp_path / "ppo" / "QuarlCorridor-v0_1"
+    (run / "QuarlCorridor-v0").mkdir(parents=True)
+    (tmp_path / "corridor.zip").rename(run / "QuarlCorridor-v0.zip")
+    (run / "QuarlCorridor-v0" / "config.yml").write_text(yaml.safe_dump({"policy": "MlpPolicy"}))
+    (run / "QuarlCorridor-v0" / "args.yml").write_text(yaml.safe_dump({"env": "QuarlCorridor-v0",
+                                                                        "gym_packages": ["corridor_envs"]}))
+    r = subprocess.run([sys.executable, "-m", "quarl.cli", "play", str(run), "--episodes", "2"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and f"mean return {want[:2].mean():.2f}" in r.stdout, r.stdout + r.stderr

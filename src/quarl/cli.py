@@ -62,6 +62,28 @@ def rename_options(args: list[str], notice: Callable[[str], None]) -> list[str]:
     return out
 
 
+def take_gym_packages(args: list[str]) -> list[str]:
+    """``args`` without ``--gym-packages MODULE[,MODULE]`` (rl_zoo3's option, taken by every
+    command, before or after its name, repeatable), each module imported first so that the
+    envs it registers are known, here and in the evaluation workers."""
+    from quarl.envs import import_gym_packages
+
+    out, i = [], 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name != "--gym-packages":
+            out.append(args[i])
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                raise QuarlError("--gym-packages needs a module name (e.g. --gym-packages my_envs)")
+            value, i = args[i + 1], i + 1
+        import_gym_packages([v.strip() for v in value.split(",") if v.strip()] or [value])
+        i += 1
+    return out
+
+
 class _OneLineUsageErrors(TyperGroup):
     """Click's usage errors (a value that is not a number, an unknown option) as one line
     on stderr and exit status 2, like every other error quarl reports; ``--help`` as ever.
@@ -70,6 +92,13 @@ class _OneLineUsageErrors(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
         args = rename_options(list(sys.argv[1:] if args is None else args),
                               lambda text: console.print(text, highlight=False, soft_wrap=True))
+        try:
+            args = take_gym_packages(args)
+        except QuarlError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            if not standalone_mode:
+                return 2
+            sys.exit(2)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _USAGE_ERRORS as exc:
@@ -90,7 +119,9 @@ app = typer.Typer(
     cls=_OneLineUsageErrors,
     add_completion=False,
     no_args_is_help=True,
-    help="quarl: quantize trained RL policies and measure what it costs in reward.",
+    help="quarl: quantize trained RL policies and measure what it costs in reward. Every command also takes "
+         "--gym-packages MODULE (rl_zoo3's option): MODULE is imported first, so the custom envs it registers are "
+         "known (evaluation workers import it too; an RL Zoo folder's args.yml gym_packages are imported likewise).",
 )
 console = Console(stderr=True)
 out_console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables

@@ -19,7 +19,7 @@ import functools
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -249,6 +249,33 @@ register_env_family(EnvFamily("minatar", lambda env_id: env_id.startswith("MinAt
 register_env_family(EnvFamily("dm_control", lambda env_id: env_id.startswith("dm_control/"), _register_dm_control,
                               adapt=_flat_float32))
 register_env_family(EnvFamily("pybullet", is_pybullet, _register_pybullet, on_made=_QuietConnect))
+
+
+_GYM_PACKAGES: list[str] = []
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def import_gym_packages(names: "Sequence[str] | str", where: str = "--gym-packages") -> None:
+    """Import the modules that register custom envs with gymnasium, as rl_zoo3's
+    ``--gym-packages`` does; remembered (:func:`gym_packages`) so evaluation workers
+    import them too. Only installed modules: ``names`` are module names, never paths."""
+    import importlib
+
+    for name in [names] if isinstance(names, str) else list(names):
+        if not isinstance(name, str) or not MODULE_NAME.fullmatch(name):
+            raise QuarlError(f"{where} {name!r} is not a module name (e.g. my_envs or my_pkg.envs)")
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, or the module's own error while registering
+            raise QuarlError(f"{where} {name!r} cannot be imported: {exc.__class__.__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        if name not in _GYM_PACKAGES:
+            _GYM_PACKAGES.append(name)
+
+
+def gym_packages() -> tuple[str, ...]:
+    """Modules :func:`import_gym_packages` imported in this process, in order."""
+    return tuple(_GYM_PACKAGES)
 
 
 def check_env_id(env_id: str) -> str:

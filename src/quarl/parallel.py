@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from torch import nn
 
-from quarl.envs import EnvSpec, make_env
+from quarl.envs import EnvSpec, gym_packages, make_env
 from quarl.errors import QuarlError
 from quarl.evaluation import EvalResult
 from quarl.evaluation import evaluate as evaluate_serial
@@ -155,7 +155,12 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, start: int, count: int, n_envs: int,
-                max_steps: int | None, evaluation: int) -> tuple[int, np.ndarray, np.ndarray, list[str]]:
+                max_steps: int | None, evaluation: int, packages: tuple[str, ...] = ()
+                ) -> tuple[int, np.ndarray, np.ndarray, list[str]]:
+    if packages:  # custom envs (--gym-packages) registered in this worker too
+        from quarl.envs import import_gym_packages
+
+        import_gym_packages(packages)
     policy = _worker_policies.get(digest)
     if policy is None:
         _worker_policies.clear()  # one policy at a time: a worker never holds every precision's model
@@ -237,7 +242,7 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
         try:
             with _main_module_hidden():  # workers (and the fork server) may start during submit
                 pending = {executor.submit(_play_chunk, fh.name, digest, env_spec, seed, start, count, n_envs,
-                                           max_steps, evaluation)
+                                           max_steps, evaluation, gym_packages())
                            for start, count in chunks(episodes, workers, n_envs)}
             while pending:
                 done, pending = wait(pending, timeout=PROGRESS_POLL_S, return_when=FIRST_COMPLETED)

@@ -548,7 +548,14 @@ def _zoo_env_spec(config_dir: Path, env_name: str, config: dict) -> EnvSpec:
     args_file = config_dir / "args.yml"
     env_id = env_name
     if args_file.exists():
-        env_id = str(load_zoo_yaml(args_file).get("env", env_name))
+        args = load_zoo_yaml(args_file)
+        env_id = str(args.get("env", env_name))
+        packages = args.get("gym_packages") or []
+        if packages:  # rl_zoo3 records the modules that register the agent's custom env
+            from quarl.envs import import_gym_packages
+
+            log.info("importing %s (gym_packages of %s)", ", ".join(map(str, packages)), args_file)
+            import_gym_packages(packages if isinstance(packages, list) else [packages], f"{args_file} gym_packages")
     return EnvSpec(
         env_id=current_env_id(env_id),
         env_kwargs=env_kwargs,
