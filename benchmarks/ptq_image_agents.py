@@ -55,6 +55,9 @@ EPISODES = {"minatar": 200, "atari": 30}
 """MinAtar games are cheap and chaotic: one flipped action changes the episode, so E needs
 hundreds of episodes (measured: SpaceInvaders int8 lost 14.8 % over seeds 0..99 and 2.8 %
 over 0..399)."""
+DECIDE_EPISODES = {"minatar": 1000, "atari": 60}
+"""Where a verdict is undecided, more episodes (the next seeds, fp32 too) until it decides or
+a cell has played this many (``ptq --decide-episodes``)."""
 ATARI_MAX_STEPS = 27_000
 """108k frames: the usual cap on an Atari evaluation game."""
 PROTOCOLS = {"zoo": "ptq-zoo", "greedy": "ptq"}
@@ -145,7 +148,9 @@ def main() -> int:
             agent = load_checkpoint(run_dir)
             sticky = ATARI_STICKY if family == "atari" and args.protocol == "zoo" else None
             spec, policy = protocol(agent.policy, agent.env_spec, args.protocol == "zoo", sticky)
-            records = run_ptq(policy, spec, labels, settings, args.out / PROTOCOLS[args.protocol] / name)
+            decide = 0 if args.quick or args.protocol == "greedy" else DECIDE_EPISODES[family]
+            records = run_ptq(policy, spec, labels, settings, args.out / PROTOCOLS[args.protocol] / name,
+                              decide_episodes=decide)
         per_policy[name] = records
         extra[name] = {"steps": steps, "zoo (10M steps)": zoo if zoo is not None else "",
                        "episodes": len(records[0]["returns"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import numpy as np
 import pytest
 
@@ -224,3 +225,15 @@ def test_a_killed_worker_is_one_line_and_the_next_evaluation_starts_fresh(tiny_r
         parallel.evaluate(ckpt.policy, ckpt.env_spec, episodes=6, workers=2)
     again = parallel.evaluate(ckpt.policy, ckpt.env_spec, episodes=6, workers=2)
     assert np.array_equal(again.returns, evaluate(ckpt.policy, ckpt.env_spec, episodes=6).returns)
+
+
+def test_importing_quarl_on_a_headless_machine_renders_mujoco_off_screen() -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
+    code = "import os, quarl; print(os.environ.get('MUJOCO_GL'))"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "egl"
+    env["MUJOCO_GL"] = "osmesa"  # a user's own choice stays
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == \
+        "osmesa"

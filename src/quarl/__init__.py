@@ -5,7 +5,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+    # MuJoCo renders (play --video) off screen on a headless machine, for the API as for the CLI;
+    # set before anything imports mujoco, and never over a user's own choice
+    os.environ.setdefault("MUJOCO_GL", "egl")
 
 __version__ = "0.2.0"
 __all__ = ["load", "quantize", "evaluate", "recover", "__version__"]
