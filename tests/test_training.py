@@ -324,3 +324,21 @@ def test_a_run_checkpointed_by_an_older_quarl_still_resumes(tmp_path: Path) -> N
         p.rename(run / "checkpoints" / p.name.replace(f"rl_model_{step}_steps", f"step_{step}"))
     resumed = train(replace(config, timesteps=600), resume=True)
     assert resumed.resumed_from == 400 and resumed.timesteps >= 600
+
+
+def test_training_says_its_rolling_return_as_it_learns(tmp_path: Path) -> None:
+    """A line per tenth of the budget with the mean return of the last training episodes
+    (SB3's ep_info_buffer): steps rise, the returns are CartPole's (at least 8 per episode)."""
+    import re
+
+    from quarl.training.sb3_train import TrainConfig, train
+
+    lines: list[str] = []
+    train(TrainConfig("ppo", "CartPole-v1", timesteps=2048, out=tmp_path, eval_freq=0, tensorboard=False,
+                      on_progress=lines.append))
+    parsed = [re.fullmatch(r"step ([\d,]+): mean training return ([\d.]+) over the last (\d+) episodes", x)
+              for x in lines]
+    assert 8 <= len(parsed) <= 10 and all(parsed), lines
+    steps = [int(m.group(1).replace(",", "")) for m in parsed]
+    assert steps == sorted(steps) and steps[-1] > 0.9 * 2048
+    assert all(8.0 <= float(m.group(2)) <= 500.0 and 1 <= int(m.group(3)) <= 100 for m in parsed)

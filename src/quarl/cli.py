@@ -733,7 +733,8 @@ def train_cmd(
         raise QuarlError("--quant-delay needs --qat-bits")
     config = TrainConfig(algo.lower(), env_id, timesteps=total, seed=seed, out=out, precision=precision, qat=qat,
                          hyperparams=overrides, eval_freq=eval_freq, eval_episodes=eval_episodes, checkpoint_freq=checkpoint_freq,
-                         progress_bar=True, trust_pickle=trust_pickle)
+                         progress_bar=True, trust_pickle=trust_pickle,
+                         on_progress=lambda line: console.print(line, highlight=False, soft_wrap=True))
     result = train(config, resume=resume)
     if result.resumed_from:
         console.print(f"resumed {result.run_dir} from step {result.resumed_from}")

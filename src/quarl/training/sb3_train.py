@@ -74,6 +74,9 @@ class TrainConfig:
     trust_pickle: bool = False
     """Resume from a checkpoint written by an older quarl (replay / normalization pickles)."""
     progress_bar: bool = False
+    on_progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    """Where the rolling training return goes, a line per tenth of the budget (default: the
+    ``quarl`` logger at INFO)."""
     run_dir: Path | None = None
     """Explicit run folder (overrides OUT/ALGO/ENV_N)."""
 
@@ -278,6 +281,36 @@ def _resume_from(model: Any, path: Path, done: int, trust_pickle: bool) -> None:
                 load_vecnormalize_arrays(target, vecnormalize_arrays(pickle.loads(pkl.read_bytes())))  # noqa: S301
 
 
+REWARD_LINES = 10
+"""Lines of rolling training reward a run prints (one per tenth of its budget)."""
+
+
+def _RollingReward(every: int, say: Callable[[str], None]):  # noqa: N802 - builds a BaseCallback subclass lazily (SB3 imports on demand)
+    """A callback that logs, every ``every`` steps, the mean return of the last (up to 100)
+    training episodes (SB3's ``ep_info_buffer``, what its ``rollout/ep_rew_mean`` shows), so
+    a run says how it is learning while it learns."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class RollingReward(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next = every
+
+        def _on_training_start(self) -> None:
+            self.next = (self.num_timesteps // every + 1) * every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next:
+                self.next = (self.num_timesteps // every + 1) * every
+                episodes = [info["r"] for info in self.model.ep_info_buffer or []]
+                if episodes:
+                    say(f"step {self.num_timesteps:,}: mean training return {float(np.mean(episodes)):.2f} over the "
+                        f"last {len(episodes)} episodes")
+            return True
+
+    return RollingReward()
+
+
 def _callbacks(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int, checkpointer: _Checkpointer,
                qat_restore: dict | None) -> list:
     from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
@@ -305,6 +338,7 @@ def _callbacks(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int
             return True
 
     callbacks.append(Checkpoint())
+    callbacks.append(_RollingReward(max(total // REWARD_LINES, 1), config.on_progress or log.info))
     if config.eval_freq > 0:
         eval_env = _vec_env(setup, 1, config.seed + 1000, training=False)
         callbacks.append(
