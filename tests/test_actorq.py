@@ -297,6 +297,9 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert summary.loads < summary.pulls  # versioned pulls skip unchanged weights
     assert set(summary.actor_ms_per_step) == {"inference", "env", "pull", "deserialize", "load"}
     assert summary.broadcast["bytes"] > 0 and summary.energy["available"]
+    # the steady rate leaves start-up out: it counts fewer steps over less time than the whole-run rate
+    assert summary.steady_env_steps_per_s is not None and summary.steady_env_steps_per_s > 0
+    assert summary.steady_env_steps_per_s * summary.elapsed_s > 0.5 * summary.env_steps
     assert (tmp_path / "run" / "evals.csv").read_text().startswith("t_s,version,return,running_mean,env_steps")
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -577,3 +580,12 @@ def test_ctrl_c_in_the_first_second_leaves_a_run_that_resumes(tmp_path: Path) ->
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
     resumed = run_actorq(config, resume=True)
     assert resumed.learner_steps > ticks[-1] >= 5
+
+
+def test_the_steady_rate_counts_from_when_every_actor_had_reported() -> None:
+    from quarl.actorq.system import RunState, _steady_rate
+
+    state = RunState(env_steps=10_000, elapsed_s=30.0, steady_from_s=10.0, env_steps_at_steady=2_000)
+    assert _steady_rate(state) == 400.0  # 8,000 steps in 20 s; the whole run's 333 includes 10 s of start-up
+    assert _steady_rate(RunState(env_steps=100, elapsed_s=5.0)) is None  # an actor never reported
+    assert _steady_rate(RunState(env_steps=100, elapsed_s=5.0, steady_from_s=4.5)) is None  # too short to tell

@@ -151,6 +151,8 @@ def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, An
             "learner_steps": int(np.mean([r.learner_steps for r in runs])),
             "learner_steps_per_s": round(float(np.mean([r.learner_steps_per_s for r in runs])), 2),
             "actor_steps_per_s": round(steps, 1),
+            # all actors together once started (worker start-up, env creation and the first pull left out)
+            "steady_env_steps_per_s": _mean_known([r.steady_env_steps_per_s for r in runs], 1),
             "inference_ms": round(float(np.mean([r.actor_ms_per_step.get("inference", 0) for r in runs])), 3),
             "broadcast_bytes": int(np.mean([r.broadcast.get("bytes", 0) for r in runs])),
             "energy_wh": round(1000 * float(np.mean([e["energy_kwh"] for e in energy])), 3) if energy else math.nan,
@@ -158,6 +160,12 @@ def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, An
             **_mismatch_columns(runs),
         })
     return rows
+
+
+def _mean_known(values: list[float | None], digits: int) -> float:
+    """Mean of the values measured (NaN where none was: older runs, or too short)."""
+    known = [v for v in values if v is not None]
+    return round(float(np.mean(known)), digits) if known else math.nan
 
 
 def _mismatch_columns(runs: list[ActorQSummary]) -> dict[str, float]:

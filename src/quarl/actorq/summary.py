@@ -80,6 +80,10 @@ class ActorQSummary:
     machine_busy_cores: float | None = None
     """Cores the driver's machine kept busy on average (every process on it: Ray's daemons
     and the OS too); None in runs of quarl before it was recorded."""
+    steady_env_steps_per_s: float | None = None
+    """Env steps per second once every actor had returned its first chunk (worker start-up,
+    env creation and the first weight pull left out); None for a run too short to tell, or
+    stored by a quarl before it was measured. ``env_steps_per_s`` counts from the start."""
     mismatch: dict[str, float] | None = None
     """impala: the actors' policy mu against the learner's pi on the states the actors met,
     averaged over learner steps: ``kl`` (KL(mu || pi) per state), ``rho_mean``, ``rho_std``

@@ -73,6 +73,10 @@ class RunState:
     """Actor seconds inside their chunks (the parts in actor_times plus loop overhead)."""
     actor_nodes: dict[int, list[str]] = field(default_factory=dict)
     """Nodes each actor has run on, in order (a restart after its node left adds one)."""
+    steady_from_s: float | None = None
+    """When every actor had returned its first chunk (start-up over: workers started, envs
+    made, first weights pulled); steady-state rates count from here."""
+    env_steps_at_steady: int = 0
     restarts: int = 0
     pulls: int = 0
     loads: int = 0
@@ -185,6 +189,8 @@ def run_actorq(
                     continue
                 if _account(state, result, tb, now()):
                     _write_nodes(out, fleet.node, state)
+                if state.steady_from_s is None and len(state.actor_steps) >= config.actors:
+                    state.steady_from_s, state.env_steps_at_steady = now(), state.env_steps
                 state.actor_wall_s += result.wall_s
                 in_flight[result.index] = max(0, in_flight[result.index] - 1)
                 if in_flight[result.index] == 0:
@@ -418,6 +424,14 @@ def _stop_energy(tracker: Any) -> dict[str, Any]:
         return {"available": False, "error": str(exc)}
 
 
+def _steady_rate(state: RunState) -> float | None:
+    """Env steps per second after start-up (:attr:`RunState.steady_from_s`); None when the
+    run ended before every actor had reported or too soon after (under a second)."""
+    if state.steady_from_s is None or state.elapsed_s - state.steady_from_s < 1.0:
+        return None
+    return (state.env_steps - state.env_steps_at_steady) / (state.elapsed_s - state.steady_from_s)
+
+
 def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: RunState, broadcast: dict,
              energy: dict, learner_s: float) -> ActorQSummary:
     steps = max(state.env_steps, 1)
@@ -435,6 +449,7 @@ def _summary(config: ActorQConfig, info: EnvInfo, target: float | None, state: R
         env_steps=state.env_steps,
         learner_steps=state.learner_steps,
         env_steps_per_s=state.env_steps / max(state.elapsed_s, 1e-9),
+        steady_env_steps_per_s=_steady_rate(state),
         learner_steps_per_s=state.learner_steps / max(state.elapsed_s, 1e-9),
         actor_env_steps_per_s={str(i): n / max(state.elapsed_s, 1e-9) for i, n in state.actor_steps.items()},
         actor_ms_per_step=per_step_ms,
