@@ -576,6 +576,12 @@ def test_export_folders_are_timed_as_exported_and_refused_where_float_weights_ar
     rows = read_csv(tmp_path / "b" / "bench.csv")
     meta = json.loads((out / "policy.json").read_text())
     assert [row["precision"] for row in rows] == ["int8 (onnx)"] and rows[0]["mode"] == meta["quant"]["mode"]
+    import onnx  # the sidecar names the operators by domain, and so which runtimes run the model
+
+    used = {(n.domain or "ai.onnx", n.op_type) for n in onnx.load(str(out / "policy.onnx")).graph.node}
+    assert used == {(d, op) for d, ops in meta["ops"].items() for op in ops}
+    assert meta["runtimes"].startswith("ONNX Runtime") == any(d != "ai.onnx" for d, _ in used)
+    assert meta["obs_normalizer"] is None or meta["obs_normalizer"]["dtype"] == "float64"
     assert int(rows[0]["model_bytes"]) == (out / "policy.onnx").stat().st_size and float(rows[0]["b4_us"]) > 0
     for args, why in ((["bench", str(out), "--precisions", "int4"], "drop --precisions"),
                       (["sweep", str(out)], "sweep re-quantizes the float weights"),

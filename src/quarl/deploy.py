@@ -54,8 +54,31 @@ def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
         "scale_images": policy.scale_images,
         "obs_normalizer": None if norm is None else {"mean": np.asarray(norm.mean).tolist(),
                                                      "var": np.asarray(norm.var).tolist(),
-                                                     "clip": float(norm.clip), "epsilon": float(norm.epsilon)},
+                                                     "clip": float(norm.clip), "epsilon": float(norm.epsilon),
+                                                     # as SB3's VecNormalize computes it, before the cast to
+                                                     # the model's float32 input
+                                                     "dtype": "float64",
+                                                     "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
     }
+
+
+def onnx_ops(model: bytes) -> dict[str, Any]:
+    """The operators an ONNX model uses, by domain (``""``: standard ONNX), its opsets, and
+    which runtimes run it: a ``com.microsoft`` operator (MatMulNBits, the int4 modes) runs in
+    ONNX Runtime only."""
+    import onnx
+
+    graph = onnx.load_from_string(model)
+    ops: dict[str, list[str]] = {}
+    for node in graph.graph.node:
+        ops.setdefault(node.domain or "ai.onnx", [])
+        if node.op_type not in ops[node.domain or "ai.onnx"]:
+            ops[node.domain or "ai.onnx"].append(node.op_type)
+    opsets = {o.domain or "ai.onnx": int(o.version) for o in graph.opset_import}
+    portable = set(ops) <= {"ai.onnx"}
+    return {"ops": {d: sorted(v) for d, v in sorted(ops.items())}, "opsets": opsets,
+            "runtimes": "any ONNX runtime with these opsets" if portable else
+            "ONNX Runtime (contrib operators: " + ", ".join(sorted(set(ops) - {"ai.onnx"})) + ")"}
 
 
 def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | None = None,
@@ -89,7 +112,7 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
     onnx_path.write_bytes(model)
-    meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model),
+    meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
             "onnx_sha256": hashlib.sha256(model).hexdigest(),
             "env": None if env_spec is None else dataclasses.asdict(env_spec),
             "policy_sha256": policy.fingerprint(), "provenance": provenance(),
