@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gymnasium as gym
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -203,3 +205,38 @@ def test_building_an_nbits_model_leaves_the_root_logger_alone() -> None:
             "print(len(root.handlers), root.level)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["0", str(logging.WARNING)]
+
+
+@pytest.mark.parametrize("mode", ["int4-weight-only", "int8-weight-only"])
+def test_a_portable_export_dequantizes_to_the_very_weights_matmulnbits_uses(mode: str, tiny_run: Path,
+                                                                           tmp_path: Path) -> None:
+    """--portable: MatMulNBits as standard blocked DequantizeLinear + MatMul (opset 21), the
+    same codes, scales and zero points; run in fp32 arithmetic it gives what the weight-only
+    kernel gives (to float rounding), and quarl ptq plays it."""
+    import json
+
+    import onnx
+    import onnxruntime as ort
+
+    from tests.conftest import run_cli
+
+    out = tmp_path / "p"
+    r = run_cli("export", str(tiny_run), "--precision", mode, "--portable", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "policy.json").read_text())
+    proto = onnx.load(str(out / "policy.onnx"))
+    onnx.checker.check_model(proto)
+    assert {n.domain for n in proto.graph.node} == {""} and "DequantizeLinear" in meta["ops"]["ai.onnx"]
+    assert meta["runtimes"] == "any ONNX runtime with these opsets" and meta["opsets"]["ai.onnx"] == 21
+    check = meta["portable"]["fp32_arithmetic"]
+    assert check["action_agreement"] == 1.0 and check["max_abs_diff"] < 1e-4
+    # against the contrib model of the same mode, exported again (the mode's weights are deterministic)
+    contrib = tmp_path / "c"
+    assert run_cli("export", str(tiny_run), "--precision", mode, "--out", str(contrib)).returncode == 0
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    a = ort.InferenceSession(str(contrib / "policy.onnx"), providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
+    b = ort.InferenceSession(str(out / "policy.onnx"), plain, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    assert run_cli("ptq", str(out), "--episodes", "2").returncode == 0

@@ -1032,6 +1032,9 @@ def export(
     block_size: int = BlockSizeOpt,
     seed: int = typer.Option(0, "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="cut calibration episodes after this many steps"),
+    portable: bool = typer.Option(False, "--portable", help="int4 / int8-block: standard ONNX only (blocked "
+                                  "DequantizeLinear + MatMul, opset 21) instead of ONNX Runtime's MatMulNBits, "
+                                  "the same weights; the sidecar says how it computes against MatMulNBits"),
     stochastic: Optional[bool] = typer.Option(None, "--stochastic/--deterministic", help="how the deployed policy "
                                               "acts: a sampling categorical policy's int mode must keep its action "
                                               "distributions, a greedy one its argmax; default: the RL Zoo's "
@@ -1070,7 +1073,7 @@ def export(
     calibration = None if config == ["fp32"] else calibration_inputs(ckpt.policy, spec, max_steps)
     returns = calibration_returns(spec, max_steps)
     stem = out / ARTIFACT_NAME
-    meta = export_policy(ckpt.policy, precision, stem, calibration, spec, returns, **options)
+    meta = export_policy(ckpt.policy, precision, stem, calibration, spec, returns, portable=portable, **options)
     mode = f", mode {meta['quant']['mode']}" if "quant" in meta else ""
     out_console.print(f"wrote {stem.with_suffix('.onnx')} ({meta['onnx_bytes']:,} bytes{mode}) and "
                       f"{stem.with_suffix('.json')}", soft_wrap=True)

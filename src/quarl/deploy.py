@@ -97,15 +97,47 @@ def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | No
 
 
 def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None,
-                  env_spec: EnvSpec | None = None, returns: Returns | None = None, **options: Any) -> dict[str, Any]:
+                  env_spec: EnvSpec | None = None, returns: Returns | None = None, portable: bool = False,
+                  **options: Any) -> dict[str, Any]:
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
-    ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file."""
+    ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file.
+    ``portable``: MatMulNBits rewritten as standard ONNX (:mod:`quarl.quant.portable`),
+    checked against the contrib model on ``calibration`` (recorded under ``portable``)."""
     model, quant = quantized_model(policy, precision, calibration, returns, **options)
-    return write_artifact(policy, precision, out, model, quant, env_spec)
+    check = None
+    if portable:
+        from quarl.quant.portable import portable_model
+
+        contrib, model = model, portable_model(model)
+        check = _portable_check(contrib, model, calibration, policy)
+    meta = write_artifact(policy, precision, out, model, quant, env_spec, extra={"portable": check} if portable else {})
+    return meta
+
+
+def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, Any]:
+    """How the portable model computes against the ONNX Runtime one on ``states``: in fp32
+    arithmetic (graph optimizations off, as a runtime without ONNX Runtime's fusion runs
+    it) and as ONNX Runtime runs it by default (it fuses DequantizeLinear + MatMul back
+    into MatMulNBits): the largest output difference and how often the actions agree."""
+    import onnxruntime as ort
+
+    if states is None or not len(states):
+        return {}
+    x = np.ascontiguousarray(states[:512], np.float32)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(contrib, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
+    out: dict[str, Any] = {}
+    for name, options in (("fp32_arithmetic", plain), ("onnxruntime_default", ort.SessionOptions())):
+        got = ort.InferenceSession(portable, options, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
+        out[name] = {"max_abs_diff": float(np.abs(got - ref).max()),
+                     "action_agreement": float(np.mean(np.all(policy.postprocess(got) == policy.postprocess(ref),
+                                                              axis=tuple(range(1, policy.postprocess(got).ndim)))))}
+    return out
 
 
 def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: dict[str, Any] | None,
-                   env_spec: EnvSpec | None = None) -> dict[str, Any]:
+                   env_spec: EnvSpec | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
     sidecar ``OUT.json``; ``quant``: the int mode's summary."""
     out = Path(out)
@@ -117,7 +149,7 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
             "env": None if env_spec is None else dataclasses.asdict(env_spec),
             "policy_sha256": policy.fingerprint(), "provenance": provenance(),
             # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.modes.sampled_agreement)
-            "acting": "sampled" if policy.stochastic else "greedy"}
+            "acting": "sampled" if policy.stochastic else "greedy", **(extra or {})}
     if quant is not None:
         meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1, allow_nan=False))
