@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
