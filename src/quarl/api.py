@@ -176,7 +176,8 @@ def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", en
     from quarl.recovery import RecoverConfig, run_recover
 
     config = RecoverConfig(precision=precision, **options)  # type: ignore[arg-type]
-    checkpoint = load(checkpoint, env, trust_pickle)
+    agent = load(checkpoint, env, trust_pickle)
+    assert agent.env_spec is not None  # load resolves it, or refuses
     settings = EvalSettings(episodes=episodes) if episodes else None
-    return run_recover(Path(checkpoint.path), checkpoint.env_spec, checkpoint.policy, config, Path(out), settings,
+    return run_recover(Path(agent.path), agent.env_spec, agent.policy, config, Path(out), settings,
                        trust_pickle=trust_pickle)

@@ -32,6 +32,8 @@ from quarl.timing import median_us
 def _space(space: gym.spaces.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
+    if not isinstance(space, gym.spaces.Box):
+        raise QuarlError(f"an export describes Discrete and Box spaces, not {space}")
     return {"type": "box", "shape": list(space.shape), "low": _finite(space.low), "high": _finite(space.high)}
 
 
@@ -186,6 +188,7 @@ def bench_precisions(
             cells.append((label, quantize(policy, QuantConfig.parse(label), calibration=x_all[:256], returns=returns)))
     for label, p in cells:
         engine = p.engine if isinstance(p, Policy) else p
+        assert engine is not None  # a Policy gets its engine at construction
         size = p.size_bytes() if isinstance(p, Policy) else len(p.model)
         quant = p.meta.get("quant") if isinstance(p, Policy) else None
         row: dict[str, Any] = {"precision": label, "engine": "onnxruntime" if as_exported else type(engine).__name__,

@@ -161,7 +161,7 @@ class _ForgetLastAction(gym.Wrapper):
     envs played side by side (measured: episode 5 of a DQN Breakout agent scored 4 after
     episodes 0-4 on one env, 2 on a fresh one). Each reset forgets it, as a new env does."""
 
-    def reset(self, **kwargs):  # type: ignore[override]
+    def reset(self, **kwargs):
         game = getattr(self.env.unwrapped, "game", None)
         if game is not None and hasattr(game, "last_action"):
             game.last_action = 0
@@ -173,7 +173,7 @@ def _minatar_frames(env: gym.Env) -> gym.Env:
     SB3's CNN policies read (a float Box: SB3 neither transposes nor rescales it); every
     episode a function of its seed alone (:class:`_ForgetLastAction`)."""
     env = _ForgetLastAction(env)
-    h, w, c = env.observation_space.shape
+    h, w, c = env.observation_space.shape or (10, 10, 0)
     space = gym.spaces.Box(0.0, 1.0, (c, h, w), np.float32)
     return gym.wrappers.TransformObservation(env, lambda o: np.ascontiguousarray(o.transpose(2, 0, 1), np.float32),
                                              space)
@@ -233,7 +233,7 @@ class _QuietConnect(gym.Wrapper):
         super().__init__(env)
         self._connected = False
 
-    def reset(self, **kwargs):  # type: ignore[override]
+    def reset(self, **kwargs):
         if self._connected:
             return self.env.reset(**kwargs)
         with _quiet_fd(1):
@@ -351,11 +351,11 @@ class GameScore(gym.Wrapper):
         self.length = 0
         self.over = True
 
-    def reset(self, **kwargs):  # type: ignore[override]
+    def reset(self, **kwargs):
         self.score, self.length, self.over = 0.0, 0, False
         return self.env.reset(**kwargs)
 
-    def step(self, action):  # type: ignore[override]
+    def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.score += float(reward)
         self.length += 1
@@ -414,7 +414,7 @@ def make_env(spec: EnvSpec, training: bool = False, stack_frames: bool = True,
 def _stack_frames(env: gym.Env, n: int) -> gym.Env:
     """Stack like SB3's VecFrameStack (zero padding, oldest first), channel-first for
     images (as VecTransposeImage hands them to the CNN), concatenated for vectors."""
-    shape = env.observation_space.shape
+    shape = env.observation_space.shape or ()
     if len(shape) == 3 and shape[-1] == 1:  # (H, W, 1) frames -> (n, H, W)
         env = gym.wrappers.ReshapeObservation(env, shape[:2])
         return gym.wrappers.FrameStackObservation(env, n, padding_type="zero")

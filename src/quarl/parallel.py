@@ -142,7 +142,8 @@ def _main_module_hidden() -> Iterator[None]:
     user's script without an ``if __name__ == "__main__"`` guard would otherwise run again
     in every worker (multiprocessing's spawn / forkserver re-import it)."""
     main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__")
+                             if main is not None and k in main.__dict__}
     if main is not None:
         main.__dict__.pop("__file__", None)
         main.__dict__["__spec__"] = None
@@ -156,7 +157,7 @@ def _main_module_hidden() -> Iterator[None]:
 
 def _play_chunk(policy_file: str, digest: str, env_spec: EnvSpec, seed: int, start: int, count: int, n_envs: int,
                 max_steps: int | None, evaluation: int, packages: tuple[str, ...] = ()
-                ) -> tuple[int, np.ndarray, np.ndarray, list[str]]:
+                ) -> tuple[int, np.ndarray, np.ndarray, list[str] | None]:
     if packages:  # custom envs (--gym-packages) registered in this worker too
         from quarl.envs import import_gym_packages
 

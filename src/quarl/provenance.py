@@ -17,7 +17,7 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "a
 
 @functools.cache
 def provenance() -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

@@ -84,6 +84,7 @@ def run_qat_study(
     stage("evaluating")
     base = load_checkpoint(base_run)
     spec = base.env_spec
+    assert spec is not None  # a run folder quarl trained names its env
     common = {"timesteps": total, "quant_delay": delay, "train_seed": study.seed}
     cells = [Cell("fp32", QuantConfig(), {"method": "fp32", **common}),
              Cell("int8", QuantConfig(precision="int8"), {"method": "ptq", "bits": 8, "real_int8": True, **common})]

@@ -10,7 +10,7 @@ import json
 import os
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from rich.console import Console
@@ -22,7 +22,7 @@ __all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mo
            "plot_sweep", "plot_verdicts", "save_figure"]
 
 
-def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``E%``, its 95 % interval (``E lo``, ``E hi``) and the verdict (keeps / loses /
     undecided) of ``record`` against the fp32 record ``base``, paired by episode seed
     (:mod:`quarl.verdict`). Empty for fp32 itself and where the episodes do not pair."""
@@ -39,8 +39,9 @@ def verdict_columns(base: dict[str, Any] | None, record: dict[str, Any], prefix:
         ends = (ends[0][: len(quant)] if isinstance(ends[0], list) else ends[0]), ends[1]
     if not fp32 or not quant or len(fp32) != len(quant):
         return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
+    fp32_ends, quant_ends = ends
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
-    games = games_of(*ends) if known else None  # records without digests (older ones): episodes as games
+    games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
     v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games)
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
@@ -111,7 +112,7 @@ def mode_summary(records: Sequence[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def paper_table(per_policy: dict[str, Sequence[dict[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:
+def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:
     """The paper's layout: one row per policy, ``fp32 fp16 E_fp16 int8 E_int8 ...``, each
     E with its 95 % interval and verdict (paired by episode seed where the records carry
     ``returns``)."""
@@ -227,7 +228,7 @@ def save_figure(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_verdicts(per_policy: dict[str, Sequence[dict[str, Any]]], path: Path, title: str) -> Path:
+def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
     """E% with its 95 % interval (paired by seed) for every policy and precision against
     fp32, the 5 % tolerance as a band: what the tables' verdict columns say, at a glance.
     One row of points per policy; each precision its own marker."""

@@ -108,7 +108,7 @@ def paired_speedups(base: list[ActorQSummary], runs: list[ActorQSummary]) -> lis
     """Time-to-reward ratios of repeat k of the first precision to repeat k of another (the
     same seed), over the repeats that both reached."""
     return [b.time_to_reward_s / r.time_to_reward_s for b, r in zip(base, runs)
-            if b.reached and r.reached and r.time_to_reward_s]
+            if b.reached and r.reached and b.time_to_reward_s is not None and r.time_to_reward_s]
 
 
 def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:

@@ -121,7 +121,7 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
         / per_step_cpu,
         "network": cluster.bandwidth_bytes_per_s * costs.update_period / max(costs.broadcast_bytes, 1.0),
     }
-    regime = min(limits, key=limits.get)
+    regime = min(limits, key=lambda name: limits[name])
     x = limits[regime]
     ttr = costs.env_steps_to_target / x if costs.env_steps_to_target else None
     return Prediction(x, regime, limits, ttr)

@@ -31,9 +31,9 @@ def _pack(codes: np.ndarray, bits: int) -> bytes:
     if bits == 8:
         return codes.tobytes()
     m = -(-codes.size // 8)
-    segments = np.zeros(8 * m, dtype=np.uint8)
-    segments[: codes.size] = codes
-    segments = segments.reshape(8, m)
+    flat = np.zeros(8 * m, dtype=np.uint8)
+    flat[: codes.size] = codes
+    segments = flat.reshape(8, m)
     rows = np.zeros((bits, m), dtype=np.uint8)
     for j in range(8):
         byte, shift = divmod(bits * j, 8)
@@ -43,7 +43,7 @@ def _pack(codes: np.ndarray, bits: int) -> bytes:
     return rows.tobytes()
 
 
-def _unpack(raw: bytes, bits: int, n: int) -> np.ndarray:
+def _unpack(raw: bytes | memoryview, bits: int, n: int) -> np.ndarray:
     if bits == 8:
         return np.frombuffer(raw, dtype=np.uint8, count=n)
     m = -(-n // 8)

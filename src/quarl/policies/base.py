@@ -274,6 +274,10 @@ def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, in
     return (logits + gumbel).argmax(axis=1)
 
 
-def linear_layers(network: nn.Module) -> list[tuple[str, nn.Module]]:
+def linear_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]]:
     """The weight layers (Linear, Conv2d) of a network, in order, with their names."""
-    return [(n, m) for n, m in network.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    layers: list[tuple[str, nn.Linear | nn.Conv2d]] = []
+    for name, module in network.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            layers.append((name, module))
+    return layers

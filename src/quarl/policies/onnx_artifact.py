@@ -186,7 +186,8 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
         raise QuarlError(f"{meta_path} is not a quarl sidecar (format {SIDECAR_FORMAT!r})")
     if meta.get("head") not in HEADS:
         raise QuarlError(f"{meta_path}: unknown action head {meta.get('head')!r}")
-    quant = meta.get("quant") if isinstance(meta.get("quant"), dict) else {}
+    raw_quant = meta.get("quant")
+    quant: dict = raw_quant if isinstance(raw_quant, dict) else {}
     mode = quant.get("mode")
     per_row = bool(mode in MODES and MODES[mode].per_row)
     model = read_capped(path, model_file_cap(), "an ONNX model")
@@ -197,7 +198,7 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     check_graph(model, path)
     observation_space = _space(meta.get("observation_space"), "observation space")
     action_space = _space(meta.get("action_space"), "action space")
-    n_obs = int(np.prod(observation_space.shape))
+    n_obs = int(np.prod(observation_space.shape or ()))
     n_quantiles = meta.get("n_quantiles") or 0
     _count(n_quantiles, "n_quantiles", least=0, most=10_000)
     normalizer = _normalizer(meta.get("obs_normalizer"), n_obs)

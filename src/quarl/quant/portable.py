@@ -55,7 +55,9 @@ def portable_model(model: bytes) -> bytes:
     proto = onnx.load_from_string(model)
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
-    new_nodes, dropped, added = [], set(), []
+    new_nodes: list = []
+    dropped: set[str] = set()
+    added: list = []
     for node in graph.node:
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             if node.domain not in ("", "ai.onnx"):

@@ -242,6 +242,7 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
         tried = [best.summary()]
     _explain(config.label, best.summary(), tried, cached)
     network = best.reference if best.reference is not None else policy.clone_network()
+    assert best.engine is not None  # every built candidate has its ONNX Runtime engine
     quantized = acting.with_network(network, config.label, best.engine)
     quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
                                "chosen_from_cache": cached, "tried": tried}

@@ -148,9 +148,9 @@ class _RoundSTE(torch.autograd.Function):
     and is zero where the value was clamped (straight-through estimator)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, qp: QParams) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, qp: QParams) -> torch.Tensor:
         out = dequantize(quantize(x, qp), qp).to(x.dtype)
-        if qp.qmin is None:
+        if qp.qmin is None or qp.qmax is None:
             ctx.save_for_backward(torch.ones_like(x, dtype=torch.bool))
         else:
             raw = torch.round(x / qp.scale) + (qp.zero_point if qp.scheme == "affine" else 0)
@@ -158,7 +158,7 @@ class _RoundSTE(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         (inside,) = ctx.saved_tensors
         return grad * inside, None
 

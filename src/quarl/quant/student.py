@@ -170,8 +170,10 @@ class StudentLinear(nn.Module):
         return nn.functional.linear(x, weight_on_grid(self.layer.weight, self.spec), self.layer.bias)
 
 
-def _weight_layers(network: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(n, m) for n, m in network.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+def _weight_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]]:
+    from quarl.policies.base import linear_layers
+
+    return linear_layers(network)
 
 
 def make_student(network: nn.Module, spec: KernelSpec) -> nn.Module:

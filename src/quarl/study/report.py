@@ -15,7 +15,7 @@ def _labels(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     """checkpoint -> "algo env", with its path's last two parts where two agents share it
     (the zoo's ppo/CartPole-v1_1 and the paper's ppo2/CartPole-v1.pkl)."""
     names = {r["checkpoint"]: r["policy"] for r in records}
-    count = defaultdict(int)
+    count: defaultdict[str, int] = defaultdict(int)
     for name in names.values():
         count[name] += 1
     return {c: n if count[n] == 1 else f"{n} ({Path(c).parent.name}/{Path(c).name})" for c, n in names.items()}

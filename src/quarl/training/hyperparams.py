@@ -184,7 +184,7 @@ def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
     handles), and a number where the algorithm's default is one: one line otherwise."""
     import inspect
 
-    params = inspect.signature(TRAINERS[algo].algo_class().__init__).parameters
+    params = inspect.signature(TRAINERS[algo].algo_class()).parameters
     allowed = sorted({p for p in params if not p.startswith("_")} - {"self", "policy", "env"} | set(_OWN_KEYS))
     for key, value in overrides.items():
         if key not in allowed:
