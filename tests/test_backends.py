@@ -240,3 +240,27 @@ def test_a_portable_export_dequantizes_to_the_very_weights_matmulnbits_uses(mode
     b = ort.InferenceSession(str(out / "policy.onnx"), plain, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
     assert run_cli("ptq", str(out), "--episodes", "2").returncode == 0
+
+
+def test_an_fp16_export_holds_fp16_weights_and_computes_as_fp16(tiny_run: Path, tmp_path: Path) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    from quarl.policies.sb3 import load_checkpoint
+    from tests.conftest import run_cli
+
+    out = tmp_path / "f16"
+    assert run_cli("export", str(tiny_run), "--precision", "fp16", "--out", str(out)).returncode == 0
+    proto = onnx.load(str(out / "policy.onnx"))
+    weights = [t for t in proto.graph.initializer if len(t.dims) == 2]
+    assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    x = np.random.default_rng(0).normal(size=(128, 4)).astype(np.float32)
+    got = ort.InferenceSession(str(out / "policy.onnx"), providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
+    network = load_checkpoint(tiny_run).policy.network
+    with torch.no_grad():
+        want = network.half()(torch.from_numpy(x).half()).float().numpy()
+        full = load_checkpoint(tiny_run).policy.network(torch.from_numpy(x)).numpy()
+    assert np.abs(got - want).max() < 2e-2 * max(1.0, np.abs(want).max())
+    assert np.abs(got - full).max() > 0  # fp16 arithmetic, not fp32 behind a label
+    assert run_cli("ptq", str(out), "--episodes", "2").returncode == 0

@@ -9,6 +9,7 @@ normalization (mean, var, clip), whether images are divided by 255, and the acti
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -17,6 +18,8 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
+import torch
+from torch import nn
 
 from quarl.provenance import provenance
 from quarl.envs import EnvSpec
@@ -83,6 +86,31 @@ def onnx_ops(model: bytes) -> dict[str, Any]:
             "ONNX Runtime (contrib operators: " + ", ".join(sorted(set(ops) - {"ai.onnx"})) + ")"}
 
 
+class _HalfInside(nn.Module):
+    """The network in fp16 between float32 input and output (the sidecar's float32 ``obs``)."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = copy.deepcopy(network).half()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x.half()).float()
+
+
+def fp16_model(policy: Policy) -> bytes:
+    """The policy's network with fp16 weights and fp16 arithmetic, float32 at its input and
+    output (Cast nodes), checked to load in ONNX Runtime's CPU provider."""
+    import onnxruntime as ort
+
+    model = export_onnx(_HalfInside(policy.network), policy.input_shape)
+    try:
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # a layer with no fp16 CPU kernel
+        raise QuarlError(f"ONNX Runtime's CPU provider cannot run this network in fp16 ({str(exc).splitlines()[0]}): "
+                         "export fp32 or an int precision") from None
+    return model
+
+
 def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | None = None,
                     returns: Returns | None = None, **options: Any) -> tuple[bytes, dict[str, Any] | None]:
     """The ONNX model of ``policy`` at ``precision`` (``fp32``, or a real int label:
@@ -91,8 +119,11 @@ def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | No
     config = QuantConfig.parse(precision, **options)
     if config.precision == "fp32":  # a QAT policy exports as it acts (n-bit weights, fake-quantized outputs)
         return export_onnx(policy.network, policy.input_shape), None
+    if config.precision == "fp16":
+        return fp16_model(policy), None
     if not registry.get(config.precision).real_int:
-        raise QuarlError(f"export precision {precision!r} has no ONNX model: allowed fp32, int8, int4 and their modes")
+        raise QuarlError(f"export precision {precision!r} has no ONNX model: allowed fp32, fp16, int8, int4 and their "
+                         "modes")
     quantized = quantize(policy, config, calibration=calibration, returns=returns)
     assert isinstance(quantized.engine, OrtEngine)  # every real int mode runs on ONNX Runtime
     return quantized.engine.model, quantized.meta.get("quant")
