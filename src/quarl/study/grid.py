@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from quarl.errors import QuarlError
+from quarl.envs import gym_packages, import_gym_packages
 from quarl.evaluation import acting, protocol
 from quarl.measure import RESULT_FORMAT, EvalSettings, evaluate_config
 from quarl.quant.config import QuantConfig
@@ -103,6 +104,8 @@ class StudyCell:
     """The policy samples its actions (resolved per agent: part of ``policy_sha256``)."""
     sticky_actions: float | None = None
     """Applied to this agent's env (part of ``config_key``)."""
+    gym_packages: tuple[str, ...] = ()
+    """Modules that register custom envs (``--gym-packages``), imported where the cell runs (a Ray worker too)."""
 
     def key(self) -> tuple:
         return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
@@ -159,7 +162,7 @@ def cells(config: StudyConfig) -> list[StudyCell]:
                     else ""
                 out.append(StudyCell(path, sha, p, config_key(quant, recovered, sticky), seed, config.episodes,
                                      config.n_envs, config.max_steps, config.int8_weights, config.block_size,
-                                     config.trust_pickle, folder, policy.stochastic, sticky))
+                                     config.trust_pickle, folder, policy.stochastic, sticky, gym_packages()))
     return out
 
 
@@ -186,6 +189,8 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
+    if cell.gym_packages:
+        import_gym_packages(cell.gym_packages)
     ckpt, spec = _load(cell.checkpoint, cell.trust_pickle)
     spec, policy = protocol(ckpt.policy, spec, cell.stochastic, cell.sticky_actions)
     config = cell.quant_config()
