@@ -404,3 +404,24 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("QUARL_CACHE", "off")
     assert quantize(policy, QuantConfig("int8", block_size=128), obs).meta["quant"]["chosen_from_cache"] is False
     assert len(list((tmp_path / "cache").glob("*.json"))) == 3
+
+
+def test_the_chosen_mode_is_timed_beside_onnx_runtime_fp32_and_a_slower_one_is_said(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from quarl.quant import modes
+
+    monkeypatch.setenv("QUARL_CACHE", "off")
+    policy, obs = _mlp_policy()
+    assert quantize(policy, QuantConfig("int8"), obs).meta["quant"]["fp32_ort_latency_us"] > 0
+
+    def slow_mode(candidates, sample, budget_s):  # the mode 100 us, fp32 10 us
+        for c in candidates:
+            c.latency_us = 10.0 if c.mode == "fp32-ort" else 100.0
+
+    monkeypatch.setattr(modes, "_time_interleaved", slow_mode)
+    with caplog.at_level(logging.WARNING, logger="quarl"):
+        quant = quantize(policy, QuantConfig("int8"), obs).meta["quant"]
+    assert quant["fp32_ort_latency_us"] == 10.0
+    assert any("slower than ONNX Runtime fp32 (10.0 us)" in r.getMessage() for r in caplog.records)

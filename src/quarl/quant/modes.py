@@ -283,6 +283,8 @@ class Candidate:
     """How often a sampled action stays the same (categorical heads; NaN elsewhere): fp32 and
     this mode drawing with shared Gumbel noise, as quarl's paired evaluation draws, on the
     check states (:func:`sampled_agreement`). The automatic choice judges a sampling policy by it."""
+    fp32_ort_latency_us: float = float("nan")
+    """ONNX Runtime fp32's batch-1 latency, timed beside the chosen mode (automatic choice only)."""
     engine: ortb.OrtEngine | None = field(default=None, repr=False)
     reference: nn.Module | None = field(default=None, repr=False)
 
@@ -298,7 +300,8 @@ class Candidate:
 
         return {"mode": self.mode, "fp32_layers": list(self.keep), "agreement": num(self.agreement, 4),
                 "kl": num(self.kl, 6), "sampled_agreement": num(self.sampled_agreement, 4),
-                "latency_us": num(self.latency_us, 1), "model_bytes": self.model_bytes,
+                "latency_us": num(self.latency_us, 1), "fp32_ort_latency_us": num(self.fp32_ort_latency_us, 1),
+                "model_bytes": self.model_bytes,
                 "calibration_return": num(self.calibration_return, 3),
                 "calibration_episodes": self.calibration_episodes, "calibration_verdict": self.calibration_verdict}
 
@@ -477,6 +480,31 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     policy will sample its actions, so a categorical head's agreement is that of sampled
     actions (:func:`sampled_agreement`: the distributions, not only their argmax, must stay).
     Returns the choice and every candidate tried."""
+    chosen, tried = _choose(policy, bits, calibration, weights, block_size, min_agreement, tolerance, returns,
+                            timing_budget_s, sampled)
+    _against_fp32(chosen, ortb.OrtEngine(ortb.export_onnx(policy.network, policy.input_shape)), calibration[:1],
+                  timing_budget_s, bits)
+    return chosen, tried
+
+
+def _against_fp32(chosen: Candidate, fp32: ortb.OrtEngine, sample: np.ndarray, budget_s: float, bits: int) -> None:
+    """ONNX Runtime fp32's batch-1 latency beside the chosen mode's, timed in the same
+    interleaved rounds (:attr:`Candidate.fp32_ort_latency_us`); a mode slower than it is
+    said in a warning: its gain there is the model's size, not speed."""
+    mine = Candidate(chosen.mode, chosen.keep, chosen.agreement, engine=chosen.engine)
+    base = Candidate("fp32-ort", (), 1.0, engine=fp32)
+    _time_interleaved([mine, base], sample, budget_s)
+    chosen.fp32_ort_latency_us = base.latency_us
+    if mine.latency_us > base.latency_us * (1 + SWITCH_MARGIN) and mine.latency_us - base.latency_us >= SWITCH_SAVING_US:
+        log.warning("int%d: the chosen mode %s (%.1f us per call at batch 1) is slower than ONNX Runtime fp32 (%.1f us) "
+                    "on this CPU: its gain here is the model's size", bits, chosen.mode, mine.latency_us,
+                    base.latency_us)
+
+
+def _choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, block_size: int,
+           min_agreement: float, tolerance: float, returns: Returns | None = None,
+           timing_budget_s: float = 0.05, sampled: bool = False) -> tuple[Candidate, list[Candidate]]:
+    """The automatic choice itself (see :func:`choose`)."""
     network = policy.network
     conv = ortb.has_conv(network)
     modes = [m for m in modes_for(bits) if m.unsupported(network) is None and (conv or not m.needs_calibration)]

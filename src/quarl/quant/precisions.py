@@ -194,6 +194,8 @@ def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, ent
     best = build_candidate(policy, mode, request, check, config.action_tolerance)
     chosen = entry["chosen"]
     best.latency_us = float("nan") if chosen.get("latency_us") is None else float(chosen["latency_us"])
+    best.fp32_ort_latency_us = (float("nan") if chosen.get("fp32_ort_latency_us") is None
+                                else float(chosen["fp32_ort_latency_us"]))
     best.calibration_return = (float("nan") if chosen.get("calibration_return") is None
                                else float(chosen["calibration_return"]))
     best.calibration_episodes = int(chosen.get("calibration_episodes") or 0)
