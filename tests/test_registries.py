@@ -135,3 +135,43 @@ def test_families_claim_their_ids() -> None:
     assert envs.env_family("dm_control/cartpole-balance-v0").name == "dm_control"
     assert envs.env_family("CartPole-v1").name == "gymnasium"
     assert list(envs.ENV_FAMILIES)[-1] == "gymnasium"
+
+
+def test_an_actorq_algorithm_is_one_registration(tmp_path: Path) -> None:
+    """A new --algo is one registry entry: its learner (here a plain DQN whose target net is
+    the online one, wrapped to count its steps), replay and limiter; the coordinator, the
+    actors, the help and the run folder's loader take it without another edit."""
+    import dataclasses
+
+    from quarl.actorq import algorithms
+    from quarl.actorq.config import ActorQConfig
+    from quarl.actorq.system import run_actorq
+    from quarl.policies.actorq_run import load_actorq_run
+
+    dqn = algorithms.get_algorithm("dqn")
+    made: list[object] = []
+
+    def learner(config, obs_dim, act_dim, discrete):
+        made.append(dqn.make_learner(config, obs_dim, act_dim, discrete))
+        return made[-1]
+
+    entry = dataclasses.replace(dqn, name="counting-dqn", summary="test entry", make_learner=learner)
+    algorithms.register_algorithm(entry)
+    try:
+        assert "counting-dqn" in algorithms.algorithm_names()
+        config = ActorQConfig("CartPole-v1", algo="counting-dqn", actors=1, local=True, policy_layers=(32, 32),
+                              batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=600,
+                              out=tmp_path / "run", max_minutes=3.0)
+        summary = run_actorq(config)
+        assert len(made) == 1 and made[0].steps == summary.learner_steps > 0
+        assert summary.env_steps >= 600 and summary.config["algo"] == "counting-dqn"
+        policy, _, algo = load_actorq_run(tmp_path / "run")
+        assert algo == "counting-dqn" and policy.head == "argmax"
+        with pytest.raises(QuarlError, match="counting-dqn needs discrete actions but Pendulum-v1"):
+            from quarl.actorq.acting import env_info
+
+            env_info(ActorQConfig("Pendulum-v1", algo="counting-dqn"))
+    finally:
+        del algorithms.ALGORITHMS["counting-dqn"]
+    with pytest.raises(QuarlError, match="unknown --algo 'counting-dqn': allowed dqn, d4pg, impala"):
+        ActorQConfig("CartPole-v1", algo="counting-dqn")

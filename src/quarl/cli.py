@@ -29,6 +29,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from quarl import validate
+from quarl.actorq.algorithms import ALGORITHMS
 from quarl.errors import QuarlError
 
 # Old option spellings, kept for one release: (command path, old) -> new. Each gives a
@@ -821,8 +822,7 @@ app.add_typer(actorq_app, name="actorq")
 
 
 def _actorq_options(
-    algo: str = typer.Option("dqn", help="dqn (discrete actions), d4pg (continuous) or impala (either: on-policy "
-                                         "actor-critic with V-trace corrections)"),
+    algo: str = typer.Option("dqn", help="; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())),
     actors: int = typer.Option(2, help="actor processes"),
     actor_precision: str = typer.Option("int8", help="fp32, fp16, bf16, int8 or int4 (ONNX Runtime)"),
     wire_bits: int = typer.Option(32, help="weights sent to float actors at 32, 16 or 8..2 bits"),

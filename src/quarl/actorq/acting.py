@@ -92,12 +92,11 @@ def env_info(config: ActorQConfig) -> EnvInfo:
     env.close()
     if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
         raise QuarlError(f"ActorQ needs flat vector observations; {config.env_id} gives {obs}")
-    if config.algo == "dqn" and not isinstance(act, gym.spaces.Discrete):
-        raise QuarlError(f"dqn needs discrete actions but {config.env_id} has {act}: use --algo d4pg")
-    if config.algo == "d4pg" and not isinstance(act, gym.spaces.Box):
-        raise QuarlError(f"d4pg needs continuous actions but {config.env_id} has {act}: use --algo dqn")
     if not isinstance(act, (gym.spaces.Discrete, gym.spaces.Box)):
         raise QuarlError(f"ActorQ needs discrete or box actions; {config.env_id} has {act}")
+    from quarl.actorq.algorithms import get_algorithm
+
+    get_algorithm(config.algo).check_actions(isinstance(act, gym.spaces.Discrete), config.env_id, act)
     if isinstance(act, gym.spaces.Discrete):
         return EnvInfo(int(obs.shape[0]), int(act.n), True, obs, act, threshold)
     return EnvInfo(int(obs.shape[0]), int(np.prod(act.shape)), False, obs, act, threshold)
@@ -298,7 +297,10 @@ class Actor:
 
     def __init__(self, config: ActorQConfig, info: EnvInfo, index: int, fetch: Callable[[int], bytes | None]) -> None:
         torch.set_num_threads(1)
+        from quarl.actorq.algorithms import get_algorithm
+
         self.config, self.info, self.index = config, info, index
+        self.unrolls = get_algorithm(config.algo).unrolls  # sample own policy, return unrolls (else explore, n-step)
         self.fetch = fetch
         self.policy = ActorPolicy(config, info)
         self.env = make_env(EnvSpec(config.env_id))
@@ -348,7 +350,7 @@ class Actor:
         """``steps`` env steps: dqn / d4pg explore around the greedy action and return n-step
         transitions; impala samples its own policy mu and returns whole unrolls."""
         started = time.perf_counter()
-        if self.config.algo == "impala":
+        if self.unrolls:
             gamma, played = self.config.gamma, []
 
             def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,7 +12,6 @@ from quarl.validate import digits
 from quarl import validate
 from quarl.limits import check_layer_sizes
 
-ALGOS = ("dqn", "d4pg", "impala")
 ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 REPLAYS = ("uniform", "prioritized")
 WIRE_BITS = (32, 16, 8, 7, 6, 5, 4, 3, 2)
@@ -113,8 +112,9 @@ class ActorQConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 raise QuarlError(f"{f.name.replace('_', '-')}={value} must be a finite number")
         validate.seed(self.seed)
-        if self.algo not in ALGOS:
-            raise QuarlError(f"unknown --algo {self.algo!r}: allowed {', '.join(ALGOS)}")
+        from quarl.actorq.algorithms import get_algorithm
+
+        algorithm = get_algorithm(self.algo)
         if not isinstance(self.actors, int) or self.actors < 1:
             raise QuarlError(f"--actors {self.actors} must be at least 1")
         if self.actor_precision not in ACTOR_PRECISIONS:
@@ -152,19 +152,7 @@ class ActorQConfig:
         if not self.max_minutes > 0:
             raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
         _check_device(self.learner_device)
-        if self.algo == "impala":
-            if self.unroll_length < 1 or self.chunk_steps % self.unroll_length:
-                raise QuarlError(f"--unroll-length {self.unroll_length} must divide the actors' chunk of "
-                                 f"{self.chunk_steps} steps (e.g. 10, 20, 25, 50)")
-            if not 0 < self.c_bar <= self.rho_bar:
-                raise QuarlError(f"--c-bar {self.c_bar} and --rho-bar {self.rho_bar} must satisfy 0 < c-bar <= rho-bar")
-            if self.entropy_cost < 0 or self.baseline_cost <= 0:
-                raise QuarlError(f"--entropy-cost {self.entropy_cost} must be >= 0 and baseline_cost="
-                                 f"{self.baseline_cost} > 0")
-            if not 0 < self.policy_sigma <= 2:
-                raise QuarlError(f"policy_sigma={self.policy_sigma} must be in (0, 2]")
-            if self.replay != "uniform":
-                raise QuarlError("--replay prioritized is for dqn and d4pg: impala learns from a queue of unrolls")
+        algorithm.validate(self)
         if self.min_replay > self.replay_size:
             raise QuarlError(f"min_replay={self.min_replay} exceeds replay_size={self.replay_size}")
 

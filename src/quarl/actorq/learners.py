@@ -45,9 +45,12 @@ def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation:
 def policy_network(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: bool | None = None) -> nn.Sequential:
     """What actors run: Q-values (dqn), action logits (impala, discrete) or actions in
     [-1, 1] (d4pg; impala's Gaussian mean, continuous: tanh output)."""
+    from quarl.actorq.algorithms import get_algorithm
+
     sizes = [obs_dim, *config.policy_layers, act_dim]
-    continuous = config.algo == "d4pg" or (config.algo == "impala" and discrete is False)
-    return mlp(sizes, out_activation=nn.Tanh if continuous else None)
+    algorithm = get_algorithm(config.algo)
+    continuous = algorithm.actions == "continuous" or (algorithm.actions == "either" and discrete is False)
+    return mlp(sizes, out_activation=nn.Tanh if continuous and algorithm.tanh_for_continuous else None)
 
 
 def adam(params: Any, lr: float) -> torch.optim.Adam:
@@ -286,11 +289,9 @@ class IMPALALearner:
         self.steps = int(state["steps"])
 
 
-def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int,
-                 discrete: bool = True) -> DQNLearner | D4PGLearner | IMPALALearner:
-    """The learner on ``config.learner_device`` (validated with the config)."""
-    device = config.learner_device
-    if config.algo == "impala":
-        return IMPALALearner(config, obs_dim, act_dim, device, discrete)
-    cls = DQNLearner if config.algo == "dqn" else D4PGLearner
-    return cls(config, obs_dim, act_dim, device)
+def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: bool = True) -> Any:
+    """The learner of ``config.algo`` (its registry entry, :mod:`quarl.actorq.algorithms`) on
+    ``config.learner_device`` (validated with the config)."""
+    from quarl.actorq.algorithms import get_algorithm
+
+    return get_algorithm(config.algo).make_learner(config, obs_dim, act_dim, discrete)

@@ -33,7 +33,8 @@ from quarl.actorq.acting import ActorResult, EnvInfo, actor_quant, env_info
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.learners import make_learner
-from quarl.actorq.replay import PrioritizedReplay, QueueLimiter, RateLimiter, Replay, UnrollQueue
+from quarl.actorq.algorithms import get_algorithm
+from quarl.actorq.replay import QueueLimiter, RateLimiter, Replay, UnrollQueue
 from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
 from quarl.errors import QuarlError
 from quarl.provenance import provenance
@@ -108,20 +109,13 @@ def _target(config: ActorQConfig, info: EnvInfo) -> float | None:
 
 
 def make_replay(config: ActorQConfig) -> Replay | UnrollQueue:
-    if config.algo == "impala":  # each unroll learned from once; room for a few batches per actor
-        return UnrollQueue(max(4 * config.batch_size, 2 * config.actors * config.chunk_steps), config.seed)
-    if config.replay == "prioritized":
-        return PrioritizedReplay(config.replay_size, config.seed, config.priority_exponent, config.importance_exponent)
-    return Replay(config.replay_size, config.seed)
+    """The algorithm's replay or unroll queue (its registry entry)."""
+    return get_algorithm(config.algo).make_replay(config)
 
 
 def make_limiter(config: ActorQConfig, replay: Replay | UnrollQueue) -> RateLimiter | QueueLimiter:
-    if isinstance(replay, UnrollQueue):
-        return QueueLimiter(replay, config.batch_size)
-    # slack of at least one actor chunk plus one batch either way, so neither side starves
-    limiter = RateLimiter.from_tolerance(config.samples_per_insert, config.min_replay, config.samples_per_insert_tolerance)
-    limiter.error_buffer = max(limiter.error_buffer, (config.chunk_steps * config.samples_per_insert + config.batch_size))
-    return limiter
+    """The algorithm's rate limiter between inserts and samples (its registry entry)."""
+    return get_algorithm(config.algo).make_limiter(config, replay)
 
 
 def make_fleet(config: ActorQConfig, info: EnvInfo) -> Fleet:
@@ -144,6 +138,7 @@ def run_actorq(
     fleet)`` is called once per pass of the loop; returning True ends the run there, as a
     spent budget would (a caller's own stopping rule)."""
     torch.set_num_threads(1)
+    algorithm = get_algorithm(config.algo)
     info = env_info(config)
     target = _target(config, info)
     out = Path(config.out)
@@ -216,10 +211,10 @@ def run_actorq(
                 metrics = learner.step(batch)
                 if "priority" in metrics:
                     replay.update_priorities(batch.index, metrics.pop("priority"))
-                if isinstance(replay, UnrollQueue):  # how old the actors' weights were, in versions
+                if algorithm.unrolls:  # how old the actors' weights were, in versions
                     metrics["policy_lag"] = float(state.version - np.mean(batch.version))
                     state.add_mismatch(metrics)
-                limiter.sampled(len(batch) if isinstance(replay, UnrollQueue) else config.batch_size)
+                limiter.sampled(len(batch) if algorithm.unrolls else config.batch_size)
                 state.learner_steps += 1
                 if state.learner_steps % config.push_period == 0:
                     state.version += 1

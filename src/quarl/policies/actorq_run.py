@@ -53,11 +53,14 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     env = make_env(spec)
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    if algo == "d4pg":
-        layers.append(nn.Tanh())  # actions in [-1, 1], mapped onto the bounds
-        head = "unscale"
-    elif isinstance(act_space, gym.spaces.Discrete):
-        head = "argmax"
-    else:
+    from quarl.actorq.algorithms import get_algorithm
+
+    algorithm = get_algorithm(algo)
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
         raise QuarlError(f"{path}: ActorQ algo {algo!r} on {env_id} is not a policy quarl can act with")
+    algorithm.check_actions(discrete, env_id, act_space)
+    if not discrete and algorithm.tanh_for_continuous:
+        layers.append(nn.Tanh())  # actions in [-1, 1], mapped onto the bounds
+    head = algorithm.policy_head(discrete)
     return Policy(nn.Sequential(*layers), obs_space, act_space, head, algo=algo), spec, algo
