@@ -589,3 +589,26 @@ def test_the_steady_rate_counts_from_when_every_actor_had_reported() -> None:
     assert _steady_rate(state) == 400.0  # 8,000 steps in 20 s; the whole run's 333 includes 10 s of start-up
     assert _steady_rate(RunState(env_steps=100, elapsed_s=5.0)) is None  # an actor never reported
     assert _steady_rate(RunState(env_steps=100, elapsed_s=5.0, steady_from_s=4.5)) is None  # too short to tell
+
+
+def test_resume_refuses_another_config_and_a_crafted_state(tmp_path: Path) -> None:
+    """--resume continues the run its checkpoint holds: other learning options are refused
+    in one line naming the first one (a budget may change), and so are counters no run has."""
+    import torch
+
+    config = ActorQConfig("CartPole-v1", local=True, max_minutes=3.0, out=tmp_path / "run", actors=1,
+                          policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=400)
+    first = run_actorq(config)
+    with pytest.raises(QuarlError, match=r"learning_rate=0.0001, this one has 0.001: resume with the same options"):
+        run_actorq(replace(config, learning_rate=1e-3), resume=True)
+    more = run_actorq(replace(config, max_env_steps=800), resume=True)  # a longer budget is the same run
+    assert more.env_steps >= 800 > first.env_steps
+    path = tmp_path / "run" / "checkpoint.pt"
+    blob = torch.load(path, weights_only=True)
+    blob["state"]["env_steps"] = -10**18
+    torch.save(blob, path)
+    with pytest.raises(QuarlError, match=r"env_steps=-1000000000000000000 is not a count"):
+        run_actorq(config, resume=True)
+    torch.save({}, path)
+    with pytest.raises(QuarlError, match="holds no run config"):
+        run_actorq(config, resume=True)

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -149,7 +150,7 @@ def run_actorq(
     state = RunState()
     ckpt_path = out / "checkpoint.pt"
     if resume:
-        state = _restore(ckpt_path, learner, replay, limiter)
+        state = _restore(ckpt_path, learner, replay, limiter, config)
         log.info("resumed from %s at %.0f s, %d learner steps", ckpt_path, state.elapsed_s, state.learner_steps)
     from torch.utils.tensorboard import SummaryWriter
 
@@ -357,7 +358,43 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> RunState:
+RESUME_MAY_CHANGE = frozenset({"max_minutes", "max_env_steps", "target_reward", "eval_every_s", "eval_every_steps",
+                               "eval_episodes", "checkpoint_every_s", "out", "local", "address", "learner_device",
+                               "actors"})
+"""Options a resumed run may set otherwise (its budget, its evaluation, where it runs); any
+other difference from the checkpoint's config is refused: it would be another run."""
+
+
+def _check_resumed_config(path: Path, saved: Any, config: ActorQConfig) -> None:
+    if not isinstance(saved, dict):
+        raise QuarlError(f"{path} holds no run config: it was not written by quarl actorq; start afresh (no --resume)")
+    now = config.to_json()
+    differ = sorted(k for k in now if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != now[k]
+                    and not (isinstance(saved[k], list) and tuple(saved[k]) == tuple(now[k] or ())))
+    if differ:
+        k = differ[0]
+        raise QuarlError(f"{path} was written by a run with {k}={saved[k]!r}, this one has {now[k]!r}"
+                         + (f" (and {len(differ) - 1} other option(s): {', '.join(differ[1:4])})" if differ[1:] else "")
+                         + ": resume with the same options, or give another --out")
+
+
+def _check_state(path: Path, raw: Any) -> RunState:
+    """The checkpoint's counters as a :class:`RunState`: known fields, counts that are
+    non-negative whole numbers (a crafted -1e18 would never reach a budget)."""
+    names = {f.name for f in dataclasses.fields(RunState)}
+    if not isinstance(raw, dict) or not raw or not set(raw) <= names:
+        raise QuarlError(f"{path} does not hold an ActorQ run state: start afresh (no --resume)")
+    for key in ("env_steps", "learner_steps", "version", "restarts", "episodes", "pulls", "loads"):
+        value = raw.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10**15:
+            raise QuarlError(f"{path}: {key}={value!r} is not a count of this run (0..10^15): refused")
+    elapsed = raw.get("elapsed_s", 0.0)
+    if not isinstance(elapsed, (int, float)) or not 0 <= elapsed < 1e9:
+        raise QuarlError(f"{path}: elapsed_s={elapsed!r} is not a duration: refused")
+    return RunState(**raw)
+
+
+def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, config: ActorQConfig) -> RunState:
 
     if not path.exists():
         raise QuarlError(f"nothing to resume: {path} does not exist")
@@ -369,12 +406,15 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter) -> 
     except Exception as exc:  # torch raises many types for a foreign or crafted file
         raise QuarlError(f"{path} is not an ActorQ checkpoint of plain tensors ({exc.__class__.__name__}): refused") \
             from None
+    if not isinstance(blob, dict):
+        raise QuarlError(f"{path} is not an ActorQ checkpoint: start afresh (no --resume)")
+    _check_resumed_config(path, blob.get("config"), config)
     try:
         learner.load_state_dict(blob["learner"])
-    except (RuntimeError, KeyError) as exc:
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise QuarlError(f"{path} does not fit this run's learner (other --algo or --policy-layers?): "
-                         f"{str(exc).splitlines()[0]}") from None
-    state = RunState(**blob["state"])
+                         f"{(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+    state = _check_state(path, blob.get("state"))
     if blob.get("replay") is not None:
         replay.load_state(blob["replay"])
         limiter.inserts, limiter.samples = blob["limiter"]
