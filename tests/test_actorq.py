@@ -384,7 +384,7 @@ def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
         run_actorq(config, resume=True)
     assert not (tmp_path / "PWNED").exists()
     other = make_learner(replace(config, policy_layers=(32,)), 4, 2)
-    torch.save({"learner": other.state_dict(), "state": {}, "limiter": (0, 0), "replay": None, "config": "{}"},
+    torch.save({"learner": other.state_dict(), "state": {}, "limiter": (0, 0), "replay": None, "config": config.to_json()},
                out / "checkpoint.pt")
     with pytest.raises(QuarlError, match="does not fit this run's learner"):
         run_actorq(config, resume=True)
