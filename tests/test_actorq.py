@@ -612,3 +612,22 @@ def test_resume_refuses_another_config_and_a_crafted_state(tmp_path: Path) -> No
     torch.save({}, path)
     with pytest.raises(QuarlError, match="holds no run config"):
         run_actorq(config, resume=True)
+
+
+def test_an_actor_that_always_dies_stops_the_run_after_a_capped_number_of_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in acting kills every chunk: the run restarts the actor up to its cap, then stops
+    in one line with the last error, its checkpoint written, instead of looping until its
+    time budget ends."""
+    from quarl.actorq import acting
+    from quarl.actorq.system import max_restarts
+
+    def broken(self, steps):
+        raise RuntimeError("env exploded")
+
+    monkeypatch.setattr(acting.Actor, "run", broken)
+    config = ActorQConfig("CartPole-v1", local=True, max_minutes=5.0, out=tmp_path / "run", actors=1,
+                          policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2)
+    with pytest.raises(QuarlError, match=rf"actors died {max_restarts(config) + 1} times.*env exploded"):
+        run_actorq(config)
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()

@@ -137,3 +137,17 @@ def test_bad_runs_are_one_line(tmp_path: Path) -> None:
         load_runs([tmp_path])
     r = CliRunner().invoke(app, ["actorq", "model", str(tmp_path), "--actors", "0"])
     assert r.exit_code == 2 and "--actors: '0' is not a positive integer" in r.output
+
+
+def test_a_part_a_fleet_error_stored_as_missing_never_counts_as_zero() -> None:
+    """The evaluator's time or the broadcast's stats that a fleet could not read are stored
+    as missing: the model averages the runs that measured them, and refuses in one line
+    when none did (a zero would have made the cluster prediction look faster)."""
+    fields = dict(env_steps=50_000, learner_busy_s=30.0, weight_versions=10)
+    good = ActorQSummary.from_json({**_summary("fp32", 1, 500.0, 2.0), **fields})
+    lost = ActorQSummary.from_json({**_summary("fp32", 1, 500.0, 2.0), **fields, "evaluator_busy_s": None,
+                                    "broadcast": {}})
+    assert costs_from_summaries("fp32", [good, lost]).broadcast_bytes == 4e6  # the measured run's, not (4e6 + 0) / 2
+    assert costs_from_summaries("fp32", [good, lost]).evaluator_cores == pytest.approx(0.1)
+    with pytest.raises(QuarlError, match="no fp32 run measured the evaluator's busy time"):
+        costs_from_summaries("fp32", [lost])

@@ -148,18 +148,28 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], bac
         def mean(values: Iterable[float]) -> float:
             return float(np.mean(list(values)))
 
+        def known(values: Iterable[float | None], what: str) -> float:
+            """The mean of the runs that measured it: a fleet error stores a value as
+            missing, and a missing value never counts as zero."""
+            got = [v for v in values if v is not None]
+            if not got:
+                raise QuarlError(f"no {precision} run measured {what} (a fleet error stored it as missing): rerun one")
+            return float(np.mean(got))
+
         reached = [s.env_steps_at_target for s in summaries if s.env_steps_at_target]
         config = summaries[0].config
         return Costs(
             precision=precision,
             actor_s_per_step=mean(s.actor_wall_ms_per_step / 1000 for s in summaries),
             actor_cpu_s_per_step=mean(s.actor_busy_ms_per_step / 1000 for s in summaries),
-            evaluator_cores=mean(s.evaluator_busy_s / max(s.elapsed_s, 1e-9) for s in summaries),
-            background_cores=mean(background_cores(s) for s in summaries) if background is None else background,
+            evaluator_cores=known((None if s.evaluator_busy_s is None else s.evaluator_busy_s / max(s.elapsed_s, 1e-9)
+                                   for s in summaries), "the evaluator's busy time"),
+            background_cores=known((background_cores(s) for s in summaries), "the machine's background")
+            if background is None else background,
             coordinator_s_per_step=mean(s.coordinator_ms_per_step / 1000 for s in summaries),
             learner_s_per_step=mean(s.learner_ms_per_step / 1000 for s in summaries),
-            build_s_per_version=mean(s.broadcast.get("build_s", 0.0) for s in summaries),
-            broadcast_bytes=mean(s.broadcast.get("bytes", 0.0) for s in summaries),
+            build_s_per_version=known((s.broadcast.get("build_s") for s in summaries), "the broadcast's build time"),
+            broadcast_bytes=known((s.broadcast.get("bytes") for s in summaries), "the broadcast's bytes"),
             env_steps_per_learner_step=_env_steps_per_learner_step(config),
             push_period=int(config["push_period"]),
             update_period=int(config["update_period"]),
@@ -172,11 +182,14 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], bac
                          "rerun it") from None
 
 
-def background_cores(s: ActorQSummary) -> float:
+def background_cores(s: ActorQSummary) -> float | None:
     """Cores the run's machine was busy beyond the parts it timed: the actors' chunks, the
-    learner, the evaluator, the coordinator and the broadcaster's builds."""
+    learner, the evaluator, the coordinator and the broadcaster's builds (0 for a run from
+    before the machine's load was recorded; None where a part's time is missing)."""
     if s.machine_busy_cores is None:
         return 0.0
+    if s.evaluator_busy_s is None or "build_s" not in s.broadcast:
+        return None
     timed_s = (s.actor_busy_ms_per_step * s.env_steps / 1000 + s.learner_busy_s + s.evaluator_busy_s
                + s.coordinator_ms_per_step * s.env_steps / 1000 + s.broadcast.get("build_s", 0.0) * s.weight_versions)
     return max(0.0, s.machine_busy_cores - timed_s / max(s.elapsed_s, 1e-9))
@@ -186,7 +199,11 @@ def machine_background(runs: dict[str, list[ActorQSummary]]) -> float:
     """The background load of the machine, pooled over every run of every precision: it
     belongs to the machine (Ray's daemons, the OS), not to the actors' precision, and one
     run's estimate is noisy (two 90 s runs here gave 0.06 and 0.23 cores)."""
-    return float(np.mean([background_cores(s) for summaries in runs.values() for s in summaries]))
+    known = [b for summaries in runs.values() for s in summaries if (b := background_cores(s)) is not None]
+    if not known:
+        raise QuarlError("no run measured the machine's background load (a fleet error stored a part as missing): "
+                         "rerun one")
+    return float(np.mean(known))
 
 
 def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:

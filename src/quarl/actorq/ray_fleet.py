@@ -158,16 +158,20 @@ class RayFleet:
         return out
 
     def broadcast_stats(self) -> dict[str, float]:
+        """The broadcaster's last build; empty (missing, never zeros) when it cannot be asked."""
         try:
             return self.ray.get(self.broadcaster.get_stats.remote(), timeout=30)
-        except Exception:
+        except Exception as exc:  # the broadcaster died or its node left
+            log.warning("the broadcaster's stats could not be read (%s): stored as missing", exc.__class__.__name__)
             return {}
 
-    def evaluator_busy_s(self) -> float:
+    def evaluator_busy_s(self) -> float | None:
+        """The evaluator's busy seconds; None (missing, never zero) when it cannot be asked."""
         try:
             return float(self.ray.get(self.evaluator.busy.remote(), timeout=30))
-        except Exception:
-            return 0.0
+        except Exception as exc:
+            log.warning("the evaluator's busy time could not be read (%s): stored as missing", exc.__class__.__name__)
+            return None
 
     def close(self) -> None:
         for handle in [*self.actors, self.broadcaster, self.evaluator]:

@@ -54,7 +54,7 @@ class ActorQSummary:
     actor_busy_ms_per_step: float
     actor_wall_ms_per_step: float
     """An actor's wall time per step when not held by the rate limiter (Ray's dispatch included)."""
-    evaluator_busy_s: float
+    evaluator_busy_s: float | None
     coordinator_ms_per_step: float
     """The coordinator's CPU beyond learner steps (receiving chunks, replay, logging)."""
     learner_ms_per_step: float

@@ -66,7 +66,8 @@ class RunState:
     actor_steps: dict[int, int] = field(default_factory=dict)
     actor_wait_s: float = 0.0
     """Actor seconds spent idle, finished and waiting for the rate limiter to allow inserts."""
-    evaluator_busy_s: float = 0.0
+    evaluator_busy_s: float | None = 0.0
+    """None where the fleet could not tell (stored as missing, never as zero)."""
     driver_cpu_s: float = 0.0
     """CPU seconds of this process (learner steps, and the coordinator's own work)."""
     machine_busy_s: float = 0.0
@@ -177,9 +178,15 @@ def run_actorq(
                                                     or state.env_steps < config.max_env_steps):
             for result in fleet.ready(timeout_s=0.0 if limiter.can_sample(config.batch_size) else 0.02):
                 if isinstance(result, ActorFailure):
+                    state.restarts += 1
+                    if state.restarts > max_restarts(config):  # a bug, not a lost node: restarting would loop
+                        state.elapsed_s = now()
+                        _checkpoint(ckpt_path, learner, replay, limiter, state, config)
+                        raise QuarlError(f"actors died {state.restarts} times, the last: actor {result.index}, "
+                                         f"{result.error}; stopped (what was learnt is in {ckpt_path}, --resume "
+                                         "continues once the cause is fixed)")
                     log.warning("actor %d died (%s): restarting it", result.index, result.error)
                     fleet.restart(result.index)  # drops the dead actor's other queued chunks
-                    state.restarts += 1
                     in_flight[result.index] = 0
                     idle_since[result.index] = now()
                     continue
@@ -457,6 +464,15 @@ def _stop_energy(tracker: Any) -> dict[str, Any]:
     except Exception as exc:
         log.warning("energy tracking failed: %s", exc)
         return {"available": False, "error": str(exc)}
+
+
+MAX_RESTARTS_PER_ACTOR = 5
+
+
+def max_restarts(config: ActorQConfig) -> int:
+    """Actor deaths a run survives (restarting each actor) before it stops: enough for nodes
+    that leave a cluster, not for a bug that kills every chunk."""
+    return MAX_RESTARTS_PER_ACTOR * config.actors
 
 
 def _steady_rate(state: RunState) -> float | None:
