@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
 import typer
@@ -26,11 +26,14 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     _USAGE_ERRORS, _ABORTS = (click.UsageError,), (click.Abort,)
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from quarl import validate
 from quarl.actorq.algorithms import ALGORITHMS
 from quarl.errors import QuarlError
+
+if TYPE_CHECKING:  # the ActorQ config module is imported by the commands that use it
+    from quarl.actorq.config import ActorQConfig
 
 # Old option spellings, kept for one release: (command path, old) -> new. Each gives a
 # one-line notice and then means exactly what the new name means; none is in --help.
@@ -90,7 +93,7 @@ class _OneLineUsageErrors(TyperGroup):
     on stderr and exit status 2, like every other error quarl reports; ``--help`` as ever.
     Old option spellings (RENAMED_OPTIONS) are rewritten first, with a notice."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = rename_options(list(sys.argv[1:] if args is None else args),
                               lambda text: console.print(text, highlight=False, soft_wrap=True))
         try:
@@ -297,7 +300,7 @@ def _load_choice(fn: Callable) -> Callable:
         return fn(*args, **kwargs)
 
     signature = inspect.signature(fn)
-    wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])
+    setattr(wrapper, "__signature__", signature.replace(parameters=[*signature.parameters.values(), *extra]))
     return wrapper
 
 
@@ -740,6 +743,7 @@ def train_cmd(
     if result.resumed_from:
         console.print(f"resumed {result.run_dir} from step {result.resumed_from}")
     ckpt = load_checkpoint(result.run_dir)
+    assert ckpt.env_spec is not None  # a run folder quarl trained names its env
     ev = evaluate(ckpt.policy, ckpt.env_spec, episodes=eval_episodes, seed=seed + 100_000,
                   n_envs=min(eval_episodes, 8))
     out_console.print(
@@ -821,8 +825,12 @@ actorq_app = typer.Typer(no_args_is_help=True, help="ActorQ: distributed actor-l
 app.add_typer(actorq_app, name="actorq")
 
 
+ALGORITHMS_HELP = "; ".join(f"{entry.name}: {entry.summary}" for entry in ALGORITHMS.values())
+"""--algo's help, from the registry (quarl.actorq.algorithms)."""
+
+
 def _actorq_options(
-    algo: str = typer.Option("dqn", help="; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())),
+    algo: str = typer.Option("dqn", help=ALGORITHMS_HELP),
     actors: int = typer.Option(2, help="actor processes"),
     actor_precision: str = typer.Option("int8", help="fp32, fp16, bf16, int8 or int4 (ONNX Runtime)"),
     wire_bits: int = typer.Option(32, help="weights sent to float actors at 32, 16 or 8..2 bits"),
@@ -868,15 +876,15 @@ def _with_options(options: Callable) -> Callable:
 
     def wrap(fn: Callable) -> Callable:
         own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
-        fn.__signature__ = inspect.signature(fn).replace(
-            parameters=own + list(inspect.signature(options).parameters.values()))
+        setattr(fn, "__signature__", inspect.signature(fn).replace(
+            parameters=own + list(inspect.signature(options).parameters.values())))
         fn.__annotations__ = {**options.__annotations__, **fn.__annotations__}
         return fn
 
     return wrap
 
 
-def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple["ActorQConfig", Path]:  # noqa: F821
+def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple[ActorQConfig, Path]:
     from quarl.actorq.acting import env_info
     from quarl.actorq.config import ActorQConfig
     from quarl.envs import check_env_id
@@ -1141,7 +1149,7 @@ def recover(
     preflight(checkpoint, out)  # one line before any progress bar
     with _progress() as bar:
         task = bar.add_task("distil", total=rounds)
-        evals: dict[str, int] = {}
+        evals: dict[str, TaskID] = {}
 
         def on_round(stats) -> None:
             bar.update(task, completed=stats.round + 1, description=f"distil: agreement {100 * stats.agreement:.1f}%")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import gymnasium as gym
 import numpy as np
@@ -41,15 +41,20 @@ class ObsNormalizer:
         return np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+def _box(policy: "Policy") -> gym.spaces.Box:
+    """The Box a continuous head acts in (checked against the env when the policy is made)."""
+    return cast(gym.spaces.Box, policy.action_space)
+
+
 HEADS: dict[str, Callable[["Policy", np.ndarray], np.ndarray]] = {
     # discrete: argmax of logits / Q-values
     "argmax": lambda policy, out: out.argmax(axis=-1),
     # QR-DQN: argmax of the mean over quantiles (its output is laid out as (quantile, action))
     "quantile_argmax": lambda policy, out: out.reshape(out.shape[0], policy.n_quantiles, -1).mean(1).argmax(-1),
     # continuous, the network gives the mean action: clipped to the bounds (A2C / PPO)
-    "clip": lambda policy, out: np.clip(out, policy.action_space.low, policy.action_space.high),
+    "clip": lambda policy, out: np.clip(out, _box(policy).low, _box(policy).high),
     # continuous, the network ends in tanh: [-1, 1] mapped onto the bounds (SAC, TD3, DDPG, TQC)
-    "unscale": lambda policy, out: unscale_action(policy.action_space, out),
+    "unscale": lambda policy, out: unscale_action(_box(policy), out),
 }
 """Action heads by name: network output (batch) -> env actions. A new head is one entry."""
 
@@ -102,9 +107,15 @@ class Policy:
             x = x / np.float32(255.0)
         return x
 
+    @property
+    def runs(self) -> Engine:
+        """The engine (set in ``__post_init__``, never None after it)."""
+        assert self.engine is not None
+        return self.engine
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Network output for a preprocessed float32 batch, through the engine."""
-        return self.engine(x)
+        return self.runs(x)
 
     def postprocess(self, out: np.ndarray) -> np.ndarray:
         """Network output -> env actions (batch), through the policy's :data:`HEADS` entry."""
@@ -117,7 +128,8 @@ class Policy:
     def sample_rows(self, x: np.ndarray, keys: Sequence[tuple[int, int]]) -> np.ndarray:
         """Sampled actions for a preprocessed batch (:func:`sample_actions`), each row's
         network output as computed alone."""
-        out = self.engine.rows(x) if hasattr(self.engine, "rows") else np.concatenate(
+        engine: Any = self.runs  # an engine may batch rows (rows / argmax_rows); duck-typed
+        out = engine.rows(x) if hasattr(engine, "rows") else np.concatenate(
             [self.forward(x[i : i + 1]) for i in range(len(x))])
         return sample_actions(self, out, keys)
 
@@ -125,12 +137,13 @@ class Policy:
         """Actions for a preprocessed batch, each row's equal to what the policy does with
         that observation alone (batch 1, as deployed), at batch speed where the engine can
         show it gives the same bits (:mod:`quarl.quant.backends.batching`)."""
-        if self.head == "argmax" and hasattr(self.engine, "argmax_rows"):
-            top = self.engine.argmax_rows(x)
+        engine: Any = self.runs  # an engine may batch rows (rows / argmax_rows); duck-typed
+        if self.head == "argmax" and hasattr(engine, "argmax_rows"):
+            top = engine.argmax_rows(x)
             if top is not None:
                 return top
-        if hasattr(self.engine, "rows"):
-            return self.postprocess(self.engine.rows(x))
+        if hasattr(engine, "rows"):
+            return self.postprocess(engine.rows(x))
         return self.postprocess(np.concatenate([self.forward(x[i : i + 1]) for i in range(len(x))]))
 
     def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
@@ -141,7 +154,7 @@ class Policy:
         samples as SB3 does (:func:`sample_actions`, fresh noise per call) where the head
         can; a Gaussian head is refused in one line."""
         obs = np.asarray(observation)
-        single = obs.shape == tuple(self.observation_space.shape)
+        single = obs.shape == tuple(self.observation_space.shape or ())
         batch = obs[None] if single else obs
         if deterministic:
             actions = self.act_rows(self.preprocess(batch))
@@ -255,13 +268,13 @@ def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, in
     where their action distributions really differ."""
     greedy = policy.postprocess(out)
     if policy.head == "clip" and "log_std" in policy.meta:  # mean + std * N(0, 1), clipped to the bounds as SB3 does
-        std = np.exp(np.asarray(policy.meta["log_std"], np.float64)).reshape(policy.action_space.shape)
+        box = _box(policy)
+        std = np.exp(np.asarray(policy.meta["log_std"], np.float64)).reshape(box.shape)
         noise = np.stack([np.random.default_rng(list(key)).standard_normal(std.shape) for key in keys])
-        return np.clip(np.asarray(out, np.float64) + std * noise, policy.action_space.low,
-                       policy.action_space.high).astype(np.float32)
+        return np.clip(np.asarray(out, np.float64) + std * noise, box.low, box.high).astype(np.float32)
     if policy.algo in Q_VALUE_ALGOS:
         rate = float(policy.meta.get("exploration_rate", 0.0))
-        n = int(policy.action_space.n)
+        n = int(cast(gym.spaces.Discrete, policy.action_space).n)
         for j, key in enumerate(keys):
             u, pick = np.random.default_rng(list(key)).random(2)
             if u < rate:

@@ -98,11 +98,12 @@ def _record_class(name: str) -> type:
 
 
 def _multiarray() -> Any:
+    import importlib
+
     try:  # numpy >= 2 moved numpy.core to numpy._core
-        import numpy._core.multiarray as multiarray
+        return importlib.import_module("numpy._core.multiarray")
     except ImportError:  # pragma: no cover - numpy 1
-        import numpy.core.multiarray as multiarray
-    return multiarray
+        return importlib.import_module("numpy.core.multiarray")
 
 
 class Refused(pickle.UnpicklingError):
@@ -250,12 +251,11 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False, obs_shape: tuple[i
     if isinstance(rms, dict):
         raise QuarlError(f"{path}: dict observation spaces are not supported")
     mean, var = obs_statistics(getattr(rms, "mean"), getattr(rms, "var", None), f"{path}: obs_rms", obs_shape)
-    stats = {"mean": mean, "var": var,
-             "clip_obs": _number(obj, "clip_obs", 10.0, path), "epsilon": _number(obj, "epsilon", 1e-8, path),
-             "norm_obs": bool(getattr(obj, "norm_obs", True))}
-    if stats["clip_obs"] <= 0 or stats["epsilon"] < 0:
-        raise QuarlError(f"{path}: clip_obs={stats['clip_obs']} must be > 0 and epsilon={stats['epsilon']} >= 0")
-    return stats
+    clip_obs, epsilon = _number(obj, "clip_obs", 10.0, path), _number(obj, "epsilon", 1e-8, path)
+    if clip_obs <= 0 or epsilon < 0:
+        raise QuarlError(f"{path}: clip_obs={clip_obs} must be > 0 and epsilon={epsilon} >= 0")
+    return {"mean": mean, "var": var, "clip_obs": clip_obs, "epsilon": epsilon,
+            "norm_obs": bool(getattr(obj, "norm_obs", True))}
 
 
 def obs_statistics(mean: Any, var: Any, where: str, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:

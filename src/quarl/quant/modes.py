@@ -62,8 +62,9 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, cast
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -312,8 +313,8 @@ def action_agreement(policy: Policy, reference: np.ndarray, actions: np.ndarray,
     2 where unbounded, the width of a tanh output)."""
     if policy.head in ("argmax", "quantile_argmax"):
         return float(np.mean(np.asarray(actions) == np.asarray(reference)))
-    space = policy.action_space
-    width = np.asarray(space.high, np.float64) - np.asarray(space.low, np.float64)
+    space = cast(gym.spaces.Box, policy.action_space)  # a continuous head acts in a Box
+    width = np.asarray(space.high, dtype=np.float64) - np.asarray(space.low, dtype=np.float64)
     width = np.where(np.isfinite(width) & (width > 0), width, 2.0)
     deviation = np.abs(np.asarray(actions, np.float64) - reference) / width
     return float(np.mean(deviation.reshape(len(deviation), -1).max(axis=1) <= tolerance))
@@ -438,7 +439,7 @@ def _time_interleaved(candidates: list[Candidate], sample: np.ndarray, budget_s:
     samples: dict[int, list[float]] = {id(c): [] for c in todo}
     for _ in range(TIMING_ROUNDS):
         for c in todo:
-            samples[id(c)].append(median_us(c.engine, sample, budget_s / TIMING_ROUNDS))
+            samples[id(c)].append(median_us(_engine(c), sample, budget_s / TIMING_ROUNDS))
     for c in todo:
         c.latency_us = float(np.min(samples[id(c)]))
 
@@ -461,9 +462,14 @@ def _ranked(candidates: list[Candidate], sample: np.ndarray, budget_s: float) ->
     return ranked
 
 
+def _engine(candidate: Candidate) -> ortb.OrtEngine:
+    assert candidate.engine is not None  # every built candidate has its ONNX Runtime engine
+    return candidate.engine
+
+
 def _as_policy(policy: Policy, candidate: Candidate) -> Policy:
     network = candidate.reference if candidate.reference is not None else policy.clone_network()
-    return policy.with_network(network, candidate.mode, candidate.engine)
+    return policy.with_network(network, candidate.mode, _engine(candidate))
 
 
 LOW_AGREEMENT = 0.9
@@ -573,11 +579,11 @@ def _choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, bl
         log.warning("int%d: no mode keeps fp32's return (%.2f) on the calibration episodes; the best, %s with layers "
                     "%s in fp32, scores %.2f", bits, float(np.mean(returns(policy, best.calibration_episodes))),
                     best.mode, list(best.keep), best.calibration_return)
-        best.latency_us = median_us(best.engine, sample, timing_budget_s)
+        best.latency_us = median_us(_engine(best), sample, timing_budget_s)
         return best, tried
     best = max(tried, key=lambda c: c.fidelity(sampled))
     log.warning("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; the closest, %s with "
                 "layers %s in fp32, agrees on %.1f%%", bits, 100 * min_agreement, best.mode, list(best.keep),
                 100 * best.fidelity(sampled))
-    best.latency_us = median_us(best.engine, calibration[:1], timing_budget_s)
+    best.latency_us = median_us(_engine(best), calibration[:1], timing_budget_s)
     return best, tried

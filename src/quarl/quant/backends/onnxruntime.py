@@ -63,7 +63,7 @@ def export_onnx(network: nn.Module, input_shape: tuple[int, ...]) -> bytes:
         torch.onnx.export(
             network.eval(),
             (example,),
-            buf,
+            buf,  # type: ignore[arg-type]  # torch.onnx.export writes to a file-like object too
             dynamo=False,
             input_names=[INPUT],
             output_names=[OUTPUT],
@@ -295,7 +295,7 @@ class OrtEngine:
         return {"model": self.model, "per_row": self.per_row, "options": self._options}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["model"], state["per_row"], *state["options"])
+        OrtEngine.__init__(self, state["model"], state["per_row"], *state["options"])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -323,6 +323,7 @@ class OrtEngine:
         return self._scan
 
     def _run_scan(self, h: torch.Tensor) -> torch.Tensor:
+        assert self._scan is not None  # called only once the scan model is built
         return torch.from_numpy(self._scan.run(None, {INPUT: h.numpy()})[0])
 
     def rows(self, x: np.ndarray) -> np.ndarray:

@@ -164,6 +164,7 @@ def simulate_qdq(network: nn.Module, model: bytes, matmul_nbits: Callable[[nn.Li
         if node.op_type == "MatMulNBits":
             if matmul_nbits is None:
                 raise ValueError(f"{node.name} is MatMulNBits: pass its simulation")
+            assert isinstance(layer, nn.Linear)  # MatMulNBits replaces MatMul nodes: Linear layers
             new: nn.Module = matmul_nbits(layer)
         else:
             weight = dequantized(node.input[1])
@@ -173,7 +174,7 @@ def simulate_qdq(network: nn.Module, model: bytes, matmul_nbits: Callable[[nn.Li
             bias = dequantized(node.input[2]) if len(node.input) > 2 and node.input[2] else None
             with torch.no_grad():
                 layer.weight.copy_(weight.reshape(layer.weight.shape))
-                if bias is not None:
+                if bias is not None and layer.bias is not None:
                     layer.bias.copy_(bias.reshape(layer.bias.shape))
             after = next((n for n in graph.node if node.output[0] in n.input and n.op_type == "QuantizeLinear"), None)
             new = _QDQLayer(layer, grid(producer.get(node.input[0])), grid(after))
