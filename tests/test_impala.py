@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from quarl.actorq.config import ActorQConfig
+from quarl.actorq.system import run_actorq
 from quarl.actorq.vtrace import vtrace
+from quarl.policies.actorq_run import load_actorq_run
 from quarl.errors import QuarlError
 from tests.conftest import run_cli
 
@@ -188,3 +190,32 @@ def test_impala_with_gaussian_actions_on_mujoco_runs_with_int4_actors(tmp_path: 
     assert summary.env_steps >= 4_000 and summary.learner_steps > 0
     assert all(math.isfinite(v) for v in summary.mismatch.values()) and summary.mismatch["kl"] < 0.1
     assert summary.actor_quant["mode"] in ("int4-block", "int4-weight-only")
+
+
+def test_gae_matches_a_direct_sum_and_stops_at_episode_ends() -> None:
+    """GAE(lambda) = sum_k (gamma lambda)^k delta_{t+k} within an episode; a terminal step
+    bootstraps nothing and the next episode starts its own sum."""
+    from quarl.actorq.ppo import gae
+
+    gamma, lam, T = 0.9, 0.8, 5
+    rng = np.random.default_rng(0)
+    rewards, values, next_values = (torch.tensor(rng.normal(size=(T, 1))) for _ in range(3))
+    discounts = torch.tensor([[gamma], [gamma], [0.0], [gamma], [gamma]])
+    continues = torch.tensor([[1.0], [1.0], [0.0], [1.0], [1.0]])
+    out = gae(rewards, discounts, continues, values, next_values, lam)
+    delta = (rewards + discounts * next_values - values)[:, 0].numpy()
+    expected = [sum((gamma * lam) ** (k - t) * delta[k] for k in range(t, 3)) if t < 3 else
+                sum((gamma * lam) ** (k - t) * delta[k] for k in range(t, T)) for t in range(T)]
+    np.testing.assert_allclose(out[:, 0].numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_a_local_ppo_run_with_quantized_actors_learns_cartpole(precision: str, tmp_path: Path) -> None:
+    """PPO, registered in its own module, learns CartPole from int8 / int4 actors' unrolls
+    (the clipped ratio against their quantized policy) within the env-step budget."""
+    config = _config(tmp_path, algo="ppo", actor_precision=precision, max_env_steps=100_000)
+    summary = run_actorq(config)
+    assert summary.reached, (summary.final_running_mean, summary.env_steps)
+    assert summary.config["algo"] == "ppo" and summary.mismatch is not None and summary.mismatch["kl"] >= 0
+    policy, _, algo = load_actorq_run(config.out)
+    assert algo == "ppo" and policy.head == "argmax"

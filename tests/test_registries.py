@@ -173,5 +173,5 @@ def test_an_actorq_algorithm_is_one_registration(tmp_path: Path) -> None:
             env_info(ActorQConfig("Pendulum-v1", algo="counting-dqn"))
     finally:
         del algorithms.ALGORITHMS["counting-dqn"]
-    with pytest.raises(QuarlError, match="unknown --algo 'counting-dqn': allowed dqn, d4pg, impala"):
+    with pytest.raises(QuarlError, match="unknown --algo 'counting-dqn': allowed dqn, d4pg, impala, ppo"):
         ActorQConfig("CartPole-v1", algo="counting-dqn")

@@ -29,7 +29,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from quarl import validate
-from quarl.actorq.algorithms import ALGORITHMS
+from quarl.actorq.algorithms import algorithms_help
 from quarl.errors import QuarlError
 
 if TYPE_CHECKING:  # the ActorQ config module is imported by the commands that use it
@@ -825,7 +825,7 @@ actorq_app = typer.Typer(no_args_is_help=True, help="ActorQ: distributed actor-l
 app.add_typer(actorq_app, name="actorq")
 
 
-ALGORITHMS_HELP = "; ".join(f"{entry.name}: {entry.summary}" for entry in ALGORITHMS.values())
+ALGORITHMS_HELP = algorithms_help()
 """--algo's help, from the registry (quarl.actorq.algorithms)."""
 
 
@@ -860,7 +860,12 @@ def _actorq_options(
     c_bar: float = typer.Option(1.0, help="impala: clip of the traces, at most --rho-bar"),
     no_correction: bool = typer.Option(False, "--no-correction", help="impala: learn as if the actors' unrolls were "
                                                                      "the learner's own (the ablation of V-trace)"),
-    entropy_cost: float = typer.Option(0.01, help="impala: weight of the policy's entropy bonus"),
+    entropy_cost: float = typer.Option(0.01, help="impala, ppo: weight of the policy's entropy bonus"),
+    clip_range: float = typer.Option(0.2, help="ppo: the surrogate's clip on the ratio pi / mu (mu: the actors' "
+                                               "quantized policy)"),
+    gae_lambda: float = typer.Option(0.95, help="ppo: GAE's lambda"),
+    ppo_epochs: int = typer.Option(4, help="ppo: passes over each batch of unrolls"),
+    ppo_minibatches: int = typer.Option(4, help="ppo: minibatches (of whole unrolls) per pass"),
     seed: int = SeedOpt,
     address: Optional[str] = typer.Option(None, help="join this Ray cluster, HOST:PORT (default: start a local one)"),
     local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
@@ -907,7 +912,8 @@ def _actorq_config(env_id: str, kind: str, opts: dict) -> tuple[ActorQConfig, Pa
         priority_exponent=opts["priority_exponent"], importance_exponent=opts["importance_exponent"],
         checkpoint_replay=opts["checkpoint_replay"], learner_device=opts["learner_device"],
         unroll_length=opts["unroll_length"], rho_bar=opts["rho_bar"], c_bar=opts["c_bar"],
-        correction=not opts["no_correction"], entropy_cost=opts["entropy_cost"],
+        correction=not opts["no_correction"], entropy_cost=opts["entropy_cost"], clip_range=opts["clip_range"],
+        gae_lambda=opts["gae_lambda"], ppo_epochs=opts["ppo_epochs"], ppo_minibatches=opts["ppo_minibatches"],
     )
     info = env_info(config)  # env / algorithm mismatch: one line before anything starts
     if kind == "compare" and config.target_reward is None and info.reward_threshold is None:

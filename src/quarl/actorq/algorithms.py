@@ -88,15 +88,35 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
+MODULES: dict[str, tuple[str, str]] = {
+    "ppo": ("quarl.actorq.ppo", "PPO's clipped surrogate on the actors' unrolls, their quantized policy as the old "
+                                "one (either kind of action)"),
+}
+"""Algorithms that live in a module of their own: ``--algo NAME`` -> (the module, which
+registers it when imported, and its one-line summary for the help). The module is imported
+only when the algorithm is asked for, so ``quarl --help`` stays light."""
+
+
 def get_algorithm(name: str) -> Algorithm:
+    if name not in ALGORITHMS and name in MODULES:
+        import importlib
+
+        importlib.import_module(MODULES[name][0])
     if name not in ALGORITHMS:
         raise QuarlError(f"unknown --algo {name!r}: allowed {', '.join(algorithm_names())}")
     return ALGORITHMS[name]
 
 
 def algorithm_names() -> tuple[str, ...]:
-    """Every ``--algo``, in registration order."""
-    return tuple(ALGORITHMS)
+    """Every ``--algo``, in registration order (those of :data:`MODULES` too)."""
+    return tuple(dict.fromkeys([*ALGORITHMS, *MODULES]))
+
+
+def algorithms_help() -> str:
+    """``name: summary`` of every algorithm, without importing the modules of :data:`MODULES`."""
+    summaries = {**{name: summary for name, (_, summary) in MODULES.items()},
+                 **{a.name: a.summary for a in ALGORITHMS.values()}}
+    return "; ".join(f"{name}: {summaries[name]}" for name in algorithm_names())
 
 
 # ------------------------------------------------------------------ the built-in entries

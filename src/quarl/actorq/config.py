@@ -89,8 +89,16 @@ class ActorQConfig:
     entropy_cost: float = 0.01
     baseline_cost: float = 0.5
     policy_sigma: float = 0.3
-    """impala, continuous actions: the Gaussian policy's standard deviation (fixed, in the
-    policy's [-1, 1] action range); the network gives its mean."""
+    """impala and ppo, continuous actions: the Gaussian policy's standard deviation (fixed,
+    in the policy's [-1, 1] action range); the network gives its mean."""
+    clip_range: float = 0.2
+    """ppo: the surrogate's clip on the ratio pi / mu (mu: the actors' quantized policy)."""
+    gae_lambda: float = 0.95
+    """ppo: GAE's lambda."""
+    ppo_epochs: int = 4
+    """ppo: passes over each batch of unrolls."""
+    ppo_minibatches: int = 4
+    """ppo: minibatches (of whole unrolls) per pass."""
     chunk_steps: int = 100
     """Env steps an actor runs per call before handing its transitions over."""
     checkpoint_every_s: float = 60.0
