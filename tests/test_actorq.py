@@ -631,3 +631,29 @@ def test_an_actor_that_always_dies_stops_the_run_after_a_capped_number_of_restar
     with pytest.raises(QuarlError, match=rf"actors died {max_restarts(config) + 1} times.*env exploded"):
         run_actorq(config)
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
+
+
+def test_sigterm_to_a_ray_run_keeps_its_checkpoint_without_an_abort_dump(tmp_path: Path) -> None:
+    """Ray's driver installs a SIGTERM handler that dumps a C++ stack and aborts: quarl puts
+    its own back, so a SIGTERM writes the checkpoint, shuts Ray down, exits 143 and prints
+    the command that resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", "actorq", "run", "CartPole-v1", "--actors", "1",
+                             "--policy-layers", "32,32", "--max-minutes", "3", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "300"})
+    deadline = time.time() + 180
+    while time.time() < deadline and not (out / "tb").exists():  # Ray is up and the loop has started
+        time.sleep(0.5)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
+    assert "SIGTERM received" not in output and "logging.cc" not in output
+    assert (out / "checkpoint.pt").is_file() and "--resume" in output.splitlines()[-1]

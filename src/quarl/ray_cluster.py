@@ -35,6 +35,13 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
     if address and address != "auto":
         check_reachable(address)
+    import signal
+    import threading
+
+    # Ray's driver installs a failure handler on SIGTERM that dumps a C++ stack trace and
+    # aborts; the caller's handler (quarl's CLI: checkpoint, clean shutdown) is put back
+    handlers = ({s: signal.getsignal(s) for s in (signal.SIGTERM,)}
+                if threading.current_thread() is threading.main_thread() else {})
     try:
         if address:
             extra = {}
@@ -51,6 +58,10 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
         if address and os.environ.get("RAY_AUTH_MODE") != "token":  # Ray's default for new clusters
             hint = " (a cluster with token authentication needs RAY_AUTH_MODE=token here too)"
         raise QuarlError(f"cannot start or reach {where}: {str(exc).splitlines()[0]}{hint}") from None
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
     return True
 
 
