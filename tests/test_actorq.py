@@ -13,7 +13,8 @@ import torch
 from quarl.actorq import wire
 from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info, make_network
 from quarl.actorq.config import ActorQConfig
-from quarl.actorq.learners import D4PGLearner, DQNLearner, make_learner
+from quarl.actorq.algorithms import make_learner
+from quarl.actorq.learners import D4PGLearner, DQNLearner
 from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.errors import QuarlError
@@ -424,8 +425,10 @@ def test_bad_configs_fail_with_one_line() -> None:
         ActorQConfig("CartPole-v1", replay="reverb")
     with pytest.raises(QuarlError, match=r"priority_exponent=1.5 must be in \[0, 1\]"):
         ActorQConfig("CartPole-v1", replay="prioritized", priority_exponent=1.5)
-    with pytest.raises(QuarlError, match="unknown --algo 'ppo'"):
-        ActorQConfig("CartPole-v1", algo="ppo")
+    with pytest.raises(QuarlError, match="unknown --algo 'r2d2': allowed dqn, d4pg, impala, ppo"):
+        ActorQConfig("CartPole-v1", algo="r2d2")
+    with pytest.raises(QuarlError, match=r"--clip-range 1.5 must be in \(0, 1\)"):
+        ActorQConfig("CartPole-v1", algo="ppo", clip_range=1.5)
     with pytest.raises(QuarlError, match="d4pg needs continuous actions"):
         env_info(ActorQConfig("CartPole-v1", algo="d4pg"))
     with pytest.raises(QuarlError, match="dqn needs discrete actions"):
@@ -513,7 +516,7 @@ def test_actorq_output_loads_as_a_policy(tmp_path: Path, algo: str, env_id: str)
 
     config = ActorQConfig(env_id, algo=algo, policy_layers=(32, 16), out=tmp_path)
     info = env_info(config)
-    net = policy_network(config, info.obs_dim, info.act_dim)
+    net = policy_network(config, info.obs_dim, info.act_dim, continuous=not info.discrete)
     torch.save(net.state_dict(), tmp_path / "policy.pt")
     (tmp_path / "summary.json").write_text(json.dumps({"config": config.to_json()}))
     agent = quarl.load(tmp_path)

@@ -103,7 +103,10 @@ def env_info(config: ActorQConfig) -> EnvInfo:
 
 
 def make_network(config: ActorQConfig, info: EnvInfo) -> torch.nn.Sequential:
-    return policy_network(config, info.obs_dim, info.act_dim, info.discrete)
+    from quarl.actorq.algorithms import get_algorithm
+
+    continuous = not info.discrete and get_algorithm(config.algo).tanh_for_continuous
+    return policy_network(config, info.obs_dim, info.act_dim, continuous)
 
 
 def quantize_uint8(w: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:

@@ -112,6 +112,11 @@ def algorithm_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*ALGORITHMS, *MODULES]))
 
 
+def make_learner(config: "ActorQConfig", obs_dim: int, act_dim: int, discrete: bool = True) -> Learner:
+    """The learner of ``config.algo`` (its registry entry) on ``config.learner_device``."""
+    return get_algorithm(config.algo).make_learner(config, obs_dim, act_dim, discrete)
+
+
 def algorithms_help() -> str:
     """``name: summary`` of every algorithm, without importing the modules of :data:`MODULES`."""
     summaries = {**{name: summary for name, (_, summary) in MODULES.items()},

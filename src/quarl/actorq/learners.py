@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from quarl.actorq.config import ActorQConfig
 from quarl.actorq.replay import Batch
 from quarl.actorq.vtrace import vtrace
+
+if TYPE_CHECKING:  # the config validates through the algorithm registry, which builds these learners
+    from quarl.actorq.config import ActorQConfig
 
 
 def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation: type[nn.Module] | None = None) -> nn.Sequential:
@@ -42,15 +44,11 @@ def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation:
     return nn.Sequential(*layers)
 
 
-def policy_network(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: bool | None = None) -> nn.Sequential:
-    """What actors run: Q-values (dqn), action logits (impala, discrete) or actions in
-    [-1, 1] (d4pg; impala's Gaussian mean, continuous: tanh output)."""
-    from quarl.actorq.algorithms import get_algorithm
-
+def policy_network(config: ActorQConfig, obs_dim: int, act_dim: int, continuous: bool = False) -> nn.Sequential:
+    """What actors run: Q-values or action logits, or with ``continuous`` actions in [-1, 1]
+    (a tanh output: d4pg's actions, impala's and ppo's Gaussian mean)."""
     sizes = [obs_dim, *config.policy_layers, act_dim]
-    algorithm = get_algorithm(config.algo)
-    continuous = algorithm.actions == "continuous" or (algorithm.actions == "either" and discrete is False)
-    return mlp(sizes, out_activation=nn.Tanh if continuous and algorithm.tanh_for_continuous else None)
+    return mlp(sizes, out_activation=nn.Tanh if continuous else None)
 
 
 def adam(params: Any, lr: float) -> torch.optim.Adam:
@@ -134,7 +132,7 @@ class D4PGLearner:
         torch.manual_seed(config.seed)
         self.config = config
         self.device = torch.device(device)
-        self.policy = policy_network(config, obs_dim, act_dim).to(self.device)
+        self.policy = policy_network(config, obs_dim, act_dim, continuous=True).to(self.device)
         self.critic = mlp([obs_dim + act_dim, *config.critic_layers, config.n_atoms]).to(self.device)
         self.target_policy = copy.deepcopy(self.policy)
         self.target_critic = copy.deepcopy(self.critic)
@@ -219,7 +217,7 @@ class IMPALALearner:
         self.config = config
         self.discrete = discrete
         self.device = torch.device(device)
-        self.policy = policy_network(config, obs_dim, act_dim, discrete).to(self.device)
+        self.policy = policy_network(config, obs_dim, act_dim, continuous=not discrete).to(self.device)
         self.value = mlp([obs_dim, *config.critic_layers, 1]).to(self.device)
         self.opt = adam([*self.policy.parameters(), *self.value.parameters()], config.learning_rate)
         self.steps = 0
@@ -288,10 +286,3 @@ class IMPALALearner:
         self.opt.load_state_dict(state["opt"])
         self.steps = int(state["steps"])
 
-
-def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: bool = True) -> Any:
-    """The learner of ``config.algo`` (its registry entry, :mod:`quarl.actorq.algorithms`) on
-    ``config.learner_device`` (validated with the config)."""
-    from quarl.actorq.algorithms import get_algorithm
-
-    return get_algorithm(config.algo).make_learner(config, obs_dim, act_dim, discrete)

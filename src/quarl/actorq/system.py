@@ -33,8 +33,7 @@ import torch
 from quarl.actorq.acting import ActorResult, EnvInfo, actor_quant, env_info
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
-from quarl.actorq.learners import make_learner
-from quarl.actorq.algorithms import get_algorithm
+from quarl.actorq.algorithms import get_algorithm, make_learner
 from quarl.actorq.replay import QueueLimiter, RateLimiter, Replay, UnrollQueue
 from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
 from quarl.errors import QuarlError
