@@ -175,19 +175,25 @@ def _impala_learner(config: "ActorQConfig", obs_dim: int, act_dim: int, discrete
     return IMPALALearner(config, obs_dim, act_dim, config.learner_device, discrete)
 
 
-def _validate_impala(config: "ActorQConfig") -> None:
+def validate_unrolls(config: "ActorQConfig") -> None:
+    """Checks every unroll algorithm shares: unrolls that tile an actor's chunk, a Gaussian
+    sigma for continuous actions, and a queue, not a prioritized replay."""
     if config.unroll_length < 1 or config.chunk_steps % config.unroll_length:
         raise QuarlError(f"--unroll-length {config.unroll_length} must divide the actors' chunk of "
                          f"{config.chunk_steps} steps (e.g. 10, 20, 25, 50)")
+    if not 0 < config.policy_sigma <= 2:
+        raise QuarlError(f"policy_sigma={config.policy_sigma} must be in (0, 2]")
+    if config.replay != "uniform":
+        raise QuarlError(f"--replay prioritized is for dqn and d4pg: {config.algo} learns from a queue of unrolls")
+
+
+def _validate_impala(config: "ActorQConfig") -> None:
+    validate_unrolls(config)
     if not 0 < config.c_bar <= config.rho_bar:
         raise QuarlError(f"--c-bar {config.c_bar} and --rho-bar {config.rho_bar} must satisfy 0 < c-bar <= rho-bar")
     if config.entropy_cost < 0 or config.baseline_cost <= 0:
         raise QuarlError(f"--entropy-cost {config.entropy_cost} must be >= 0 and baseline_cost="
                          f"{config.baseline_cost} > 0")
-    if not 0 < config.policy_sigma <= 2:
-        raise QuarlError(f"policy_sigma={config.policy_sigma} must be in (0, 2]")
-    if config.replay != "uniform":
-        raise QuarlError("--replay prioritized is for dqn and d4pg: impala learns from a queue of unrolls")
 
 
 register_algorithm(Algorithm("dqn", "double DQN on n-step returns (discrete actions)", "discrete", _dqn_learner,

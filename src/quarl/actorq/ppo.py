@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from quarl.actorq.algorithms import MODULES, Algorithm, _queue_limiter, _unroll_queue, register_algorithm
+from quarl.actorq.algorithms import (MODULES, Algorithm, _queue_limiter, _unroll_queue, register_algorithm,
+                                    validate_unrolls)
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import IMPALALearner
 from quarl.errors import QuarlError
@@ -100,9 +101,7 @@ def _ppo_learner(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: boo
 
 
 def _validate_ppo(config: ActorQConfig) -> None:
-    if config.unroll_length < 1 or config.chunk_steps % config.unroll_length:
-        raise QuarlError(f"--unroll-length {config.unroll_length} must divide the actors' chunk of "
-                         f"{config.chunk_steps} steps (e.g. 10, 20, 25, 50)")
+    validate_unrolls(config)
     if not 0 < config.clip_range < 1:
         raise QuarlError(f"--clip-range {config.clip_range} must be in (0, 1)")
     if not 0 <= config.gae_lambda <= 1:
@@ -110,10 +109,6 @@ def _validate_ppo(config: ActorQConfig) -> None:
     if not 1 <= config.ppo_epochs <= 100 or not 1 <= config.ppo_minibatches <= 1024:
         raise QuarlError(f"--ppo-epochs {config.ppo_epochs} must be in 1..100 and --ppo-minibatches "
                          f"{config.ppo_minibatches} in 1..1024")
-    if not 0 < config.policy_sigma <= 2:
-        raise QuarlError(f"policy_sigma={config.policy_sigma} must be in (0, 2]")
-    if config.replay != "uniform":
-        raise QuarlError("--replay prioritized is for dqn and d4pg: ppo learns from a queue of unrolls")
 
 
 register_algorithm(Algorithm("ppo", MODULES["ppo"][1], "either", _ppo_learner, _unroll_queue, _queue_limiter,
