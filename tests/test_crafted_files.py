@@ -191,6 +191,30 @@ def test_a_data_entry_of_the_wrong_shape_is_one_line(tmp_path: Path, data: bytes
     assert r.returncode == 2 and message in _one_line(r.stderr)
 
 
+@pytest.mark.parametrize("edit,message", [
+    ({"_shape": [30000, 30000], "shape": [30000, 30000], "low": "-1.0", "high": "1.0"},
+     "has shape (30000, 30000) (900,000,000 values), more than the 10,000,000 allowed"),
+    ({"_shape": [30000, 30000], "shape": [30000, 30000]}, "more than the 10,000,000 allowed"),
+    ({"_shape": [-4], "shape": [-4]}, "expected 1 to 4 positive whole sizes"),
+    ({"_shape": [4], "shape": [4], "low_repr": "[1 2 3 4 5 6 7 8]", "low": "[1 2 3 4 5 6 7 8]"},
+     "space bounds hold 8 values for shape (4,)"),
+])
+def test_a_space_claiming_a_huge_shape_is_refused_before_any_array_of_it_exists(tmp_path: Path, edit: dict,
+                                                                               message: str) -> None:
+    """The 30000 x 30000 observation space a crafted data entry claimed took 7.3 GB: now one
+    line, exit 2, well under the memory bound."""
+    import json
+
+    source = _sb3_zip(tmp_path)
+    with zipfile.ZipFile(source) as archive:
+        data = json.loads(archive.read("data"))
+    data["observation_space"].update(edit)
+    crafted = _rewrite(source, tmp_path / "space.zip", {"data": json.dumps(data).encode()})
+    code, err, peak = _popen_peak("ptq", str(crafted), "--env", "CartPole-v1", "--episodes", "1")
+    assert code == 2 and message in _one_line(err), err[-1000:]
+    assert peak < PEAK_LIMIT_MB
+
+
 @pytest.mark.parametrize("config,message", [
     ("frame_stack: 1000000000\n", "frame_stack=1000000000 must be a whole number in 1..64"),
     ("frame_stack: abc\n", "frame_stack='abc' must be a whole number in 1..64"),

@@ -93,23 +93,58 @@ def _parse_array(text: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
         if np.issubdtype(dtype, np.integer):  # images: the full uint8 range
             return np.full(shape, np.nan)
         raise QuarlError("space bounds are truncated in the checkpoint")
-    values = np.array([float(v) for v in body], dtype=np.float64)
+    if len(body) > int(np.prod(shape)):
+        raise QuarlError(f"space bounds hold {len(body)} values for shape {shape}")
+    try:
+        values = np.array([float(v) for v in body], dtype=np.float64)
+    except ValueError:
+        raise QuarlError("space bounds are not numbers") from None
     if values.size == 1:
         return np.full(shape, values[0])
     return values.reshape(shape) if values.size == int(np.prod(shape)) else values
 
 
+MAX_SPACE_VALUES = 10**7
+"""An observation or action space of more values than this (ten times an 84x84x4 Atari
+stack... times a hundred) is not a policy's: refused before any array of its size exists."""
+MAX_DISCRETE = 10**6
+"""Actions of a Discrete space at most (the network's output width is checked against it too)."""
+
+
+def _space_shape(raw: Any, what: str) -> tuple[int, ...]:
+    shape = parse_literal(str(raw))
+    if not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 4 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 1 <= d for d in shape):
+        raise QuarlError(f"the checkpoint's {what} has shape {raw!r}: expected 1 to 4 positive whole sizes")
+    size = int(np.prod([int(d) for d in shape], dtype=object))
+    if size > MAX_SPACE_VALUES:
+        raise QuarlError(f"the checkpoint's {what} has shape {tuple(shape)} ({size:,} values), more than the "
+                         f"{MAX_SPACE_VALUES:,} allowed: refused")
+    return tuple(int(d) for d in shape)
+
+
 def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
-    if not isinstance(entry, dict) or ":type:" not in entry:
+    if not isinstance(entry, dict) or not isinstance(entry.get(":type:"), str):
         raise QuarlError(f"the checkpoint's {what} is missing or unreadable")
     kind = entry[":type:"].rsplit(".", 1)[-1].rstrip("'>")
     if kind == "Discrete":
-        return gym.spaces.Discrete(int(entry["n"]), start=int(entry.get("start", 0)))
+        try:
+            n, start = int(entry["n"]), int(entry.get("start", 0))
+        except (KeyError, TypeError, ValueError):
+            raise QuarlError(f"the checkpoint's {what} is a Discrete space without a whole n") from None
+        if not 1 <= n <= MAX_DISCRETE:
+            raise QuarlError(f"the checkpoint's {what} has n={n} actions: allowed 1..{MAX_DISCRETE:,}")
+        return gym.spaces.Discrete(n, start=start)
     if kind == "Box":
-        dtype = np.dtype(entry.get("dtype", "float32"))
-        shape = tuple(parse_literal(str(_field(entry, "_shape", "shape"))))
+        try:
+            dtype = np.dtype(entry.get("dtype", "float32"))
+        except TypeError:
+            raise QuarlError(f"the checkpoint's {what} has dtype {entry.get('dtype')!r}: not a numpy type") from None
+        shape = _space_shape(_field(entry, "_shape", "shape"), what)
         low = _parse_array(_field(entry, "low_repr", "low"), shape, dtype)
         high = _parse_array(_field(entry, "high_repr", "high"), shape, dtype)
+        if low.shape != shape or high.shape != shape:
+            raise QuarlError(f"the checkpoint's {what} bounds have {low.size} and {high.size} values for shape {shape}")
         if np.issubdtype(dtype, np.integer):
             info = np.iinfo(dtype)
             low = np.where(np.isnan(low), info.min, low)
