@@ -417,7 +417,7 @@ def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> Non
 
 
 def test_bad_configs_fail_with_one_line() -> None:
-    with pytest.raises(QuarlError, match="--actors 0 must be at least 1"):
+    with pytest.raises(QuarlError, match=r"--actors 0 must be in 1..4096"):
         ActorQConfig("CartPole-v1", actors=0)
     with pytest.raises(QuarlError, match="--wire-bits 12 is not supported"):
         ActorQConfig("CartPole-v1", wire_bits=12)

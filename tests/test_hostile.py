@@ -386,3 +386,27 @@ def test_digits_are_ascii_digits(args: list[str], tmp_path: Path) -> None:
     result = _cli(*argv)
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and ("²" in result.output or "٣" in result.output)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "ppo", "CartPole-v1", "--hp", "n_envs=100000", "-n", "1000"], "--hp n_envs=100000: must be a whole "
+                                                                           "number in 1..1,024"),
+    (["actorq", "run", "CartPole-v1", "--actors", "1000000"], "--actors 1000000 must be in 1..4096"),
+    (["actorq", "run", "CartPole-v1", "--actors", "100", "--local"], "--actors 100 must be in 1..64 in one process"),
+    (["actorq", "compare", "CartPole-v1", "--repeats", "1000000000"], "--repeats 1,000,000,000 is more runs"),
+    (["study", "AGENT", "--seeds", ",".join(map(str, range(300)))], "--seeds lists 300 distinct items: at most 256"),
+])
+def test_counts_that_would_exhaust_the_machine_are_refused(args: list[str], message: str, tmp_path: Path,
+                                                          tiny_run: Path) -> None:
+    """Each took gigabytes or ran without end before: one line, exit 2, nothing started."""
+    args = [str(tiny_run) if a == "AGENT" else a for a in args]
+    result = _cli(*args, "--out" if args[0] != "train" else "-f", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output[-500:]
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_repeated_list_item_counts_once() -> None:
+    from quarl.cli import _parse_bits
+
+    assert _parse_bits(",".join(["8"] * 10_000)) == [8]  # ten thousand 8s ran ten thousand sweeps
+    assert _parse_bits("8,4,8,2,4") == [8, 4, 2]

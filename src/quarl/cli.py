@@ -215,10 +215,18 @@ def _stop_on_signal(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+MAX_REPEATS = 100
+MAX_LIST_ITEMS = 256
+"""Distinct items of a comma list option (--bits has 15 values, --precisions a few dozen)."""
+
+
 def _split(text: str, what: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
+    """The distinct items of a comma list, in order (a repeated one counts once)."""
+    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     if not items:
         raise QuarlError(f"{what} is empty: give a comma-separated list")
+    if len(items) > MAX_LIST_ITEMS:
+        raise QuarlError(f"{what} lists {len(items):,} distinct items: at most {MAX_LIST_ITEMS}")
     return items
 
 
@@ -968,16 +976,18 @@ def actorq_compare(
 
     Example: quarl actorq compare CartPole-v1 --precisions fp32,int8 --repeats 3 --policy-layers 256,256
     """
-    config, out = _actorq_config(env_id, "compare", opts)
-    from quarl.actorq.compare import run_compare
     from quarl.actorq.config import ACTOR_PRECISIONS
-    from quarl.reports import print_table
 
     labels = _split(precisions, "--precisions")
     bad = [p for p in labels if p not in ACTOR_PRECISIONS]
     if bad:
         raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
     _check_count("--repeats", repeats, 1)
+    if repeats > MAX_REPEATS:
+        raise QuarlError(f"--repeats {repeats:,} is more runs than a comparison needs: at most {MAX_REPEATS}")
+    config, out = _actorq_config(env_id, "compare", opts)
+    from quarl.actorq.compare import run_compare
+    from quarl.reports import print_table
     result = run_compare(config, labels, repeats, out,
                          on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
                          on_progress=_progress_line)

@@ -13,6 +13,11 @@ from quarl import validate
 from quarl.limits import check_layer_sizes
 
 ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+MAX_ACTORS = 4096
+"""Actors of one run at most (each takes a CPU of the cluster; Ray would not start with a
+million slots)."""
+MAX_LOCAL_ACTORS = 64
+"""Actors in one process (--local): each holds an env and a model."""
 REPLAYS = ("uniform", "prioritized")
 WIRE_BITS = (32, 16, 8, 7, 6, 5, 4, 3, 2)
 
@@ -123,8 +128,10 @@ class ActorQConfig:
         from quarl.actorq.algorithms import get_algorithm
 
         algorithm = get_algorithm(self.algo)
-        if not isinstance(self.actors, int) or self.actors < 1:
-            raise QuarlError(f"--actors {self.actors} must be at least 1")
+        most = MAX_LOCAL_ACTORS if self.local else MAX_ACTORS
+        if not isinstance(self.actors, int) or not 1 <= self.actors <= most:
+            raise QuarlError(f"--actors {self.actors} must be in 1..{most}" + (" in one process (--local)" if self.local
+                                                                              else " (one CPU of the cluster each)"))
         if self.actor_precision not in ACTOR_PRECISIONS:
             raise QuarlError(f"unknown --actor-precision {self.actor_precision!r}: allowed {', '.join(ACTOR_PRECISIONS)}")
         if self.replay not in REPLAYS:

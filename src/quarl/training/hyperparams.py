@@ -215,6 +215,10 @@ _COUNTS = {"n_envs": 1, "n_timesteps": 1, "batch_size": 1, "n_steps": 1, "n_epoc
 _UNIT = ("gamma", "gae_lambda", "tau", "exploration_fraction", "exploration_initial_eps", "exploration_final_eps",
          "clip_range")
 _MAX_COUNT = 10**10
+_MAX_OF = {"n_envs": 1024, "n_epochs": 10_000, "n_critics": 64, "n_quantiles": 10_000, "n_delta": 100_000,
+           "cg_max_steps": 10_000}
+"""Counts with a tighter bound: each env is a process-worth of state (100,000 envs took 1.5 GB
+before a step), each critic or quantile a network's output."""
 
 
 def check_hyperparameter(key: str, value: Any) -> None:
@@ -226,8 +230,9 @@ def check_hyperparameter(key: str, value: Any) -> None:
     if not np.isfinite(value):
         raise QuarlError(f"--hp {key}={value}: must be a finite number")
     if key in _COUNTS:
-        if value != int(value) or not _COUNTS[key] <= value <= _MAX_COUNT:
-            raise QuarlError(f"--hp {key}={value}: must be a whole number in {_COUNTS[key]}..{_MAX_COUNT}")
+        most = _MAX_OF.get(key, _MAX_COUNT)
+        if value != int(value) or not _COUNTS[key] <= value <= most:
+            raise QuarlError(f"--hp {key}={value}: must be a whole number in {_COUNTS[key]}..{most:,}")
     elif key in _UNIT and not 0 <= value <= 1:
         raise QuarlError(f"--hp {key}={value}: must be in [0, 1]")
     elif key == "learning_rate" and not value > 0:
