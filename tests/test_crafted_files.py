@@ -171,6 +171,72 @@ def test_an_edited_sidecar_is_refused_in_one_line(exported: Path, tmp_path: Path
     assert r.returncode == 2 and message in _one_line(r.stderr)
 
 
+def _crafted_graph(base: Path, kind: str) -> bytes:
+    """The export's graph with a crafted end: a NaN head, a head too narrow, a broadcast of
+    two fixed initializers, or a batch reshaped into a square (twice)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    model = onnx.load(str(base))
+    nodes, inits = list(model.graph.node), list(model.graph.initializer)
+    nodes[-1].output[0] = "q"
+    width = 2
+    if kind == "nan":
+        inits.append(nh.from_array(np.array(0, np.float32), "zero"))
+        nodes += [h.make_node("Mul", ["q", "zero"], ["z"]), h.make_node("Div", ["z", "z"], ["out"])]
+    elif kind == "narrow":  # the last layer's weights cut to one output
+        last = nodes[-1]
+        last.output[0] = "out"
+        for name in last.input[1:3]:
+            tensor = next(t for t in inits if t.name == name)
+            array = nh.to_array(tensor)
+            tensor.CopyFrom(nh.from_array(array[:1] if array.shape[0] == 2 else array[..., :1], name))
+        width = 1
+    elif kind == "broadcast":
+        inits += [nh.from_array(np.zeros((30000, 1), np.float32), "a"), nh.from_array(np.zeros((1, 30000), np.float32), "b")]
+        nodes += [h.make_node("Add", ["a", "b"], ["big"]), h.make_node("ReduceMean", ["big"], ["m"], keepdims=0),
+                  h.make_node("Add", ["q", "m"], ["out"])]
+    else:  # square
+        inits += [nh.from_array(np.array([-1, 1], np.int64), "col"), nh.from_array(np.array([1, -1], np.int64), "row"),
+                  nh.from_array(np.array(0, np.float32), "zero")]
+        prev = "obs"
+        for i in range(2):
+            nodes += [h.make_node("Reshape", [prev, "col"], [f"c{i}"]), h.make_node("Reshape", [prev, "row"], [f"r{i}"]),
+                      h.make_node("Add", [f"c{i}", f"r{i}"], [f"s{i}"])]
+            prev = f"s{i}"
+        nodes += [h.make_node("ReduceMean", [prev], ["m"], keepdims=0), h.make_node("Mul", ["m", "zero"], ["m0"]),
+                  h.make_node("Add", ["q", "m0"], ["out"])]
+    graph = h.make_graph(nodes, "g", list(model.graph.input), [h.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                                                         ["batch", width])], inits)
+    return h.make_model(graph, opset_imports=model.opset_import).SerializeToString()
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("nan", "outputs NaN or inf for an all-0 observation"),
+    ("narrow", "gives outputs of shape (1,) for one observation but its action space Discrete(2) needs 2"),
+    ("broadcast", "tensor 'big' holds 900000000 values per observation"),
+    ("square", "grows faster than the batch"),
+])
+def test_an_export_whose_graph_is_no_policy_is_refused_even_with_a_matching_hash(exported: Path, tmp_path: Path,
+                                                                                 kind: str, message: str) -> None:
+    """Each of these was evaluated with exit 0 (NaN logits, a 1-wide head for 2 actions) or
+    took gigabytes (a broadcast of two initializers, a batch squared): one line, exit 2."""
+    import hashlib
+    import json
+
+    model = _crafted_graph(exported.with_suffix(".onnx"), kind)
+    (tmp_path / "policy.onnx").write_bytes(model)
+    meta = json.loads(exported.with_suffix(".json").read_text())
+    meta["onnx_sha256"] = hashlib.sha256(model).hexdigest()
+    (tmp_path / "policy.json").write_text(json.dumps(meta))
+    code, err, peak = _popen_peak("ptq", str(tmp_path), "--episodes", "1", "--out", str(tmp_path / "out"))
+    assert code == 2 and message in _one_line(err), err[-1500:]
+    assert peak < PEAK_LIMIT_MB
+
+
 def test_the_unedited_export_loads_and_export_refuses_an_onnx(exported: Path, tmp_path: Path) -> None:
     r = run_cli("ptq", str(exported.with_suffix(".onnx")), "--episodes", "2", "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr

@@ -410,3 +410,9 @@ def test_a_repeated_list_item_counts_once() -> None:
 
     assert _parse_bits(",".join(["8"] * 10_000)) == [8]  # ten thousand 8s ran ten thousand sweeps
     assert _parse_bits("8,4,8,2,4") == [8, 4, 2]
+
+
+def test_layer_widths_are_a_sequence_not_a_set() -> None:
+    from quarl.cli import _parse_layers
+
+    assert _parse_layers("2048,2048,2048") == (2048, 2048, 2048)  # a deduplicated list was one layer

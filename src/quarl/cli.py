@@ -220,9 +220,12 @@ MAX_LIST_ITEMS = 256
 """Distinct items of a comma list option (--bits has 15 values, --precisions a few dozen)."""
 
 
-def _split(text: str, what: str) -> list[str]:
-    """The distinct items of a comma list, in order (a repeated one counts once)."""
-    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+def _split(text: str, what: str, unique: bool = True) -> list[str]:
+    """The items of a comma list, in order; a set of values (``unique``: bits, precisions,
+    seeds...) counts a repeated one once, a sequence (layer widths) keeps every item."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if unique:
+        items = list(dict.fromkeys(items))
     if not items:
         raise QuarlError(f"{what} is empty: give a comma-separated list")
     if len(items) > MAX_LIST_ITEMS:
@@ -806,7 +809,7 @@ def qat(
 
 
 def _parse_layers(text: str) -> tuple[int, ...]:
-    items = _split(text, "--policy-layers")
+    items = _split(text, "--policy-layers", unique=False)
     if not all(validate.digits(i) and int(i) > 0 for i in items):
         raise QuarlError(f"--policy-layers {text!r} must be positive integers, e.g. 2048,2048,2048")
     return tuple(int(i) for i in items)

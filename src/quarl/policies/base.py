@@ -222,6 +222,29 @@ class Policy:
                 raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
 
 
+def check_outputs(policy: Policy, what: str) -> None:
+    """One line when ``policy``'s network does not fit its spaces: it must take an
+    observation of its input shape and give, for an all-zeros and an all-ones observation,
+    as many outputs as its action space needs (actions, or actions x quantiles), all
+    finite. A crafted export whose head is 1 wide for 2 actions, or that divides by zero,
+    would otherwise be evaluated as if it were a policy."""
+    space = policy.action_space
+    want = (int(cast(gym.spaces.Discrete, space).n) * max(policy.n_quantiles, 1)
+            if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or ())))
+    for fill in (0.0, 1.0):
+        x = np.full((1, *policy.input_shape), fill, np.float32)
+        try:
+            out = np.asarray(policy.forward(x))
+        except Exception as exc:  # torch's RuntimeError, ONNX Runtime's own types (an allocation that fails)
+            raise QuarlError(f"{what} does not run on an observation of shape {policy.input_shape}: "
+                             f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}") from None
+        if out.ndim != 2 or out.shape != (1, want):
+            raise QuarlError(f"{what} gives outputs of shape {tuple(out.shape[1:])} for one observation but its action "
+                             f"space {space} needs {want}")
+        if not np.isfinite(out).all():
+            raise QuarlError(f"{what} outputs NaN or inf for an all-{int(fill)} observation: not a policy, refused")
+
+
 def greedy(policy: Policy) -> Policy:
     """``policy`` acting greedily: itself, or for a sampling policy one greedy copy kept
     with it (calibration episodes know a policy by identity, so every cell of a run must

@@ -19,7 +19,7 @@ from torch import nn
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.limits import model_file_cap, read_capped
-from quarl.policies.base import HEADS, ObsNormalizer, Policy
+from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
 from quarl.quant.backends.onnxruntime import OrtEngine
 
 SIDECAR_FORMAT = "quarl-policy/1"
@@ -60,7 +60,8 @@ def check_graph(model: bytes, path: Path) -> None:
     from onnx import helper
 
     try:
-        graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(model), data_prop=True).graph
+        proto = onnx.load_from_string(model)
+        graph = onnx.shape_inference.infer_shapes(proto, data_prop=True).graph
     except Exception:  # protobuf's DecodeError, an inconsistent graph
         raise QuarlError(f"{path} is not an ONNX model (it does not parse, or its shapes do not fit)") from None
     for node in graph.node:
@@ -76,12 +77,53 @@ def check_graph(model: bytes, path: Path) -> None:
                 if any(v < 0 or v > MAX_PAD for v in values):
                     raise QuarlError(f"{path}: node {node.name!r} asks for {attr.name} {values}: refused "
                                      f"(at most {MAX_PAD})")
-    # broadcasting can grow a tensor too: (B, 2100, 1) + (1, 2100) is 4.4M values a row
-    for value in [*graph.value_info, *graph.output]:  # the first axis is the batch
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim[1:] if d.HasField("dim_value")]
+    # broadcasting can grow a tensor too: (B, 2100, 1) + (1, 2100) is 4.4M values a row; a
+    # tensor with a fixed first axis is no batch: (30000, 1) + (1, 30000) is 900M values
+    for value in [*graph.value_info, *graph.output]:
+        shape = value.type.tensor_type.shape.dim
+        fixed_first = bool(shape) and shape[0].HasField("dim_value")
+        dims = [d.dim_value for d in (shape if fixed_first else shape[1:]) if d.HasField("dim_value")]
         if math.prod(dims) > MAX_ROW_VALUES:
             raise QuarlError(f"{path}: tensor {value.name!r} holds {math.prod(dims)} values per observation: refused "
                              f"(at most {MAX_ROW_VALUES})")
+    _check_growth(proto, path)
+
+
+def _sizes_at_batch(proto: Any, batch: int) -> dict[str, int]:
+    """Every tensor's number of values with the input's batch axis fixed to ``batch`` (those
+    whose shape inference leaves a dimension unknown are left out)."""
+    import copy
+
+    import onnx
+
+    fixed = copy.deepcopy(proto)
+    for value in fixed.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].ClearField("dim_param")
+            dims[0].dim_value = batch
+    inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True).graph
+    sizes = {}
+    for value in [*inferred.value_info, *inferred.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            sizes[value.name] = math.prod(d.dim_value for d in dims)
+    return sizes
+
+
+def _check_growth(proto: Any, path: Path) -> None:
+    """A policy network's tensors grow with the batch, at most in proportion: a graph that
+    reshapes its batch into a square (B x B, then (B x B)^2...) would take gigabytes at the
+    batch evaluation runs, however small it is at one observation. Shapes are inferred with
+    the batch fixed at 1 and at 2."""
+    try:
+        one, two = _sizes_at_batch(proto, 1), _sizes_at_batch(proto, 2)
+    except Exception:  # an inconsistent graph at a fixed batch
+        raise QuarlError(f"{path}: its shapes do not fit a batch of 1 or 2 observations: refused") from None
+    for name, size in two.items():
+        if size > MAX_ROW_VALUES or (name in one and size > 2 * one[name] and size > 1024):
+            raise QuarlError(f"{path}: tensor {name!r} holds {size:,} values for 2 observations ({one.get(name, '?')} "
+                             "for 1): it grows faster than the batch, refused")
 
 
 class OnnxNetwork(nn.Module):
@@ -219,6 +261,7 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     )
     if quant:  # the mode export chose, shown beside the returns
         policy.meta["quant"] = quant
+    check_outputs(policy, str(path))
     env = meta.get("env")
     spec = None
     if isinstance(env, dict):

@@ -41,6 +41,7 @@ from torch import nn
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
 from quarl.limits import check_tensors, open_zip, read_capped, read_zip_entry
+from quarl.policies.base import check_outputs
 from quarl.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
@@ -354,18 +355,7 @@ def build_policy(
 
 
 def _check_shapes(policy: Policy) -> None:
-    x = torch.zeros((1, *policy.input_shape))
-    try:
-        with torch.inference_mode():
-            out = policy.network(x)
-    except RuntimeError as exc:
-        raise QuarlError(f"the checkpoint's network does not fit its observation space {policy.input_shape}: {exc}")
-    space = policy.action_space
-    want = (
-        int(space.n) * max(policy.n_quantiles, 1) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape))
-    )
-    if out.shape[-1] != want:
-        raise QuarlError(f"the checkpoint's network gives {out.shape[-1]} outputs but its action space {space} needs {want}")
+    check_outputs(policy, "the checkpoint's network")
 
 
 # ---------------------------------------------------------------------------- files
