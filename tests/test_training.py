@@ -342,3 +342,27 @@ def test_training_says_its_rolling_return_as_it_learns(tmp_path: Path) -> None:
     steps = [int(m.group(1).replace(",", "")) for m in parsed]
     assert steps == sorted(steps) and steps[-1] > 0.9 * 2048
     assert all(8.0 <= float(m.group(2)) <= 500.0 and 1 <= int(m.group(3)) <= 100 for m in parsed)
+
+
+def test_resume_refuses_a_checkpoint_that_lies_about_its_step_or_its_replay(tmp_path: Path) -> None:
+    """A copy named rl_model_99999999999_steps.zip made the run end "finished" without
+    training, and a replay position of -5 hid every stored transition: one line each."""
+    import shutil
+
+    env_id, hp = TINY["dqn"]
+    config = TrainConfig("dqn", env_id, timesteps=600, hyperparams=hp, out=tmp_path, eval_freq=0, checkpoint_freq=300,
+                         tensorboard=False)
+    run = train(config).run_dir
+    (run / "CartPole-v1.zip").unlink()  # as if killed after the 600-step checkpoint
+    shutil.copy(run / "rl_model_600_steps.zip", run / "rl_model_99999999999_steps.zip")
+    with pytest.raises(QuarlError, match=r"says step 99,999,999,999 but its model was saved at step 600"):
+        train(replace(config, timesteps=900), resume=True)
+    (run / "rl_model_99999999999_steps.zip").unlink()
+    with pytest.raises(QuarlError, match=r"rl_model_600_steps.zip is at step 600, past this run's 500 steps"):
+        train(replace(config, timesteps=500), resume=True)
+    replay = run / "rl_model_600_steps.replay.npz"
+    arrays = dict(np.load(replay, allow_pickle=False))
+    arrays["pos"] = np.array(-5)
+    np.savez(replay.with_suffix(""), **arrays)  # np.savez adds .npz
+    with pytest.raises(QuarlError, match=r"replay buffer's position -5 \(full False\) is not one in a buffer"):
+        train(replace(config, timesteps=900), resume=True)

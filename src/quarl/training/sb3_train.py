@@ -199,7 +199,12 @@ def load_replay(buffer: Any, arrays: dict[str, np.ndarray]) -> None:
                 raise QuarlError(f"the saved replay buffer's {key} has shape {arrays[key].shape}, this run's "
                                  f"{getattr(buffer, key).shape}: resume with the settings the run started with")
             setattr(buffer, key, arrays[key])
-    buffer.pos, buffer.full = int(arrays["pos"]), bool(arrays["full"])
+    pos, full = arrays["pos"], arrays["full"]
+    if pos.shape != () or not np.issubdtype(pos.dtype, np.integer) or not 0 <= int(pos) < buffer.buffer_size \
+            or full.shape != () or full.dtype != np.bool_:
+        raise QuarlError(f"the saved replay buffer's position {pos.tolist()!r} (full {full.tolist()!r}) is not one in a "
+                         f"buffer of {buffer.buffer_size}: refused (a transition past it would never be sampled)")
+    buffer.pos, buffer.full = int(pos), bool(full)
 
 
 def vecnormalize_arrays(venv: Any) -> dict[str, np.ndarray]:
@@ -249,6 +254,27 @@ class _Checkpointer:
                 f.unlink()
         log.info("checkpoint at step %d: %s", step, stem)
         return Path(f"{stem}.zip")
+
+
+def _check_checkpoint_step(step: int, path: Path, total: int) -> None:
+    """The step a checkpoint's name claims must be the step its model was saved at (SB3's
+    ``num_timesteps`` in the zip) and within the run's budget: a copy renamed
+    ``rl_model_99999999999_steps.zip`` had the run end "finished" without training."""
+    import json as _json
+
+    from quarl.limits import open_zip, read_zip_entry
+
+    try:
+        with open_zip(path, "a training checkpoint") as archive:
+            saved = _json.loads(read_zip_entry(archive, "data", str(path))).get("num_timesteps")
+    except (KeyError, ValueError, AttributeError):
+        raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint (no readable data entry): remove it") from None
+    if saved != step:
+        raise QuarlError(f"{path.name} says step {step:,} but its model was saved at step {saved}: not this run's "
+                         "checkpoint; remove it to resume from the one before")
+    if step > total:
+        raise QuarlError(f"{path.name} is at step {step:,}, past this run's {total:,} steps: resume with -n {step} or "
+                         "more, or train anew")
 
 
 def _resume_from(model: Any, path: Path, done: int, trust_pickle: bool) -> None:
@@ -410,6 +436,8 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     start = _checkpoints(run_dir)[-1] if resume and _checkpoints(run_dir) else None
     if resume and start is None:
         raise QuarlError(f"{run_dir} has no checkpoint to resume from: train it again without --resume")
+    if start is not None:
+        _check_checkpoint_step(*start, total)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
 
