@@ -416,3 +416,52 @@ def test_layer_widths_are_a_sequence_not_a_set() -> None:
     from quarl.cli import _parse_layers
 
     assert _parse_layers("2048,2048,2048") == (2048, 2048, 2048)  # a deduplicated list was one layer
+
+
+@pytest.mark.parametrize("where", ["env_kwargs.yml", "args.yml"])
+def test_an_endless_episode_limit_in_a_folder_is_refused(where: str, tmp_path: Path, tiny_run: Path) -> None:
+    """max_episode_steps 10^12 made one evaluation episode endless; args.yml's env_kwargs
+    (which rl_zoo3.enjoy reads) were ignored before: both are read and bounded."""
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    config_dir = next(run.rglob("config.yml")).parent
+    if where == "args.yml":
+        args = yaml.safe_load((config_dir / "args.yml").read_text())
+        (config_dir / "args.yml").write_text(yaml.safe_dump({**args, "env_kwargs": {"max_episode_steps": 10**12}}))
+    else:
+        (config_dir / "env_kwargs.yml").write_text("max_episode_steps: 1000000000000\n")
+    result = _cli("ptq", str(run), "--episodes", "1", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "max_episode_steps=1000000000000 must be a whole number in 1..1,000,000" in \
+        result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_paths_and_labels_with_markup_print_as_they_are(tmp_path: Path, tiny_run: Path) -> None:
+    """[/] and [bold] in a checkpoint's path and --out made rich raise after the results were
+    written (exit 1): they are text."""
+    run = tmp_path / "[bold]x" / "[/]run"
+    shutil.copytree(tiny_run, run)
+    out = tmp_path / "[/]y" / "[bold]out"
+    result = _cli("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output[-800:]
+    assert f"wrote {out}/results.jsonl" in result.output
+    (out / "results.jsonl").open("a").write('[1, 2]\n"x"\n')  # lines that are no record are skipped
+    assert _cli("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(out)).exit_code == 0
+
+
+def test_actorq_model_options_are_checked(tmp_path: Path) -> None:
+    from tests.conftest import actorq_summary
+
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = actorq_summary(config={"actor_precision": "fp32", "actors": 1, "batch_size": 64,
+                                     "samples_per_insert": 0.25, "push_period": 25, "update_period": 300},
+                             broadcast={"bytes": 4e6, "build_s": 0.2}, evaluator_busy_s=1.0, elapsed_s=10.0)
+    (run / "summary.json").write_text(json.dumps(summary))
+    for args, message in ((["--wire-bits", "1"], "--wire-bits 1 is not a width actors pull"),
+                          (["--wire-bits", "99"], "--wire-bits 99 is not a width actors pull"),
+                          (["--cores-per-node", "0"], "--cores-per-node 0 must be at least 1"),
+                          (["--learner-speedup", "inf"], "--learner-speedup inf must be a finite number above 0")):
+        result = _cli("actorq", "model", str(run), *args, "--out", str(tmp_path / "m"))
+        assert result.exit_code == 2 and message in result.output, (args, result.output[-500:])

@@ -128,7 +128,8 @@ app = typer.Typer(
          "known (evaluation workers import it too; an RL Zoo folder's args.yml gym_packages are imported likewise).",
 )
 console = Console(stderr=True)
-out_console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables
+# files and pipes get whole tables; no markup: what it prints holds users' paths and labels ("[/]" is text)
+out_console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
 log = logging.getLogger("quarl")
 
 
@@ -1027,10 +1028,17 @@ def actorq_model(
     from quarl.actorq.model import Cluster, load_runs, model_report
     from quarl.reports import print_table
 
+    from quarl.actorq.config import WIRE_BITS
+
     counts = [int(a) for a in _split(actors, "--actors") if _is_count(a, "--actors")]
     widths = [int(b) for b in _split(wire_bits, "--wire-bits") if _is_count(b, "--wire-bits")] if wire_bits else []
-    if bandwidth_gbps is not None and not bandwidth_gbps > 0:
-        raise QuarlError(f"--bandwidth-gbps {bandwidth_gbps} must be > 0")
+    bad = [b for b in widths if b not in WIRE_BITS]
+    if bad:
+        raise QuarlError(f"--wire-bits {bad[0]} is not a width actors pull: allowed {', '.join(map(str, WIRE_BITS))}")
+    if bandwidth_gbps is not None and not 0 < bandwidth_gbps < float("inf"):
+        raise QuarlError(f"--bandwidth-gbps {bandwidth_gbps} must be a finite number above 0")
+    if cores_per_node is not None and cores_per_node < 1:
+        raise QuarlError(f"--cores-per-node {cores_per_node} must be at least 1 (or unset: this machine's)")
     cluster = Cluster(actors=1, nodes=nodes, cores_per_node=cores_per_node or os.cpu_count() or 1,
                       learner_speedup=learner_speedup,
                       bandwidth_bytes_per_s=bandwidth_gbps * 1e9 / 8 if bandwidth_gbps else float("inf"))

@@ -52,7 +52,7 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
             # "local": a new Ray of our own even when another one runs on this machine
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
                      logging_level=logging.ERROR)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError, and Ray's bare Exception on a start timeout
         where = f"--address {address!r}" if address else "a local Ray"
         hint = ""
         if address and os.environ.get("RAY_AUTH_MODE") != "token":  # Ray's default for new clusters

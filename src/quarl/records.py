@@ -28,9 +28,11 @@ class ResultsLog:
         text = read_capped(self.path, RESULTS_CAP, "a results log").decode("utf-8", errors="replace")
         for line in text.splitlines():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a kill: recompute that cell
                 continue
+            if isinstance(record, dict):  # a line that is no record (edited by hand) is no cell either
+                records.append(record)
         return records
 
     def find(self, **key: Any) -> dict[str, Any] | None:

@@ -88,8 +88,10 @@ class Cluster:
         if self.actors < 1 or self.nodes < 1 or self.cores_per_node < 1:
             raise QuarlError(f"actors {self.actors}, nodes {self.nodes} and cores per node {self.cores_per_node} "
                              "must each be at least 1")
-        if not self.learner_speedup > 0 or not self.bandwidth_bytes_per_s > 0:
-            raise QuarlError("learner speedup and bandwidth must be > 0")
+        if not 0 < self.learner_speedup < 1e6:  # inf: a learner step of no time divided by
+            raise QuarlError(f"--learner-speedup {self.learner_speedup} must be a finite number above 0 (below 1e6)")
+        if not self.bandwidth_bytes_per_s > 0:
+            raise QuarlError("the bandwidth must be > 0")
 
     @property
     def learner_on_cpu(self) -> bool:

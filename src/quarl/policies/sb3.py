@@ -565,15 +565,32 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
     return Checkpoint(policy=policy, env_spec=env_spec, algo=algo, path=path)
 
 
+MAX_EPISODE_STEPS_KWARG = 10**6
+"""``max_episode_steps`` in a folder's env kwargs at most: 9x the Atari cap of 108,000 frames
+(27,000 steps), 1,000x a MuJoCo episode; 10^12 made one evaluation episode endless."""
+
+
+def _check_env_kwargs(env_kwargs: Any, where: Path) -> dict:
+    if not isinstance(env_kwargs, dict):
+        raise QuarlError(f"{where}: env_kwargs is a {type(env_kwargs).__name__}, not a mapping")
+    steps = env_kwargs.get("max_episode_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or not 1 <= steps <= MAX_EPISODE_STEPS_KWARG):
+        raise QuarlError(f"{where}: max_episode_steps={steps!r} must be a whole number in 1..{MAX_EPISODE_STEPS_KWARG:,}")
+    return env_kwargs
+
+
 def _zoo_env_spec(config_dir: Path, env_name: str, config: dict) -> EnvSpec:
     env_kwargs: dict = {}
+    args_file = config_dir / "args.yml"
+    args = load_zoo_yaml(args_file) if args_file.exists() else {}
+    if args.get("env_kwargs"):  # as rl_zoo3.enjoy reads them; env_kwargs.yml (quarl's) over them
+        env_kwargs = dict(_check_env_kwargs(args["env_kwargs"], args_file))
     kwargs_file = config_dir / "env_kwargs.yml"
     if kwargs_file.exists():
-        env_kwargs = load_zoo_yaml(kwargs_file) or {}
-    args_file = config_dir / "args.yml"
+        env_kwargs.update(_check_env_kwargs(load_zoo_yaml(kwargs_file) or {}, kwargs_file))
     env_id = env_name
-    if args_file.exists():
-        args = load_zoo_yaml(args_file)
+    if args:
         env_id = str(args.get("env", env_name))
         packages = args.get("gym_packages") or []
         if packages:  # rl_zoo3 records the modules that register the agent's custom env
