@@ -216,10 +216,18 @@ from hypothesis import strategies as st  # noqa: E402
 from quarl.validate import MAX_SEED  # noqa: E402
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+def _reserved(seed: int) -> bool:
+    from quarl.measure import RESERVED_SEEDS
+
+    return any(seeds[0] <= seed <= seeds[-1] for seeds in RESERVED_SEEDS.values())
 # option -> (valid values that run in a moment, any integer is otherwise judged by this rule)
 INT_OPTIONS = {
     "--episodes": (st.integers(1, 3), lambda v: v >= 1),
-    "--seed": (st.integers(0, MAX_SEED), lambda v: 0 <= v <= MAX_SEED),
+    # the calibration and distillation seeds are never evaluation seeds (one episode: seed v alone)
+    "--seed": (st.integers(0, MAX_SEED).filter(lambda v: not _reserved(v)),
+               lambda v: 0 <= v <= MAX_SEED and not _reserved(v)),
     "--n-envs": (st.integers(1, 16), lambda v: v >= 1),
     "--max-steps": (st.integers(1, 40), lambda v: v >= 1),
     "--block-size": (st.sampled_from(BLOCK_SIZES), lambda v: v in BLOCK_SIZES),
@@ -465,3 +473,9 @@ def test_actorq_model_options_are_checked(tmp_path: Path) -> None:
                           (["--learner-speedup", "inf"], "--learner-speedup inf must be a finite number above 0")):
         result = _cli("actorq", "model", str(run), *args, "--out", str(tmp_path / "m"))
         assert result.exit_code == 2 and message in result.output, (args, result.output[-500:])
+
+
+def test_a_seed_in_the_calibration_range_is_refused_in_one_line(tiny_run: Path, tmp_path: Path) -> None:
+    result = _cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "1", "--seed", "10000",
+                  "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "would reach the calibration seeds 10000..10199" in result.output
