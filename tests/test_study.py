@@ -204,3 +204,40 @@ def test_a_store_held_by_another_writer_is_waited_for(tiny_run: Path, tmp_path: 
         holder.rollback()
         holder.close()
     assert computed == []
+
+
+def test_log_lines_of_a_many_agent_run_name_their_agent(tiny_run: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A demo's warnings (a mode that agrees on few states, ...) say which agent they are about."""
+    import logging
+
+    from quarl import demo
+    from quarl.logs import AgentFilter, about
+    from quarl.measure import EvalSettings
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep()
+    handler.addFilter(AgentFilter())
+    logger = logging.getLogger("quarl")
+    logger.addHandler(handler)
+    real = demo.run_ptq
+
+    def noisy(*args, **kwargs):
+        logging.getLogger("quarl.quant.modes").warning("int4: no mode agrees")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "run_ptq", noisy)
+    try:
+        demo.run_demo([tiny_run], ["fp16"], EvalSettings(episodes=2, n_envs=2), tmp_path)
+        with about("sac Pendulum-v1"):
+            logging.getLogger("quarl").warning("plain")
+        logging.getLogger("quarl").warning("outside")
+    finally:
+        logger.removeHandler(handler)
+    assert "ppo CartPole-v1: int4: no mode agrees" in lines
+    assert "sac Pendulum-v1: plain" in lines and "outside" in lines

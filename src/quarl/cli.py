@@ -154,10 +154,14 @@ def _setup(verbose: bool = False) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from quarl.logs import AgentFilter
+
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler.addFilter(AgentFilter())  # demo / study: each line names the agent it is about
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False, show_time=False)],
+        handlers=[handler],
         force=True,
     )
     logging.getLogger("quarl").setLevel(logging.INFO if verbose else logging.WARNING)

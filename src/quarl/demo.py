@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 from quarl.errors import QuarlError
 from quarl.measure import EvalSettings, Progress
 from quarl.evaluation import protocol
+from quarl.logs import about
 from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 from quarl.ptq import run_ptq
 from quarl.reports import paper_table, plot_verdicts, write_rows
@@ -59,9 +60,10 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
                                      where_supported=True)
         name = f"{ckpt.algo} {spec.env_id}"
         progress = on_policy(name, cells) if on_policy else None
-        per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
-                                   out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
-                                   source=str(run), decide_episodes=decide_episodes)
+        with about(name):  # its warnings name it
+            per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
+                                       out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
+                                       source=str(run), decide_episodes=decide_episodes)
         modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
     rows = paper_table(per_policy, cells)
     for row in rows:  # which real kernel each int column ran

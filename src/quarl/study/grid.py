@@ -184,7 +184,16 @@ def _load_cached(checkpoint: str, trust_pickle: bool, _stamp: tuple) -> tuple[An
 
 
 def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
-    """Load, quantize and evaluate one cell: the record the store keeps."""
+    """Load, quantize and evaluate one cell: the record the store keeps (its log lines
+    name the agent and precision)."""
+    from quarl.logs import about
+
+    ckpt, spec = _load(cell.checkpoint, cell.trust_pickle)
+    with about(f"{ckpt.algo} {spec.env_id} {cell.precision}"):
+        return _evaluate_cell(cell)
+
+
+def _evaluate_cell(cell: StudyCell) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
