@@ -669,3 +669,16 @@ def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(t
     r = subprocess.run([sys.executable, "-m", "quarl.cli", "play", str(run), "--episodes", "2"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and f"mean return {want[:2].mean():.2f}" in r.stdout, r.stdout + r.stderr
+
+
+def test_table_json_is_strict_json_with_null_for_what_is_absent(tmp_path: Path) -> None:
+    from quarl.reports import write_rows
+
+    write_rows([{"precision": "fp32", "E%": float("nan"), "E lo": "", "mean": 500.0}], tmp_path, "t")
+
+    def reject(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    rows = json.loads((tmp_path / "t.json").read_text(), parse_constant=reject)
+    assert rows == [{"precision": "fp32", "E%": None, "E lo": None, "mean": 500.0}]
+    assert read_csv(tmp_path / "t.csv")[0]["E lo"] == ""  # the CSV keeps its empty cell

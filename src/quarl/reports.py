@@ -171,6 +171,20 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _json_value(value: Any) -> Any:
+    if isinstance(value, str) and value == "":
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_value(value.item())
+    return value
+
+
 def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
     """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, each written to a
     temporary file and renamed over the old one (a reader never sees half a table)."""
@@ -183,8 +197,10 @@ def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list
     writer.writerows(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    # strict JSON: an absent value (an empty cell in the CSV) and an unmeasured one (NaN) are null
+    plain = [{k: _json_value(v) for k, v in row.items()} for row in rows]
     for path, text in ((csv_path, buf.getvalue()), (md_path, "\n".join(lines) + "\n"),
-                       (json_path, json.dumps(list(rows), indent=2) + "\n")):
+                       (json_path, json.dumps(plain, indent=2, allow_nan=False) + "\n")):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
