@@ -496,3 +496,22 @@ def test_an_onnx_graph_that_sizes_tensors_from_its_own_numbers_is_refused(export
     (tmp_path / "policy.json").write_text(json.dumps(meta))
     r = run_cli("ptq", str(tmp_path / "policy.onnx"), "--episodes", "1", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and message in _one_line(r.stderr)
+
+
+def test_a_zip_read_closes_the_file_it_opened(tmp_path: Path) -> None:
+    """open_zip hands ZipFile an open regular file; closing the archive closes it (ZipFile
+    leaves a passed file open, which left one descriptor per checkpoint read to the GC)."""
+    import gc
+    import warnings
+
+    from quarl.limits import open_zip
+
+    path = _sb3_zip(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with open_zip(path, "a checkpoint") as archive:
+            fh = archive._owned
+            assert "data" in archive.namelist()
+        gc.collect()
+    assert fh.closed
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

@@ -145,10 +145,25 @@ def open_zip(path: Path, what: str, within: Path | None = None) -> zipfile.ZipFi
     check_file_size(path, model_file_cap(), what, within)
     fh = open_regular(path, what, within)
     try:
-        return zipfile.ZipFile(fh)
+        return _OwnedZip(fh)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         fh.close()
         raise QuarlError(f"{path} is not a readable zip ({exc}): refused as {what}") from None
+
+
+class _OwnedZip(zipfile.ZipFile):
+    """A ZipFile that closes the file it was handed when it closes (ZipFile leaves a passed
+    file open: every checkpoint read held a descriptor until garbage collection)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._owned = fh
+        super().__init__(fh)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._owned.close()
 
 
 def model_file_cap() -> int:

@@ -58,8 +58,9 @@ class PPOLearner(IMPALALearner):
             advantages = gae(b["reward"], b["discount"], b["cont"], values, next_values, c.gae_lambda)
             returns = advantages + values
             log_mu = self.log_prob(b["behaviour"].float(), action)
-            first_kl = self.kl(b["behaviour"].float(), self.policy(b["obs"]))
-            first_rho = torch.exp(self.log_prob(self.policy(b["obs"]), action) - log_mu)
+            before = self.policy(b["obs"])  # pi before this step: the mismatch IMPALA reports
+            first_kl = self.kl(b["behaviour"].float(), before)
+            first_rho = torch.exp(self.log_prob(before, action) - log_mu)
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         unrolls = b["obs"].shape[1]
         size = max(1, unrolls // c.ppo_minibatches)

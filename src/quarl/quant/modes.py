@@ -486,10 +486,10 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     policy will sample its actions, so a categorical head's agreement is that of sampled
     actions (:func:`sampled_agreement`: the distributions, not only their argmax, must stay).
     Returns the choice and every candidate tried."""
-    chosen, tried = _choose(policy, bits, calibration, weights, block_size, min_agreement, tolerance, returns,
-                            timing_budget_s, sampled)
-    _against_fp32(chosen, ortb.OrtEngine(ortb.export_onnx(policy.network, policy.input_shape)), calibration[:1],
-                  timing_budget_s, bits)
+    fp32_model = ortb.export_onnx(policy.network, policy.input_shape)  # every candidate is built from it
+    chosen, tried = _choose(policy, fp32_model, bits, calibration, weights, block_size, min_agreement, tolerance,
+                            returns, timing_budget_s, sampled)
+    _against_fp32(chosen, ortb.OrtEngine(fp32_model), calibration[:1], timing_budget_s, bits)
     return chosen, tried
 
 
@@ -507,17 +507,16 @@ def _against_fp32(chosen: Candidate, fp32: ortb.OrtEngine, sample: np.ndarray, b
                     base.latency_us)
 
 
-def _choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, block_size: int,
-           min_agreement: float, tolerance: float, returns: Returns | None = None,
-           timing_budget_s: float = 0.05, sampled: bool = False) -> tuple[Candidate, list[Candidate]]:
-    """The automatic choice itself (see :func:`choose`)."""
+def _choose(policy: Policy, fp32_model: bytes, bits: int, calibration: np.ndarray, weights: str, block_size: int,
+            min_agreement: float, tolerance: float, returns: Returns | None, timing_budget_s: float,
+            sampled: bool) -> tuple[Candidate, list[Candidate]]:
+    """The automatic choice itself (see :func:`choose`), its candidates built from ``fp32_model``."""
     network = policy.network
     conv = ortb.has_conv(network)
     modes = [m for m in modes_for(bits) if m.unsupported(network) is None and (conv or not m.needs_calibration)]
     if not modes:
         reasons = "; ".join(m.unsupported(network) or "" for m in modes_for(bits))
         raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
-    fp32_model = ortb.export_onnx(network, policy.input_shape)
     sample = calibration[:1]
 
     def keeps_return(c: Candidate) -> bool:
