@@ -66,7 +66,7 @@ def test_the_zoo_default_and_heads_that_cannot_sample() -> None:
     gaussian = Policy(nn.Sequential(nn.Linear(3, 1), nn.Tanh()), gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
                       gym.spaces.Box(-2, 2, (1,), np.float32), "unscale", algo="sac")
     assert not acting(gaussian, EnvSpec("Pendulum-v1")).stochastic
-    with pytest.raises(QuarlError, match="not built yet"):
+    with pytest.raises(QuarlError, match="noise layers were not found"):
         acting(gaussian, EnvSpec("Pendulum-v1"), True)
     assert logits.fingerprint() != acting(logits, CARTPOLE, True).fingerprint()  # stored apart
     assert torch.equal(net[0].weight, acting(logits, CARTPOLE, True).network[0].weight)
@@ -251,3 +251,108 @@ def test_a_sampling_policys_int_mode_is_chosen_on_its_sampled_agreement(tiny_run
             assert chosen.sampled_agreement >= bar
         else:
             assert chosen.sampled_agreement == max(c.sampled_agreement for c in tried)
+
+
+# ---------------------------------------------------------------------------- state-dependent noise
+
+
+def _sb3_model(kind: str, tmp_path: Path, env_id: str = "Pendulum-v1", steps: int = 300):
+    """A briefly trained SB3 model with a state-dependent noise head, saved and reloaded."""
+    from stable_baselines3 import PPO, SAC
+
+    make = {"sac": lambda: SAC("MlpPolicy", env_id, seed=0, device="cpu", learning_starts=50),
+            "sac_gsde": lambda: SAC("MlpPolicy", env_id, seed=0, device="cpu", learning_starts=50, use_sde=True),
+            "ppo_gsde": lambda: PPO("MlpPolicy", env_id, seed=0, device="cpu", n_steps=128, batch_size=64,
+                                    use_sde=True, policy_kwargs={"log_std_init": -1.0, "full_std": False}),
+            "ppo_gsde_squash": lambda: PPO("MlpPolicy", env_id, seed=0, device="cpu", n_steps=128, batch_size=64,
+                                           use_sde=True, policy_kwargs={"squash_output": True, "use_expln": True})}
+    model = make[kind]()
+    model.learn(steps)
+    model.save(tmp_path / f"{kind}.zip")
+    return type(model).load(tmp_path / f"{kind}.zip", device="cpu"), tmp_path / f"{kind}.zip"
+
+
+@pytest.mark.parametrize("kind", ["sac", "sac_gsde", "ppo_gsde", "ppo_gsde_squash"])
+def test_state_dependent_noise_samples_exactly_as_sb3_with_the_same_draws(kind: str, tmp_path: Path) -> None:
+    """SAC's squashed Gaussian and gSDE (SAC, PPO; squashed or clipped, full or one-column
+    std, exp or expln): quarl's sampled action for (seed, step) equals what SB3's policy
+    samples given the same standard normal draws, to 1e-5 of the action range."""
+    import torch
+
+    from quarl.policies.base import GSDE_STREAM
+
+    model, path = _sb3_model(kind, tmp_path)
+    policy = acting(load_checkpoint(path).policy, EnvSpec("Pendulum-v1"), True)
+    assert policy.noise is not None and policy.noise.kind == ("squashed_gaussian" if kind == "sac" else "gsde")
+    obs = np.random.default_rng(3).uniform(-1, 1, (6, 3)).astype(np.float32)
+    keys = [(100 + i, 7 * i) for i in range(len(obs))]
+    ours = policy.sample_rows(policy.preprocess(obs), keys)
+    sb3 = model.policy
+    theirs = []
+    for row, key in zip(obs, keys):
+        x = torch.as_tensor(row[None])
+        with torch.no_grad():
+            if kind == "sac":
+                mean, log_std, _ = sb3.actor.get_action_dist_params(x)
+                eps = torch.as_tensor(np.random.default_rng(list(key)).standard_normal(1))
+                action = torch.tanh(mean.double() + torch.exp(log_std.double()) * eps).numpy()
+            else:
+                dist = sb3.actor.action_dist if kind == "sac_gsde" else sb3.action_dist
+                std = dist.get_std(sb3.actor.log_std if kind == "sac_gsde" else sb3.log_std).double().numpy()
+                mat = np.random.default_rng([key[0], GSDE_STREAM]).standard_normal(std.shape) * std
+                dist.exploration_mat = torch.as_tensor(mat, dtype=torch.float32)
+                action = sb3.actor(x, deterministic=False) if kind == "sac_gsde" else sb3._predict(x, deterministic=False)
+                action = action.double().numpy()
+        theirs.append(np.clip(sb3.unscale_action(action) if sb3.squash_output else action, -2, 2)[0])
+    np.testing.assert_allclose(ours, np.asarray(theirs), atol=4e-5)
+    assert np.abs(ours - policy.act(obs)).max() > 1e-3  # it really samples
+
+
+def test_a_gsde_matrix_is_drawn_per_episode_and_shared_by_precisions(tmp_path: Path) -> None:
+    """Within an episode a gSDE policy's noise is latent @ one matrix (SB3 keeps it until
+    reset_noise); another episode seed draws another; fp16 samples with fp32's draws."""
+    _, path = _sb3_model("sac_gsde", tmp_path)
+    policy = acting(load_checkpoint(path).policy, EnvSpec("Pendulum-v1"), True)
+    x = policy.preprocess(np.random.default_rng(0).uniform(-1, 1, (1, 3)).astype(np.float32))
+    same_episode = [policy.sample_rows(x, [(5, step)])[0, 0] for step in range(3)]
+    assert same_episode[0] == same_episode[1] == same_episode[2]  # one state, one matrix: one action
+    other = policy.sample_rows(x, [(6, 0)])[0, 0]
+    assert other != same_episode[0]
+    half = quantize(policy, QuantConfig("fp16"))
+    assert half.noise is policy.noise
+    assert abs(half.sample_rows(x, [(5, 0)])[0, 0] - same_episode[0]) < 0.02
+
+
+def test_sac_sampled_returns_match_sb3s_on_mujoco(tmp_path: Path) -> None:
+    """An SAC on MuJoCo's InvertedPendulum (a few hundred steps: its episodes vary): quarl's
+    sampled episode lengths and SB3's evaluate_policy(deterministic=False) agree in mean
+    within 4 standard errors, and differ from greedy play."""
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.utils import set_random_seed
+
+    model, path = _sb3_model("sac", tmp_path, "InvertedPendulum-v4", steps=400)
+    spec = EnvSpec("InvertedPendulum-v4")
+    policy = load_checkpoint(path).policy
+    ours = evaluate(acting(policy, spec, True), spec, episodes=60, n_envs=8).returns
+    set_random_seed(0)
+    env = Monitor(gym.make("InvertedPendulum-v4"))
+    env.reset(seed=1000)
+    theirs = np.asarray(evaluate_policy(model, env, n_eval_episodes=60, deterministic=False,
+                                        return_episode_rewards=True)[0], float)
+    se = np.sqrt(ours.var(ddof=1) / len(ours) + theirs.var(ddof=1) / len(theirs))
+    assert abs(ours.mean() - theirs.mean()) < 4 * se + 1e-9, (ours.mean(), theirs.mean(), se)
+    assert not np.array_equal(ours, evaluate(policy, spec, episodes=60, n_envs=8).returns)
+
+
+def test_td3_samples_greedily_as_sb3s_predict_does(tmp_path: Path) -> None:
+    """TD3 / DDPG's predict ignores ``deterministic`` (their noise is for training): sampled
+    play is greedy play, not a refusal."""
+    from stable_baselines3 import TD3
+
+    TD3("MlpPolicy", "Pendulum-v1", seed=0, device="cpu").save(tmp_path / "td3.zip")
+    policy = load_checkpoint(tmp_path / "td3.zip").policy
+    spec = EnvSpec("Pendulum-v1")
+    sampled = acting(policy, spec, True)
+    assert sampled.stochastic
+    assert np.array_equal(evaluate(sampled, spec, episodes=4).returns, evaluate(policy, spec, episodes=4).returns)

@@ -41,6 +41,40 @@ class ObsNormalizer:
         return np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+@dataclass(eq=False)
+class StateNoise:
+    """Noise whose scale depends on the state, as SB3 samples it: SAC / TQC's squashed
+    Gaussian (a log-std layer on the actor's latent, clamped to [-20, 2]) and gSDE (the
+    latent times a noise matrix drawn from N(0, std), one per episode as SB3 draws one per
+    ``reset_noise``). Its network runs at fp32 for every precision: the acting network, what
+    quantization changes and export writes, gives the mean alone, so a quantized policy
+    samples around its own mean with fp32's spread."""
+
+    kind: str
+    """``squashed_gaussian`` (SAC / TQC / CrossQ) or ``gsde``."""
+    network: nn.Module
+    """Preprocessed observations -> log std per action (squashed_gaussian) or gSDE's latent."""
+    std: np.ndarray | None = None
+    """gSDE's std matrix (latent, actions): the noise matrix is N(0, std) elementwise."""
+    squash: bool = True
+    """The noise is added before a tanh (the acting network ends in it: SAC, gSDE with
+    ``squash_output``); else to the mean, clipped to the bounds (A2C / PPO with gSDE)."""
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.network(torch.from_numpy(np.ascontiguousarray(x, np.float32))).double().numpy()
+
+    def digest(self) -> bytes:
+        """What decides the noise (for fingerprints)."""
+        parts = [self.kind.encode(), repr(self.network).encode(), str(self.squash).encode()]
+        parts += [t.detach().cpu().contiguous().numpy().tobytes() for t in self.network.state_dict().values()]
+        if self.std is not None:
+            parts.append(np.asarray(self.std, np.float64).tobytes())
+        return b"|".join(parts)
+
+
 def _box(policy: "Policy") -> gym.spaces.Box:
     """The Box a continuous head acts in (checked against the env when the policy is made)."""
     return cast(gym.spaces.Box, policy.action_space)
@@ -84,6 +118,8 @@ class Policy:
     stochastic: bool = False
     """Evaluation samples actions as SB3's ``predict(deterministic=False)`` does (see
     :func:`sample_actions`) instead of acting greedily."""
+    noise: StateNoise | None = field(default=None, repr=False)
+    """A state-dependent noise head (SAC / TQC, gSDE): what sampling adds to the mean."""
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
@@ -131,7 +167,7 @@ class Policy:
         engine: Any = self.runs  # an engine may batch rows (rows / argmax_rows); duck-typed
         out = engine.rows(x) if hasattr(engine, "rows") else np.concatenate(
             [self.forward(x[i : i + 1]) for i in range(len(x))])
-        return sample_actions(self, out, keys)
+        return sample_actions(self, out, keys, x)
 
     def act_rows(self, x: np.ndarray) -> np.ndarray:
         """Actions for a preprocessed batch, each row's equal to what the policy does with
@@ -162,8 +198,12 @@ class Policy:
             reason = stochastic_support(self)
             if reason is not None:
                 raise QuarlError(reason)
-            draws = np.random.default_rng().integers(0, 2**62, size=len(batch))
-            actions = self.sample_rows(self.preprocess(batch), [(int(d), 0) for d in draws])
+            # one noise stream per policy object, fresh steps per call: categorical and Gaussian
+            # noise is new at every call, a gSDE matrix stays, as SB3 keeps it until reset_noise
+            rng = np.random.default_rng()
+            stream = self.__dict__.setdefault("_predict_stream", int(rng.integers(0, 2**62)))
+            steps = rng.integers(0, 2**62, size=len(batch))
+            actions = self.sample_rows(self.preprocess(batch), [(stream, int(s)) for s in steps])
         return (actions[0] if single else actions), None
 
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
@@ -196,6 +236,8 @@ class Policy:
                        self.observation_space)).encode())
         if self.stochastic:  # only then: every greedy policy's content, and so its stored results, stay as they were
             h.update(f"stochastic {self.meta.get('exploration_rate', '')} {self.meta.get('log_std', '')}".encode())
+            if self.noise is not None:
+                h.update(self.noise.digest())
         if isinstance(self.action_space, gym.spaces.Box):  # repr abbreviates long bounds
             h.update(np.asarray(self.action_space.low, np.float64).tobytes())
             h.update(np.asarray(self.action_space.high, np.float64).tobytes())
@@ -267,29 +309,50 @@ def categorical(policy: Policy) -> bool:
     return policy.head == "argmax" and policy.algo in LOGIT_ALGOS
 
 
+DETERMINISTIC_ALGOS = ("td3", "ddpg", "ars")
+"""Algorithms whose SB3 ``predict`` ignores ``deterministic``: sampling is acting greedily
+(TD3 / DDPG explore with action noise in training only; ARS is a deterministic search)."""
+
+
 def stochastic_support(policy: Policy) -> str | None:
     """Why ``policy`` cannot be evaluated stochastically here (None: it can)."""
     if policy.head == "argmax" and policy.algo in LOGIT_ALGOS:
         return None
     if policy.head in ("argmax", "quantile_argmax") and policy.algo in Q_VALUE_ALGOS:
         return None
-    if policy.head == "argmax":  # ARS: a deterministic policy; SB3 samples nothing either
+    if policy.head == "argmax" or policy.algo in DETERMINISTIC_ALGOS:
+        return None
+    if policy.noise is not None:
         return None
     if policy.head == "clip" and "log_std" in policy.meta:
         return None
-    return (f"stochastic evaluation of {policy.algo}'s {policy.head} head is not built yet: categorical (A2C / PPO / "
-            "TRPO), epsilon-greedy (DQN / QR-DQN) and diagonal Gaussian (A2C / PPO / TRPO without gSDE) heads sample")
+    where = "an exported model holds the mean alone" if policy.precision.endswith("(onnx)") else "its noise layers were not found"
+    return (f"{policy.algo}'s {policy.head} head cannot sample here ({where}): categorical, epsilon-greedy, "
+            "diagonal and squashed Gaussian and gSDE heads of SB3 checkpoints sample")
 
 
-def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, int]]) -> np.ndarray:
+GSDE_STREAM = 0x65D3
+"""Tag of the per-episode gSDE matrix's noise stream, apart from the per-step streams."""
+
+
+def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, int]],
+                   x: np.ndarray | None = None) -> np.ndarray:
     """Actions sampled from the network outputs ``out`` (one row per env) as SB3's
     ``predict(deterministic=False)`` samples them: a categorical head by the Gumbel-max
     trick, a Q-head epsilon-greedy with its saved ``exploration_rate``, a diagonal Gaussian
-    (``clip`` head) as mean + std * N(0, 1) clipped to the bounds. Row j's noise comes
-    from ``keys[j]`` = (episode seed, step) alone, so a precision and fp32 playing one seed
-    draw the same noise at the same step (common random numbers): their episodes part only
-    where their action distributions really differ."""
+    (``clip`` head) as mean + std * N(0, 1) clipped to the bounds, a squashed Gaussian or
+    gSDE head (:class:`StateNoise`, which needs the preprocessed inputs ``x``) as SB3's
+    distributions do. Row j's noise comes from ``keys[j]`` = (episode seed, step) alone (a
+    gSDE matrix from the episode seed), so a precision and fp32 playing one seed draw the
+    same noise at the same step (common random numbers): their episodes part only where
+    their action distributions really differ."""
     greedy = policy.postprocess(out)
+    if policy.algo in DETERMINISTIC_ALGOS:
+        return greedy
+    if policy.noise is not None:
+        if x is None:
+            raise ValueError("a state-dependent noise head samples from the inputs: pass x")
+        return _state_noise_sample(policy, policy.noise, out, keys, x)
     if policy.head == "clip" and "log_std" in policy.meta:  # mean + std * N(0, 1), clipped to the bounds as SB3 does
         box = _box(policy)
         std = np.exp(np.asarray(policy.meta["log_std"], np.float64)).reshape(box.shape)
@@ -308,6 +371,29 @@ def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, in
     logits = np.asarray(out, np.float64)
     gumbel = np.stack([np.random.default_rng(list(key)).gumbel(size=logits.shape[1]) for key in keys])
     return (logits + gumbel).argmax(axis=1)
+
+
+TANH_EDGE = 1.0 - 1e-7
+"""A tanh output is inverted within +-this: beyond it float32 holds no pre-tanh mean (|mean|
+> ~8), and any noise SB3 draws leaves the action saturated there too."""
+
+
+def _state_noise_sample(policy: Policy, noise: StateNoise, out: np.ndarray, keys: Sequence[tuple[int, int]],
+                        x: np.ndarray) -> np.ndarray:
+    """SAC's tanh(mean + exp(log_std) * N(0, 1)) or gSDE's mean + latent @ N(0, std)
+    (tanh-squashed where the head is), then the head maps to the bounds as SB3 does."""
+    out64 = np.asarray(out, np.float64)
+    mean = np.arctanh(np.clip(out64, -TANH_EDGE, TANH_EDGE)) if noise.squash else out64
+    z = noise(x)
+    if noise.kind == "squashed_gaussian":
+        eps = np.stack([np.random.default_rng(list(key)).standard_normal(mean.shape[1]) for key in keys])
+        gaussian = mean + np.exp(np.clip(z, -20.0, 2.0)) * eps
+    else:
+        std = np.asarray(noise.std, np.float64)
+        mats = np.stack([np.random.default_rng([key[0], GSDE_STREAM]).standard_normal(std.shape) * std for key in keys])
+        gaussian = mean + np.einsum("bl,bla->ba", z, mats)
+    actions = np.tanh(gaussian) if noise.squash else gaussian
+    return policy.postprocess(actions.astype(np.float32))
 
 
 def linear_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]]:

@@ -43,7 +43,7 @@ from quarl.errors import QuarlError
 from quarl.limits import check_tensors, open_zip, read_capped, read_zip_entry
 from quarl.policies.base import check_outputs
 from quarl.registry import put_first
-from quarl.policies.base import ObsNormalizer, Policy
+from quarl.policies.base import ObsNormalizer, Policy, StateNoise
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
 from quarl.policies.actorq_run import is_actorq_run, load_actorq_run
 from quarl.policies.onnx_artifact import is_artifact, load_artifact
@@ -491,6 +491,44 @@ def _zoo_files(path: Path) -> tuple[Path, Path | None, str | None]:
     return zip_path, config_dir, algo_dir if algo_dir in algos() else None
 
 
+def state_noise(sd: dict[str, torch.Tensor], policy_kwargs: dict, policy: Policy, what: str) -> StateNoise | None:
+    """The state-dependent noise head of an SAC / TQC / CrossQ actor or a gSDE policy, built
+    from the state dict as SB3 samples with it (None for other heads): its network is the
+    acting network's layers up to the action layer (the latent), plus SAC's log-std layer."""
+    if policy.head not in ("clip", "unscale") or not isinstance(policy.network, nn.Sequential):
+        return None
+    layers = list(policy.network)
+    action_layer = max((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), default=None)
+    if action_layer is None:
+        return None
+    import copy
+
+    latent = copy.deepcopy(nn.Sequential(*layers[:action_layer]))
+    width = layers[action_layer].in_features
+    if "actor.log_std.weight" in sd:  # SAC without gSDE: log_std = Linear(latent_pi), clamped in sampling
+        head = _linear(sd, "actor.log_std")
+        if head.in_features != width or head.out_features != int(np.prod(policy.action_space.shape or ())):
+            raise QuarlError(f"{what}: actor.log_std of shape {tuple(head.weight.shape)} does not fit the actor")
+        return StateNoise("squashed_gaussian", nn.Sequential(*latent, head).eval().requires_grad_(False))
+    log_std = sd.get("actor.log_std", sd.get("log_std"))
+    if not isinstance(log_std, torch.Tensor) or log_std.ndim != 2:
+        return None
+    n_actions = int(np.prod(policy.action_space.shape or ()))
+    if log_std.shape[0] != width or log_std.shape[1] not in (1, n_actions):
+        raise QuarlError(f"{what}: gSDE's log_std of shape {tuple(log_std.shape)} does not fit a latent of {width} "
+                         f"and {n_actions} actions")
+    if float(log_std.abs().max()) > MAX_ABS_LOG_STD:
+        raise QuarlError(f"{what}: gSDE's log_std reaches {float(log_std.abs().max()):.4g}, beyond +-{MAX_ABS_LOG_STD}")
+    raw = log_std.double()
+    if policy_kwargs.get("use_expln"):  # SB3's expln: exp below 0, log1p(x) + 1 above (kept > 0, slow growth)
+        std = torch.where(raw <= 0, torch.exp(raw), torch.log1p(raw.clamp(min=0) + 1e-6) + 1.0)
+    else:
+        std = torch.exp(raw)
+    std = std.expand(width, n_actions)  # full_std=False keeps one column, broadcast as SB3's get_std does
+    return StateNoise("gsde", latent.eval().requires_grad_(False), std=std.numpy().copy(),
+                      squash=policy.head == "unscale")
+
+
 MAX_ABS_LOG_STD = 20.0
 """A Gaussian's log std beyond this (std above 5e8 or below 2e-9) is not a trained policy's."""
 
@@ -538,6 +576,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
             raise QuarlError(f"{zip_override or zip_path}: policy.pth's log_std {log_std.tolist()} is not finite "
                              f"within +-{MAX_ABS_LOG_STD}")
         policy.meta["log_std"] = [float(v) for v in log_std.reshape(-1)]
+    policy.noise = state_noise(sd, kwargs, policy, str(zip_override or zip_path))
     rate = data.get("exploration_rate")
     if policy.head in ("argmax", "quantile_argmax") and isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0:
         policy.meta["exploration_rate"] = float(rate)  # what SB3's predict(deterministic=False) explores with
