@@ -35,8 +35,12 @@ from quarl.timing import median_us
 def _space(space: gym.spaces.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "multi_discrete", "nvec": [int(v) for v in np.asarray(space.nvec).ravel()]}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "multi_binary", "n": int(np.prod(space.shape))}
     if not isinstance(space, gym.spaces.Box):
-        raise QuarlError(f"an export describes Discrete and Box spaces, not {space}")
+        raise QuarlError(f"an export describes Discrete, MultiDiscrete, MultiBinary and Box spaces, not {space}")
     return {"type": "box", "shape": list(space.shape), "low": _finite(space.low), "high": _finite(space.high)}
 
 

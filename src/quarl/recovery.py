@@ -177,7 +177,24 @@ def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.T
     - Gaussian means (``clip`` head): squared error of the clipped actions in units of the
       action range, plus a tenth of the raw means' (a gradient where both are clipped);
     - squashed actors (SAC, TQC, TD3, DDPG: ``unscale``, a tanh output): squared error in
-      the squashed space [-1, 1]."""
+      the squashed space [-1, 1];
+    - several categoricals (MultiDiscrete): the KL and margin of each sub-action, summed;
+      Bernoulli bits (MultiBinary): the KL of each bit's distribution, averaged."""
+    if policy.head == "multi_argmax":
+        from quarl.policies.base import action_nvec
+
+        sizes = [int(n) for n in action_nvec(policy.action_space)]
+        total = student_out.new_zeros(())
+        for s, t in zip(student_out.split(sizes, dim=1), teacher_out.split(sizes, dim=1)):
+            kl = nn.functional.kl_div(torch.log_softmax(s, 1), torch.log_softmax(t, 1), log_target=True,
+                                      reduction="batchmean")
+            total = total + kl + (_margin(s, t, scale) if s.shape[1] > 1 else 0.0)
+        return total
+    if policy.head == "bernoulli":  # KL(teacher || student) of each bit's Bernoulli
+        p_t = torch.sigmoid(teacher_out)
+        log_s1, log_s0 = nn.functional.logsigmoid(student_out), nn.functional.logsigmoid(-student_out)
+        log_t1, log_t0 = nn.functional.logsigmoid(teacher_out), nn.functional.logsigmoid(-teacher_out)
+        return (p_t * (log_t1 - log_s1) + (1 - p_t) * (log_t0 - log_s0)).mean()
     if policy.head in ("argmax", "quantile_argmax"):
         s, t = _q_values(policy, student_out), _q_values(policy, teacher_out)
         margin = _margin(s, t, scale)

@@ -80,11 +80,32 @@ def _box(policy: "Policy") -> gym.spaces.Box:
     return cast(gym.spaces.Box, policy.action_space)
 
 
+def action_nvec(space: gym.spaces.Space) -> np.ndarray:
+    """Each sub-action's number of choices of a MultiDiscrete space (the segments of its logits)."""
+    return np.asarray(cast(gym.spaces.MultiDiscrete, space).nvec, np.int64).reshape(-1)
+
+
+def _segments(policy: "Policy", out: np.ndarray) -> list[np.ndarray]:
+    """A MultiDiscrete head's logits, one (batch, n_i) block per sub-action."""
+    return np.split(np.asarray(out), np.cumsum(action_nvec(policy.action_space))[:-1], axis=1)
+
+
+def _multi_argmax(policy: "Policy", out: np.ndarray) -> np.ndarray:
+    shape = cast(gym.spaces.MultiDiscrete, policy.action_space).shape
+    actions = np.stack([block.argmax(axis=1) for block in _segments(policy, out)], axis=1)
+    return actions.reshape(len(actions), *shape)
+
+
 HEADS: dict[str, Callable[["Policy", np.ndarray], np.ndarray]] = {
     # discrete: argmax of logits / Q-values
     "argmax": lambda policy, out: out.argmax(axis=-1),
     # QR-DQN: argmax of the mean over quantiles (its output is laid out as (quantile, action))
     "quantile_argmax": lambda policy, out: out.reshape(out.shape[0], policy.n_quantiles, -1).mean(1).argmax(-1),
+    # MultiDiscrete: one categorical per sub-action, the logits laid end to end (A2C / PPO)
+    "multi_argmax": _multi_argmax,
+    # MultiBinary: one Bernoulli per bit; SB3's mode rounds the probability (0.5 rounds to 0)
+    "bernoulli": lambda policy, out: (np.asarray(out) > 0).astype(np.int8).reshape(
+        len(out), *cast(gym.spaces.MultiBinary, policy.action_space).shape),
     # continuous, the network gives the mean action: clipped to the bounds (A2C / PPO)
     "clip": lambda policy, out: np.clip(out, _box(policy).low, _box(policy).high),
     # continuous, the network ends in tanh: [-1, 1] mapped onto the bounds (SAC, TD3, DDPG, TQC)
@@ -262,6 +283,9 @@ class Policy:
         elif isinstance(want, gym.spaces.Box):
             if not isinstance(got, gym.spaces.Box) or got.shape != want.shape:
                 raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
+        elif isinstance(want, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            if type(got) is not type(want) or got != want:
+                raise QuarlError(f"env {name!r} has action space {got} but the policy acts in {want}")
 
 
 def check_outputs(policy: Policy, what: str) -> None:
@@ -272,7 +296,8 @@ def check_outputs(policy: Policy, what: str) -> None:
     would otherwise be evaluated as if it were a policy."""
     space = policy.action_space
     want = (int(cast(gym.spaces.Discrete, space).n) * max(policy.n_quantiles, 1)
-            if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or ())))
+            if isinstance(space, gym.spaces.Discrete) else int(action_nvec(space).sum())
+            if isinstance(space, gym.spaces.MultiDiscrete) else int(np.prod(space.shape or ())))
     for fill in (0.0, 1.0):
         x = np.full((1, *policy.input_shape), fill, np.float32)
         try:
@@ -305,7 +330,8 @@ Q_VALUE_ALGOS = ("dqn", "qrdqn")
 
 
 def categorical(policy: Policy) -> bool:
-    """Whether the policy's network outputs a categorical distribution's logits."""
+    """Whether the policy's network outputs a categorical distribution's logits (one
+    categorical: a MultiDiscrete or MultiBinary head's logits are several distributions)."""
     return policy.head == "argmax" and policy.algo in LOGIT_ALGOS
 
 
@@ -316,7 +342,7 @@ DETERMINISTIC_ALGOS = ("td3", "ddpg", "ars")
 
 def stochastic_support(policy: Policy) -> str | None:
     """Why ``policy`` cannot be evaluated stochastically here (None: it can)."""
-    if policy.head == "argmax" and policy.algo in LOGIT_ALGOS:
+    if policy.head in ("argmax", "multi_argmax", "bernoulli") and policy.algo in LOGIT_ALGOS:
         return None
     if policy.head in ("argmax", "quantile_argmax") and policy.algo in Q_VALUE_ALGOS:
         return None
@@ -368,6 +394,14 @@ def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, in
         return greedy
     if policy.algo not in LOGIT_ALGOS:
         return greedy
+    if policy.head == "bernoulli":  # bit i is 1 when u_i < sigmoid(logit_i)
+        logits = np.asarray(out, np.float64)
+        u = np.stack([np.random.default_rng(list(key)).random(logits.shape[1]) for key in keys])
+        return (u < 1.0 / (1.0 + np.exp(-logits))).astype(np.int8).reshape(greedy.shape)
+    if policy.head == "multi_argmax":  # Gumbel-max per sub-action, from one draw per row
+        logits = np.asarray(out, np.float64)
+        gumbel = np.stack([np.random.default_rng(list(key)).gumbel(size=logits.shape[1]) for key in keys])
+        return _multi_argmax(policy, logits + gumbel)
     logits = np.asarray(out, np.float64)
     gumbel = np.stack([np.random.default_rng(list(key)).gumbel(size=logits.shape[1]) for key in keys])
     return (logits + gumbel).argmax(axis=1)

@@ -170,10 +170,17 @@ def _vector(values: Any, n: int, what: str, nonnegative: bool = False) -> np.nda
 
 
 def _space(entry: Any, what: str) -> gym.spaces.Space:
-    if not isinstance(entry, dict) or entry.get("type") not in ("discrete", "box"):
+    if not isinstance(entry, dict) or entry.get("type") not in ("discrete", "box", "multi_discrete", "multi_binary"):
         raise QuarlError(f"the sidecar's {what} is missing or unreadable")
     if entry["type"] == "discrete":
         return gym.spaces.Discrete(_count(entry.get("n"), f"{what} size"))
+    if entry["type"] == "multi_binary":
+        return gym.spaces.MultiBinary(_count(entry.get("n"), f"{what} size", most=1024))
+    if entry["type"] == "multi_discrete":
+        nvec = entry.get("nvec")
+        if not isinstance(nvec, list) or not 1 <= len(nvec) <= 1024:
+            raise QuarlError(f"the sidecar's {what} nvec {str(nvec)[:80]!r} is not a list of 1 to 1024 sizes")
+        return gym.spaces.MultiDiscrete([_count(v, f"{what} nvec") for v in nvec])
     shape = entry.get("shape")
     if not isinstance(shape, list) or not shape:
         raise QuarlError(f"the sidecar's {what} shape {shape!r} is not a list of sizes")

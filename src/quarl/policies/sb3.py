@@ -136,6 +136,23 @@ def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
         if not 1 <= n <= MAX_DISCRETE:
             raise QuarlError(f"the checkpoint's {what} has n={n} actions: allowed 1..{MAX_DISCRETE:,}")
         return gym.spaces.Discrete(n, start=start)
+    if kind == "MultiDiscrete":
+        nvec = parse_literal(str(_field(entry, "nvec", "nvec")).replace(" ", ",")) if isinstance(
+            entry.get("nvec"), str) else entry.get("nvec")
+        if (not isinstance(nvec, (list, tuple)) or not 1 <= len(nvec) <= 1024
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DISCRETE for v in nvec)):
+            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with nvec {str(nvec)[:80]!r}: "
+                             f"expected 1 to 1024 whole sizes in 1..{MAX_DISCRETE:,}")
+        if entry.get("start") not in (None, "None") and np.any(np.asarray(parse_literal(str(entry["start"]).replace(
+                " ", ","))) != 0):
+            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with a non-zero start: not supported")
+        return gym.spaces.MultiDiscrete([int(v) for v in nvec])
+    if kind == "MultiBinary":
+        n = parse_literal(str(entry.get("n")))
+        if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024):
+            raise QuarlError(f"the checkpoint's {what} is a MultiBinary space of n={entry.get('n')!r}: allowed 1..1024 "
+                             "bits (one dimension)")
+        return gym.spaces.MultiBinary(n)
     if kind == "Box":
         try:
             dtype = np.dtype(entry.get("dtype", "float32"))
@@ -151,7 +168,7 @@ def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
             low = np.where(np.isnan(low), info.min, low)
             high = np.where(np.isnan(high), info.max, high)
         return gym.spaces.Box(low.astype(dtype), high.astype(dtype), shape=shape, dtype=dtype)
-    raise QuarlError(f"{what} of type {kind} is not supported: allowed Box and Discrete")
+    raise QuarlError(f"{what} of type {kind} is not supported: allowed Box, Discrete, MultiDiscrete and MultiBinary")
 
 
 # ---------------------------------------------------------------------------- network
@@ -323,6 +340,10 @@ def _activation(policy_kwargs: dict, layout: Layout) -> type[nn.Module]:
     return _ACTIVATIONS[short]
 
 
+MULTI_HEADS: dict[type, str] = {gym.spaces.MultiDiscrete: "multi_argmax", gym.spaces.MultiBinary: "bernoulli"}
+"""Action spaces of several discrete distributions, and the head that acts in each."""
+
+
 def build_policy(
     sd: dict[str, torch.Tensor],
     observation_space: gym.spaces.Space,
@@ -335,11 +356,18 @@ def build_policy(
     layout = _layout(sd)
     obs_shape = tuple(observation_space.shape or ())
     continuous = isinstance(action_space, gym.spaces.Box)
-    if not continuous and not isinstance(action_space, gym.spaces.Discrete):
-        raise QuarlError(f"action space {action_space} is not supported: allowed Box and Discrete")
+    multi = MULTI_HEADS.get(type(action_space))
+    if not continuous and multi is None and not isinstance(action_space, gym.spaces.Discrete):
+        raise QuarlError(f"action space {action_space} is not supported: allowed Box, Discrete, MultiDiscrete and "
+                         "MultiBinary")
+    if multi is not None and layout.name != "ppo":
+        raise QuarlError(f"a {layout.name} network with {type(action_space).__name__} actions is not supported: "
+                         "A2C / PPO / TRPO ones are")
     acting = layout.build(LayoutInput(sd, obs_shape, _activation(policy_kwargs, layout), policy_kwargs, action_space))
     if continuous != (acting.head in ("clip", "unscale")):
         raise QuarlError(f"a {layout.name} network with {'box' if continuous else 'discrete'} actions is not supported")
+    if multi is not None:  # the same logits, split per sub-action or per bit
+        acting = Acting(acting.layers, multi)
     image = len(obs_shape) == 3 and np.issubdtype(observation_space.dtype, np.integer)
     policy = Policy(
         network=nn.Sequential(*acting.layers),

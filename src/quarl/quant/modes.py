@@ -313,6 +313,9 @@ def action_agreement(policy: Policy, reference: np.ndarray, actions: np.ndarray,
     2 where unbounded, the width of a tanh output)."""
     if policy.head in ("argmax", "quantile_argmax"):
         return float(np.mean(np.asarray(actions) == np.asarray(reference)))
+    if policy.head in ("multi_argmax", "bernoulli"):  # every sub-action (bit) the same
+        same = np.asarray(actions) == np.asarray(reference)
+        return float(np.mean(same.reshape(len(same), -1).all(axis=1)))
     space = cast(gym.spaces.Box, policy.action_space)  # a continuous head acts in a Box
     width = np.asarray(space.high, dtype=np.float64) - np.asarray(space.low, dtype=np.float64)
     width = np.where(np.isfinite(width) & (width > 0), width, 2.0)
