@@ -100,3 +100,28 @@ def test_clipped_rewards_and_lost_lives_stay_inside_the_game_score() -> None:
             lives_ended += 1
             env.reset()
     assert lives_ended == 4 and game.score >= seen
+
+
+def test_sampled_scores_match_rl_zoo_enjoy_stochastic_in_distribution(breakout_run: Path, capsys,
+                                                                       monkeypatch) -> None:
+    """Sampling parity on Atari: the game scores of ``rl_zoo3.enjoy --stochastic`` (its one
+    env, games one after another) and quarl's sampled evaluation (a seed per game, common
+    random numbers) agree in mean within 4 standard errors; sampled games are distinct."""
+    from rl_zoo3.enjoy import enjoy
+
+    from quarl.evaluation import acting
+
+    monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", "a2c", "--env", ENV, "-f", str(breakout_run.parent.parent),
+                                      "--exp-id", "1", "-n", "3000", "--no-render", "--stochastic", "--seed", "7"])
+    capsys.readouterr()
+    enjoy()
+    theirs = np.array([float(s) for s in re.findall(r"Atari Episode Score: (\S+)", capsys.readouterr().out)])
+    assert len(theirs) >= 6, theirs
+    agent = load_checkpoint(breakout_run)
+    sampled = acting(agent.policy, agent.env_spec)  # the RL Zoo's default for Atari: sampling
+    assert sampled.stochastic
+    result = evaluate(sampled, agent.env_spec, episodes=30, seed=0, n_envs=8)
+    ours = result.returns
+    se = np.sqrt(ours.var(ddof=1) / len(ours) + theirs.var(ddof=1) / len(theirs))
+    assert abs(ours.mean() - theirs.mean()) < 4 * se + 0.5, (ours, theirs)
+    assert len({(r, n) for r, n in zip(ours, result.lengths)}) >= 15  # distinct games, not replays of a few
