@@ -1,6 +1,6 @@
 """quarl: quantized reinforcement learning (QuaRL / ActorQ on today's stack).
 
-``quarl.load``, ``quarl.quantize``, ``quarl.evaluate`` and ``quarl.recover`` are the Python API
+``quarl.load``, ``quarl.quantize``, ``quarl.evaluate``, ``quarl.play`` and ``quarl.recover`` are the Python API
 (:mod:`quarl.api`); they are imported on first use, so ``import quarl`` stays light."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 __version__ = "0.2.0"
-__all__ = ["load", "quantize", "evaluate", "recover", "__version__"]
+__all__ = ["load", "quantize", "evaluate", "play", "recover", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("load", "quantize", "evaluate", "recover"):
+    if name in ("load", "quantize", "evaluate", "play", "recover"):
         from quarl import api
 
         return getattr(api, name)

@@ -19,6 +19,7 @@ import numpy as np
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.evaluation import EvalResult
 from quarl.evaluation import evaluate as _evaluate
+from quarl.playback import Playback
 from quarl.policies.base import Policy
 from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
 from quarl.measure import calibration_inputs, calibration_returns
@@ -101,6 +102,23 @@ def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None =
 
         raise QuarlError("evaluate needs an env: pass env_spec (an EnvSpec or a gymnasium env id)")
     return _evaluate(policy, _spec(policy, env_spec), episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
+
+
+def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = None, episodes: int = 3,
+         seed: int = 0, video: str | Path | None = None, camera: str | None = None,
+         video_size: tuple[int, int] | None = None, max_steps: int | None = None) -> Playback:
+    """``quarl play``: play ``episodes`` episodes (the seeds :func:`evaluate` uses) and, with
+    ``video`` (a folder), record each as an .mp4, from ``camera`` at ``video_size`` (MuJoCo).
+    ``policy`` and ``env_spec`` as :func:`evaluate` takes them."""
+    from quarl.playback import play as _play
+
+    policy, env_spec = _policy_and_env(policy, env_spec)
+    if env_spec is None:
+        from quarl.errors import QuarlError
+
+        raise QuarlError("play needs an env: pass env_spec (an EnvSpec or a gymnasium env id)")
+    return _play(policy, _spec(policy, env_spec), episodes=episodes, seed=seed, video=video, max_steps=max_steps,
+                 camera=camera, video_size=video_size)
 
 
 def _is_sb3_model(obj: Any) -> bool:

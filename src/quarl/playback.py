@@ -1,0 +1,126 @@
+"""Watch a policy play: ``quarl play POLICY --precision int8 --video DIR``.
+
+Episodes are played by :func:`quarl.evaluation.evaluate` on one env, so episode ``i``
+meets seed ``seed + i`` and scores exactly what ``quarl ptq`` scores for it. With a video
+folder, gymnasium's ``RecordVideo`` sits on the bare env (before the RL Zoo's wrappers), so
+a video is a whole game as a person sees it, not the agent's cropped grey frames; it needs
+no display (frames are rendered off screen, ``MUJOCO_GL=egl`` for MuJoCo).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import gymnasium as gym
+
+from quarl.envs import EnvSpec, make_env
+from quarl.errors import QuarlError
+from quarl.evaluation import EvalResult, evaluate
+from quarl.policies.base import Policy
+
+
+@dataclasses.dataclass
+class Playback:
+    result: EvalResult
+    videos: list[Path]
+    """One .mp4 per episode, in episode order (empty without a video folder)."""
+
+
+def _recorder(folder: Path, prefix: str):
+    def wrap(env: gym.Env) -> gym.Env:
+        with warnings.catch_warnings():  # "overwriting existing videos": play removed its old ones itself
+            warnings.simplefilter("ignore", UserWarning)
+            return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda _: True, name_prefix=prefix,
+                                            disable_logger=True)
+
+    return wrap
+
+
+MAX_VIDEO_SIDE = 4096
+"""A video frame's width or height at most (pixels)."""
+
+
+def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] | None = None) -> dict:
+    """The env kwargs that set a MuJoCo env's camera (a camera id such as ``"0"`` or a name
+    such as ``"track"``, as gymnasium's MuJoCo envs take them) and its frame size (width,
+    height); other envs take neither, and asking is refused in one line."""
+    out: dict = {}
+    if camera is None and size is None:
+        return out
+    try:
+        entry = gym.spec(env_id)
+    except gym.error.Error:
+        entry = None
+    entry_point = str(getattr(entry, "entry_point", ""))
+    if "mujoco" not in entry_point:
+        raise QuarlError(f"--camera and --video-size set a MuJoCo env's renderer; {env_id} renders its own way")
+    if camera is not None:
+        camera = camera.strip()
+        if camera.isascii() and camera.isdigit():
+            out["camera_id"] = int(camera)
+        elif camera.isidentifier():
+            out["camera_name"] = camera
+        else:
+            raise QuarlError(f"camera {camera!r} is neither a camera id (0, 1, ...) nor a camera name (e.g. track)")
+    if size is not None:
+        width, height = size
+        if not (16 <= width <= MAX_VIDEO_SIDE and 16 <= height <= MAX_VIDEO_SIDE):
+            raise QuarlError(f"video size {width}x{height}: each side must be 16..{MAX_VIDEO_SIDE} pixels")
+        out.update(width=int(width), height=int(height))
+    return out
+
+
+def _check_camera(env: gym.Env, env_id: str, camera: str) -> None:
+    """A camera the model has (MuJoCo aborts the process on a fixed camera id out of range)."""
+    import mujoco
+
+    model = getattr(env.unwrapped, "model", None)
+    if model is None:
+        return
+    names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) or str(i) for i in range(model.ncam)]
+    if camera.strip() not in names and camera.strip() not in [str(i) for i in range(model.ncam)]:
+        env.close()
+        have = ", ".join(f"{i} ({n})" for i, n in enumerate(names)) or "none but the free camera (leave --camera out)"
+        raise QuarlError(f"{env_id} has no camera {camera!r}: its cameras are {have}")
+
+
+def play(policy: Policy, env_spec: EnvSpec, episodes: int = 3, seed: int = 0, video: str | Path | None = None,
+         max_steps: int | None = None, name: str = "episode", camera: str | None = None,
+         video_size: tuple[int, int] | None = None,
+         on_episode: Callable[[int, float], None] | None = None) -> Playback:
+    """Play ``episodes`` deterministic episodes on one env; with ``video`` (a folder), record
+    each one as ``VIDEO/NAME-episode-K.mp4``, from ``camera`` at ``video_size`` (MuJoCo,
+    see :func:`render_kwargs`). ``on_episode(index, return)`` is called as each one ends
+    (a progress bar: recording a long MuJoCo episode takes seconds)."""
+    video = Path(video) if video is not None else None
+    extra = render_kwargs(env_spec.env_id, camera, video_size)
+    if video is None:
+        if extra:
+            raise QuarlError("a camera or video size needs a video folder to record into")
+        env = make_env(env_spec)
+    else:
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame (classic control) asks for a sound device
+        video.mkdir(parents=True, exist_ok=True)
+        for old in video.glob(f"{name}-episode-*.mp4"):  # a replay replaces, never mixes with, an old one
+            old.unlink()
+        spec = dataclasses.replace(env_spec, env_kwargs={**env_spec.env_kwargs, "render_mode": "rgb_array", **extra})
+        try:
+            env = make_env(spec, on_made=_recorder(video, name))
+        except QuarlError as exc:
+            raise QuarlError(f"{env_spec.env_id} cannot render frames for a video: {exc}") from None
+        except (ValueError, KeyError) as exc:  # MuJoCo: an unknown camera name or id
+            raise QuarlError(f"{env_spec.env_id} cannot record from camera {camera!r}: "
+                             f"{(str(exc).splitlines() or [''])[0][:160]}") from None
+        if camera is not None:
+            _check_camera(env, env_spec.env_id, camera)
+    try:
+        result = evaluate(policy, env_spec, episodes=episodes, seed=seed, n_envs=1, max_steps=max_steps, envs=[env],
+                          on_episode=on_episode)
+    finally:
+        env.close()  # RecordVideo writes the last episode's file on close
+    videos = sorted(video.glob(f"{name}-episode-*.mp4"), key=lambda p: int(p.stem.rsplit("-", 1)[1])) if video else []
+    return Playback(result, videos)

@@ -1,0 +1,72 @@
+"""``quarl.play`` (the API) and :mod:`quarl.playback`: videos from a chosen MuJoCo camera at
+a chosen size, progress per episode, and cameras a model lacks refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quarl
+from quarl.errors import QuarlError
+
+
+@pytest.fixture(scope="module")
+def cheetah():
+    from stable_baselines3 import SAC
+
+    return SAC("MlpPolicy", "HalfCheetah-v4", seed=0, device="cpu")
+
+
+def test_a_video_from_a_named_camera_at_a_set_size_with_progress(cheetah, tmp_path: Path) -> None:
+    import imageio
+
+    from quarl.playback import play
+
+    seen: list[tuple[int, float]] = []
+    checkpoint = quarl.load(cheetah)
+    result = play(checkpoint.policy, checkpoint.env_spec, episodes=2, video=str(tmp_path / "videos"), camera="track",
+                  video_size=(160, 96), max_steps=40, on_episode=lambda i, r: seen.append((i, r)))
+    assert [p.name for p in result.videos] == ["episode-episode-0.mp4", "episode-episode-1.mp4"]
+    assert sorted(i for i, _ in seen) == [0, 1]
+    np.testing.assert_allclose(sorted(r for _, r in seen), sorted(result.result.returns))
+    reader = imageio.get_reader(str(result.videos[0]))
+    assert tuple(reader.get_meta_data()["size"]) == (160, 96)
+    frames = sum(1 for _ in reader)
+    assert 40 <= frames <= 42  # the reset frame and one per step
+    # the API takes the SB3 model and an env id, and plays the same seeds as evaluate
+    api = quarl.play(cheetah, "HalfCheetah-v4", episodes=1, video=tmp_path / "api", camera="0", max_steps=40)
+    assert api.result.returns[0] == pytest.approx(result.result.returns[0])
+    assert quarl.evaluate(cheetah, "HalfCheetah-v4", episodes=1, max_steps=40).returns[0] == pytest.approx(
+        api.result.returns[0])
+
+
+@pytest.mark.parametrize("camera, env_id, message", [
+    ("0", "InvertedPendulum-v4", "has no camera '0': its cameras are none but the free camera"),
+    ("side", "HalfCheetah-v4", r"has no camera 'side': its cameras are 0 \(track\)"),
+    ("a b", "HalfCheetah-v4", "neither a camera id"),
+    ("0", "CartPole-v1", "set a MuJoCo env's renderer; CartPole-v1 renders its own way"),
+])
+def test_a_camera_the_env_lacks_is_one_line(camera: str, env_id: str, message: str, tmp_path: Path) -> None:
+    """MuJoCo aborts the whole process on a fixed camera id out of range: checked first."""
+    from quarl.envs import EnvSpec
+    from quarl.playback import play
+
+    from stable_baselines3 import SAC
+
+    model = SAC("MlpPolicy", "Pendulum-v1", seed=0, device="cpu") if env_id == "CartPole-v1" else \
+        SAC("MlpPolicy", env_id, seed=0, device="cpu")
+    policy = quarl.load(model).policy
+    with pytest.raises(QuarlError, match=message):
+        play(policy, EnvSpec(env_id), episodes=1, video=tmp_path, camera=camera, max_steps=5)
+
+
+def test_a_video_size_out_of_bounds_and_a_camera_without_a_video_are_refused(cheetah, tmp_path: Path) -> None:
+    from quarl.playback import play
+
+    checkpoint = quarl.load(cheetah)
+    with pytest.raises(QuarlError, match=r"video size 8x8000: each side must be 16..4096"):
+        play(checkpoint.policy, checkpoint.env_spec, video=tmp_path, video_size=(8, 8000))
+    with pytest.raises(QuarlError, match="needs a video folder"):
+        play(checkpoint.policy, checkpoint.env_spec, camera="track")
