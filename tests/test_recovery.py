@@ -142,11 +142,12 @@ def test_recovery_restores_the_greedy_actions_that_int4_rounding_flips() -> None
 
 
 def test_distillation_never_plays_an_evaluation_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import quarl.calibration as calibration
     import quarl.measure as measure
     import quarl.recovery as recovery
 
     seen: list[range] = []
-    for module in (recovery, measure):
+    for module in (recovery, calibration):
         real = module.evaluate
 
         def spy(policy, spec, episodes=20, seed=0, _real=real, **kwargs):

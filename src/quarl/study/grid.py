@@ -20,12 +20,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from quarl.errors import QuarlError
+from quarl.cells import EvalSettings, config_identity, evaluate_config
 from quarl.envs import gym_packages, import_gym_packages
+from quarl.errors import QuarlError
 from quarl.evaluation import acting, protocol
-from quarl.measure import RESULT_FORMAT, EvalSettings, evaluate_config
 from quarl.quant.config import QuantConfig
-from quarl.study.store import KEY, StudyStore
+from quarl.study.store import StudyRecord, StudyStore
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class StudyCell:
     gym_packages: tuple[str, ...] = ()
     """Modules that register custom envs (``--gym-packages``), imported where the cell runs (a Ray worker too)."""
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
                 self.max_steps or 0)
 
@@ -124,15 +124,12 @@ def _base_label(label: str) -> str:
 
 
 def config_key(config: QuantConfig, recovered: bool = False, sticky_actions: float | None = None) -> str:
-    """Hash of the config as this CPU runs it, the result format, and for real int cells
-    the runtime and CPU (see :func:`quarl.quant.modes.runtime_key`); a recovered column
-    adds the recovery's format and options, sticky actions their probability (absent
-    ones add nothing, so older stores keep their keys)."""
-    from quarl.quant import precisions as registry
-    from quarl.quant.modes import runtime_key
-
-    runtime = runtime_key() if registry.get(config.precision).real_int else {}
-    parts: list[Any] = [RESULT_FORMAT, dataclasses.asdict(config.resolved()), runtime]
+    """Hash of :func:`quarl.cells.config_identity` (the config as this CPU runs it, the
+    result format, and for real int cells the runtime and CPU), the key ptq's cells are
+    built on too; a recovered column adds the recovery's format and options, sticky actions
+    their probability (absent ones add nothing, so older stores keep their keys)."""
+    identity = config_identity(config)
+    parts: list[Any] = [identity.format, identity.config, identity.runtime or {}]
     if recovered:
         from quarl.recovery import RECOVERY_FORMAT, RecoverConfig
 
@@ -176,14 +173,14 @@ def _load(checkpoint: str, trust_pickle: bool = False) -> tuple[Any, Any]:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(checkpoint: str, trust_pickle: bool, _stamp: tuple) -> tuple[Any, Any]:
+def _load_cached(checkpoint: str, trust_pickle: bool, _stamp: tuple[tuple[str, int, int], ...]) -> tuple[Any, Any]:
     from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 
     ckpt = load_checkpoint(Path(checkpoint), trust_pickle=trust_pickle)
     return ckpt, resolve_env_spec(ckpt, None)
 
 
-def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
+def evaluate_cell(cell: StudyCell) -> StudyRecord:
     """Load, quantize and evaluate one cell: the record the store keeps (its log lines
     name the agent and precision)."""
     from quarl.logs import about
@@ -193,7 +190,7 @@ def evaluate_cell(cell: StudyCell) -> dict[str, Any]:
         return _evaluate_cell(cell)
 
 
-def _evaluate_cell(cell: StudyCell) -> dict[str, Any]:
+def _evaluate_cell(cell: StudyCell) -> StudyRecord:
     import torch
 
     torch.set_num_threads(1)
@@ -213,20 +210,41 @@ def _evaluate_cell(cell: StudyCell) -> dict[str, Any]:
                                   cell.trust_pickle, int8_weights=cell.int8_weights, block_size=cell.block_size)
         quantized = acting(kernel, spec, cell.stochastic)
     result = evaluate_config(policy, spec, config, settings, quantized=quantized)
-    return {
-        **dict(zip(KEY, cell.key())),
-        **result,
-        "policy_sha256": policy.fingerprint(),  # what was evaluated, should the file have changed since
-        "policy": f"{ckpt.algo} {spec.env_id}",
-        "algo": ckpt.algo,
-        "wall_s": time.perf_counter() - started,
-        "host": platform.node(),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    return StudyRecord(
+        checkpoint=cell.checkpoint,
+        policy_sha256=policy.fingerprint(),  # what was evaluated, should the file have changed since
+        precision=cell.precision,
+        config_key=cell.config_key,
+        seed=cell.seed,
+        episodes=cell.episodes,
+        max_steps=cell.max_steps or 0,
+        policy=f"{ckpt.algo} {spec.env_id}",
+        algo=ckpt.algo,
+        result=result,
+        wall_s=time.perf_counter() - started,
+        host=platform.node(),
+        provenance=None,  # as studies have stored it so far (ptq's records carry it)
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+OnCell = Callable[[StudyRecord, int, int], None]
+"""Called with (record, cells done, cells wanted) as each cell is stored."""
 
 
 def run_study(config: StudyConfig, on_cell: Callable[[dict[str, Any], int, int], None] | None = None
               ) -> list[dict[str, Any]]:
+    """:func:`study_records` as dicts (the rows as stored), for the callers that still read
+    records as dicts; ``on_cell`` gets each record as a dict too."""
+    typed_on_cell: OnCell | None = None
+    if on_cell is not None:
+        def typed_on_cell(record: StudyRecord, done: int, total: int) -> None:
+            on_cell(record.to_dict(), done, total)
+
+    return [r.to_dict() for r in study_records(config, typed_on_cell)]
+
+
+def study_records(config: StudyConfig, on_cell: OnCell | None = None) -> list[StudyRecord]:
     """Evaluate the missing cells, storing each as it finishes; return every record of
     the study's cells. ``on_cell(record, done, total)`` reports progress. With
     ``config.decide_episodes``, undecided verdicts get more seeds (:func:`_decide`)."""
@@ -242,7 +260,7 @@ def run_study(config: StudyConfig, on_cell: Callable[[dict[str, Any], int, int],
 
 
 def _run_cells(store: StudyStore, wanted: list[StudyCell], config: StudyConfig,
-               on_cell: Callable[[dict[str, Any], int, int], None] | None) -> list[dict[str, Any]]:
+               on_cell: OnCell | None) -> list[StudyRecord]:
     """Evaluate the cells of ``wanted`` the store lacks; the records of all of them."""
     stored = store.done()
     todo = [c for c in wanted if c.key() not in stored]
@@ -250,7 +268,7 @@ def _run_cells(store: StudyStore, wanted: list[StudyCell], config: StudyConfig,
     if done:
         log.info("%d of %d cells already in %s", done, len(wanted), config.db_path)
 
-    def finished(record: dict[str, Any]) -> None:
+    def finished(record: StudyRecord) -> None:
         nonlocal done
         store.insert(record)
         done += 1
@@ -265,11 +283,11 @@ def _run_cells(store: StudyStore, wanted: list[StudyCell], config: StudyConfig,
         for cell in todo:
             finished(evaluate_cell(cell))
     keys = {c.key() for c in wanted}
-    return [r for r in store.records() if tuple(r[k] for k in KEY) in keys]
+    return [r for r in store.records() if r.key() in keys]
 
 
-def _decide(store: StudyStore, wanted: list[StudyCell], records: list[dict[str, Any]], config: StudyConfig,
-            on_cell: Callable[[dict[str, Any], int, int], None] | None) -> list[dict[str, Any]]:
+def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecord], config: StudyConfig,
+            on_cell: OnCell | None) -> list[StudyRecord]:
     """Verdicts that decide: while an (agent, precision) verdict is undecided and its cells
     hold fewer than ``config.decide_episodes`` episodes, it and its agent's fp32 play as many
     seeds again (the next seed numbers; stored cells, reused by a rerun). Decided ones stop;
@@ -279,12 +297,13 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[dict[str, 
     precisions = list(dict.fromkeys(c.precision for c in wanted))
     seeds = list(config.seeds)
     while len(seeds) * config.episodes < config.decide_episodes:
-        labels = _labels(records)
+        rows = [r.to_dict() for r in records]  # the tables read records as stored
+        labels = _labels(rows)
         by_label = {label: checkpoint for checkpoint, label in labels.items()}
         counts: dict[tuple[str, str], int] = {}
         for r in records:
-            counts[(r["checkpoint"], r["precision"])] = counts.get((r["checkpoint"], r["precision"]), 0) + 1
-        undecided = {(by_label[row["policy"]], p) for row in study_table(records, precisions) for p in precisions
+            counts[(r.checkpoint, r.precision)] = counts.get((r.checkpoint, r.precision), 0) + 1
+        undecided = {(by_label[row["policy"]], p) for row in study_table(rows, precisions) for p in precisions
                      if str(row.get(f"{p} verdict", "")).startswith("undecided")
                      and counts.get((by_label[row["policy"]], p)) == len(seeds)}
         if not undecided:

@@ -4,16 +4,18 @@ stores each record as its task finishes."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from quarl.errors import QuarlError
 from quarl.ray_cluster import start_ray
 
 log = logging.getLogger(__name__)
 
+Record = TypeVar("Record")
 
-def run_on_ray(cells: Sequence[Any], evaluate: Callable[[Any], dict], workers: int, address: str | None,
-               on_record: Callable[[dict], None]) -> None:
+
+def run_on_ray(cells: Sequence[Any], evaluate: Callable[[Any], Record], workers: int, address: str | None,
+               on_record: Callable[[Record], None]) -> None:
     import ray
 
     owns = start_ray(address, workers)

@@ -34,7 +34,7 @@ def _returns_by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str,
     """policy label -> precision -> every episode's return, in (seed, episode) order, so two
     precisions' lists pair episode by episode (the interval of E is paired by seed)."""
     labels = _labels(records)
-    cells: dict[str, dict[str, dict[int, list]]] = defaultdict(lambda: defaultdict(dict))
+    cells: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
         cells[labels[r["checkpoint"]]][r["precision"]][r["seed"]] = list(r.get("returns") or [])
     return {policy: {p: [x for s in sorted(seeds) for x in seeds[s]] for p, seeds in by_precision.items()}

@@ -1,15 +1,17 @@
-"""The study's results store: one SQLite row per evaluated cell, committed as soon as
-the cell finishes, so a killed study loses at most the cells in flight."""
+"""The study's results store: one SQLite row per evaluated cell (:class:`StudyRecord`),
+committed as soon as the cell finishes, so a killed study loses at most the cells in flight.
+Imports nothing heavy: a report reads a store without loading an evaluator."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quarl.errors import QuarlError
-from quarl.measure import json_fields, sql_columns
+from quarl.eval_record import EvalRecord, json_fields, sql_columns
 
 BUSY_TIMEOUT_S = 120.0
 """How long a write waits for a store another process holds before it fails."""
@@ -27,7 +29,7 @@ _COLUMNS = {
     "max_steps": "INTEGER NOT NULL",  # 0: the env's own limit
     "policy": "TEXT NOT NULL",
     "algo": "TEXT NOT NULL",
-    **sql_columns(),  # what the evaluation measured: quarl.measure.EvalRecord, one definition
+    **sql_columns(),  # what the evaluation measured: quarl.eval_record.EvalRecord, one definition
     "wall_s": "REAL",
     "host": "TEXT",
     "provenance": "TEXT",  # JSON: package versions, CPU model and flags
@@ -36,6 +38,49 @@ _COLUMNS = {
 _JSON = (*json_fields(), "provenance")
 TABLE = "cells_v2"
 """Versioned with the key: a store written by an older quarl keeps its old table, unread."""
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """One study cell as its row holds it: the cell's key (:data:`KEY`), whose policy it is,
+    what was measured, where and when."""
+
+    checkpoint: str
+    policy_sha256: str
+    """The content of the policy evaluated."""
+    precision: str
+    config_key: str
+    seed: int
+    episodes: int
+    max_steps: int
+    """0: the env's own limit."""
+    policy: str
+    """``"algo env"``, the table's label."""
+    algo: str
+    result: EvalRecord
+    wall_s: float | None
+    host: str | None
+    provenance: dict[str, Any] | None
+    finished_at: str
+    """UTC, ISO 8601 to the second."""
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
+                self.max_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a dict, in the table's column order."""
+        return {"checkpoint": self.checkpoint, "policy_sha256": self.policy_sha256, "precision": self.precision,
+                "config_key": self.config_key, "seed": self.seed, "episodes": self.episodes,
+                "max_steps": self.max_steps, "policy": self.policy, "algo": self.algo, **self.result.to_dict(),
+                "wall_s": self.wall_s, "host": self.host, "provenance": self.provenance,
+                "finished_at": self.finished_at}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> StudyRecord:
+        return cls(row["checkpoint"], row["policy_sha256"], row["precision"], row["config_key"], row["seed"],
+                   row["episodes"], row["max_steps"], row["policy"], row["algo"], EvalRecord.from_dict(row),
+                   row.get("wall_s"), row.get("host"), row.get("provenance"), row["finished_at"])
 
 
 class StudyStore:
@@ -63,25 +108,26 @@ class StudyStore:
             raise QuarlError(f"{self.path} cannot be written as a study store ({exc}): refused before computing "
                              "anything; fix its permissions or pass another --out") from None
 
-    def done(self) -> set[tuple]:
+    def done(self) -> set[tuple[Any, ...]]:
         """Keys of the cells already stored."""
         return set(self.db.execute(f"SELECT {', '.join(KEY)} FROM {TABLE}").fetchall())
 
-    def insert(self, record: dict[str, Any]) -> None:
-        row = {k: json.dumps(record.get(k)) if k in _JSON else record.get(k) for k in _COLUMNS}
+    def insert(self, record: StudyRecord) -> None:
+        fields = record.to_dict()
+        row = {k: json.dumps(fields[k]) if k in _JSON else fields[k] for k in _COLUMNS}
         names = ", ".join(row)
         with self.db:  # one transaction per cell: committed when it returns
             self.db.execute(f"INSERT OR REPLACE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(row))})",
                             list(row.values()))
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[StudyRecord]:
         cursor = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM {TABLE} ORDER BY rowid")
         out = []
         for values in cursor.fetchall():
-            record = dict(zip(_COLUMNS, values))
+            row = dict(zip(_COLUMNS, values))
             for k in _JSON:
-                record[k] = json.loads(record[k])
-            out.append(record)
+                row[k] = json.loads(row[k])
+            out.append(StudyRecord.from_dict(row))
         return out
 
     def close(self) -> None:

@@ -1,0 +1,133 @@
+"""What one evaluation measured (:class:`EvalRecord`) and a ptq / sweep cell's record
+(:class:`CellRecord`): one definition for ``results.jsonl``, the study's SQLite columns and
+the tables. Records stay typed between modules and become dicts only where a file is
+written (``to_dict``) or read back (``from_dict``).
+
+Imports nothing heavy (no torch, gymnasium, ONNX Runtime or numpy): the study store and
+the reports read records without loading an evaluator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RESULT_FORMAT = 14
+"""Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
+3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
+4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
+5: int modes chosen in registry order unless 1.5x faster: the same choice run after run;
+6: an int mode must also keep fp32's return on calibration episodes;
+7: an MLP's input layer stays fp32 in the automatic int modes;
+8: a later int mode must also save 50 us per call, and modes are timed interleaved;
+9: an Atari episode is a whole game scored as the RL Zoo's player scores it;
+10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes;
+11: ...doubling them up to a budget of ~20k steps (16..64 episodes);
+12: calibration seeds are fixed (10,000..10,199) whatever the evaluation's seed;
+13: a CNN tries every fp32-layer option of the convolution modes before the MatMul modes;
+14: the fastest agreeing int mode wins (5 % and 2 us margins), and the choice is stored)."""
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """What evaluating one policy at one precision measured. ``ptq`` / ``sweep`` append it
+    (with its key) to ``results.jsonl``, the study stores it as SQLite columns
+    (:func:`sql_columns`), the tables read it."""
+
+    env_id: str
+    mean: float
+    std: float
+    returns: list[float]
+    """Per-episode returns (rounded to 4 digits), episode i reset with seed ``seed + i``."""
+    lengths: list[int]
+    quant: dict[str, Any] | None
+    """A real int cell's mode, fp32 layers, agreement with fp32 and every mode tried."""
+    steps_per_s: float | None
+    latency_us: float | None
+    """Batch-1 engine call, rough (``quarl bench`` measures properly)."""
+    model_bytes: int | None
+    build_s: float | None
+    """Seconds to quantize (calibration and the automatic mode choice included)."""
+    endings: list[str] | None = None
+    """Per episode, a digest of how it ended (:func:`quarl.evaluation.ending`): equal digests
+    are replays of one game (older records have none)."""
+    acting: str | None = None
+    """``sampled`` (the policy drew its actions, :func:`quarl.evaluation.acting`) or
+    ``greedy`` (older records have none: greedy)."""
+    sticky_actions: float | None = None
+    """The env's sticky-action probability where one was set (:func:`quarl.envs.with_sticky_actions`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> EvalRecord:
+        """The measured fields of a record read back from a file (other keys are ignored;
+        fields an older record lacks take their defaults)."""
+        return cls(**{f.name: stored[f.name] for f in dataclasses.fields(cls) if f.name in stored})
+
+
+_SQL_TYPES = {"str": "TEXT", "float": "REAL", "int": "INTEGER", "list": "TEXT", "dict": "TEXT"}
+"""SQLite type of each field's base type: lists and dicts are stored as JSON text."""
+
+
+def _base_type(annotation: object) -> tuple[str, bool]:
+    """(``list``, nullable) for an annotation such as ``"list[float] | None"``."""
+    text = str(annotation)
+    return text.split("[")[0].split(" ")[0], text.endswith("| None")
+
+
+def sql_columns() -> dict[str, str]:
+    """SQLite column types of :class:`EvalRecord`'s fields (lists and dicts as JSON text;
+    a field that may be None is a nullable column)."""
+    columns = {}
+    for f in dataclasses.fields(EvalRecord):
+        base, nullable = _base_type(f.type)
+        columns[f.name] = _SQL_TYPES[base] + ("" if nullable else " NOT NULL")
+    return columns
+
+
+def json_fields() -> tuple[str, ...]:
+    """:class:`EvalRecord` fields stored as JSON text."""
+    return tuple(f.name for f in dataclasses.fields(EvalRecord) if _base_type(f.type)[0] in ("list", "dict"))
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One ptq / sweep / QAT-study cell: its key (what a stored record must match to be
+    reused, :func:`quarl.cells.cell_key`), whose policy it is, what was measured and where.
+    ``reused``: read back from ``results.jsonl`` instead of evaluated (never written)."""
+
+    key: dict[str, Any]
+    algo: str
+    checkpoint: str | None
+    """The policy's path as given (not part of the key: a moved file is the same policy)."""
+    result: EvalRecord
+    provenance: dict[str, Any]
+    """Package versions, CPU model and flags of the run that measured it."""
+    reused: bool = False
+
+    @property
+    def precision(self) -> str:
+        return str(self.key["precision"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The line ``results.jsonl`` holds: key, identity, measurements, provenance (in
+        that order, as every quarl since format 2 wrote it)."""
+        return {**self.key, "algo": self.algo, "checkpoint": self.checkpoint, **self.result.to_dict(),
+                "provenance": self.provenance}
+
+    def to_memory_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` with ``"reused": True`` on a reused record, as the callers that
+        still take dicts read it (never written)."""
+        return {**self.to_dict(), "reused": True} if self.reused else self.to_dict()
+
+    @classmethod
+    def from_stored(cls, key: Mapping[str, Any], stored: Mapping[str, Any], algo: str, checkpoint: str | None,
+                    ) -> CellRecord:
+        """A record read back from ``results.jsonl`` whose fields matched ``key``, with this
+        run's identity (``algo``, ``checkpoint``)."""
+        return cls(dict(key), algo, checkpoint, EvalRecord.from_dict(stored), dict(stored.get("provenance") or {}),
+                   reused=True)
