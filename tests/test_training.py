@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -366,3 +367,128 @@ def test_resume_refuses_a_checkpoint_that_lies_about_its_step_or_its_replay(tmp_
     np.savez(replay.with_suffix(""), **arrays)  # np.savez adds .npz
     with pytest.raises(QuarlError, match=r"replay buffer's position -5 \(full False\) is not one in a buffer"):
         train(replace(config, timesteps=900), resume=True)
+
+
+# ---------------------------------------------------------------------------- values that mean something
+
+
+def test_a_checkpoint_of_another_algorithm_is_refused_naming_both(tmp_path: Path) -> None:
+    """An A2C checkpoint resumed as PPO loaded RMSprop's state into Adam and died mid-run
+    (KeyError 'betas'); fine-tuned as PPO it trained on silently. One line naming both."""
+    import shutil
+
+    from quarl.quant.student import KernelSpec
+    from quarl.training.finetune import finetune
+
+    env_id, a2c_hp = TINY["a2c"]
+    a2c = train(TrainConfig("a2c", env_id, timesteps=200, hyperparams=a2c_hp, out=tmp_path, eval_freq=0,
+                            checkpoint_freq=100, tensorboard=False)).run_dir
+    ppo_config = TrainConfig("ppo", env_id, timesteps=400, hyperparams=TINY["ppo"][1], out=tmp_path, eval_freq=0,
+                             tensorboard=False)
+    ppo_run = tmp_path / "ppo" / "CartPole-v1_1"
+    ppo_run.mkdir(parents=True)
+    shutil.copy(a2c / "rl_model_200_steps.zip", ppo_run / "rl_model_200_steps.zip")
+    with pytest.raises(QuarlError, match=r"rl_model_200_steps.zip was saved by a2c, not ppo: resume it as a2c"):
+        train(ppo_config, resume=True)
+    # the same zip in a folder that calls it ppo, fine-tuned with PPO's updates
+    shutil.copytree(a2c, tmp_path / "zoo" / "ppo" / "CartPole-v1_1")
+    ckpt = load_checkpoint(tmp_path / "zoo" / "ppo" / "CartPole-v1_1")
+    assert ckpt.algo == "ppo"
+    with pytest.raises(QuarlError, match=r"CartPole-v1.zip was saved by a2c, not ppo: fine-tune it as a2c"):
+        finetune(tmp_path / "zoo" / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip", ckpt.policy, ckpt.env_spec,
+                 KernelSpec("int8", frozenset()), None, 100)
+    # its own algorithm resumes it
+    shutil.rmtree(tmp_path / "a2c" / "CartPole-v1_1" / "CartPole-v1")
+    (a2c / "CartPole-v1.zip").unlink()
+    assert train(TrainConfig("a2c", env_id, timesteps=300, hyperparams=a2c_hp, out=tmp_path, eval_freq=0,
+                             tensorboard=False), resume=True).resumed_from == 200
+
+
+_LAYER = {"quantize": True, "out_min": -1.0, "out_max": 2.0, "w_min": -0.5, "w_max": 0.5}
+_STATE = {"config": {"bits": 3, "quant_delay": 200, "scheme": "quarl", "granularity": "auto", "critic": False},
+          "enabled": True, "layers": {"q_net.q_net.0": _LAYER}}
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda s: s["layers"]["q_net.q_net.0"].update(out_max=float("nan")), r"field layers.q_net.q_net.0.out_max: "
+     r"Input should be a finite number|out_min..out_max = -1.0..nan is not a finite range"),
+    (lambda s: s["layers"]["q_net.q_net.0"].update(out_max=float("inf")), r"out_min..out_max = -1.0..inf is not a finite"),
+    (lambda s: s["layers"]["q_net.q_net.0"].update(w_min=0.5), r"w_min..w_max = 0.5..0.5 has width 0.0: a range must "
+     r"be wider than zero"),
+    (lambda s: s["layers"]["q_net.q_net.0"].update(out_min=3.0), r"out_min..out_max = 3.0..2.0 has width -1.0"),
+    (lambda s: s.update(layers=[1, 2]), r"field layers: Input should be a valid dictionary \(got \[1, 2\]\)"),
+    (lambda s: s["layers"]["q_net.q_net.0"].pop("w_min"), r"field layers.q_net.q_net.0.w_min: Field required$"),
+    (lambda s: s["layers"]["q_net.q_net.0"].update(out_min="-1"), r"field layers.q_net.q_net.0.out_min: Input should "
+     r"be a valid number \(got '-1'\)"),
+    (lambda s: s["config"].update(bits=99), r"field config: .*99"),
+    (lambda s: s["config"].update(bits=4), r"field config.bits: the run was trained with bits=4, this one asks 3"),
+    (lambda s: s.update(enabled="yes"), r"field enabled: Input should be a valid boolean \(got 'yes'\)"),
+])
+def test_a_qat_state_that_means_nothing_is_refused_naming_file_and_field(tmp_path: Path, edit, message: str) -> None:
+    from quarl.training.qat_sb3 import read_qat_state
+
+    state = json.loads(json.dumps(_STATE))
+    path = tmp_path / "rl_model_600_steps.qat.json"
+    path.write_text(json.dumps(state))
+    assert read_qat_state(path, QATConfig(3, 200))["layers"]["q_net.q_net.0"] == _LAYER  # as written, it loads
+    edit(state)
+    path.write_text(json.dumps(state))
+    with pytest.raises(QuarlError, match=message) as caught:
+        read_qat_state(path, QATConfig(3, 200))
+    assert str(caught.value).startswith(f"{path}: field ") and "\n" not in str(caught.value)
+
+
+def test_a_layer_never_observed_keeps_its_sentinel_range(tmp_path: Path) -> None:
+    """An observer that saw nothing yet holds (+inf, -inf), which json writes as Infinity,
+    -Infinity: a checkpoint taken before the first update must still resume."""
+    from quarl.training.qat_sb3 import read_qat_state
+
+    state = json.loads(json.dumps(_STATE))
+    state["layers"]["q_net.q_net.0"].update(out_min=float("inf"), out_max=float("-inf"))
+    path = tmp_path / "qat.json"
+    path.write_text(json.dumps(state))
+    assert read_qat_state(path)["layers"]["q_net.q_net.0"]["out_max"] == float("-inf")
+    state["layers"]["q_net.q_net.0"].update(out_min=float("-inf"), out_max=float("inf"))  # not the sentinel
+    path.write_text(json.dumps(state))
+    with pytest.raises(QuarlError, match=r"out_min..out_max = -inf..inf is not a finite range"):
+        read_qat_state(path)
+
+
+def test_resume_refuses_a_nan_range_in_the_checkpoint_qat_state(tmp_path: Path) -> None:
+    env_id, hp = TINY["dqn"]
+    config = TrainConfig("dqn", env_id, timesteps=600, qat=QATConfig(3, 200), hyperparams=hp, out=tmp_path,
+                         eval_freq=0, checkpoint_freq=300, tensorboard=False)
+    run = train(config).run_dir
+    (run / "CartPole-v1.zip").unlink()
+    qat_file = run / "rl_model_600_steps.qat.json"
+    state = json.loads(qat_file.read_text())
+    name = sorted(state["layers"])[0]
+    state["layers"][name]["out_max"] = float("nan")
+    qat_file.write_text(json.dumps(state))
+    with pytest.raises(QuarlError, match=rf"rl_model_600_steps.qat.json: field layers.{re.escape(name)}"):
+        train(replace(config, timesteps=900), resume=True)
+
+
+def test_resume_refuses_normalization_statistics_that_mean_nothing(tmp_path: Path) -> None:
+    from quarl.training.sb3_train import load_vecnormalize_arrays, vecnormalize_arrays
+
+    class Rms:
+        def __init__(self, shape: tuple[int, ...]) -> None:
+            self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 4.0
+
+    class Venv:
+        obs_rms, ret_rms = Rms((3,)), Rms(())
+
+    good = vecnormalize_arrays(Venv())
+    load_vecnormalize_arrays(Venv(), good, "f.npz")
+    for key, value, message in [("obs_rms.var", np.array([1.0, -1.0, 1.0]), r"field obs_rms.var: \[1.0, -1.0, 1.0\] is "
+                                 r"not a finite variance >= 0"),
+                                ("obs_rms.mean", np.zeros(4), r"field obs_rms.mean: float64 \(4,\), this run's statistics "
+                                 r"are numbers of shape \(3,\)"),
+                                ("ret_rms.count", np.array(0.0), r"field ret_rms.count: \[0.0\] is not a finite value > 0"),
+                                ("obs_rms.mean", np.array([np.nan, 0, 0]), r"field obs_rms.mean: \[nan, 0.0, 0.0\] is not a "
+                                 r"finite mean")]:
+        with pytest.raises(QuarlError, match=rf"^f.npz: {message}"):
+            load_vecnormalize_arrays(Venv(), {**good, key: value}, "f.npz")
+    with pytest.raises(QuarlError, match=r"field ret_rms.var: missing"):
+        load_vecnormalize_arrays(Venv(), {k: v for k, v in good.items() if k != "ret_rms.var"}, "f.npz")

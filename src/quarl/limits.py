@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping
 
@@ -59,25 +61,41 @@ def entry_cap(info: zipfile.ZipInfo) -> int:
     return min(max(ENTRY_FLOOR, ENTRY_RATIO * info.compress_size), 4 * max_parameters() + ENTRY_FLOOR)
 
 
+_CORRUPT_ZIP = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError,
+                struct.error, OverflowError)
+"""What zipfile and its decompressors raise for a truncated or crafted archive (a bad CRC,
+a cut stream, an unknown compression method, an encrypted entry, a header past the end)."""
+
+
 def read_zip_entry(archive: zipfile.ZipFile, name: str, where: str) -> bytes:
     """The entry's bytes, inflated at most :func:`entry_cap` bytes: refused when its
-    declared size is larger, or when it inflates past the cap whatever it declared."""
-    info = archive.getinfo(name)
+    declared size is larger, or when it inflates past the cap whatever it declared; a
+    missing entry, or one that does not inflate to what its header says (truncated, bit
+    flips, an unknown method), is refused in one line too."""
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        raise QuarlError(f"{where} has no entry {name!r}: refused") from None
     cap = entry_cap(info)
     if info.file_size > cap:
         raise QuarlError(f"{where}: entry {name!r} declares {info.file_size} bytes inflated from {info.compress_size}: "
                          f"more than the {cap} allowed (a zip bomb?)")
     parts, total = [], 0
-    with archive.open(info) as stream:
-        while True:
-            chunk = stream.read(min(CHUNK, cap + 1 - total))
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > cap:
-                raise QuarlError(f"{where}: entry {name!r} inflates past {cap} bytes (it declared {info.file_size}): "
-                                 "refused (a zip bomb?)")
-            parts.append(chunk)
+    try:
+        with archive.open(info) as stream:
+            while True:
+                chunk = stream.read(min(CHUNK, cap + 1 - total))
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > cap:
+                    raise QuarlError(f"{where}: entry {name!r} inflates past {cap} bytes (it declared "
+                                     f"{info.file_size}): refused (a zip bomb?)")
+                parts.append(chunk)
+    except _CORRUPT_ZIP as exc:
+        raise QuarlError(f"{where}: entry {name!r} cannot be read ({exc.__class__.__name__}: "
+                         f"{str(exc).splitlines()[0][:80] if str(exc) else 'corrupt'}): a truncated or damaged zip") \
+            from None
     return b"".join(parts)
 
 
@@ -146,9 +164,10 @@ def open_zip(path: Path, what: str, within: Path | None = None) -> zipfile.ZipFi
     fh = open_regular(path, what, within)
     try:
         return _OwnedZip(fh)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except _CORRUPT_ZIP as exc:
         fh.close()
-        raise QuarlError(f"{path} is not a readable zip ({exc}): refused as {what}") from None
+        raise QuarlError(f"{path} is not a readable zip ({str(exc).splitlines()[0][:80] if str(exc) else exc.__class__.__name__}): "
+                         f"refused as {what}") from None
 
 
 class _OwnedZip(zipfile.ZipFile):

@@ -25,10 +25,11 @@ import time
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import numpy as np
 import torch
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from quarl.actorq.acting import ActorResult, EnvInfo, actor_quant, env_info
 from quarl.actorq.config import ActorQConfig
@@ -37,6 +38,7 @@ from quarl.actorq.algorithms import get_algorithm, make_learner
 from quarl.actorq.replay import QueueLimiter, RateLimiter, Replay, UnrollQueue
 from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
 from quarl.errors import QuarlError
+from quarl.file_schema import Record, parse_record
 from quarl.provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -384,20 +386,102 @@ def _check_resumed_config(path: Path, saved: Any, config: ActorQConfig) -> None:
                          + ": resume with the same options, or give another --out")
 
 
+MAX_COUNT = 10**15
+"""A count a run can reach (env steps, learner steps, versions...): a crafted -1e18 or 1e30
+would never reach, or always pass, a budget."""
+MAX_SECONDS = 1e9
+
+
+def _count(value: int, info: ValidationInfo) -> int:
+    if not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"{info.field_name}={value!r} is not a count of this run (0..10^15): refused")
+    return value
+
+
+def _seconds(value: float, info: ValidationInfo) -> float:
+    if not 0 <= value < MAX_SECONDS:
+        raise ValueError(f"{info.field_name}={value!r} is not a duration (0..10^9 s): refused")
+    return value
+
+
+_Count = Annotated[int, AfterValidator(_count)]
+_Seconds = Annotated[float, AfterValidator(_seconds)]
+
+
+class RunStateRecord(Record):
+    """A checkpoint's :class:`RunState`, as read back: the counters a run needs are there,
+    counts are non-negative whole numbers, durations non-negative seconds."""
+
+    env_steps: _Count
+    learner_steps: _Count
+    version: _Count
+    elapsed_s: _Seconds
+    evals: list[tuple[float, int, float, int] | tuple[float, int, float]] = []
+    time_to_reward_s: _Seconds | None = None
+    env_steps_at_target: _Count | None = None
+    actor_times: dict[str, _Seconds] = {}
+    actor_steps: dict[int, _Count] = {}
+    actor_wait_s: _Seconds = 0.0
+    evaluator_busy_s: _Seconds | None = 0.0
+    driver_cpu_s: _Seconds = 0.0
+    machine_busy_s: _Seconds = 0.0
+    actor_wall_s: _Seconds = 0.0
+    actor_nodes: dict[int, list[str]] = {}
+    steady_from_s: _Seconds | None = None
+    env_steps_at_steady: _Count = 0
+    restarts: _Count = 0
+    pulls: _Count = 0
+    loads: _Count = 0
+    episodes: _Count = 0
+    last_returns: list[float] = []
+    mismatch_sums: dict[str, float] = {}
+
+    @field_validator("evals", mode="before")
+    @classmethod
+    def _rows_as_tuples(cls, rows: Any) -> Any:
+        return [tuple(row) if isinstance(row, list) else row for row in rows] if isinstance(rows, list) else rows
+
+
+class ReplayStateRecord(Record):
+    """What :meth:`Replay.state` saved (the queue of an on-policy run saves only its size)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    data: dict[str, torch.Tensor] | None = None
+    size: _Count
+    cursor: _Count = 0
+    tree: torch.Tensor | None = None
+    max_priority: float | None = Field(None, ge=0)
+
+
 def _check_state(path: Path, raw: Any) -> RunState:
-    """The checkpoint's counters as a :class:`RunState`: known fields, counts that are
-    non-negative whole numbers (a crafted -1e18 would never reach a budget)."""
-    names = {f.name for f in dataclasses.fields(RunState)}
-    if not isinstance(raw, dict) or not raw or not set(raw) <= names:
+    """The checkpoint's counters as a :class:`RunState` (a :class:`RunStateRecord` first:
+    one line naming the field that does not fit)."""
+    if not isinstance(raw, dict) or not raw:
         raise QuarlError(f"{path} does not hold an ActorQ run state: start afresh (no --resume)")
-    for key in ("env_steps", "learner_steps", "version", "restarts", "episodes", "pulls", "loads"):
-        value = raw.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10**15:
-            raise QuarlError(f"{path}: {key}={value!r} is not a count of this run (0..10^15): refused")
-    elapsed = raw.get("elapsed_s", 0.0)
-    if not isinstance(elapsed, (int, float)) or not 0 <= elapsed < 1e9:
-        raise QuarlError(f"{path}: elapsed_s={elapsed!r} is not a duration: refused")
-    return RunState(**raw)
+    record = parse_record(RunStateRecord, raw, path)
+    return RunState(**{f.name: getattr(record, f.name) for f in dataclasses.fields(RunState) if f.name in raw})
+
+
+def _restore_replay(path: Path, blob: dict, replay: Replay, limiter: RateLimiter) -> None:
+    """The saved replay and rate limiter, checked before either is touched: a size within
+    the replay's capacity and the arrays it holds, the limiter's two counts."""
+    saved = parse_record(ReplayStateRecord, blob["replay"], f"{path}: replay")
+    capacity = getattr(replay, "capacity", None)
+    rows = {int(t.shape[0]) if t.dim() else 0 for t in (saved.data or {}).values()}
+    if saved.data is not None and (len(rows) != 1 or (capacity is not None and rows != {capacity})
+                                   or saved.size > min(rows) or saved.cursor >= min(rows)):
+        raise QuarlError(f"{path}: replay: field size: {saved.size} transitions (cursor {saved.cursor}) in arrays of "
+                         f"{sorted(rows)} rows, this run's replay holds {capacity}: refused")
+    counts = blob.get("limiter")
+    if not (isinstance(counts, (tuple, list)) and len(counts) == 2
+            and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_COUNT for c in counts)):
+        raise QuarlError(f"{path}: field limiter: {counts!r:.60} is not two counts (inserts, samples): refused")
+    try:
+        replay.load_state(blob["replay"])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise QuarlError(f"{path}: replay: does not fit this run's replay ({exc.__class__.__name__}): refused") \
+            from None
+    limiter.inserts, limiter.samples = counts
 
 
 def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, config: ActorQConfig) -> RunState:
@@ -422,8 +506,7 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, con
                          f"{(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
     state = _check_state(path, blob.get("state"))
     if blob.get("replay") is not None:
-        replay.load_state(blob["replay"])
-        limiter.inserts, limiter.samples = blob["limiter"]
+        _restore_replay(path, blob, replay, limiter)
     state.time_to_reward_s = state.env_steps_at_target = None
     return state
 

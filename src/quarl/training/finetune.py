@@ -26,6 +26,7 @@ from torch import nn
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.limits import open_zip, read_zip_entry
+from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, raise_if_non_finite
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_tensors
 
@@ -48,13 +49,17 @@ def _read_tensors(zip_path: Path, entry: str) -> dict[str, Any] | None:
 
 def _data_policy_kwargs(zip_path: Path, policy: Policy) -> dict[str, Any]:
     """The architecture the checkpoint was built with: its plain policy_kwargs (net_arch,
-    n_quantiles, log_std_init, use_sde...) and the activation the loaded network uses."""
-    import json
-
+    n_quantiles, log_std_init, use_sde...) and the activation the loaded network uses; the
+    zip must be one of ``policy.algo``'s (an A2C zip in a ppo folder fine-tuned as PPO)."""
     from quarl.policies.sb3 import _ACTIVATIONS
+    from quarl.training.sb3_train import check_algorithm, read_checkpoint_data
 
-    with open_zip(zip_path, "a Stable-Baselines3 checkpoint") as archive:
-        data = json.loads(read_zip_entry(archive, "data", str(zip_path)))
+    _, data = read_checkpoint_data(zip_path, "a Stable-Baselines3 checkpoint")
+    check_algorithm(zip_path, data, policy.algo, "fine-tune")
+    policy_kwargs = data.get("policy_kwargs") or {}
+    if not isinstance(policy_kwargs, dict):
+        raise QuarlError(f"{zip_path}:data: field policy_kwargs: a {type(policy_kwargs).__name__}, not a mapping: refused")
+
     def plain(v: Any) -> bool:
         if isinstance(v, dict):
             return all(isinstance(k, str) and plain(x) for k, x in v.items())
@@ -62,7 +67,7 @@ def _data_policy_kwargs(zip_path: Path, policy: Policy) -> dict[str, Any]:
             return all(plain(x) for x in v)
         return isinstance(v, (int, float, str, bool))
 
-    kwargs = {k: v for k, v in (data.get("policy_kwargs") or {}).items()
+    kwargs = {k: v for k, v in policy_kwargs.items()
               if not k.startswith(":") and plain(v) and not k.endswith("_class")}
     # the MLP's activation: the first one after the first Linear layer (a CNN's own are ReLU)
     modules = list(policy.network.modules())[1:]
@@ -153,8 +158,9 @@ def finetune(zip_path: Path, policy: Policy, env_spec: EnvSpec, spec: KernelSpec
         env.obs_rms.mean = np.asarray(policy.obs_normalizer.mean, np.float64)
         env.obs_rms.var = np.asarray(policy.obs_normalizer.var, np.float64)
         env.training, env.norm_reward = False, False
-    model = algo_cls(setup.policy, env, seed=seed, verbose=0, device="cpu",
-                                        policy_kwargs=policy_kwargs, learning_starts=0, **kwargs)
+    if algo in OFF_POLICY:  # updates from the first step (the buffer is refilled below); PPO / A2C have no such option
+        kwargs["learning_starts"] = 0
+    model = algo_cls(setup.policy, env, seed=seed, verbose=0, device="cpu", policy_kwargs=policy_kwargs, **kwargs)
     state = _read_tensors(zip_path, "policy.pth")
     try:
         model.policy.load_state_dict(state, strict=True)
@@ -186,15 +192,24 @@ def finetune(zip_path: Path, policy: Policy, env_spec: EnvSpec, spec: KernelSpec
                 progress(self.num_timesteps)
             return True
 
+    def guarded() -> NonFiniteGuard:
+        return NonFiniteGuard([Report()])
+
     try:
-        if algo in OFF_POLICY:  # refill the buffer with the agent's own play, no updates
-            gradient_steps = model.gradient_steps
-            model.gradient_steps = 0
-            model.learn(min(REFILL_STEPS, getattr(model, "buffer_size", REFILL_STEPS)), callback=Report())
-            model.gradient_steps = gradient_steps
-            model.learn(steps, callback=Report(), reset_num_timesteps=False)
-        else:
-            model.learn(steps, callback=Report())
+        try:
+            if algo in OFF_POLICY:  # refill the buffer with the agent's own play, no updates
+                gradient_steps = model.gradient_steps
+                model.gradient_steps = 0
+                model.learn(min(REFILL_STEPS, getattr(model, "buffer_size", REFILL_STEPS)), callback=guarded())
+                model.gradient_steps = gradient_steps
+                model.learn(steps, callback=guarded(), reset_num_timesteps=False)
+            else:
+                model.learn(steps, callback=guarded())
+        except (ValueError, RuntimeError) as exc:  # torch's argument checks on NaN logits, inside SB3's train()
+            raise_if_non_finite(model, exc)
+            raise
+    except NonFiniteTraining as exc:
+        raise QuarlError(f"fine-tuning {zip_path}: {exc}; nothing of it is kept") from None
     finally:
         _unwrap(model.policy, wrapped)
         env.close()

@@ -19,11 +19,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import yaml
+from pydantic import ConfigDict, Field
 
 from quarl import env_wrappers
 from quarl.envs import EnvSpec, env_family, is_atari, wrapper_names
 from quarl.errors import QuarlError
-from quarl.limits import check_layer_sizes
+from quarl.file_schema import Record, parse_record
+from quarl.limits import check_layer_sizes, read_capped
 from quarl.policies.safe_load import parse_literal
 
 log = logging.getLogger(__name__)
@@ -116,26 +118,61 @@ def zoo_hyperparams_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "hyperparams"
 
 
+class ZooEntry(Record):
+    """The keys of a zoo entry that quarl acts on itself (the others go to the algorithm's
+    constructor, through :func:`check_hyperparameter`)."""
+
+    model_config = ConfigDict(extra="allow")
+    n_envs: int = Field(1, ge=1, le=1024)
+    n_timesteps: int | float | None = Field(None, ge=1, le=10**10)
+    policy: str = "MlpPolicy"
+    normalize: bool | str = False
+    frame_stack: int = Field(1, ge=1, le=64)
+    env_wrapper: str | list[Any] | dict[str, Any] | None = None
+    noise_type: str | None = None
+    noise_std: float = Field(0.1, gt=0, le=1e6)
+    env_kwargs: dict[str, Any] | None = None
+
+
+ZOO_FILE_CAP = 16 << 20
+"""Bytes of one rl_zoo3 hyperparameter file (the largest, ppo.yml, is ~20 kB)."""
+
+
 def zoo_hyperparams(algo: str, env_id: str) -> tuple[dict[str, Any], str | None]:
     """(raw zoo entry, the key it was found under) for ``algo`` on ``env_id``: the exact id,
     else the same env at another version, else the zoo's ``atari`` entry for Atari games.
-    ``({}, None)`` when the zoo has none (SB3 defaults apply)."""
+    ``({}, None)`` when the zoo has none (SB3 defaults apply). The entry is checked as a
+    :class:`ZooEntry` (one line naming the file, the entry and the field)."""
     path = zoo_hyperparams_dir() / f"{algo}.yml"
     if not path.exists():
         return {}, None
-    table = yaml.safe_load(path.read_text()) or {}
+    try:
+        table = yaml.safe_load(read_capped(path, ZOO_FILE_CAP, "the RL Zoo's hyperparameters")) or {}
+    except yaml.YAMLError as exc:
+        raise QuarlError(f"{path}: not YAML ({str(exc).splitlines()[0]}): reinstall rl_zoo3") from None
+    if not isinstance(table, dict):
+        raise QuarlError(f"{path}: a {type(table).__name__}, not a table of envs: reinstall rl_zoo3")
+    found = _zoo_entry(table, env_id)
+    if found is None:
+        family = env_family(env_id).name
+        if algo in OWN_HYPERPARAMS.get(family, {}):
+            return dict(OWN_HYPERPARAMS[family][algo]), f"quarl's {family}"
+        return {}, None
+    entry, key = found
+    parse_record(ZooEntry, entry, f"{path} [{key}]")
+    return dict(entry), key
+
+
+def _zoo_entry(table: dict, env_id: str) -> tuple[Any, str] | None:
     if env_id in table:
-        return dict(table[env_id]), env_id
+        return table[env_id], env_id
     name = env_id.rsplit("-v", 1)[0]
-    versions = sorted((k for k in table if k.rsplit("-v", 1)[0] == name), reverse=True)
+    versions = sorted((k for k in table if isinstance(k, str) and k.rsplit("-v", 1)[0] == name), reverse=True)
     if versions:
-        return dict(table[versions[0]]), versions[0]
+        return table[versions[0]], versions[0]
     if is_atari(env_id) and "atari" in table:
-        return dict(table["atari"]), "atari"
-    family = env_family(env_id).name
-    if algo in OWN_HYPERPARAMS.get(family, {}):
-        return dict(OWN_HYPERPARAMS[family][algo]), f"quarl's {family}"
-    return {}, None
+        return table["atari"], "atari"
+    return None
 
 
 @dataclass

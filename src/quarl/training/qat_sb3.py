@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field, model_validator
 from stable_baselines3.common.callbacks import BaseCallback
 from torch import nn
 
 from quarl.errors import QuarlError
+from quarl.file_schema import Record, parse_json, parse_record
+from quarl.limits import read_capped
 from quarl.quant.config import QATConfig
 from quarl.quant.primitives import resolve_granularity
 from quarl.quant.qat import QATLayer, set_quantization, wrap_qat_
@@ -95,6 +99,75 @@ def load_qat_state(policy: nn.Module, state: dict[str, Any]) -> None:
 
 def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
     path.write_text(json.dumps(qat_state(policy, settings), indent=1))
+
+
+QAT_STATE_CAP = 1 << 20
+"""Bytes a qat.json may have (a few hundred per layer)."""
+_Bound = Annotated[float, Field(allow_inf_nan=True)]
+"""A monitored bound: finite, or the observer's never-observed sentinel (+inf, -inf) as a pair."""
+
+
+class QATConfigRecord(Record):
+    bits: int
+    quant_delay: int
+    scheme: str
+    granularity: str
+    critic: bool = False
+
+
+class QATLayerRecord(Record):
+    """One wrapped layer's monitored ranges: each a finite interval of positive width, or
+    never observed (the observer's initial +inf, -inf, which ``json.dumps`` writes as
+    ``Infinity, -Infinity``); NaN, other infinities, zero or negative widths are refused
+    (fake quantization divides by the width)."""
+
+    quantize: bool
+    out_min: _Bound
+    out_max: _Bound
+    w_min: _Bound
+    w_max: _Bound
+
+    @model_validator(mode="after")
+    def _ranges_mean_something(self) -> "QATLayerRecord":
+        for lo_name, hi_name in (("out_min", "out_max"), ("w_min", "w_max")):
+            lo, hi = getattr(self, lo_name), getattr(self, hi_name)
+            if lo == math.inf and hi == -math.inf:
+                continue  # never observed
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} is not a finite range (allowed: finite numbers, "
+                                 "or Infinity..-Infinity for a layer never observed)")
+            if not hi > lo:
+                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} has width {hi - lo!r}: a range must be wider "
+                                 "than zero")
+        return self
+
+
+class QATStateRecord(Record):
+    """What ``qat.json`` holds (see :func:`qat_state`)."""
+
+    config: QATConfigRecord
+    enabled: bool
+    layers: dict[str, QATLayerRecord]
+
+
+def read_qat_state(path: Path, expected: QATConfig | None = None) -> dict[str, Any]:
+    """A ``qat.json`` (the final one or a checkpoint's) read and validated as a
+    :class:`QATStateRecord`, as the plain dict :func:`load_qat_state` and
+    :func:`quarl.quant.api.from_qat_state` take. With ``expected``, its settings must be
+    those of the run resuming it (another bit width would be another run)."""
+    record = parse_record(QATStateRecord, parse_json(read_capped(path, QAT_STATE_CAP, "a QAT state"), path), path)
+    try:
+        saved = QATConfig(**record.config.model_dump())
+    except (QuarlError, TypeError) as exc:
+        raise QuarlError(f"{path}: field config: {exc}") from None
+    # the quant delay may move (its default follows the budget, which a resume may extend)
+    differ = [k for k in ("bits", "scheme", "granularity", "critic") if expected is not None
+              and getattr(saved, k) != getattr(expected, k)]
+    if differ:
+        name = differ[0]
+        raise QuarlError(f"{path}: field config.{name}: the run was trained with {name}={getattr(saved, name)!r}, this "
+                         f"one asks {getattr(expected, name)!r}: resume with the same QAT options")
+    return record.model_dump()
 
 
 class QATCallback(BaseCallback):

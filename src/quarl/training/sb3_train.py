@@ -16,9 +16,9 @@ that :func:`quarl.policies.sb3.load_checkpoint` reads back as is::
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,12 +26,14 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 import yaml
+from pydantic import ConfigDict, Field
 
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
+from quarl.file_schema import Record, parse_json, parse_record
 from quarl.validate import digits
-from quarl.limits import read_capped
 from quarl.quant.config import QATConfig
+from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
 from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TRAINERS, TrainSetup, prepare
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 
@@ -176,15 +178,58 @@ def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     tmp.replace(path)
 
 
-def _load_arrays(path: Path) -> dict[str, np.ndarray]:
-    from quarl.limits import check_file_size
+ARRAYS_CAP = 1 << 30
+"""Bytes a checkpoint's array file may have, and its arrays may inflate to all together."""
 
-    check_file_size(path, 1 << 30, "a checkpoint's arrays")
+
+def _load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint's ``.npz``, read without unpickling; every array's header
+    is read first, and the sizes it claims (and the zip's inflated sizes) must fit
+    :data:`ARRAYS_CAP` all together before any array is allocated."""
+    from numpy.lib import format as npy
+
+    from quarl.limits import check_file_size, open_regular
+
+    check_file_size(path, ARRAYS_CAP, "a checkpoint's arrays")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
+        with open_regular(path, "a checkpoint's arrays") as fh, zipfile.ZipFile(fh) as archive:
+            claimed = 0
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    version = npy.read_magic(member)
+                    if version not in ((1, 0), (2, 0)):
+                        raise QuarlError(f"{path}: array {info.filename!r} has .npy format {version}: refused (quarl "
+                                         "writes 1.0)")
+                    read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                    shape, _, dtype = read_header(member)  # the header only: nothing allocated yet
+                if dtype.hasobject:
+                    raise QuarlError(f"{path}: array {info.filename!r} holds Python objects: refused")
+                claimed += max(info.file_size, int(np.prod(shape, dtype=np.float64)) * dtype.itemsize)
+                if claimed > ARRAYS_CAP:
+                    raise QuarlError(f"{path}: array {info.filename!r} brings the arrays to {claimed:,} bytes, more than "
+                                     f"the {ARRAYS_CAP:,} allowed: refused")
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+    except QuarlError:
+        raise
+    except Exception as exc:  # zipfile, zlib and numpy raise many types for a foreign or truncated file
         raise QuarlError(f"{path} is not a quarl checkpoint array file ({exc.__class__.__name__}): refused") from None
+
+
+class ReplayPosition(Record):
+    """Where a saved replay buffer writes next, and whether it wrapped around."""
+
+    pos: int = Field(ge=0)
+    full: bool
+
+
+def _scalar(arrays: dict[str, np.ndarray], key: str) -> Any:
+    """A 0-d array's value as a Python scalar (missing, or an array of another shape, as is:
+    the record refuses it by name)."""
+    value = arrays.get(key)
+    return value.item() if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "biuf" \
+        else (value.tolist() if isinstance(value, np.ndarray) else value)
 
 
 def replay_arrays(buffer: Any) -> dict[str, np.ndarray]:
@@ -192,19 +237,26 @@ def replay_arrays(buffer: Any) -> dict[str, np.ndarray]:
     return arrays | {"pos": np.array(buffer.pos), "full": np.array(buffer.full)}
 
 
-def load_replay(buffer: Any, arrays: dict[str, np.ndarray]) -> None:
+def load_replay(buffer: Any, arrays: dict[str, np.ndarray], source: str | Path = "the saved replay buffer") -> None:
+    """Restore ``buffer`` from :func:`replay_arrays`' arrays: each of the buffer's shape and
+    finite, the position a :class:`ReplayPosition` inside the buffer."""
+    pos, full = _scalar(arrays, "pos"), _scalar(arrays, "full")
+    if isinstance(pos, int) and not isinstance(pos, bool) and isinstance(full, bool) \
+            and not 0 <= pos < buffer.buffer_size:
+        raise QuarlError(f"{source}: field pos: the saved replay buffer's position {pos!r} (full {full!r}) is not one in "
+                         f"a buffer of {buffer.buffer_size}: refused (a transition past it would never be sampled)")
+    position = parse_record(ReplayPosition, {"pos": pos, "full": full}, source)
     for key in _REPLAY_FIELDS:
         if key in arrays:
             if getattr(buffer, key).shape != arrays[key].shape:
-                raise QuarlError(f"the saved replay buffer's {key} has shape {arrays[key].shape}, this run's "
-                                 f"{getattr(buffer, key).shape}: resume with the settings the run started with")
-            setattr(buffer, key, arrays[key])
-    pos, full = arrays["pos"], arrays["full"]
-    if pos.shape != () or not np.issubdtype(pos.dtype, np.integer) or not 0 <= int(pos) < buffer.buffer_size \
-            or full.shape != () or full.dtype != np.bool_:
-        raise QuarlError(f"the saved replay buffer's position {pos.tolist()!r} (full {full.tolist()!r}) is not one in a "
-                         f"buffer of {buffer.buffer_size}: refused (a transition past it would never be sampled)")
-    buffer.pos, buffer.full = int(pos), bool(full)
+                raise QuarlError(f"{source}: field {key}: the saved replay buffer's {key} has shape {arrays[key].shape}, "
+                                 f"this run's {getattr(buffer, key).shape}: resume with the settings the run started with")
+            if arrays[key].dtype.kind == "f" and not bool(np.isfinite(arrays[key]).all()):
+                raise QuarlError(f"{source}: field {key}: holds NaN or inf: refused (it would train the weights to NaN)")
+    for key in _REPLAY_FIELDS:
+        if key in arrays:
+            setattr(buffer, key, arrays[key].astype(getattr(buffer, key).dtype, copy=False))
+    buffer.pos, buffer.full = position.pos, position.full
 
 
 def vecnormalize_arrays(venv: Any) -> dict[str, np.ndarray]:
@@ -215,10 +267,28 @@ def vecnormalize_arrays(venv: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def load_vecnormalize_arrays(venv: Any, arrays: dict[str, np.ndarray]) -> None:
+def load_vecnormalize_arrays(venv: Any, arrays: dict[str, np.ndarray], source: str | Path = "the saved normalization"
+                             ) -> None:
+    """Restore ``venv``'s running statistics: each of this env's shape, finite, variances
+    >= 0 and a count > 0, or one line naming the file and the field."""
     for name in _RMS:
         rms = getattr(venv, name)
-        rms.mean, rms.var, rms.count = arrays[f"{name}.mean"], arrays[f"{name}.var"], float(arrays[f"{name}.count"])
+        for part in ("mean", "var", "count"):
+            key = f"{name}.{part}"
+            value = arrays.get(key)
+            want = np.shape(getattr(rms, part))
+            if not isinstance(value, np.ndarray) or value.shape != want or value.dtype.kind not in "fiu":
+                got = "missing" if value is None else f"{getattr(value, 'dtype', type(value).__name__)} {np.shape(value)}"
+                raise QuarlError(f"{source}: field {key}: {got}, this run's statistics are numbers of shape {want}: "
+                                 "refused")
+            if not bool(np.isfinite(value).all()) or (part != "mean" and bool((value < 0).any())) \
+                    or (part == "count" and not float(value) > 0):
+                raise QuarlError(f"{source}: field {key}: {value.reshape(-1)[:4].tolist()} is not a "
+                                 f"{'finite mean' if part == 'mean' else 'finite value > 0' if part == 'count' else 'finite variance >= 0'}: refused")
+    for name in _RMS:
+        rms = getattr(venv, name)
+        rms.mean, rms.var = arrays[f"{name}.mean"].astype(np.float64), arrays[f"{name}.var"].astype(np.float64)
+        rms.count = float(arrays[f"{name}.count"])
 
 
 class _Checkpointer:
@@ -235,8 +305,11 @@ class _Checkpointer:
         from quarl.quant.qat import plain_layers
         from quarl.training.qat_sb3 import write_qat_state
 
-        self.folder.mkdir(parents=True, exist_ok=True)
         step = int(model.num_timesteps)
+        bad = non_finite_state(model)
+        if bad:  # the last good checkpoint stays the newest one
+            raise NonFiniteTraining(step, bad)
+        self.folder.mkdir(parents=True, exist_ok=True)
         stem = self.folder / CHECKPOINT_STEM.format(step)
         if self.save_replay and getattr(model, "replay_buffer", None) is not None:
             _save_arrays(Path(f"{stem}.replay.npz"), replay_arrays(model.replay_buffer))
@@ -256,19 +329,60 @@ class _Checkpointer:
         return Path(f"{stem}.zip")
 
 
-def _check_checkpoint_step(step: int, path: Path, total: int) -> None:
-    """The step a checkpoint's name claims must be the step its model was saved at (SB3's
-    ``num_timesteps`` in the zip) and within the run's budget: a copy renamed
-    ``rl_model_99999999999_steps.zip`` had the run end "finished" without training."""
-    import json as _json
+class CheckpointData(Record):
+    """The fields of an SB3 zip's ``data`` entry that resuming and fine-tuning read (SB3
+    saves dozens more, left as they are)."""
 
+    model_config = ConfigDict(extra="allow")
+    num_timesteps: int = Field(ge=0)
+    policy_class: dict[str, Any] | None = None
+
+
+def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tuple[CheckpointData, dict[str, Any]]:
+    """(typed record, raw object) of the ``data`` entry of SB3 zip ``path``."""
     from quarl.limits import open_zip, read_zip_entry
 
-    try:
-        with open_zip(path, "a training checkpoint") as archive:
-            saved = _json.loads(read_zip_entry(archive, "data", str(path))).get("num_timesteps")
-    except (KeyError, ValueError, AttributeError):
-        raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint (no readable data entry): remove it") from None
+    with open_zip(path, what) as archive:
+        if "data" not in archive.namelist():
+            raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint (no data entry): refused as {what}")
+        raw = parse_json(read_zip_entry(archive, "data", str(path)), f"{path}:data")
+    return parse_record(CheckpointData, raw, f"{path}:data"), raw
+
+
+_POLICY_MODULE = re.compile(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies")
+
+
+def saved_algorithm(data: dict[str, Any]) -> str | None:
+    """The algorithm whose ``save`` wrote this ``data`` entry, from its policy class's module
+    and the hyperparameters it keeps (PPO's clip range, TRPO's conjugate-gradient steps), or
+    None where the policy class is not one of SB3's or sb3-contrib's."""
+    from quarl.policies.sb3 import _algo_from_data
+
+    module = (data.get("policy_class") or {}).get("__module__") if isinstance(data.get("policy_class"), dict) else None
+    match = _POLICY_MODULE.fullmatch(module) if isinstance(module, str) else None
+    if match is None:
+        return None
+    # A2C, PPO and TRPO share SB3's ActorCriticPolicy (module ...common.policies)
+    return _algo_from_data(data, "ppo" if match.group(1) == "common" else match.group(1))
+
+
+def check_algorithm(path: Path, data: dict[str, Any], algo: str, doing: str) -> None:
+    """One line when the zip at ``path`` was saved by another algorithm than ``algo`` (an
+    A2C zip resumed as PPO loaded RMSprop's state into Adam: KeyError 'betas' mid-run)."""
+    saved = saved_algorithm(data)
+    if saved is not None and saved != algo:
+        raise QuarlError(f"{path} was saved by {saved}, not {algo}: {doing} it as {saved}, or give a {algo} checkpoint")
+
+
+def _check_checkpoint_step(step: int, path: Path, total: int, algo: str | None = None) -> None:
+    """The checkpoint was saved by ``algo``; the step its name claims must be the step its
+    model was saved at (SB3's ``num_timesteps`` in the zip) and within the run's budget: a
+    copy renamed ``rl_model_99999999999_steps.zip`` had the run end "finished" without
+    training."""
+    record, raw = read_checkpoint_data(path)
+    if algo is not None:
+        check_algorithm(path, raw, algo, "resume")
+    saved = record.num_timesteps
     if saved != step:
         raise QuarlError(f"{path.name} says step {step:,} but its model was saved at step {saved}: not this run's "
                          "checkpoint; remove it to resume from the one before")
@@ -294,7 +408,7 @@ def _resume_from(model: Any, path: Path, done: int, trust_pickle: bool) -> None:
             continue
         if npz.exists():
             arrays = _load_arrays(npz)
-            (load_replay if kind == "replay" else load_vecnormalize_arrays)(target, arrays)
+            (load_replay if kind == "replay" else load_vecnormalize_arrays)(target, arrays, npz)
         elif pkl.exists():
             if not trust_pickle:
                 raise QuarlError(f"{pkl} (an older quarl's checkpoint) needs unpickling: refused; pass --trust-pickle "
@@ -413,7 +527,7 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     import torch
 
     from quarl.quant.qat import plain_layers
-    from quarl.training.qat_sb3 import write_qat_state
+    from quarl.training.qat_sb3 import read_qat_state, write_qat_state
 
     if config.precision not in TRAIN_PRECISIONS:
         raise QuarlError(f"unknown training precision {config.precision!r}: allowed {', '.join(TRAIN_PRECISIONS)}")
@@ -437,7 +551,7 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     if resume and start is None:
         raise QuarlError(f"{run_dir} has no checkpoint to resume from: train it again without --resume")
     if start is not None:
-        _check_checkpoint_step(*start, total)
+        _check_checkpoint_step(*start, total, config.algo)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
 
@@ -456,22 +570,35 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
                          **setup.model_kwargs)
         _resume_from(model, Path(path), done, config.trust_pickle)
         if config.qat is not None and Path(f"{stem}.qat.json").exists():
-            qat_restore = json.loads(read_capped(Path(f"{stem}.qat.json"), 1 << 20, "a QAT state"))
+            qat_restore = read_qat_state(Path(f"{stem}.qat.json"), config.qat)
         log.info("resuming %s from step %d", run_dir, done)
     enable_mixed_precision(model, config.precision)
     checkpointer = _Checkpointer(run_dir, config.qat, config.save_replay)
-    callbacks = _callbacks(config, setup, run_dir, total, checkpointer, qat_restore)
+    guard = NonFiniteGuard(_callbacks(config, setup, run_dir, total, checkpointer, qat_restore))
     try:
-        model.learn(
-            total_timesteps=total - done,
-            callback=callbacks,
-            reset_num_timesteps=start is None,
-            progress_bar=config.progress_bar,
-            tb_log_name=config.algo.upper(),
-        )
-    except KeyboardInterrupt:
-        checkpointer.save(model)
-        raise
+        try:
+            model.learn(
+                total_timesteps=total - done,
+                callback=guard,
+                reset_num_timesteps=start is None,
+                progress_bar=config.progress_bar,
+                tb_log_name=config.algo.upper(),
+            )
+        except KeyboardInterrupt:
+            checkpointer.save(model)
+            raise
+        except (ValueError, RuntimeError) as exc:  # torch's argument checks on NaN logits, inside SB3's train()
+            raise_if_non_finite(model, exc)
+            raise
+        bad = non_finite_state(model)
+        if bad:
+            raise NonFiniteTraining(int(model.num_timesteps), bad)
+    except NonFiniteTraining as exc:
+        env.close()
+        last = latest_checkpoint(run_dir)
+        kept = (f"the last good checkpoint is {last[1].name} (step {last[0]:,}): --resume continues from it"
+                if last else "no checkpoint was written before it")
+        raise QuarlError(f"{exc}; {kept}") from None
 
     config_dir = run_dir / env_name
     config_dir.mkdir(exist_ok=True)

@@ -1,0 +1,64 @@
+"""Typed records at the file boundary: whatever quarl reads from a file (JSON, YAML, a
+checkpoint's plain containers) becomes a pydantic model before anything uses it, and a
+record that does not fit is refused in one line naming the file and the field::
+
+    FILE: field layers.q_net.0.out_max: Input should be a finite number (got inf)
+
+:class:`Record` is the base of every such model: strict types (``"5"`` is not a number,
+``True`` is not a count), finite numbers only, no fields the writer never writes.
+:func:`parse_record` is the one function that turns a parsed object into a record;
+:func:`parse_json` parses JSON text first (NaN and deep nesting included) for readers that
+start from bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from quarl.errors import QuarlError
+
+R = TypeVar("R", bound=BaseModel)
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 40, 40, 4, 4, 2
+
+
+class Record(BaseModel):
+    """A record read from a file: strict, finite, closed (unknown fields are refused)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True)
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(the whole record)"
+
+
+def parse_record(record_type: type[R], data: Any, source: str | Path) -> R:
+    """``data`` (a parsed JSON / YAML object, or a checkpoint's plain containers) as a
+    ``record_type``, or :class:`QuarlError` ``"SOURCE: field F: problem (got VALUE)"``
+    naming the first field that does not fit."""
+    try:
+        return record_type.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        problem = str(first["msg"]).removeprefix("Value error, ")
+        got = "" if first["type"] in ("missing", "value_error") else f" (got {_SHORT.repr(first.get('input'))})"
+        raise QuarlError(f"{source}: field {_field(tuple(first['loc']))}: {problem}{got}") from None
+    except RecursionError:  # a container nested deeper than Python's stack
+        raise QuarlError(f"{source}: nested too deeply to be a {record_type.__name__}: refused") from None
+
+
+def parse_json(text: str | bytes, source: str | Path) -> Any:
+    """The object JSON ``text`` holds (``NaN`` / ``Infinity`` parse as floats, for the
+    record to refuse by field), or one line naming ``source`` when it is not JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise QuarlError(f"{source}: not JSON ({str(exc).splitlines()[0][:80]}): refused") from None
+    except RecursionError:
+        raise QuarlError(f"{source}: JSON nested too deeply: refused") from None
