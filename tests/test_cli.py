@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -439,7 +440,7 @@ def test_verbose_explains_the_automatic_choice(tiny_run: Path, tmp_path: Path) -
 def test_old_option_spellings_map_to_the_new_names_with_a_notice() -> None:
     """One meaning per option name: the renamed spellings are rewritten per command (and
     only for that command), with one notice each; none of them is shown in --help."""
-    from quarl.cli import RENAMED_OPTIONS, rename_options
+    from quarl.cli.group import RENAMED_OPTIONS, rename_options
 
     notices: list[str] = []
     args = rename_options(["actorq", "run", "CartPole-v1", "--eval-every=3", "--eval-every-steps", "500"],
@@ -682,3 +683,231 @@ def test_table_json_is_strict_json_with_null_for_what_is_absent(tmp_path: Path) 
     rows = json.loads((tmp_path / "t.json").read_text(), parse_constant=reject)
     assert rows == [{"precision": "fp32", "E%": None, "E lo": None, "mean": 500.0}]
     assert read_csv(tmp_path / "t.csv")[0]["E lo"] == ""  # the CSV keeps its empty cell
+
+
+# ---------------------------------------------------------------- what the CLI calls, without typer
+
+
+def test_default_output_folders_name_the_policy_its_algorithm_and_env(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from quarl import outputs
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "ppo" / "CartPole-v1_1"
+    run.mkdir(parents=True)
+    (run / "CartPole-v1.zip").write_bytes(b"")
+    (tmp_path / "dqn").mkdir()
+    export = tmp_path / "lunar-int8"
+    export.mkdir()
+    (export / "policy.onnx").write_bytes(b"")
+    ptq = Path("results") / "ptq"
+    assert outputs.policy_folder("ptq", run, "CartPole-v1") == ptq / "ppo-CartPole-v1_1-CartPole-v1"  # zoo folder
+    assert outputs.policy_folder("ptq", run / "CartPole-v1.zip", "CartPole-v1") == ptq / "ppo-CartPole-v1-CartPole-v1"
+    assert outputs.policy_folder("ptq", tmp_path / "dqn" / "Pong.pkl", "PongNoFrameskip-v4") == \
+        ptq / "dqn-Pong-PongNoFrameskip-v4"  # a legacy pickle: its folder is the algorithm
+    assert outputs.policy_folder("ptq", export, "LunarLander-v3") == ptq / "lunar-int8-LunarLander-v3"
+    assert outputs.policy_folder("ptq", Path("hf://sb3/ppo-CartPole-v1"), "CartPole-v1") == \
+        ptq / "hf-sb3-ppo-CartPole-v1-CartPole-v1"
+    assert outputs.policy_folder("ptq", run, "dm_control/cartpole-balance-v0").name == \
+        "ppo-CartPole-v1_1-dm_control_cartpole-balance-v0"  # an env id with a slash is one folder
+    assert outputs.sweep_folder(run, "CartPole-v1", "affine", "channel", True) == \
+        Path("results/sweep/ppo-CartPole-v1_1-CartPole-v1/affine-channel-act")
+    assert outputs.analyze_folder(run) == Path("results/analyze/ppo-CartPole-v1_1-weights")
+    assert outputs.precision_folder("export", run, "CartPole-v1", "int4-block") == \
+        Path("results/export/ppo-CartPole-v1_1-CartPole-v1-int4-block")
+    assert outputs.qat_folder("PPO", "ALE/Pong-v5") == Path("results/qat/ppo-ALE_Pong-v5")
+    assert outputs.actorq_folder("impala", "CartPole-v1", False, "int8") == \
+        Path("results/actorq/impala-no-correction-CartPole-v1-int8")
+    assert outputs.actorq_folder("dqn", "CartPole-v1", True) == Path("results/actorq/compare-dqn-CartPole-v1")
+    assert not Path("results").exists()  # a default is a name: nothing is created before the command runs
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda v: v.items(" , ,", "--bits"), "--bits is empty"),
+    (lambda v: v.items(",".join(map(str, range(300))), "--seeds"), "--seeds lists 300 distinct items: at most 256"),
+    (lambda v: v.bit_widths("8,17"), "bits '17' is out of range: allowed integers 2..16"),
+    (lambda v: v.bit_widths("8,²"), "bits '²' is out of range"),
+    (lambda v: v.layer_widths("64,0"), "--policy-layers '64,0' must be positive integers"),
+    (lambda v: v.positive_ints("4,x", "--actors"), "--actors: 'x' is not a positive integer"),
+    (lambda v: v.seed_list("0,-1"), "--seeds: '-1' is not a non-negative integer"),
+    (lambda v: v.batch_sizes("1,70000"), "batch size '70000' must be an integer in 1..65536"),
+    (lambda v: v.precisions("fp32,int3x"), "unknown precision 'int3x'"),
+    (lambda v: v.precisions("fp32,rec-int4"), "'rec-int4' is a study column: here run quarl recover POLICY "
+                                              "--precision int4"),
+    (lambda v: v.quant_options("auto", 48), "block size 48 is not allowed"),
+    (lambda v: v.actor_precisions("fp32,int3"), "unknown precision 'int3' in --precisions: allowed fp32, fp16"),
+    (lambda v: v.wire_widths("16,12"), "--wire-bits 12 is not a width actors pull"),
+    (lambda v: v.decide_episodes(20, 20), "--decide-episodes 20 must be above --episodes 20 and at most 100,000"),
+    (lambda v: v.decide_episodes(200_000), "--decide-episodes 200000 must be at most 100,000 (or 0: off)"),
+    (lambda v: v.repeats(0), "--repeats 0 must be at least 1"),
+    (lambda v: v.repeats(101), "--repeats 101 is more runs than a comparison needs: at most 100"),
+    (lambda v: v.bench_budget(601.0), "--budget 601.0 must be a positive number of seconds, at most 600"),
+    (lambda v: v.bandwidth_gbps(float("inf")), "--bandwidth-gbps inf must be a finite number above 0"),
+    (lambda v: v.count(0, 1, "--max-steps", unset=""), "--max-steps 0 must be at least 1 (or unset)"),
+    (lambda v: v.count(0, 1, "--cores-per-node", unset="this machine's"),
+     "--cores-per-node 0 must be at least 1 (or unset: this machine's)"),
+    (lambda v: v.eval_settings(0, 0, 8, None), "--episodes 0 must be at least 1"),
+    (lambda v: v.eval_settings(5, 0, 2000, None), "--n-envs 2000 must be in 1..1024"),
+    (lambda v: v.eval_settings(5, -1, 8, None), "--seed -1 is out of range"),
+    (lambda v: v.algo_and_env("ppo", None, "dqn", "CartPole-v1"), "algorithm given twice: 'ppo' and --algo 'dqn'"),
+    (lambda v: v.algo_and_env(None, "CartPole-v1", None, None), "no algorithm: give it as an argument or with --algo"),
+    (lambda v: v.hyperparams(["n_envs"]), "--hp 'n_envs' is not KEY=VALUE or KEY:VALUE"),
+    (lambda v: v.hyperparams(["=4"]), "--hp '=4' is not KEY=VALUE"),
+])
+def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str) -> None:
+    from quarl import validate
+    from quarl.errors import QuarlError
+
+    with pytest.raises(QuarlError) as caught:
+        call(validate)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_validators_return_the_values_converted() -> None:
+    from quarl import validate
+
+    assert validate.items(" 8, 4,8 ,,2", "--bits") == ["8", "4", "2"]  # a set: in order, once each
+    assert validate.layer_widths("64,64,32") == (64, 64, 32)  # a sequence: every item
+    assert validate.positive_ints("1,2,2,8", "--actors") == [1, 2, 8]
+    assert validate.seed_list("2,0,2") == [2, 0]
+    assert validate.batch_sizes("256,1") == [256, 1]
+    assert validate.precisions("FP32, int8-block,sim6,rec-int4", recovered=True) == ["fp32", "int8-block", "sim6",
+                                                                                    "rec-int4"]
+    assert validate.quant_options("symmetric", 64) == {"int8_weights": "symmetric", "block_size": 64}
+    assert validate.wire_widths("") == [] and validate.wire_widths("16,4") == [16, 4]
+    assert validate.decide_episodes(0, 20) == 0 and validate.decide_episodes(200, 20) == 200
+    assert validate.count(None, 1, "--max-steps") is None and validate.count(5, 1, "--max-steps") == 5
+    settings = validate.eval_settings(7, 3, 4, 100, 2)
+    assert (settings.episodes, settings.seed, settings.n_envs, settings.max_steps, settings.workers) == (7, 3, 4, 100, 2)
+    assert validate.algo_and_env(None, None, "ppo", "CartPole-v1") == ("ppo", "CartPole-v1")
+    assert validate.algo_and_env("ppo", "CartPole-v1", "ppo", None) == ("ppo", "CartPole-v1")
+
+
+def test_workers_come_from_the_option_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quarl import parallel, validate
+    from quarl.errors import QuarlError
+
+    monkeypatch.setenv("QUARL_WORKERS", "3")
+    assert validate.workers(None) == 3 and validate.workers(1) == 1
+    monkeypatch.setenv("QUARL_WORKERS", "two")
+    with pytest.raises(QuarlError, match="QUARL_WORKERS='two' is not a whole number"):
+        validate.workers(None)
+    monkeypatch.delenv("QUARL_WORKERS")
+    assert validate.workers(None) == min(parallel.usable_cores(), parallel.MAX_WORKERS)
+
+
+def test_hp_values_are_literals_in_python_or_yaml_and_the_first_separator_splits() -> None:
+    from quarl import validate
+
+    parsed = validate.hyperparams(["n_envs=4", "learning_rate:1e-3", "policy_kwargs=dict(net_arch=[64, 64])",
+                                   "normalize=true", "clip_range_vf:null", "policy=MlpPolicy", "env_wrapper=a:b",
+                                   "frame_stack:x=1", " gamma = 0.98"])
+    assert parsed == {"n_envs": 4, "learning_rate": 0.001, "policy_kwargs": {"net_arch": [64, 64]}, "normalize": True,
+                      "clip_range_vf": None, "policy": "MlpPolicy", "env_wrapper": "a:b", "frame_stack": "x=1",
+                      "gamma": 0.98}
+    assert type(parsed["n_envs"]) is int and type(parsed["learning_rate"]) is float
+    assert validate.hyperparams(["x=__import__('os').system('true')"])["x"] == "__import__('os').system('true')"
+
+
+def test_train_config_resolves_the_budget_and_the_qat_delay(tmp_path: Path) -> None:
+    from quarl.errors import QuarlError
+    from quarl.workflows import train_config
+
+    config = train_config("PPO", "CartPole-v1", 4000, 1, tmp_path, "fp32", 4, None, ["n_steps=64"], 0, 2, 0)
+    assert (config.algo, config.timesteps, config.seed, config.hyperparams) == ("ppo", 4000, 1, {"n_steps": 64})
+    assert config.qat is not None and (config.qat.bits, config.qat.quant_delay) == (4, 2000)  # half the budget
+    assert train_config("ppo", "CartPole-v1", 4000, 1, tmp_path, "fp32", 4, 0, [], 0, 2, 0).qat.quant_delay == 0
+    zoo = train_config("ppo", "CartPole-v1", None, 0, tmp_path, "fp32", None, None, [], 0, 2, 0)
+    assert zoo.timesteps == 100_000 and zoo.qat is None  # the RL Zoo's budget for PPO CartPole
+    with pytest.raises(QuarlError, match="--quant-delay needs --qat-bits"):
+        train_config("ppo", "CartPole-v1", 4000, 0, tmp_path, "fp32", None, 10, [], 0, 2, 0)
+    with pytest.raises(QuarlError, match="--eval-episodes 0 must be at least 1"):
+        train_config("ppo", "CartPole-v1", 4000, 0, tmp_path, "fp32", None, None, [], 0, 0, 0)
+
+
+def test_play_table_and_file_names() -> None:
+    from quarl.workflows import episode_rows, file_label
+
+    assert file_label("int8 (onnx)") == "int8-onnx" and file_label("int4-block") == "int4-block"
+    assert episode_rows([10.004, 7.5], [10, 8], 5) == [{"episode": 0, "seed": 5, "return": 10.0, "length": 10},
+                                                       {"episode": 1, "seed": 6, "return": 7.5, "length": 8}]
+
+
+def _actorq_defaults() -> dict[str, Any]:
+    import inspect
+
+    from quarl.cli.actorq import actorq_options
+
+    return {name: p.default.default for name, p in inspect.signature(actorq_options).parameters.items()}
+
+
+def test_every_actorq_option_reaches_the_config_by_name(tmp_path: Path) -> None:
+    """Each option of actorq run / compare goes to the config field of its name (or the one
+    RENAMED gives); a new option that names no field is refused, never dropped."""
+    from quarl.actorq.config import ActorQConfig
+    from quarl.actorq.launch import config_from_options
+
+    options = {**_actorq_defaults(), "algo": "impala", "eval_seconds": 3.5, "eval_freq": 800, "no_correction": True,
+               "policy_layers": "64,64", "learning_rate": 3e-4, "actors": 3, "wire_bits": 8, "ppo_epochs": 2}
+    config = config_from_options("CartPole-v1", options, tmp_path)
+    assert (config.algo, config.eval_every_s, config.eval_every_steps, config.correction, config.policy_layers,
+            config.learning_rate, config.actors, config.wire_bits, config.ppo_epochs, config.out) == \
+        ("impala", 3.5, 800, False, (64, 64), 3e-4, 3, 8, 2, tmp_path)
+    defaults = config_from_options("CartPole-v1", _actorq_defaults(), tmp_path)
+    assert defaults == ActorQConfig("CartPole-v1", out=tmp_path)  # the CLI's defaults are the config's
+    with pytest.raises(TypeError, match="option 'new_knob' names no ActorQConfig field"):
+        config_from_options("CartPole-v1", {**_actorq_defaults(), "new_knob": 1}, tmp_path)
+
+
+def test_actorq_run_folder_and_the_model_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import math
+
+    from quarl.actorq.launch import model_cluster, run_folder
+    from quarl.errors import QuarlError
+
+    monkeypatch.chdir(tmp_path)
+    options = {**_actorq_defaults(), "algo": "d4pg", "actor_precision": "fp16"}
+    assert run_folder("Pendulum-v1", options, compare=False) == Path("results/actorq/d4pg-Pendulum-v1-fp16")
+    assert run_folder("Pendulum-v1", options, compare=True) == Path("results/actorq/compare-d4pg-Pendulum-v1")
+    assert run_folder("Pendulum-v1", {**options, "out": tmp_path / "mine"}, compare=False) == tmp_path / "mine"
+    assert (tmp_path / "mine").is_dir()  # --out is created (and checked) before the run starts
+    cluster = model_cluster(4, 16, 20.0, 10.0)
+    assert (cluster.nodes, cluster.cores_per_node, cluster.learner_speedup) == (4, 16, 20.0)
+    assert cluster.bandwidth_bytes_per_s == 10e9 / 8
+    assert math.isinf(model_cluster(1, None, 1.0, None).bandwidth_bytes_per_s)
+    with pytest.raises(QuarlError, match=r"--cores-per-node 0 must be at least 1 \(or unset: this machine's\)"):
+        model_cluster(1, 0, 1.0, None)
+
+
+def test_help_lists_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A precision or int mode registered (as CONTRIBUTING's recipe does) is in --help;
+    every placeholder is filled in every command's help."""
+    from quarl.cli import help_lists
+    from quarl.quant import modes, precisions
+    from quarl.training.hyperparams import TRAINERS, Trainer
+
+    monkeypatch.setitem(precisions.PRECISIONS, "fp8sim", precisions.Precision("fp8sim", "made up",
+                                                                             build=precisions.PRECISIONS["fp32"].build))
+    monkeypatch.setitem(modes.MODES, "int4-madeup", modes.MODES["int4-block"])
+    monkeypatch.setitem(TRAINERS, "ars", Trainer("ars", "sb3_contrib", "ARS"))
+    r = run_cli("ptq", "--help")
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert r.returncode == 0 and "fp8sim" in text and "int4-madeup" in text
+    assert all(label in text for label in modes.MODES)
+    train = " ".join(run_cli("train", "--help").stdout.replace("│", " ").split())
+    assert "trpo or ars (qrdqn, tqc, trpo, ars: sb3-contrib)" in train
+    assert help_lists.runs([32, 16, 8, 7, 6, 5, 4, 3, 2]) == ["32", "16", "8..2"]
+    assert help_lists.runs([8, 7, 5]) == ["8", "7", "5"] and help_lists.spoken(["a"]) == "a"
+    for command in (["ptq"], ["bench"], ["study"], ["train"], ["qat"], ["actorq", "run"], ["actorq", "compare"]):
+        r = run_cli(*command, "--help")
+        assert r.returncode == 0 and not any("{" + name + "}" in r.stdout for name in help_lists.LISTS), command
+    run = " ".join(run_cli("actorq", "run", "--help").stdout.replace("│", " ").split())
+    assert "fp32, fp16, bf16, int8 or int4 (ONNX Runtime)" in run and "at 32, 16 or 8..2 bits" in run
+
+
+def test_the_cli_starts_without_torch() -> None:
+    """`quarl --version`, `quarl` and a usage error load neither torch nor the registries
+    (their lists are filled only for --help)."""
+    code = "import sys, quarl.cli; print(sorted(m for m in ('torch', 'onnxruntime', 'gymnasium') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -198,12 +198,12 @@ def test_a_truncated_pickle_under_trust_pickle_is_one_line(tmp_path: Path) -> No
 
 def test_an_int_result_from_another_cpu_is_not_reused(tiny_run: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.measure as ptq
+    from quarl.quant import modes
 
     args = ("ptq", str(tiny_run), "--precisions", "int8", "--episodes", "2", "--out", str(tmp_path / "out"))
     assert _cli(*args).exit_code == 0
     assert "reused 2 finished cells" in _cli(*args).output  # fp32 and int8, same machine
-    monkeypatch.setattr(ptq, "runtime_key", lambda: {"onnxruntime": "0.0", "cpu": "other", "vnni": "False"})
+    monkeypatch.setattr(modes, "runtime_key", lambda: {"onnxruntime": "0.0", "cpu": "other", "vnni": "False"})
     again = _cli(*args)
     assert "reused 1 finished cell from" in again.output  # fp32 only: the int8 cell is evaluated anew
 
@@ -421,14 +421,14 @@ def test_counts_that_would_exhaust_the_machine_are_refused(args: list[str], mess
 
 
 def test_a_repeated_list_item_counts_once() -> None:
-    from quarl.cli import _parse_bits
+    from quarl.validate import bit_widths as _parse_bits
 
     assert _parse_bits(",".join(["8"] * 10_000)) == [8]  # ten thousand 8s ran ten thousand sweeps
     assert _parse_bits("8,4,8,2,4") == [8, 4, 2]
 
 
 def test_layer_widths_are_a_sequence_not_a_set() -> None:
-    from quarl.cli import _parse_layers
+    from quarl.validate import layer_widths as _parse_layers
 
     assert _parse_layers("2048,2048,2048") == (2048, 2048, 2048)  # a deduplicated list was one layer
 

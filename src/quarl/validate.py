@@ -1,14 +1,21 @@
 """One validator per kind of value a command takes, used at the CLI boundary: each returns
 the value (converted) or raises :class:`~quarl.errors.QuarlError` with one line naming the
-option, the bad value and what is allowed (the CLI exits with status 2)."""
+option, the bad value and what is allowed (the CLI exits with status 2). Comma lists,
+precisions, ``--hp`` pairs and evaluation settings are parsed here too, so that a test (or
+another front end) checks them without typer. Imports stay light: what a validator needs
+from the rest of quarl is imported when it runs."""
 
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from quarl.errors import QuarlError
+
+if TYPE_CHECKING:  # validators stay light: what they build is imported when called
+    from quarl.measure import EvalSettings
 
 MAX_SEED = 2**31 - 1 - 200_000
 """Seeds leave room for the evaluation (seed + i) and study (100000 s + i) offsets within a
@@ -74,3 +81,253 @@ def out_folder(path: Path | None, option: str = "--out") -> Path | None:
     if not os.access(path, os.W_OK | os.X_OK):
         raise QuarlError(f"{option} {path} is not writable")
     return path
+
+
+def count(value: int | None, minimum: int, option: str, unset: str | None = None) -> int | None:
+    """An optional count: None (unset) or at least ``minimum``; ``unset`` says what unset
+    means where the message should tell (``""``: just "or unset")."""
+    if value is not None and value < minimum:
+        note = "" if unset is None else f" (or unset{': ' + unset if unset else ''})"
+        raise QuarlError(f"{option} {value} must be at least {minimum}{note}")
+    return value
+
+
+# ---------------------------------------------------------------- comma lists
+
+MAX_LIST_ITEMS = 256
+"""Distinct items of a comma list option (--bits has 15 values, --precisions a few dozen)."""
+
+
+def items(text: str, option: str, unique: bool = True) -> list[str]:
+    """The items of a comma list, in order; a set of values (``unique``: bits, precisions,
+    seeds...) counts a repeated one once, a sequence (layer widths) keeps every item."""
+    found = [t.strip() for t in text.split(",") if t.strip()]
+    if unique:
+        found = list(dict.fromkeys(found))
+    if not found:
+        raise QuarlError(f"{option} is empty: give a comma-separated list")
+    if len(found) > MAX_LIST_ITEMS:
+        raise QuarlError(f"{option} lists {len(found):,} distinct items: at most {MAX_LIST_ITEMS}")
+    return found
+
+
+def bit_widths(text: str) -> list[int]:
+    """--bits: distinct widths the quantizer takes (2..16)."""
+    from quarl.quant.primitives import MAX_BITS, MIN_BITS
+
+    widths = []
+    for item in items(text, "--bits"):
+        if not digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
+            raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
+        widths.append(int(item))
+    return widths
+
+
+def layer_widths(text: str) -> tuple[int, ...]:
+    """--policy-layers: hidden widths, every one kept (2048,2048 is two layers)."""
+    widths = items(text, "--policy-layers", unique=False)
+    if not all(digits(w) and int(w) > 0 for w in widths):
+        raise QuarlError(f"--policy-layers {text!r} must be positive integers, e.g. 2048,2048,2048")
+    return tuple(int(w) for w in widths)
+
+
+def positive_ints(text: str, option: str) -> list[int]:
+    """A comma list of distinct positive integers (actor counts, wire widths)."""
+    numbers = []
+    for item in items(text, option):
+        if not digits(item) or int(item) < 1:
+            raise QuarlError(f"{option}: {item!r} is not a positive integer")
+        numbers.append(int(item))
+    return numbers
+
+
+def seed_list(text: str, option: str = "--seeds") -> list[int]:
+    seeds = []
+    for item in items(text, option):
+        if not digits(item):
+            raise QuarlError(f"{option}: {item!r} is not a non-negative integer")
+        seeds.append(seed(int(item), option))
+    return seeds
+
+
+MAX_BENCH_BATCH = 65_536
+
+
+def batch_sizes(text: str) -> list[int]:
+    sizes = []
+    for item in items(text, "--batches"):
+        if not digits(item) or not 1 <= int(item) <= MAX_BENCH_BATCH:
+            raise QuarlError(f"batch size {item!r} must be an integer in 1..{MAX_BENCH_BATCH}")
+        sizes.append(int(item))
+    return sizes
+
+
+# ---------------------------------------------------------------- precisions
+
+
+def precisions(text: str, recovered: bool = False, **options: Any) -> list[str]:
+    """The labels of --precisions, each checked, lower case; ``recovered``: ``rec-int4`` /
+    ``rec-int8`` (a recovered column, quarl study) are allowed too."""
+    from quarl.quant.config import QuantConfig
+    from quarl.recovery import RECOVERED_PREFIX, recovered_precision
+
+    labels = items(text, "--precisions")
+    for label in labels:
+        if label.lower().startswith(RECOVERED_PREFIX):
+            if not recovered:
+                raise QuarlError(f"{label!r} is a study column: here run quarl recover POLICY --precision "
+                                 f"{label[len(RECOVERED_PREFIX):]}")
+            recovered_precision(label)
+            continue
+        QuantConfig.parse(label, **options)  # raises a clear error for an unknown one
+    return [label.lower() for label in labels]
+
+
+def quant_options(int8_weights: str, block_size: int) -> dict[str, Any]:
+    """QuantConfig fields shared by every cell, validated (one line for a bad value)."""
+    from quarl.quant.config import QuantConfig
+
+    QuantConfig(int8_weights=int8_weights, block_size=block_size)
+    return {"int8_weights": int8_weights, "block_size": block_size}
+
+
+def actor_precisions(text: str) -> list[str]:
+    """actorq compare --precisions: actor precisions, one run each."""
+    from quarl.actorq.config import ACTOR_PRECISIONS
+
+    labels = items(text, "--precisions")
+    bad = [p for p in labels if p not in ACTOR_PRECISIONS]
+    if bad:
+        raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
+    return labels
+
+
+def wire_widths(text: str) -> list[int]:
+    """actorq model --wire-bits: widths float actors pull weights at (empty: none)."""
+    from quarl.actorq.config import WIRE_BITS
+
+    widths = positive_ints(text, "--wire-bits") if text else []
+    bad = [b for b in widths if b not in WIRE_BITS]
+    if bad:
+        raise QuarlError(f"--wire-bits {bad[0]} is not a width actors pull: allowed {', '.join(map(str, WIRE_BITS))}")
+    return widths
+
+
+# ---------------------------------------------------------------- evaluation and runs
+
+MAX_N_ENVS = 1024
+"""Envs side by side per process: each holds an emulator or a physics model in memory."""
+MAX_DECIDE_EPISODES = 100_000
+"""--decide-episodes at most: beyond it a verdict near the 5 % line is a fact, not a plan."""
+MAX_REPEATS = 100
+MAX_BENCH_BUDGET_S = 600.0
+"""Seconds of timing per bench cell: a larger value (or inf) is a typo, not a wish."""
+
+
+def workers(value: int | None) -> int:
+    """--workers, else $QUARL_WORKERS, else this machine's cores; checked."""
+    from quarl import parallel
+
+    if value is None:
+        raw = os.environ.get("QUARL_WORKERS", "")
+        if raw and not digits(raw):
+            raise QuarlError(f"QUARL_WORKERS={raw!r} is not a whole number")
+        value = int(raw) if raw else parallel.usable_cores()
+    return parallel.check_workers(value)
+
+
+def eval_settings(episodes: int, seed_value: int, n_envs: int, max_steps: int | None,
+                  worker_count: int = 1) -> EvalSettings:
+    """The evaluation settings of a command, each checked."""
+    from quarl.measure import EvalSettings
+
+    if episodes < 1:
+        raise QuarlError(f"--episodes {episodes} must be at least 1")
+    if not 1 <= n_envs <= MAX_N_ENVS:
+        raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
+    seed(seed_value)
+    return EvalSettings(episodes=episodes, seed=seed_value, n_envs=n_envs, max_steps=max_steps, workers=worker_count)
+
+
+def decide_episodes(value: int, episodes: int | None = None) -> int:
+    """--decide-episodes: 0 (off) or a cap on the episodes a verdict may play, above
+    ``episodes`` where the first round's count is given."""
+    if not value:
+        return value
+    if episodes is not None and not episodes < value <= MAX_DECIDE_EPISODES:
+        raise QuarlError(f"--decide-episodes {value} must be above --episodes {episodes} and at most "
+                         f"{MAX_DECIDE_EPISODES:,} (or 0: off)")
+    if not value <= MAX_DECIDE_EPISODES:
+        raise QuarlError(f"--decide-episodes {value} must be at most {MAX_DECIDE_EPISODES:,} (or 0: off)")
+    return value
+
+
+def repeats(value: int) -> int:
+    at_least(value, 1, "--repeats")
+    if value > MAX_REPEATS:
+        raise QuarlError(f"--repeats {value:,} is more runs than a comparison needs: at most {MAX_REPEATS}")
+    return value
+
+
+def bench_budget(value: float) -> float:
+    if not 0 < value <= MAX_BENCH_BUDGET_S:
+        raise QuarlError(f"--budget {value} must be a positive number of seconds, at most {MAX_BENCH_BUDGET_S:g}")
+    return value
+
+
+def bandwidth_gbps(value: float | None) -> float | None:
+    if value is not None and not 0 < value < float("inf"):
+        raise QuarlError(f"--bandwidth-gbps {value} must be a finite number above 0")
+    return value
+
+
+def float_checkpoint(checkpoint: Path, why: str) -> Path:
+    """``checkpoint`` unless it is an exported model, which a command that needs the float
+    policy cannot use (``why`` says what it does with the float weights)."""
+    from quarl.policies.onnx_artifact import is_artifact
+
+    if is_artifact(checkpoint):
+        raise QuarlError(f"{checkpoint} is an exported model: {why}; give the SB3 .zip or RL Zoo folder it was "
+                         "exported from (ptq, play and bench take the export as it is)")
+    return checkpoint
+
+
+# ---------------------------------------------------------------- train
+
+
+def hyperparams(pairs: list[str]) -> dict[str, Any]:
+    """--hp KEY=VALUE pairs (or the RL Zoo's KEY:VALUE), each value a literal (never
+    evaluated): Python's (``1e-3``, ``dict(net_arch=[64, 64])``, names kept as text) or
+    YAML's (``true``, ``null``)."""
+    import yaml
+
+    from quarl.policies.safe_load import parse_literal
+
+    def literal(text: str) -> Any:
+        value = parse_literal(text)
+        return yaml.safe_load(text) if isinstance(value, str) and value == text.strip() else value
+
+    out = {}
+    for item in pairs:
+        eq, colon = item.find("="), item.find(":")
+        sep = "=" if eq >= 0 and (colon < 0 or eq < colon) else ":"  # the first separator splits
+        key, found, value = item.partition(sep)
+        if not found or not key.strip():
+            raise QuarlError(f"--hp {item!r} is not KEY=VALUE or KEY:VALUE (e.g. --hp n_envs=4)")
+        out[key.strip()] = literal(value)
+    return out
+
+
+def algo_and_env(algo: str | None, env_id: str | None, algo_opt: str | None,
+                 env_opt: str | None) -> tuple[str, str]:
+    """ALGO ENV as arguments or as the RL Zoo's --algo / --env, not both differently."""
+    pairs = (("algorithm", "--algo", algo, algo_opt), ("env id", "--env", env_id, env_opt))
+    out = []
+    for what, option, positional, named in pairs:
+        if positional is not None and named is not None and positional != named:
+            raise QuarlError(f"{what} given twice: {positional!r} and {option} {named!r}")
+        value = positional if positional is not None else named
+        if value is None:
+            raise QuarlError(f"no {what}: give it as an argument or with {option} (e.g. quarl train ppo CartPole-v1)")
+        out.append(value)
+    return out[0], out[1]

@@ -1,0 +1,91 @@
+"""From a command's options to an ActorQ run: the :class:`~quarl.actorq.config.ActorQConfig`
+built from the options by name (no field copied by hand), its default output folder, the
+checks a run or a comparison makes before anything starts, and the scaling model's cluster."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from quarl import outputs, validate
+from quarl.errors import QuarlError
+
+if TYPE_CHECKING:  # the config module loads torch; the CLI imports this one at start
+    from quarl.actorq.acting import EnvInfo
+    from quarl.actorq.config import ActorQConfig
+    from quarl.actorq.model import Cluster
+
+RENAMED: dict[str, str] = {"eval_seconds": "eval_every_s", "eval_freq": "eval_every_steps"}
+"""Options whose config field has another name (the option is named as ``train``'s is)."""
+NOT_CONFIG = frozenset({"verbose", "out", "no_correction", "policy_layers"})
+"""Options that are no config field as they are: the output folder is resolved first
+(:func:`run_folder`), ``--no-correction`` is ``correction`` negated, the layer widths a
+comma list."""
+
+
+def run_folder(env_id: str, options: Mapping[str, Any], compare: bool) -> Path:
+    """``--out`` (checked and created) or the default folder of this run or comparison."""
+    given = validate.out_folder(options["out"])
+    if given is not None:
+        return given
+    return outputs.actorq_folder(options["algo"], env_id, not options["no_correction"],
+                                 None if compare else options["actor_precision"])
+
+
+def config_from_options(env_id: str, options: Mapping[str, Any], out: Path) -> ActorQConfig:
+    """The config of ``actorq run`` / ``compare``: every option that names a config field
+    (or one of :data:`RENAMED`) goes to it; an option that names none is a programming
+    error (a new option must say where it goes), never silently dropped."""
+    from quarl.actorq.config import ActorQConfig
+
+    names = {f.name for f in fields(ActorQConfig)}
+    values: dict[str, Any] = {}
+    for option, value in options.items():
+        if option in NOT_CONFIG:
+            continue
+        field = RENAMED.get(option, option)
+        if field not in names:
+            raise TypeError(f"option {option!r} names no ActorQConfig field: add it to RENAMED or NOT_CONFIG")
+        values[field] = value
+    return ActorQConfig(env_id, out=out, correction=not options["no_correction"],
+                        policy_layers=validate.layer_widths(options["policy_layers"]), **values)
+
+
+def check_run(config: ActorQConfig, compare: bool) -> EnvInfo:
+    """The env against the algorithm (one line before anything starts); a comparison also
+    needs a target reward (given, or the env's threshold) to measure the time to it."""
+    from quarl.actorq.acting import env_info
+
+    info = env_info(config)
+    if compare and config.target_reward is None and info.reward_threshold is None:
+        raise QuarlError(f"{config.env_id} has no reward threshold: pass --target-reward for the time-to-reward "
+                         "comparison")
+    return info
+
+
+def model_cluster(nodes: int, cores_per_node: int | None, learner_speedup: float,
+                  bandwidth_gbps: float | None) -> Cluster:
+    """The cluster ``actorq model`` predicts for (its actor count set per prediction):
+    ``cores_per_node`` None is this machine's, ``bandwidth_gbps`` None the same machine."""
+    from quarl.actorq.model import Cluster
+
+    validate.bandwidth_gbps(bandwidth_gbps)
+    validate.count(cores_per_node, 1, "--cores-per-node", unset="this machine's")
+    return Cluster(actors=1, nodes=nodes, cores_per_node=cores_per_node or os.cpu_count() or 1,
+                   learner_speedup=learner_speedup,
+                   bandwidth_bytes_per_s=bandwidth_gbps * 1e9 / 8 if bandwidth_gbps else float("inf"))
+
+
+def prepare(env_id: str, options: Mapping[str, Any], compare: bool) -> tuple[ActorQConfig, Path]:
+    """Everything ``actorq run`` / ``compare`` check before they start, in order: the env id,
+    the output folder, the config, the env against the algorithm; returns the config and
+    the folder."""
+    from quarl.envs import check_env_id
+
+    check_env_id(env_id)
+    out = run_folder(env_id, options, compare)
+    config = config_from_options(env_id, options, out)
+    check_run(config, compare)
+    return config, out

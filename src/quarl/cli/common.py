@@ -1,0 +1,128 @@
+"""What every command shares: the consoles, logging setup, one-line errors and exit codes,
+the signals that stop a run, progress bars."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from quarl.errors import QuarlError
+
+console = Console(stderr=True)
+# files and pipes get whole tables; no markup: what it prints holds users' paths and labels ("[/]" is text)
+out_console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
+log = logging.getLogger("quarl")
+
+
+def print_error(text: str) -> None:
+    """One line on stderr, as every error quarl reports."""
+    console.print(f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def say(text: str) -> None:
+    """A result line on stdout (paths and labels printed as they are)."""
+    out_console.print(text, soft_wrap=True, highlight=False)
+
+
+def environment_defaults() -> None:
+    """Set before torch, BLAS or MuJoCo load: one thread per process (evaluation runs
+    processes side by side), MuJoCo rendering without a display."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def setup(verbose: bool = False) -> None:
+    environment_defaults()
+    import torch
+
+    torch.set_num_threads(1)
+    from quarl.logs import AgentFilter
+
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler.addFilter(AgentFilter())  # demo / study: each line names the agent it is about
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[handler],
+        force=True,
+    )
+    logging.getLogger("quarl").setLevel(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        from quarl import quiet
+
+        quiet.install()
+
+
+RESUMES_WITH_FLAG = ("train_cmd", "actorq_run")
+"""Commands that continue only with ``--resume`` (the others reuse what they find)."""
+
+stopped_by: list[int] = []
+"""The signal that stopped the run (SIGTERM, SIGHUP), for the exit code 128 + N."""
+
+
+def resume_command(fn: Callable[..., Any], argv: Sequence[str] | None = None) -> str:
+    """The command line that continues an interrupted run: the same one, with ``--resume``
+    where the command needs it."""
+    words = ["quarl", *(sys.argv[1:] if argv is None else argv)]
+    if fn.__name__ in RESUMES_WITH_FLAG and "--resume" not in words:
+        words.append("--resume")
+    return " ".join(shlex.quote(a) for a in words)
+
+
+def stop_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM / SIGHUP take Ctrl-C's path: every long command writes what it finished
+    (checkpoints, stored cells) and says how to continue, workers and Ray shut down."""
+    stopped_by.append(signum)
+    raise KeyboardInterrupt
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn QuarlError (and a Ctrl-C) into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except QuarlError as exc:
+            print_error(str(exc))
+            raise typer.Exit(2) from None
+        except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+            # a path the user gave (--out naming a file, a folder we may not write)
+            console.print(f"[red]error:[/red] {escape(str(exc.filename))}: {escape(str(exc.strerror))}",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            console.print(f"interrupted: what finished is kept; to continue, run: {escape(resume_command(fn))}",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(128 + stopped_by[-1] if stopped_by else 130) from None
+
+    return wrapper
+
+
+def progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def say_reused(records: Sequence[dict[str, Any]], where: Path) -> None:
+    reused = sum(1 for r in records if r.get("reused"))
+    if reused:
+        out_console.print(f"reused {reused} finished cell{'s' * (reused != 1)} from {where} (same policy content, "
+                          "config and settings)")

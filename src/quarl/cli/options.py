@@ -1,0 +1,119 @@
+"""Options and arguments several commands take, and the decorators that add option sets
+(rl_zoo3.enjoy's ``--load-*``, ActorQ's shared options) to a command."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import typer
+
+from quarl import validate
+from quarl.errors import QuarlError
+
+if TYPE_CHECKING:
+    from quarl.envs import EnvSpec
+    from quarl.policies.base import Policy
+    from quarl.policies.sb3 import Checkpoint
+
+CheckpointArg = typer.Argument(..., help="the policy: an SB3 .zip, an RL Zoo run folder (ppo/CartPole-v1_1), a legacy "
+                                         "stable-baselines .pkl, hf://ORG/REPO (Hugging Face Hub), a quarl actorq run "
+                                         "folder, or a quarl export (its folder or .onnx)")
+EnvOpt = typer.Option(None, "--env", help="gymnasium env id (default: the zoo folder's env)")
+EpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses seed + i)")
+SeedOpt = typer.Option(0, "--seed")
+NEnvsOpt = typer.Option(32, "--n-envs", help="envs stepped side by side per process, the policy called on their batch "
+                                               "(each env's action exactly as if alone)")
+MaxStepsOpt = typer.Option(None, "--max-steps", help="cut episodes after this many steps")
+WorkersOpt = typer.Option(None, "--workers", help="processes playing episodes side by side (default: this machine's "
+                                                  "cores, or $QUARL_WORKERS); the same returns as --workers 1")
+OutOpt = typer.Option(None, "--out", parser=validate.out_option, help="output folder (default results/<command>/<policy>)")
+TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
+VerboseOpt = typer.Option(False, "--verbose", "-v")
+WideOpt = typer.Option(False, "--wide", help="print the table as one wide table even where it is wider than the "
+                       "terminal (it then prints one block per row; the CSV is always wide)")
+StickyOpt = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the previous action with this "
+                         "probability (0.25: Machado et al., ALE v5), so a deterministic agent's seeds are different "
+                         "games")
+AgentsStickyOpt = typer.Option(None, "--sticky-actions", help="Atari / MinAtar agents: repeat the previous action "
+                               "with this probability (0.25: ALE v5); the other agents play as they are")
+StochasticOpt = typer.Option(None, "--stochastic/--deterministic", help="sample actions as rl_zoo3.enjoy "
+                             "--stochastic does (fp32 and each precision share their noise per seed and step), or act "
+                             "greedily; default: the RL Zoo's (stochastic on Atari and MinAtar)")
+BitsOpt = typer.Option("8,7,6,5,4,3,2", help="comma list of widths in 2..16")
+SchemeOpt = typer.Option("quarl", help="quarl (paper, unclamped), affine or symmetric")
+GranularityOpt = typer.Option("auto", help="auto (paper: tensor for dense, channel for conv), tensor, channel, "
+                                           "block (per --block-size inputs)")
+PRECISIONS_HELP = "{precisions}"
+"""Every label --precisions takes, from the registries (see :mod:`quarl.cli.help_lists`)."""
+Int8WeightsOpt = typer.Option("auto", help="8-bit weights of the MatMulInteger / QDQ modes: auto (symmetric int8 "
+                                           "where the CPU has VNNI, else asymmetric uint8), asymmetric, symmetric")
+BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the MatMulNBits modes: 16, 32, 64, 128 or 256")
+
+
+def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Gives a command rl_zoo3.enjoy's ``--load-best``, ``--load-checkpoint N`` and
+    ``--load-last-checkpoint``: which zip of a run folder its CHECKPOINT means
+    (:func:`quarl.policies.sb3.pick_zip`); the zip then finds its folder's statistics."""
+    extra = [
+        inspect.Parameter("load_best", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--load-best", help="a run folder's best_model.zip (as rl_zoo3.enjoy --load-best)")),
+        inspect.Parameter("load_checkpoint", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[int],
+                          default=typer.Option(None, "--load-checkpoint", help="a run folder's rl_model_N_steps.zip")),
+        inspect.Parameter("load_last_checkpoint", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--load-last-checkpoint", help="a run folder's latest rl_model_N_steps.zip")),
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, load_best: bool = False, load_checkpoint: Optional[int] = None,
+                load_last_checkpoint: bool = False, **kwargs: Any) -> Any:
+        if load_best or load_checkpoint is not None or load_last_checkpoint:
+            from quarl.policies.sb3 import pick_zip
+
+            kwargs["checkpoint"] = pick_zip(kwargs["checkpoint"], load_best, load_checkpoint, load_last_checkpoint)
+        return fn(*args, **kwargs)
+
+    signature = inspect.signature(fn)
+    setattr(wrapper, "__signature__", signature.replace(parameters=[*signature.parameters.values(), *extra]))
+    return wrapper
+
+
+def with_options(options: Callable[..., None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Gives a command ``options``' parameters as well as its own, passed in ``**kwargs``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        setattr(fn, "__signature__", inspect.signature(fn).replace(
+            parameters=own + list(inspect.signature(options).parameters.values())))
+        fn.__annotations__ = {**options.__annotations__, **fn.__annotations__}
+        return fn
+
+    return wrap
+
+
+def load(checkpoint: Path, env: Optional[str], trust_pickle: bool) -> tuple[Checkpoint, EnvSpec]:
+    """quarl.load: fails before any work when the env does not fit the policy."""
+    from quarl.api import load as load_policy
+
+    ckpt = load_policy(checkpoint, env, trust_pickle)
+    if ckpt.env_spec is None:  # quarl.load gives the env or raises; this says so to the type checker
+        raise QuarlError(f"{checkpoint} names no env: pass --env ENV_ID")
+    return ckpt, ckpt.env_spec
+
+
+def protocol(policy: Policy, spec: EnvSpec, stochastic: Optional[bool],
+             sticky_actions: Optional[float]) -> tuple[EnvSpec, Policy]:
+    """The env spec with ``--sticky-actions`` and the policy acting as ``--stochastic`` /
+    ``--deterministic`` say (or the RL Zoo's default)."""
+    from quarl.evaluation import protocol as acting_protocol
+
+    return acting_protocol(policy, spec, stochastic, sticky_actions)
+
+
+def is_export(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` is an exported model (a quarl export folder or .onnx)."""
+    from quarl.policies.onnx_artifact import is_artifact
+
+    return is_artifact(checkpoint)

@@ -1,0 +1,73 @@
+"""``quarl play``: a policy at one precision, each episode's return and length, and videos."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from quarl import validate
+from quarl.cli.common import out_console, setup, user_errors
+from quarl.cli.options import (BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
+                               StochasticOpt, TrustOpt, VerboseOpt, is_export, load, load_choice, protocol)
+from quarl.errors import QuarlError
+
+
+@user_errors
+@load_choice
+def play(
+    checkpoint: Path = CheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precision: str = typer.Option("fp32", help="one precision, as in ptq's --precisions (int8 chooses its mode on the "
+                                               "calibration seeds, as ptq does)"),
+    episodes: int = typer.Option(3, "--episodes", help="episodes to play (episode i uses seed + i, as in ptq)"),
+    seed: int = SeedOpt,
+    sticky_actions: Optional[float] = StickyOpt,
+    stochastic: Optional[bool] = StochasticOpt,
+    video: Optional[Path] = typer.Option(None, "--video", parser=validate.out_option,
+                                         help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
+                                              "needed)"),
+    max_steps: Optional[int] = MaxStepsOpt,
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
+    trust_pickle: bool = TrustOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Play a policy at one precision, print each episode's return and length (the same
+    numbers ptq gets on those seeds) and, with --video, record each episode.
+
+    Example: quarl play ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --episodes 2 --video videos
+    """
+    setup(verbose)
+    from quarl.api import quantize
+    from quarl.playback import play as play_episodes
+    from quarl.reports import print_table
+    from quarl.workflows import episode_rows, file_label
+
+    options = validate.quant_options(int8_weights, block_size)
+    labels = validate.precisions(precision, **options)
+    if len(labels) != 1:
+        raise QuarlError(f"--precision {precision!r} names {len(labels)} precisions: play takes one")
+    validate.eval_settings(episodes, seed, 1, max_steps)
+    validate.count(max_steps, 1, "--max-steps")
+    validate.out_folder(video, "--video")
+    ckpt, spec = load(checkpoint, env, trust_pickle)
+    spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
+    if is_export(checkpoint):
+        if labels[0] != "fp32":
+            raise QuarlError(f"{checkpoint} is an exported model: it plays as exported ({ckpt.policy.precision}); "
+                             "drop --precision")
+        policy = ckpt.policy
+    else:
+        policy = ckpt.policy if labels[0] == "fp32" else quantize(ckpt.policy, labels[0], spec, **options)
+    name = file_label(policy.precision)
+    result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name).result
+    rows = episode_rows(result.returns, result.lengths, seed)
+    mode = (policy.meta.get("quant") or {}).get("mode")
+    print_table(rows, None, out_console)
+    out_console.print(f"{ckpt.algo} {spec.env_id} at {name}" + (f" (mode {mode})" if mode else "") +
+                      f": mean return {result.mean:.2f} over {episodes} episodes" +
+                      (", sampled actions" if policy.stochastic else ""), soft_wrap=True)
+    if video is not None:
+        out_console.print(f"wrote {len(rows)} videos to {video}/ ({name}-episode-0.mp4 ...)", soft_wrap=True)

@@ -1,0 +1,113 @@
+"""``quarl ptq``: a policy at several precisions, with E% and a verdict per precision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import typer
+
+from quarl import outputs, validate
+from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
+from quarl.cli.options import (PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, Int8WeightsOpt,
+                               MaxStepsOpt, NEnvsOpt, OutOpt, SeedOpt, StickyOpt, StochasticOpt, TrustOpt, VerboseOpt,
+                               WideOpt, WorkersOpt, is_export, load, load_choice, protocol)
+
+
+def warm(workers: int) -> None:
+    """Start the evaluation workers in the background once the policy has loaded (a bad
+    checkpoint fails without starting them), so they are ready when calibration ends."""
+    if workers > 1:
+        from quarl import parallel
+
+        parallel.warm_up(workers)
+
+
+def recover_hint(rows: Sequence[dict[str, Any]], checkpoint: Path, recovered: bool) -> None:
+    """Where an int precision loses or is undecided, the command that repairs it."""
+    for row in rows:
+        label, verdict = str(row.get("precision", "")), str(row.get("verdict", "")).split(" ")[0]
+        if label not in ("int8", "int4") or recovered:
+            continue
+        if verdict == "loses":
+            say(f"{label} loses: recover it with quarl recover {checkpoint} --precision {label}")
+        elif verdict == "undecided":  # more episodes may show it keeps: say both ways out
+            say(f"{label} undecided: play more episodes (--decide-episodes 200), or recover it with "
+                f"quarl recover {checkpoint} --precision {label}")
+
+
+@user_errors
+@load_choice
+def ptq(
+    checkpoint: Path = CheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4", help=PRECISIONS_HELP),
+    episodes: int = EpisodesOpt,
+    decide_episodes: int = typer.Option(0, "--decide-episodes", help="where a verdict is undecided, play as many "
+                                        "episodes again (the next seeds, fp32 too) until it decides or a cell has "
+                                        "played this many (0: off; e.g. 200)"),
+    sticky_actions: Optional[float] = StickyOpt,
+    stochastic: Optional[bool] = StochasticOpt,
+    seed: int = SeedOpt,
+    n_envs: int = NEnvsOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    workers: Optional[int] = WorkersOpt,
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
+    out: Optional[Path] = OutOpt,
+    trust_pickle: bool = TrustOpt,
+    wide: bool = WideOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Evaluate a policy at several precisions and print precision | mean | std | E%.
+
+    Example: quarl ptq ../shared/zoo/ppo/LunarLander-v2_1 --precisions fp32,fp16,int8 --episodes 20
+    """
+    setup(verbose)
+    from quarl.ptq import run_ptq
+    from quarl.reports import print_table, ptq_rows
+
+    options = validate.quant_options(int8_weights, block_size)
+    labels = validate.precisions(precisions, **options)
+    settings = validate.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    validate.decide_episodes(decide_episodes, episodes)
+    ckpt, spec = load(checkpoint, env, trust_pickle)
+    spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
+    warm(settings.workers)
+    out = validate.out_folder(out) or outputs.policy_folder("ptq", checkpoint, spec.env_id)
+    if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
+        from quarl.ptq import run_artifact
+
+        say(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), --precisions does "
+            "not apply (ptq the checkpoint it came from for the other rows)")
+        with progress() as bar:
+            task = bar.add_task(ckpt.policy.precision, total=episodes)
+            records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
+                                   source=str(checkpoint))
+        print_table(ptq_rows(records, identity=False), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), {episodes} "
+                    "episodes", out_console, wide)
+        say_reused(records, out / "results.jsonl")
+        out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
+        return
+    from quarl.workflows import recovered_cells
+
+    fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
+    title = f"{ckpt.algo} {spec.env_id}, {episodes} episodes" + (", stochastic" if ckpt.policy.stochastic else "")
+    if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
+        title += f" (recovered {recovered}: fp32 is the original policy)"
+    elif ckpt.policy.precision.startswith("qat"):  # a QAT run: every row starts from its fake-quantized network
+        title += f" (a {ckpt.policy.precision} QAT net: fp32 is that net in fp32 arithmetic, not an fp32-trained agent)"
+    cells = list(dict.fromkeys(["fp32", *labels]))
+    with progress() as bar:
+        tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
+
+        def on_episodes(cell: str, n: int) -> None:  # --decide-episodes: a bar grows with its cell's episodes
+            bar.update(tasks[cell], completed=n, total=max(n, bar.tasks[tasks[cell]].total or 0))
+
+        records = run_ptq(ckpt.policy, spec, labels, settings, out, progress=on_episodes, source=str(checkpoint),
+                          fixed=fixed, decide_episodes=decide_episodes, **options)
+    rows = ptq_rows(records, identity=False)
+    print_table(rows, title, out_console, wide)
+    recover_hint(rows, checkpoint, recovered is not None)
+    say_reused(records, out / "results.jsonl")
+    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))

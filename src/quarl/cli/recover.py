@@ -1,0 +1,108 @@
+"""``quarl recover``: distil the fp32 policy into a student on the real int kernel's grid,
+then judge the recovered kernel against the original."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import TaskID
+
+from quarl import outputs, validate
+from quarl.cli.common import out_console, progress, setup, user_errors
+from quarl.cli.options import (BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
+                               SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, is_export, load, load_choice)
+from quarl.errors import QuarlError
+
+RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "
+                                                 "folder (ppo/CartPole-v1_1)")
+
+
+@user_errors
+@load_choice
+def recover(
+    checkpoint: Path = RecoverCheckpointArg,
+    env: Optional[str] = EnvOpt,
+    precision: str = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: "
+                                               "int8-block, int8-dyn-channel, int8-dyn-tensor, int8-weight-only, "
+                                               "int4-block, int4-weight-only"),
+    out: Optional[Path] = OutOpt,
+    rounds: int = typer.Option(12, "--rounds", help="DAgger rounds at most (round 0 plays the teacher)"),
+    updates: int = typer.Option(400, "--updates", help="student updates (Adam steps) per round"),
+    episodes_per_round: int = typer.Option(4, "--episodes-per-round", help="distillation episodes per round"),
+    lr: float = typer.Option(5e-4, "--lr", help="the student's learning rate"),
+    target_agreement: Optional[float] = typer.Option(None, "--target-agreement", help="held-out agreement with the "
+                                                     "teacher that ends the run (default: the teacher's fp16 copy's, "
+                                                     "at most 0.99)"),
+    finetune_steps: int = typer.Option(0, "--finetune-steps", help="then fine-tune this many env steps with the "
+                                       "agent's own algorithm, fake quantization on (the RL Zoo's hyperparameters, a "
+                                       "tenth of its learning rate); kept where it plays calibration episodes better"),
+    episodes: int = EpisodesOpt,
+    seed: int = SeedOpt,
+    n_envs: int = NEnvsOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    workers: Optional[int] = WorkersOpt,
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
+    trust_pickle: bool = TrustOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Recover what quantization loses: distil the fp32 policy into a student on the real
+    int kernel's grid (DAgger on distillation seeds), write OUT as an RL Zoo run folder (its
+    zip on the grid, OUT/export the real kernel, the original recorded by hash), then judge
+    the recovered kernel against the ORIGINAL fp32 policy on the evaluation seeds. A rerun
+    resumes after the last finished round.
+
+    Example: quarl recover ../shared/zoo/dqn/CartPole-v1_1 --precision int4 --out results/recover/dqn-cartpole-int4
+    """
+    setup(verbose)
+    from quarl.recovery import RecoverConfig, preflight, run_recover
+    from quarl.reports import print_table, ptq_rows
+
+    options = validate.quant_options(int8_weights, block_size)
+    config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
+                           episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
+                           finetune_steps=finetune_steps, **options)
+    settings = validate.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    if is_export(checkpoint):
+        raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
+                         "Zoo folder)")
+    ckpt, spec = load(checkpoint, env, trust_pickle)
+    out = validate.out_folder(out) or outputs.precision_folder("recover", checkpoint, spec.env_id, precision)
+    preflight(checkpoint, out)  # one line before any progress bar
+    with progress() as bar:
+        task = bar.add_task("distil", total=rounds)
+        evals: dict[str, TaskID] = {}
+
+        def on_round(stats: Any) -> None:
+            bar.update(task, completed=stats.round + 1, description=f"distil: agreement {100 * stats.agreement:.1f}%")
+
+        def on_episode(label: str, n: int) -> None:
+            if label not in evals:
+                evals[label] = bar.add_task(f"{label:>5}", total=episodes)
+            bar.update(evals[label], completed=n)
+
+        record, records = run_recover(checkpoint, spec, ckpt.policy, config, out, settings, on_round, on_episode,
+                                      trust_pickle)
+    rows = ptq_rows(records, identity=False)
+    print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
+                      f"policy, {episodes} episodes", out_console)
+    kept = "the fine-tuned model's" if record.get("finetune", {}).get("chosen") == "finetuned" else "the written model's"
+    stopped = "target reached" if record["stopped"] == "target" else "round budget spent"
+    out_console.print(f"held-out agreement with the teacher ({kept}, on every held-out state): "
+                      f"{100 * record['agreement']:.1f}% (PTQ {100 * record['ptq_agreement']:.1f}%, target "
+                      f"{100 * record['target_agreement']:.1f}%); {record['labelled_states']:,} states labelled, "
+                      f"{record['updates']:,} updates, {record['wall_s']:.0f} s ({stopped})", highlight=False)
+    if "finetune" in record:
+        tuned = record["finetune"]
+        out_console.print(f"fine-tuned {tuned['steps']:,} steps in {tuned['wall_s']:.0f} s: calibration return "
+                          f"{tuned['calibration']['finetuned']['mean']:.2f} against distilled "
+                          f"{tuned['calibration']['distilled']['mean']:.2f}; kept the {tuned['chosen']}",
+                          highlight=False)
+    elif record["stopped"] == "budget" and not any(str(r.get("verdict", "")).startswith("keeps") for r in rows):
+        out_console.print(f"distillation ended at its budget without reaching the target: more --rounds, or add "
+                          f"--finetune-steps 20000 to fine-tune with {ckpt.algo}'s own updates", highlight=False)
+    out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv; "
+                      f"quarl ptq {out} --precisions fp32,{record['precision']} judges it again", soft_wrap=True,
+                      highlight=False)

@@ -1,0 +1,128 @@
+"""``quarl demo`` (every zoo agent at each precision, the paper's table) and ``quarl study``
+(a stored grid of agents x precisions x seeds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from quarl import outputs, validate
+from quarl.cli.common import console, log, out_console, progress, setup, user_errors
+from quarl.cli.options import (PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
+                               StochasticOpt, TrustOpt, VerboseOpt, WideOpt, WorkersOpt)
+from quarl.cli.ptq import warm
+
+DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
+StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
+                                                       "100000 × s + i)")
+DEMO_N_ENVS = 8
+
+
+@user_errors
+def demo(
+    zoo: Optional[Path] = typer.Option(None, help="folder of trained agents: RL Zoo (ALGO/ENV_1/) or legacy "
+                                                  "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
+    precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
+    episodes: int = DemoEpisodesOpt,
+    decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
+                                        "episodes until it decides or a cell has played this many (0: off)"),
+    workers: Optional[int] = WorkersOpt,
+    sticky_actions: Optional[float] = AgentsStickyOpt,
+    stochastic: Optional[bool] = StochasticOpt,
+    out: Path = typer.Option(outputs.DEMO, "--out", parser=validate.out_option),
+    train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
+    wide: bool = WideOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """The main job: every zoo agent at each precision, as the paper's table
+    (policy | fp32 | fp16 | E_fp16 | int8 | E_int8). Without a zoo folder it first trains
+    PPO on CartPole-v1 with Stable-Baselines3 (a few minutes).
+
+    Example: quarl demo --zoo ../shared/zoo --episodes 20
+    """
+    setup(verbose)
+    from quarl.demo import demo_agents, run_demo
+    from quarl.reports import print_table
+
+    labels = validate.precisions(precisions)
+    settings = validate.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
+    validate.out_folder(out)
+    validate.decide_episodes(decide_episodes)
+
+    def say_training(where: Path) -> None:
+        console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
+
+    runs = demo_agents(zoo, out, train_steps, say_training)
+    warm(settings.workers)
+    with progress() as bar:
+        def on_policy(name: str, cells: list[str]) -> Callable[[str, int], None]:
+            tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}
+            return lambda c, n: bar.update(tasks[c], completed=n)
+
+        rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes, stochastic, sticky_actions)
+    print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console, wide)
+    out_console.print(f"wrote {out}/table.csv, table.md, table.json, table.png")
+
+
+@user_errors
+def study(
+    agents: list[Path] = typer.Argument(..., help="checkpoints, or folders of agents (RL Zoo ALGO/ENV_1, legacy ALGO/ENV.pkl)"),
+    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP + "; rec-int8, rec-int4: "
+                                   "the agent recovered by quarl recover at that precision (once per agent, under "
+                                   "OUT/recovered), its real kernel against the original fp32"),
+    seeds: str = typer.Option("0,1,2", help="evaluation seeds: seed s runs episode i on env seed 100000 × s + i"),
+    episodes: int = StudyEpisodesOpt,
+    n_envs: int = NEnvsOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    int8_weights: str = Int8WeightsOpt,
+    block_size: int = BlockSizeOpt,
+    trust_pickle: bool = TrustOpt,
+    workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
+    address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
+    out: Path = typer.Option(outputs.STUDY, "--out", parser=validate.out_option,
+                             help="folder of study.sqlite, the table and the plot"),
+    decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
+                                        "seeds for it (and fp32) until it decides or it has this many episodes "
+                                        "(0: off)"),
+    sticky_actions: Optional[float] = AgentsStickyOpt,
+    stochastic: Optional[bool] = StochasticOpt,
+    wide: bool = WideOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per
+    cell as it finishes; a rerun evaluates only the missing cells. Writes the paper's
+    table (mean over seeds) and study.png (E% per precision, spread over seeds).
+
+    Example: quarl study ../shared/zoo ../shared/paper-agents --precisions fp32,fp16,int8,int4 --seeds 0,1,2
+    """
+    setup(verbose)
+    from quarl.reports import print_table
+    from quarl.study.grid import StudyConfig, find_agents, run_study
+    from quarl.study.grid import cells as study_cells
+    from quarl.workflows import write_study_report
+
+    options = validate.quant_options(int8_weights, block_size)
+    seed_list = validate.seed_list(seeds)
+    validate.count(max_steps, 1, "--max-steps")
+    validate.out_folder(out)
+    labels = validate.precisions(precisions, recovered=True, **options)
+    validate.eval_settings(episodes, 0, n_envs, max_steps)
+    validate.decide_episodes(decide_episodes)
+    config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
+                         int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,
+                         sticky_actions)
+    with progress() as bar:
+        task = bar.add_task("cells", total=len(study_cells(config)))
+
+        def on_cell(record: dict[str, Any], done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)  # deciding verdicts adds cells
+            log.info("%s %s seed %d: %.2f", record["policy"], record["precision"], record["seed"], record["mean"])
+
+        records = run_study(config, on_cell)
+        bar.update(task, completed=len(records))
+    rows = write_study_report(records, labels, out, len(seed_list))
+    print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)} seeds (E%: reward lost against fp32)",
+                out_console, wide)
+    out_console.print(f"wrote {out}/study.sqlite ({len(records)} cells), table.csv, table.md, table.json, study.png")

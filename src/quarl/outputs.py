@@ -1,0 +1,82 @@
+"""Where each command writes when no ``--out`` is given: every default output folder rule
+in one place, each a function of what the command was given (no folder is created here).
+
+=========================  ===============================================================
+command                    default folder
+=========================  ===============================================================
+ptq                        ``results/ptq/<algo>-<name>-<env>`` (:func:`policy_folder`)
+sweep                      ``results/sweep/<algo>-<name>-<env>/<scheme>-<granularity>[-act]``
+analyze                    ``results/analyze/<algo>-<name>-weights``
+export, recover            ``results/<command>/<algo>-<name>-<env>-<precision>``
+qat                        ``results/qat/<algo>-<env>``
+actorq run                 ``results/actorq/<algo>[-no-correction]-<env>-<actor precision>``
+actorq compare             ``results/actorq/compare-<algo>[-no-correction]-<env>``
+train, demo, study, model  fixed: :data:`TRAIN_RUNS`, :data:`DEMO`, :data:`STUDY`, :data:`ACTORQ_MODEL`
+=========================  ===============================================================
+
+``<name>`` is the checkpoint's own name (a zip's or pickle's stem, a run folder's name),
+``<algo>`` the folder above it (RL Zoo ``ALGO/ENV_1``, legacy ``ALGO/ENV.pkl``); a policy
+from the Hugging Face Hub is ``hf-<org>-<repo>``, an exported model its name alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RESULTS = Path("results")
+TRAIN_RUNS = Path("runs")
+"""``quarl train``'s default OUT (run folders go to OUT/ALGO/ENV_N, as the RL Zoo's)."""
+DEMO = RESULTS / "demo"
+STUDY = RESULTS / "study"
+ACTORQ_MODEL = RESULTS / "actorq" / "model"
+
+
+def env_part(env_id: str) -> str:
+    """An env id as one path component (``dm_control/cartpole-balance-v0``)."""
+    return env_id.replace("/", "_")
+
+
+def policy_folder(kind: str, checkpoint: Path, env_id: str) -> Path:
+    """``results/KIND/<policy>-<env>``: the policy named by its algorithm folder and file."""
+    from quarl import hub
+    from quarl.policies.onnx_artifact import is_artifact
+
+    if hub.is_hub(checkpoint):  # hf://ORG/REPO
+        repo = hub.parse(str(checkpoint))[0].replace("/", "-")
+        return RESULTS / kind / f"hf-{repo}-{env_part(env_id)}"
+    path = checkpoint.resolve()
+    name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
+    if is_artifact(path):  # an exported model: its own name says enough
+        return RESULTS / kind / f"{name}-{env_part(env_id)}"
+    # zoo folder ALGO/ENV_1, zip ALGO/ENV_1/ENV.zip, legacy pickle ALGO/ENV.pkl
+    algo = path.parent.name if checkpoint.is_dir() or path.suffix == ".pkl" else path.parent.parent.name
+    return RESULTS / kind / f"{algo}-{name}-{env_part(env_id)}"
+
+
+def sweep_variant(scheme: str, granularity: str, activations: bool) -> str:
+    """What a sweep quantized, as its subfolder and title say it."""
+    return f"{scheme}-{granularity}" + ("-act" if activations else "")
+
+
+def sweep_folder(checkpoint: Path, env_id: str, scheme: str, granularity: str, activations: bool) -> Path:
+    return policy_folder("sweep", checkpoint, env_id) / sweep_variant(scheme, granularity, activations)
+
+
+def analyze_folder(checkpoint: Path) -> Path:
+    return policy_folder("analyze", checkpoint, "weights")
+
+
+def precision_folder(kind: str, checkpoint: Path, env_id: str, precision: str) -> Path:
+    """export and recover: one folder per precision (as the user spelled it)."""
+    folder = policy_folder(kind, checkpoint, env_id)
+    return folder.with_name(f"{folder.name}-{precision}")
+
+
+def qat_folder(algo: str, env_id: str) -> Path:
+    return RESULTS / "qat" / f"{algo.lower()}-{env_part(env_id)}"
+
+
+def actorq_folder(algo: str, env_id: str, correction: bool, actor_precision: str | None = None) -> Path:
+    """An ActorQ run's folder (``actor_precision`` given), else a comparison's."""
+    name = f"{algo}{'' if correction else '-no-correction'}-{env_part(env_id)}"
+    return RESULTS / "actorq" / (f"compare-{name}" if actor_precision is None else f"{name}-{actor_precision}")

@@ -1,0 +1,168 @@
+"""The steps of the ``quarl`` commands that are neither parsing nor printing: the training
+plan and the evaluation after it, what ``ptq`` plays for a recovered policy, export and
+bench with their calibration, and the files ``bench`` and ``study`` write. Each takes
+checked values and returns what it made (and where), so a test calls it without typer."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from quarl import validate
+from quarl.errors import QuarlError
+
+if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
+    from quarl.envs import EnvSpec
+    from quarl.policies.base import Policy
+    from quarl.training.sb3_train import TrainConfig
+
+POST_TRAINING_SEED_OFFSET = 100_000
+"""``quarl train``'s closing evaluation plays seeds ``seed + 100000 + i``: never the seeds
+its periodic evaluations or a later ``ptq`` (seed + i) play first."""
+POST_TRAINING_MAX_ENVS = 8
+
+
+def train_config(algo: str, env_id: str, timesteps: int | None, seed: int, out: Path, precision: str,
+                 qat_bits: int | None, quant_delay: int | None, hyperparams: Sequence[str], eval_freq: int,
+                 eval_episodes: int, checkpoint_freq: int, trust_pickle: bool = False,
+                 on_progress: Callable[[str], None] | None = None) -> TrainConfig:
+    """One ``quarl train`` run, every option checked (one line for a bad one) and the
+    budget resolved (the RL Zoo's where ``timesteps`` is None); QAT's delay defaults to half
+    the budget."""
+    from quarl.quant.config import QATConfig
+    from quarl.training.sb3_train import TrainConfig, resolve_timesteps
+
+    validate.timesteps(timesteps)
+    validate.seed(seed)
+    validate.out_folder(out)
+    validate.count(eval_episodes, 1, "--eval-episodes")
+    validate.count(eval_freq, 0, "--eval-freq")
+    validate.count(checkpoint_freq, 0, "--checkpoint-freq")
+    overrides = validate.hyperparams(list(hyperparams))
+    total = resolve_timesteps(algo.lower(), env_id, timesteps, overrides)
+    qat = None
+    if qat_bits is not None:
+        validate.bit_widths(str(qat_bits))
+        validate.count(quant_delay, 0, "--quant-delay")
+        qat = QATConfig(bits=qat_bits, quant_delay=quant_delay if quant_delay is not None else total // 2)
+    elif quant_delay is not None:
+        raise QuarlError("--quant-delay needs --qat-bits")
+    return TrainConfig(algo.lower(), env_id, timesteps=total, seed=seed, out=out, precision=precision, qat=qat,
+                       hyperparams=overrides, eval_freq=eval_freq, eval_episodes=eval_episodes,
+                       checkpoint_freq=checkpoint_freq, progress_bar=True, trust_pickle=trust_pickle,
+                       on_progress=on_progress)
+
+
+@dataclass(frozen=True)
+class TrainedScore:
+    """A finished run folder evaluated as ``ptq`` would load it."""
+
+    run_dir: Path
+    precision: str
+    mean: float
+    std: float
+    episodes: int
+
+
+def evaluate_trained(run_dir: Path, episodes: int, seed: int) -> TrainedScore:
+    """The run folder ``train`` wrote, loaded as any checkpoint is and played for
+    ``episodes`` episodes on seeds of its own (:data:`POST_TRAINING_SEED_OFFSET`)."""
+    from quarl.evaluation import evaluate
+    from quarl.policies.sb3 import load_checkpoint
+
+    ckpt = load_checkpoint(run_dir)
+    if ckpt.env_spec is None:  # a run folder quarl trained names its env
+        raise QuarlError(f"{run_dir} names no env: it is not a run folder quarl train wrote")
+    result = evaluate(ckpt.policy, ckpt.env_spec, episodes=episodes, seed=seed + POST_TRAINING_SEED_OFFSET,
+                      n_envs=min(episodes, POST_TRAINING_MAX_ENVS))
+    return TrainedScore(run_dir, ckpt.policy.precision, result.mean, result.std, episodes)
+
+
+def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool,
+                    trust_pickle: bool) -> tuple[dict[str, Any], str | None]:
+    """What ``ptq`` plays instead of quantizing where ``checkpoint`` is a policy ``quarl
+    recover`` wrote: fp32 is the ORIGINAL policy and the recovered precision its real
+    kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise."""
+    from quarl.evaluation import acting
+    from quarl.recovery import load_recovered
+
+    recovered = load_recovered(checkpoint, trust_pickle)
+    if recovered is None:
+        return {}, None
+    return ({"fp32": acting(recovered.original, env_spec, stochastic),
+             recovered.precision: acting(recovered.kernel, env_spec, stochastic)}, recovered.precision)
+
+
+@dataclass(frozen=True)
+class Exported:
+    onnx: Path
+    sidecar: Path
+    meta: dict[str, Any]
+
+
+def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Path, max_steps: int | None = None,
+                      portable: bool = False, **options: Any) -> Exported:
+    """``policy`` at ``precision`` as OUT/policy.onnx and its sidecar OUT/policy.json: every
+    precision but fp32 calibrates on the calibration seeds' states (episodes cut at
+    ``max_steps``), and an automatic int mode is judged on the calibration episodes."""
+    from quarl.deploy import export_policy
+    from quarl.measure import calibration_inputs, calibration_returns
+    from quarl.policies.onnx_artifact import ARTIFACT_NAME
+
+    labels = validate.precisions(precision, **options)
+    validate.count(max_steps, 1, "--max-steps", unset="")
+    calibration = None if labels == ["fp32"] else calibration_inputs(policy, env_spec, max_steps)
+    returns = calibration_returns(env_spec, max_steps)
+    stem = out / ARTIFACT_NAME
+    meta = export_policy(policy, precision, stem, calibration, env_spec, returns, portable=portable, **options)
+    return Exported(stem.with_suffix(".onnx"), stem.with_suffix(".json"), meta)
+
+
+def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[str], batches: Sequence[int],
+                     budget_s: float, as_exported: bool = False) -> list[dict[str, Any]]:
+    """Latency rows of ``policy`` at each precision (an exported model: as exported, alone),
+    timed on the calibration seeds' states; int modes chosen as ``ptq`` chooses them."""
+    from quarl.deploy import bench_precisions
+    from quarl.measure import calibration_inputs, calibration_returns
+
+    inputs = calibration_inputs(policy, env_spec)
+    if as_exported:
+        return bench_precisions(policy, inputs, [], batches, budget_s, as_exported=True)
+    return bench_precisions(policy, inputs, precisions, batches, budget_s, calibration_returns(env_spec))
+
+
+def write_bench(rows: Sequence[dict[str, Any]], out: Path, checkpoint: Path, policy: Policy) -> list[Path]:
+    """bench.csv / .md / .json and provenance.json (what was timed, on what) in ``out``."""
+    from quarl.provenance import provenance
+    from quarl.reports import write_rows
+
+    written = write_rows(rows, out, "bench")
+    record = {"checkpoint": str(checkpoint), "policy_sha256": policy.fingerprint(), **provenance()}
+    (out / "provenance.json").write_text(json.dumps(record, indent=1))
+    return [*written, out / "provenance.json"]
+
+
+def write_study_report(records: Sequence[dict[str, Any]], precisions: Sequence[str], out: Path,
+                       seeds: int) -> list[dict[str, Any]]:
+    """The study's table (table.csv / .md / .json) and study.png in ``out``; returns the rows."""
+    from quarl.reports import write_rows
+    from quarl.study.report import plot_study, study_table
+
+    rows = study_table(records, precisions)
+    write_rows(rows, out, "table")
+    plot_study(records, precisions, out / "study.png", f"{len(rows)} agents, {seeds} seeds")
+    return rows
+
+
+def file_label(precision: str) -> str:
+    """A policy's precision as a file name part: ``int8 (onnx)`` -> ``int8-onnx``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", precision).strip("-")
+
+
+def episode_rows(returns: Iterable[float], lengths: Iterable[int], seed: int) -> list[dict[str, Any]]:
+    """``play``'s table: each episode with the seed it played, its return and length."""
+    return [{"episode": i, "seed": seed + i, "return": round(float(r), 2), "length": int(n)}
+            for i, (r, n) in enumerate(zip(returns, lengths))]
