@@ -70,3 +70,25 @@ def test_a_video_size_out_of_bounds_and_a_camera_without_a_video_are_refused(che
         play(checkpoint.policy, checkpoint.env_spec, video=tmp_path, video_size=(8, 8000))
     with pytest.raises(QuarlError, match="needs a video folder"):
         play(checkpoint.policy, checkpoint.env_spec, camera="track")
+
+
+def test_play_records_from_a_camera_at_a_size_and_refuses_bad_ones_in_one_line(cheetah, tmp_path: Path) -> None:
+    """As a user types it: ``quarl play ZIP --video DIR --camera track --video-size 160x96``."""
+    import imageio
+    from typer.testing import CliRunner
+
+    from quarl.cli import app
+
+    cheetah.save(tmp_path / "sac.zip")
+    base = ["play", str(tmp_path / "sac.zip"), "--env", "HalfCheetah-v4", "--episodes", "1", "--max-steps", "30"]
+    ok = CliRunner().invoke(app, [*base, "--video", str(tmp_path / "v"), "--camera", "track", "--video-size", "160x96"])
+    assert ok.exit_code == 0, ok.output
+    assert "fp32 episodes" in ok.output and "1/1" in ok.output  # the progress bar
+    assert tuple(imageio.get_reader(str(tmp_path / "v" / "fp32-episode-0.mp4")).get_meta_data()["size"]) == (160, 96)
+    for extra, message in [(["--video", str(tmp_path / "v"), "--video-size", "160by96"], "is not WIDTHxHEIGHT"),
+                           (["--video", str(tmp_path / "v"), "--video-size", "99999x2"], "each side must be 16..4096"),
+                           (["--camera", "track"], "give --video DIR too"),
+                           (["--video", str(tmp_path / "v"), "--camera", "9"], "has no camera '9': its cameras are 0 (track)")]:
+        bad = CliRunner().invoke(app, [*base, *extra])
+        assert bad.exit_code == 2 and message in bad.output, (extra, bad.output)
+        assert "Traceback" not in bad.output

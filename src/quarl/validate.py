@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -331,3 +332,16 @@ def algo_and_env(algo: str | None, env_id: str | None, algo_opt: str | None,
             raise QuarlError(f"no {what}: give it as an argument or with {option} (e.g. quarl train ppo CartPole-v1)")
         out.append(value)
     return out[0], out[1]
+
+
+def video_size(text: str | None) -> tuple[int, int] | None:
+    """``--video-size WIDTHxHEIGHT`` (e.g. 640x480) as (width, height); None when not given."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]{1,5})\s*[xX]\s*([0-9]{1,5})\s*", text)
+    if not match:
+        raise QuarlError(f"--video-size {text!r} is not WIDTHxHEIGHT (e.g. 640x480)")
+    width, height = int(match.group(1)), int(match.group(2))
+    if not (16 <= width <= 4096 and 16 <= height <= 4096):
+        raise QuarlError(f"--video-size {text!r}: each side must be 16..4096 pixels")
+    return width, height

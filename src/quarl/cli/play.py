@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from quarl import validate
-from quarl.cli.common import out_console, setup, user_errors
+from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.options import (BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, is_export, load, load_choice, protocol)
 from quarl.errors import QuarlError
@@ -28,6 +28,10 @@ def play(
     video: Optional[Path] = typer.Option(None, "--video", parser=validate.out_option,
                                          help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
                                               "needed)"),
+    camera: Optional[str] = typer.Option(None, "--camera", help="MuJoCo camera to record from: an id (0, 1, ...) or "
+                                                               "a name (e.g. track); default the env's own view"),
+    video_size: Optional[str] = typer.Option(None, "--video-size", help="video frame size WIDTHxHEIGHT, e.g. 640x480 "
+                                                                        "(MuJoCo; default the env's own)"),
     max_steps: Optional[int] = MaxStepsOpt,
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
@@ -38,6 +42,8 @@ def play(
     numbers ptq gets on those seeds) and, with --video, record each episode.
 
     Example: quarl play ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --episodes 2 --video videos
+
+    Example: quarl play ../shared/zoo/ppo/HalfCheetah-v3_1 --video videos --camera track --video-size 640x480
     """
     setup(verbose)
     from quarl.api import quantize
@@ -52,6 +58,9 @@ def play(
     validate.eval_settings(episodes, seed, 1, max_steps)
     validate.count(max_steps, 1, "--max-steps")
     validate.out_folder(video, "--video")
+    size = validate.video_size(video_size)
+    if (camera is not None or size is not None) and video is None:
+        raise QuarlError("--camera and --video-size set how --video records: give --video DIR too")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     if is_export(checkpoint):
@@ -62,7 +71,10 @@ def play(
     else:
         policy = ckpt.policy if labels[0] == "fp32" else quantize(ckpt.policy, labels[0], spec, **options)
     name = file_label(policy.precision)
-    result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name).result
+    with progress() as bar:  # recording a long MuJoCo episode takes seconds: say where it is
+        task = bar.add_task(f"{name} episodes", total=episodes)
+        result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name, camera=camera,
+                               video_size=size, on_episode=lambda *_: bar.advance(task)).result
     rows = episode_rows(result.returns, result.lengths, seed)
     mode = (policy.meta.get("quant") or {}).get("mode")
     print_table(rows, None, out_console)
