@@ -911,3 +911,11 @@ def test_the_cli_starts_without_torch() -> None:
     code = "import sys, quarl.cli; print(sorted(m for m in ('torch', 'onnxruntime', 'gymnasium') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_the_title_says_how_many_episodes_were_played_when_deciding_played_more() -> None:
+    from quarl.ptq import episodes_played
+
+    assert episodes_played([{"episodes": 20}, {"episodes": 20}], 20) == "20 episodes"
+    assert episodes_played([{"episodes": 20}, {"episodes": 160}], 20) == "20..160 episodes"
+    assert episodes_played([], 20) == "20 episodes"

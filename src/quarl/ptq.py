@@ -57,8 +57,14 @@ def run_ptq(
         write_rows(ptq_rows(records), out_dir, "ptq")
         if len(records) > 1:
             plot_verdicts({env_spec.env_id: records}, out_dir / "ptq.png",
-                          f"{env_spec.env_id}, {settings.episodes} episodes")
+                          f"{env_spec.env_id}, {episodes_played(records, settings.episodes)}")
     return records
+
+
+def episodes_played(records: Sequence[dict[str, Any]], asked: int) -> str:
+    """``"20 episodes"``, or ``"20..160 episodes"`` where deciding played more in some cells."""
+    counts = sorted({int(r.get("episodes") or asked) for r in records}) or [asked]
+    return f"{counts[0]} episodes" if len(counts) == 1 else f"{counts[0]}..{counts[-1]} episodes"
 
 
 def _joined(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:

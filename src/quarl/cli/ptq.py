@@ -36,12 +36,15 @@ def recover_hint(rows: Sequence[dict[str, Any]], checkpoint: Path, recovered: bo
                 f"quarl recover {checkpoint} --precision {label}")
 
 
+DEFAULT_PRECISIONS = "fp32,fp16,bf16,int8,int4"
+
+
 @user_errors
 @load_choice
 def ptq(
     checkpoint: Path = CheckpointArg,
     env: Optional[str] = EnvOpt,
-    precisions: str = typer.Option("fp32,fp16,bf16,int8,int4", help=PRECISIONS_HELP),
+    precisions: str = typer.Option(DEFAULT_PRECISIONS, help=PRECISIONS_HELP),
     episodes: int = EpisodesOpt,
     decide_episodes: int = typer.Option(0, "--decide-episodes", help="where a verdict is undecided, play as many "
                                         "episodes again (the next seeds, fp32 too) until it decides or a cell has "
@@ -78,8 +81,9 @@ def ptq(
     if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
 
-        say(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), --precisions does "
-            "not apply (ptq the checkpoint it came from for the other rows)")
+        if precisions != DEFAULT_PRECISIONS:  # asked for rows an export cannot give
+            say(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), --precisions "
+                "does not apply (ptq the checkpoint it came from for the other rows)")
         with progress() as bar:
             task = bar.add_task(ckpt.policy.precision, total=episodes)
             records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
@@ -92,7 +96,7 @@ def ptq(
     from quarl.workflows import recovered_cells
 
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
-    title = f"{ckpt.algo} {spec.env_id}, {episodes} episodes" + (", stochastic" if ckpt.policy.stochastic else "")
+    title = f"{ckpt.algo} {spec.env_id}, {{played}}" + (", stochastic" if ckpt.policy.stochastic else "")
     if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
         title += f" (recovered {recovered}: fp32 is the original policy)"
     elif ckpt.policy.precision.startswith("qat"):  # a QAT run: every row starts from its fake-quantized network
@@ -106,8 +110,10 @@ def ptq(
 
         records = run_ptq(ckpt.policy, spec, labels, settings, out, progress=on_episodes, source=str(checkpoint),
                           fixed=fixed, decide_episodes=decide_episodes, **options)
+    from quarl.ptq import episodes_played
+
     rows = ptq_rows(records, identity=False)
-    print_table(rows, title, out_console, wide)
+    print_table(rows, title.replace("{played}", episodes_played(records, episodes)), out_console, wide)
     recover_hint(rows, checkpoint, recovered is not None)
     say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))
