@@ -13,7 +13,7 @@ import dataclasses
 import os
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 
@@ -30,7 +30,7 @@ class Playback:
     """One .mp4 per episode, in episode order (empty without a video folder)."""
 
 
-def _recorder(folder: Path, prefix: str):
+def _recorder(folder: Path, prefix: str) -> Callable[[gym.Env], gym.Env]:
     def wrap(env: gym.Env) -> gym.Env:
         with warnings.catch_warnings():  # "overwriting existing videos": play removed its old ones itself
             warnings.simplefilter("ignore", UserWarning)
@@ -44,11 +44,11 @@ MAX_VIDEO_SIDE = 4096
 """A video frame's width or height at most (pixels)."""
 
 
-def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] | None = None) -> dict:
+def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] | None = None) -> dict[str, Any]:
     """The env kwargs that set a MuJoCo env's camera (a camera id such as ``"0"`` or a name
     such as ``"track"``, as gymnasium's MuJoCo envs take them) and its frame size (width,
     height); other envs take neither, and asking is refused in one line."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     if camera is None and size is None:
         return out
     try:
