@@ -20,6 +20,7 @@ from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES, BuildRequest, action_agreement
 from quarl.quant.primitives import quantize_dequantize, quantize_dequantize_blocks
+from tests.test_registries import _weight_only_b64  # CONTRIBUTING's made-up mode
 
 
 def _mlp(seed: int = 0, sizes=(6, 128, 96, 3)) -> nn.Sequential:
@@ -188,18 +189,19 @@ def test_block_granularity_for_simulated_widths() -> None:
 
 
 def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import quarl.calibration as calibration_episodes  # where calibration plays its episodes
     import quarl.measure as ptq
     from quarl import parallel
     from quarl.envs import EnvSpec
 
     seen = []
-    real = ptq.evaluate
+    real = calibration_episodes.evaluate
 
     def spy(policy, spec, episodes=20, seed=0, **kwargs):
         seen.append(set(range(seed, seed + episodes)))
         return real(policy, spec, episodes=episodes, seed=seed, **kwargs)
 
-    monkeypatch.setattr(ptq, "evaluate", spy)  # calibration episodes
+    monkeypatch.setattr(calibration_episodes, "evaluate", spy)  # calibration episodes
     monkeypatch.setattr(parallel, "evaluate_serial", spy)  # the evaluation (one process or workers)
     net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
     policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
@@ -218,17 +220,18 @@ def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.Monk
 def test_every_seed_calibrates_on_the_same_seeds_so_every_command_picks_the_same_mode(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """ptq --seed 0, a study's seed 100000 s and export calibrate on the same fixed seeds."""
+    import quarl.calibration as calibration_episodes  # where calibration plays its episodes
     import quarl.measure as ptq
     from quarl import parallel
     from quarl.envs import EnvSpec
 
-    real, calls = ptq.evaluate, []
+    real, calls = calibration_episodes.evaluate, []
 
     def spy(policy, spec, episodes=20, seed=0, **kwargs):
         calls.append((seed, episodes))
         return real(policy, spec, episodes=episodes, seed=seed, **kwargs)
 
-    monkeypatch.setattr(ptq, "evaluate", spy)
+    monkeypatch.setattr(calibration_episodes, "evaluate", spy)
     monkeypatch.setattr(parallel, "evaluate_serial", spy)
     net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
     policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
@@ -292,6 +295,7 @@ def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatc
 def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32's episodes are kept for the whole run; a candidate asked for more plays only the
     episodes it has not played (on the next seeds), so the sequential test costs no replays."""
+    import quarl.calibration as calibration_episodes  # where calibration plays its episodes
     import quarl.measure as ptq
     from quarl.envs import EnvSpec
 
@@ -302,7 +306,7 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
         return type("R", (), {"returns": np.arange(seed, seed + episodes, dtype=float),
                               "lengths": np.full(episodes, 500)})()
 
-    monkeypatch.setattr(ptq, "evaluate", fake_evaluate)
+    monkeypatch.setattr(calibration_episodes, "evaluate", fake_evaluate)
     returns = ptq.calibration_returns(EnvSpec("CartPole-v1"))
     fp32, candidate = object(), object()
     first = ptq.CALIBRATION_SEED_OFFSET + 100
@@ -317,11 +321,12 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
 
 
 def test_the_fastest_mode_wins_unless_within_the_margins() -> None:
-    from quarl.quant.modes import Candidate, _ranked
+    from quarl.quant import choice
+    from quarl.quant.modes import Candidate
 
     def ranked(*latencies: float) -> list[str]:
         cands = [Candidate(f"m{i}", (), 1.0, latency_us=lat) for i, lat in enumerate(latencies)]
-        return [c.mode for c in _ranked(cands, np.zeros((1, 4), np.float32), 0.01)]
+        return [c.mode for c in choice.ranked(cands, np.zeros((1, 4), np.float32), 0.01)]
 
     assert ranked(30.0, 15.0) == ["m1", "m0"]  # 2x and 15 us: the later mode wins
     assert ranked(300.0, 290.0) == ["m0", "m1"]  # 3 % faster: a near tie keeps registry order
@@ -410,7 +415,7 @@ def test_the_chosen_mode_is_timed_beside_onnx_runtime_fp32_and_a_slower_one_is_s
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from quarl.quant import modes
+    from quarl.quant import choice
 
     monkeypatch.setenv("QUARL_CACHE", "off")
     policy, obs = _mlp_policy()
@@ -420,8 +425,56 @@ def test_the_chosen_mode_is_timed_beside_onnx_runtime_fp32_and_a_slower_one_is_s
         for c in candidates:
             c.latency_us = 10.0 if c.mode == "fp32-ort" else 100.0
 
-    monkeypatch.setattr(modes, "_time_interleaved", slow_mode)
+    monkeypatch.setattr(choice, "time_interleaved", slow_mode)
     with caplog.at_level(logging.WARNING, logger="quarl"):
         quant = quantize(policy, QuantConfig("int8"), obs).meta["quant"]
     assert quant["fp32_ort_latency_us"] == 10.0
     assert any("slower than ONNX Runtime fp32 (10.0 us)" in r.getMessage() for r in caplog.records)
+
+
+def test_registering_a_mode_misses_a_warm_cache_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The set of registered modes is part of the stored choice's key: with a new mode the
+    automatic choice runs again and tries it; without it, the old entry is found again."""
+    from quarl.quant import modes
+
+    monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
+    policy, obs = _mlp_policy()
+    assert quantize(policy, QuantConfig("int8"), obs).meta["quant"]["chosen_from_cache"] is False
+    assert quantize(policy, QuantConfig("int8"), obs).meta["quant"]["chosen_from_cache"] is True  # warm
+    modes.register_mode(_weight_only_b64())
+    try:
+        quant = quantize(policy, QuantConfig("int8"), obs).meta["quant"]
+        assert quant["chosen_from_cache"] is False
+        assert "int8-weight-only-b64" in {t["mode"] for t in quant["tried"]}
+        assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+    finally:
+        modes.MODES.pop("int8-weight-only-b64")
+    assert quantize(policy, QuantConfig("int8"), obs).meta["quant"]["chosen_from_cache"] is True
+
+
+def test_register_mode_refuses_a_taken_label_a_width_and_a_name_no_label_can_reach() -> None:
+    from dataclasses import replace
+
+    from quarl.quant import modes
+
+    mode = _weight_only_b64()
+    with pytest.raises(QuarlError, match="int mode 'int8-block' is registered already"):
+        modes.register_mode(replace(mode, name="block"))
+    with pytest.raises(QuarlError, match="int mode 'weight-only-b64': bits=3, allowed 8, 4"):
+        modes.register_mode(replace(mode, bits=3))
+    with pytest.raises(QuarlError, match="int mode name 'Block64': allowed lower-case letters"):
+        modes.register_mode(replace(mode, name="Block64"))
+    assert "int8-weight-only-b64" not in modes.MODES and "int3-weight-only-b64" not in modes.MODES
+
+
+def test_the_int8_compute_probe_leaves_the_global_torch_rng_as_it_was() -> None:
+    """The probe draws its layer and inputs from a generator of its own: the global RNG's
+    state is the same before and after (it used to be reseeded to 0)."""
+    from quarl.quant import modes
+
+    torch.manual_seed(123)
+    torch.rand(7)
+    before = torch.get_rng_state()
+    probed = modes.int8_compute.__wrapped__(8)  # the probe itself, not its cached answer
+    assert torch.equal(torch.get_rng_state(), before)
+    assert probed == modes.int8_compute(8) in ("int8", "fp32", "inexact")

@@ -1,13 +1,15 @@
-"""Each axis is one registry: a made-up precision, policy layout and env family are added
-here with one registration each (no other quarl file changes) and run through ptq end
-to end, then removed."""
+"""Each axis is one registry, and each of CONTRIBUTING's recipes is followed here end to end:
+a made-up precision, policy layout, env family, real int mode and ActorQ learner are added
+with one registration each (no other quarl file changes), run through ptq or ActorQ, then
+removed."""
 
 from __future__ import annotations
 
+import copy
 import io
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -22,9 +24,13 @@ from quarl.policies import sb3
 from quarl.policies.base import linear_layers
 from quarl.measure import EvalSettings
 from quarl.ptq import run_ptq
-from quarl.quant import precisions
+from quarl.quant import modes, precisions
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
+
+if TYPE_CHECKING:
+    from quarl.actorq.config import ActorQConfig
+    from quarl.actorq.replay import Batch
 
 ENV_ID = "toy/Corridor-v0"
 STEPS = 20
@@ -137,41 +143,136 @@ def test_families_claim_their_ids() -> None:
     assert list(envs.ENV_FAMILIES)[-1] == "gymnasium"
 
 
-def test_an_actorq_algorithm_is_one_registration(tmp_path: Path) -> None:
-    """A new --algo is one registry entry: its learner (here a plain DQN whose target net is
-    the online one, wrapped to count its steps), replay and limiter; the coordinator, the
-    actors, the help and the run folder's loader take it without another edit."""
-    import dataclasses
+class PlainDQNLearner:
+    """A made-up ActorQ learner written from the ``Learner`` protocol alone (``steps``,
+    ``step``, ``weights``, ``policy_network``, ``state_dict``, ``load_state_dict``): plain DQN,
+    the target network both picks and rates the next action. Its policy network is
+    :func:`quarl.actorq.learners.policy_network`, the one actors and the loader rebuild."""
 
+    def __init__(self, config: "ActorQConfig", obs_dim: int, n_actions: int) -> None:
+        from quarl.actorq.learners import policy_network
+
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.q = policy_network(config, obs_dim, n_actions)
+        self.target = copy.deepcopy(self.q)
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=config.learning_rate)
+        self.steps = 0
+
+    def step(self, batch: "Batch") -> dict[str, Any]:
+        obs, next_obs = torch.as_tensor(batch.obs), torch.as_tensor(batch.next_obs)
+        q = self.q(obs).gather(1, torch.as_tensor(batch.action).long().view(-1, 1)).squeeze(1)
+        with torch.no_grad():
+            target = torch.as_tensor(batch.reward) + torch.as_tensor(batch.discount) * self.target(next_obs).max(1).values
+        loss = nn.functional.smooth_l1_loss(q, target)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.steps += 1
+        if self.steps % self.config.target_update_period == 0:
+            self.target.load_state_dict(self.q.state_dict())
+        return {"loss": loss.item()}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().numpy().copy() for k, v in self.q.state_dict().items()}
+
+    def policy_network(self) -> nn.Module:
+        return self.q
+
+    def state_dict(self) -> dict[str, Any]:
+        parts: dict[str, Any] = {"online": self.q, "target": self.target, "optimizer": self.opt}
+        return {"steps": self.steps, **{name: part.state_dict() for name, part in parts.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, part in (("online", self.q), ("target", self.target), ("optimizer", self.opt)):
+            part.load_state_dict(state[name])
+        self.steps = int(state["steps"])
+
+
+def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> None:
+    """CONTRIBUTING's ActorQ recipe: a learner class and one ``register_algorithm(Algorithm(...))``
+    (its action spaces, replay and rate limiter: here uniform replay, as dqn's entry builds it);
+    the coordinator, the actors, the help and the run folder's loader take it without another
+    edit, and refuse it on the wrong actions and once it is gone."""
     from quarl.actorq import algorithms
+    from quarl.actorq.acting import env_info
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.system import run_actorq
     from quarl.policies.actorq_run import load_actorq_run
 
-    dqn = algorithms.get_algorithm("dqn")
-    made: list[object] = []
+    made: list[PlainDQNLearner] = []
 
-    def learner(config, obs_dim, act_dim, discrete):
-        made.append(dqn.make_learner(config, obs_dim, act_dim, discrete))
+    def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: bool) -> PlainDQNLearner:
+        made.append(PlainDQNLearner(config, obs_dim, act_dim))
         return made[-1]
 
-    entry = dataclasses.replace(dqn, name="counting-dqn", summary="test entry", make_learner=learner)
-    algorithms.register_algorithm(entry)
+    dqn = algorithms.get_algorithm("dqn")
+    algorithms.register_algorithm(algorithms.Algorithm(
+        "plain-dqn", "plain DQN, a made-up learner", "discrete", make_learner, dqn.make_replay, dqn.make_limiter,
+        other="d4pg"))
     try:
-        assert "counting-dqn" in algorithms.algorithm_names()
-        config = ActorQConfig("CartPole-v1", algo="counting-dqn", actors=1, local=True, policy_layers=(32, 32),
+        assert "plain-dqn" in algorithms.algorithm_names() and "plain-dqn: plain DQN" in algorithms.algorithms_help()
+        config = ActorQConfig("CartPole-v1", algo="plain-dqn", actors=1, local=True, policy_layers=(32, 32),
                               batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=600,
                               out=tmp_path / "run", max_minutes=3.0)
         summary = run_actorq(config)
         assert len(made) == 1 and made[0].steps == summary.learner_steps > 0
-        assert summary.env_steps >= 600 and summary.config["algo"] == "counting-dqn"
+        assert summary.env_steps >= 600 and summary.config["algo"] == "plain-dqn"
         policy, _, algo = load_actorq_run(tmp_path / "run")
-        assert algo == "counting-dqn" and policy.head == "argmax"
-        with pytest.raises(QuarlError, match="counting-dqn needs discrete actions but Pendulum-v1"):
-            from quarl.actorq.acting import env_info
-
-            env_info(ActorQConfig("Pendulum-v1", algo="counting-dqn"))
+        assert algo == "plain-dqn" and policy.head == "argmax"
+        for (name, learned), loaded in zip(made[0].weights().items(), policy.network.state_dict().values()):
+            np.testing.assert_array_equal(loaded.numpy(), learned, err_msg=name)  # the learner's own network
+        with pytest.raises(QuarlError, match="plain-dqn needs discrete actions but Pendulum-v1 .*: use --algo d4pg"):
+            env_info(ActorQConfig("Pendulum-v1", algo="plain-dqn"))
     finally:
-        del algorithms.ALGORITHMS["counting-dqn"]
-    with pytest.raises(QuarlError, match="unknown --algo 'counting-dqn': allowed dqn, d4pg, impala, ppo"):
-        ActorQConfig("CartPole-v1", algo="counting-dqn")
+        del algorithms.ALGORITHMS["plain-dqn"]
+    with pytest.raises(QuarlError, match="unknown --algo 'plain-dqn': allowed dqn, d4pg, impala, ppo"):
+        ActorQConfig("CartPole-v1", algo="plain-dqn")
+
+
+def _weight_only_b64() -> modes.IntMode:
+    """A made-up int mode: 8-bit MatMulNBits weights in blocks of 64 inputs whatever block size
+    is asked for, fp32 activations; its reference rounds the same blocks in PyTorch."""
+    from quarl.quant.backends import onnxruntime as ortb
+    from quarl.quant.backends.reference import simulate_nbits
+
+    return modes.IntMode("weight-only-b64", 8, "MatMulNBits, 8-bit weights in blocks of 64, fp32 activations",
+                         lambda r: ortb.quantize_nbits(r.model, 8, 64, False, r.excluded_nodes()),
+                         lambda r, _: simulate_nbits(r.network, 8, 64, False, r.keep))
+
+
+def test_a_made_up_int_mode_is_one_registration(registered: None, tmp_path: Path) -> None:
+    """CONTRIBUTING's mode recipe: one ``register_mode(IntMode(...))``; the label parses, ptq
+    runs it end to end, it computes what its reference computes (10x closer to it than to
+    fp32), and the automatic int8 choice tries it; once removed, its label is refused."""
+    from quarl.policies.base import Policy
+    from quarl.quant.api import quantize
+    from quarl.quant.backends import onnxruntime as ortb
+
+    label = "int8-weight-only-b64"
+    modes.register_mode(_weight_only_b64())
+    try:
+        assert QuantConfig.parse(label).mode == "weight-only-b64"
+        agent = quarl.load(_brain_checkpoint(tmp_path), env=ENV_ID)
+        records = run_ptq(agent.policy, agent.env_spec, [label], EvalSettings(episodes=4), tmp_path / "ptq")
+        assert {r["precision"]: r["mean"] for r in records} == {"fp32": STEPS, label: STEPS}  # +-1 weights: exact
+
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 128), nn.Tanh(), nn.Linear(128, 3)).eval()
+        policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(3), "argmax")
+        states = np.random.default_rng(1).normal(size=(256, 6)).astype(np.float32)
+        mode = modes.get_mode(label)
+        request = modes.BuildRequest(net, ortb.export_onnx(net, (6,)), None)
+        real = ortb.OrtEngine(mode.build(request))(states)
+        with torch.inference_mode():
+            reference = mode.reference(request, b"")(torch.from_numpy(states)).numpy()
+            fp32 = net(torch.from_numpy(states)).numpy()
+        to_fp32 = np.abs(real - fp32).max()
+        assert to_fp32 > 1e-5 and np.abs(real - reference).max() <= 0.1 * to_fp32
+
+        tried = quantize(policy, QuantConfig("int8"), states).meta["quant"]["tried"]
+        assert label in {t["mode"] for t in tried}
+    finally:
+        modes.MODES.pop(label)
+    with pytest.raises(QuarlError, match=f"unknown precision '{label}'"):
+        QuantConfig.parse(label)

@@ -5,8 +5,10 @@ A learner is pure: ``step(batch) -> metrics`` on numpy batches from replay (with
 ``metrics["priority"]`` holds each sample's new priority: the absolute TD error for DQN,
 the critic's KL to its projected target for D4PG), ``weights()``
 for the actors (the policy network only, as named numpy arrays), ``policy_network()``
-for evaluation, ``state_dict()`` / ``load_state_dict()`` for checkpoints. Nothing here
-knows about processes, Ray or replay.
+for evaluation, ``state_dict()`` / ``load_state_dict()`` for checkpoints. DQN's and D4PG's
+``targets(batch)`` is what their ``step`` fits to, with no side effect (checked against a
+direct loop in ``tests/test_learner_targets.py``). Nothing here knows about processes, Ray
+or replay.
 
 - :class:`DQNLearner`: double DQN on n-step returns, Huber loss, a hard-updated target.
 - :class:`D4PGLearner`: deterministic policy, distributional critic over ``n_atoms``
@@ -88,14 +90,24 @@ class DQNLearner:
     def _tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
         return {k: torch.as_tensor(v, device=self.device) for k, v in batch.transitions().items()}
 
-    def losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sample Huber loss and absolute TD error."""
-        b = self._tensors(batch)
-        q = self.q(b["obs"]).gather(1, b["action"].long().view(-1, 1)).squeeze(1)
+    def targets(self, batch: Batch) -> torch.Tensor:
+        """The double-DQN target of each row, what :meth:`step` regresses Q(obs, action) on:
+        ``reward + discount * Q_target(next_obs, argmax_a Q_online(next_obs, a))`` (the n-step
+        reward and ``discount = gamma^k``, 0 at a terminal, as :class:`~quarl.actorq.replay.NStep`
+        built them). No gradient."""
+        return self._targets(self._tensors(batch))
+
+    def _targets(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
             best = self.q(b["next_obs"]).argmax(1, keepdim=True)  # double DQN: online picks, target rates
             bootstrap = self.target(b["next_obs"]).gather(1, best).squeeze(1)
-            target = b["reward"] + b["discount"] * bootstrap
+            return b["reward"] + b["discount"] * bootstrap
+
+    def losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample Huber loss and absolute TD error against :meth:`targets`."""
+        b = self._tensors(batch)
+        q = self.q(b["obs"]).gather(1, b["action"].long().view(-1, 1)).squeeze(1)
+        target = self._targets(b)  # the batch moved to the device once
         return F.smooth_l1_loss(q, target, reduction="none"), (q - target).detach().abs()
 
     def step(self, batch: Batch) -> dict[str, Any]:
@@ -159,12 +171,25 @@ class D4PGLearner:
     def _q_logits(self, critic: nn.Module, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return critic(torch.cat([obs, action], dim=1))
 
-    def step(self, batch: Batch) -> dict[str, Any]:
-        b = {k: torch.as_tensor(v, device=self.device) for k, v in batch.transitions().items()}
-        action = b["action"].float().view(len(b["reward"]), -1)
+    def _tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {k: torch.as_tensor(v, device=self.device) for k, v in batch.transitions().items()}
+
+    def targets(self, batch: Batch) -> torch.Tensor:
+        """The critic's target distribution of each row, ``[rows, n_atoms]``, what :meth:`step`
+        fits the critic to: the target critic's distribution at (next_obs, the target
+        policy's action there), its atoms moved to ``reward + discount * z`` and projected
+        back onto the fixed atoms (:meth:`project`). No gradient."""
+        return self._targets(self._tensors(batch))
+
+    def _targets(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
             next_probs = F.softmax(self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"])), 1)
-            target = self.project(b["reward"], b["discount"], next_probs)
+            return self.project(b["reward"], b["discount"], next_probs)
+
+    def step(self, batch: Batch) -> dict[str, Any]:
+        b = self._tensors(batch)
+        action = b["action"].float().view(len(b["reward"]), -1)
+        target = self._targets(b)  # the batch moved to the device once
         logits = self._q_logits(self.critic, b["obs"], action)
         cross_entropy = -(target * F.log_softmax(logits, 1)).sum(1)
         critic_loss = weighted_mean(cross_entropy, batch)

@@ -1,4 +1,5 @@
-"""Real integer execution modes, one registry, and the automatic choice among them.
+"""Real integer execution modes and their registry (the automatic choice among them is
+:mod:`quarl.quant.choice`).
 
 Each :class:`IntMode` is something ONNX Runtime really executes on this CPU, with a
 PyTorch reference (:mod:`quarl.quant.backends.reference`) it is tested against:
@@ -31,38 +32,23 @@ automatic choice uses it for CNNs only (where it is the one fast mode), and chec
 calibration states it was not fit to. Measured: an A2C CartPole MLP whose static int8
 agreed with fp32 on the very states its ranges came from scored 144 instead of 500.
 
-``int8`` / ``int4`` without a mode is *automatic* (:func:`choose`): every mode the policy
-supports is built and run on calibration states (fp32 rollouts on seeds disjoint from
-evaluation), and the fastest at batch 1 on this CPU (:func:`_ranked`: near ties keep
-:data:`MODES` order) whose actions agree with fp32 is used, and stored for this policy,
-CPU and ONNX Runtime (:mod:`quarl.quant.choice_cache`): at least
-``min_agreement`` of the states must give the same greedy action (discrete) or actions
-within ``action_tolerance`` of the action range (continuous), and, where calibration
-episodes can be run, the mode must keep fp32's return on them: a paired sequential test
-(:func:`quarl.verdict.sequential_keeps`: 4 episodes, doubled while the 95 % interval of
-E straddles 5 %, up to about 20k steps' worth: 16 to 64 episodes) must find it keeps, or at
-the cap lose at most 5 % on average. Chaotic games need many episodes: on a MinAtar
-SpaceInvaders PPO agent, int8-static's E was 14.8 % over 100 evaluation seeds and 2.8 % over
-400, undecided both times (one flipped action sends an episode elsewhere). A few states decide an episode (measured: a DDPG MountainCar policy's int8-block agreed on every
-calibration state and lost 5.5 % of its return over 20 evaluation episodes). When no mode agrees with
-every layer quantized, each is tried again with the last, the first, then both layers
-kept in fp32 (the layers most sensitive to rounding). When none agrees then (a DQN whose
-action values nearly tie everywhere flips greedy actions under any rounding), the closed
-loop decides: the four most faithful candidates act for whole calibration episodes and
-the first (same rule) whose return is within 5 % of fp32's on those episodes wins (else the best
-scoring, with a warning). Measured on the zoo's DQN CartPole: int8-block agreed on 82 %
-of states and int8-dyn-tensor on 75 %; acting, block kept 500 and dyn-tensor fell to 139.
+``int8`` / ``int4`` without a mode is *automatic*: :mod:`quarl.quant.choice` builds every
+registered mode the policy supports, checks it against fp32 on calibration states (and
+episodes) and picks the fastest that agrees; the choice is stored
+(:mod:`quarl.quant.choice_cache`, keyed by the set of registered modes too, so a new mode is
+tried on a machine with a warm cache). ``choose``, ``keep_options`` and ``Returns`` are
+still importable from here.
 
-Adding a mode is one :data:`MODES` entry: a builder from the fp32 ONNX model, a reference
-and what it supports.
+Adding a mode is one :func:`register_mode` call: a builder from the fp32 ONNX model, a
+reference and what it supports.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import gymnasium as gym
 import numpy as np
@@ -70,13 +56,9 @@ import torch
 from torch import nn
 
 from quarl.errors import QuarlError
-from quarl.policies.base import Policy, linear_layers
+from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits, simulate_qdq
-from quarl.timing import median_us
-from quarl.verdict import sequential_keeps
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,10 +130,17 @@ def int8_compute(bits: int) -> str:
     """What ONNX Runtime's MatMulNBits at ``accuracy_level`` 4 really does on this CPU,
     probed once on a small layer: ``"int8"`` (activations rounded per block, as the
     reference says), ``"fp32"`` (the level is a hint; without int8 kernels it computes in
-    fp32) or ``"inexact"`` (neither: e.g. saturating u8 x s8 sums)."""
-    torch.manual_seed(0)
-    layer = nn.Sequential(nn.Linear(96, 24)).eval()
-    x = torch.randn(16, 96) * 3
+    fp32) or ``"inexact"`` (neither: e.g. saturating u8 x s8 sums). Its weights and inputs
+    come from a generator of its own (the numbers ``torch.manual_seed(0)`` gave before), so
+    the global torch RNG is left as it was."""
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.utils.skip_init(nn.Linear, 96, 24)  # no draw from the global RNG
+    with torch.no_grad():  # nn.Linear's own initialization, drawn from the local generator
+        nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5), generator=generator)
+        bound = 1 / math.sqrt(linear.in_features)
+        linear.bias.uniform_(-bound, bound, generator=generator)
+    layer = nn.Sequential(linear).eval()
+    x = torch.randn(16, 96, generator=generator) * 3
     real = ortb.OrtEngine(ortb.quantize_nbits(ortb.export_onnx(layer, (96,)), bits, 32, True))(x.numpy())
     with torch.inference_mode():
         as_int8 = simulate_nbits(layer, bits, 32, True)(x).numpy()
@@ -223,32 +212,51 @@ def _mixed(bits: int) -> Callable[[BuildRequest], bytes]:
     return build
 
 
-MODES: dict[str, IntMode] = {
-    mode.label: mode
-    for mode in (
-        IntMode("block", 8, "MatMulNBits, weights and activations int8 per block", _nbits(8, True),
-                _block_reference(8), cpu_unsupported=_block_cpu(8)),
-        IntMode("dyn-channel", 8, "MatMulInteger, weights per output channel, activations uint8 per call",
-                _dynamic(True), lambda r, _: simulate_dynamic_int8(r.network, r.weights, True, r.keep), per_row=True),
-        IntMode("dyn-tensor", 8, "MatMulInteger, weights per tensor, activations uint8 per call", _dynamic(False),
-                lambda r, _: simulate_dynamic_int8(r.network, r.weights, False, r.keep), per_row=True),
-        IntMode("weight-only", 8, "MatMulNBits, 8-bit block weights, fp32 activations", _nbits(8, False),
-                lambda r, _: simulate_nbits(r.network, 8, r.block_size, False, r.keep)),
-        IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static,
-                lambda r, model: simulate_qdq(r.network, model),
-                convolutions=True, needs_calibration=True),
-        IntMode("mixed", 4, "convolutions QDQ int8, Linear layers MatMulNBits 4-bit block", _mixed(4), _mixed_reference(4),
-                convolutions=True, needs_calibration=True, needs_conv=True, cpu_unsupported=_block_cpu(4)),
-        IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations int8 per block", _nbits(4, True),
-                _block_reference(4), cpu_unsupported=_block_cpu(4)),
-        IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
-                lambda r, _: simulate_nbits(r.network, 4, r.block_size, False, r.keep)),
-    )
-}
+MODES: dict[str, IntMode] = {}
 """Every real integer mode by label (``int8-dyn-channel``...), in order of preference:
 expected speed, measured on this project's machines (block-wise int8 compute is the
 fastest on large layers and as fast as any on small ones; 8-bit weight-only has no fast
-CPU kernel)."""
+CPU kernel). Filled by :func:`register_mode`."""
+
+MODE_BITS = (8, 4)
+"""The widths a real int mode can run at (the ``int8`` and ``int4`` precisions)."""
+
+
+def register_mode(mode: IntMode) -> IntMode:
+    """Add a real int mode (``intN-NAME``) after those registered before it (registry order is
+    the automatic choice's order of preference among near ties); returns it. The automatic
+    choice tries it from then on, and a stored choice made without it is not reused
+    (:mod:`quarl.quant.choice_cache` keys on the set of modes)."""
+    if mode.bits not in MODE_BITS:
+        raise QuarlError(f"int mode {mode.name!r}: bits={mode.bits}, allowed {', '.join(map(str, MODE_BITS))}")
+    if not mode.name or not all(ch in "abcdefghijklmnopqrstuvwxyz0123456789-" for ch in mode.name):
+        # labels are parsed lower-cased (QuantConfig.parse): an upper-case name could never be asked for
+        raise QuarlError(f"int mode name {mode.name!r}: allowed lower-case letters, digits and '-'")
+    if mode.label in MODES:
+        raise QuarlError(f"int mode {mode.label!r} is registered already: allowed a new name")
+    MODES[mode.label] = mode
+    return mode
+
+
+register_mode(IntMode("block", 8, "MatMulNBits, weights and activations int8 per block", _nbits(8, True),
+                      _block_reference(8), cpu_unsupported=_block_cpu(8)))
+register_mode(IntMode("dyn-channel", 8, "MatMulInteger, weights per output channel, activations uint8 per call",
+                      _dynamic(True), lambda r, _: simulate_dynamic_int8(r.network, r.weights, True, r.keep),
+                      per_row=True))
+register_mode(IntMode("dyn-tensor", 8, "MatMulInteger, weights per tensor, activations uint8 per call",
+                      _dynamic(False), lambda r, _: simulate_dynamic_int8(r.network, r.weights, False, r.keep),
+                      per_row=True))
+register_mode(IntMode("weight-only", 8, "MatMulNBits, 8-bit block weights, fp32 activations", _nbits(8, False),
+                      lambda r, _: simulate_nbits(r.network, 8, r.block_size, False, r.keep)))
+register_mode(IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static,
+                      lambda r, model: simulate_qdq(r.network, model), convolutions=True, needs_calibration=True))
+register_mode(IntMode("mixed", 4, "convolutions QDQ int8, Linear layers MatMulNBits 4-bit block", _mixed(4),
+                      _mixed_reference(4), convolutions=True, needs_calibration=True, needs_conv=True,
+                      cpu_unsupported=_block_cpu(4)))
+register_mode(IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations int8 per block", _nbits(4, True),
+                      _block_reference(4), cpu_unsupported=_block_cpu(4)))
+register_mode(IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
+                      lambda r, _: simulate_nbits(r.network, 4, r.block_size, False, r.keep)))
 
 
 def modes_for(bits: int) -> list[IntMode]:
@@ -391,201 +399,26 @@ def sampled_agreement(policy: Policy, states: np.ndarray, out: np.ndarray) -> fl
     return float(np.mean((p + gumbel).argmax(-1) == (q + gumbel).argmax(-1)))
 
 
-def keep_options(network: nn.Module) -> list[frozenset[int]]:
-    """Which layers stay fp32, tried in turn. An MLP keeps the layer that reads the
-    observations in fp32 from the start: its input features have unrelated scales (a
-    position in metres beside a velocity in cm/s) that one activation range or block scale
-    cannot serve, and its weights are few (obs_dim x width). Measured: the paper's DDPG
-    MountainCar with its 2-feature input layer in int8-block missed the goal in some
-    episodes (-2.7 % over 40) while agreeing with fp32 on every calibration state. Then the
-    last layer (the one that writes the actions) too. A CNN starts fully quantized (its
-    first convolution is most of the work), then last, first, both."""
-    n = len(linear_layers(network))
-    if ortb.has_conv(network):
-        options = [frozenset(), frozenset({n - 1}), frozenset({0}), frozenset({0, n - 1})]
-    else:
-        options = [frozenset({0}), frozenset({0, n - 1})]
-    kept = [o for o in options if len(o) < n]
-    return list(dict.fromkeys(kept)) or [frozenset()]  # a single-layer policy is quantized whole
+# ----------------------------------------------------------- the automatic choice, re-exported
+# It lives in quarl.quant.choice, which imports this module: its names are fetched on first use
+# (an import at the top would be circular), so ``from quarl.quant.modes import choose`` works.
+
+if TYPE_CHECKING:
+    from quarl.quant.choice import (CLOSED_LOOP_CANDIDATES as CLOSED_LOOP_CANDIDATES, LOW_AGREEMENT as LOW_AGREEMENT,
+                                    SEQUENTIAL_CAP as SEQUENTIAL_CAP, SEQUENTIAL_FIRST as SEQUENTIAL_FIRST,
+                                    SWITCH_MARGIN as SWITCH_MARGIN, SWITCH_SAVING_US as SWITCH_SAVING_US,
+                                    TIMING_ROUNDS as TIMING_ROUNDS, Returns as Returns, choose as choose,
+                                    keep_options as keep_options)
+
+CHOICE_NAMES = frozenset({"choose", "keep_options", "Returns", "SEQUENTIAL_FIRST", "SEQUENTIAL_CAP",
+                          "CLOSED_LOOP_CANDIDATES", "SWITCH_MARGIN", "SWITCH_SAVING_US", "TIMING_ROUNDS",
+                          "LOW_AGREEMENT"})
+"""Names of :mod:`quarl.quant.choice` that this module still answers for."""
 
 
-Returns = Callable[[Policy, int], np.ndarray]
-"""``(policy, n)`` -> the policy's returns on the first ``n`` calibration episodes (seeds
-apart from evaluation's; the same seeds for every policy)."""
-SEQUENTIAL_FIRST = 4
-SEQUENTIAL_CAP = 16
-"""The sequential test of a candidate's return starts with 4 calibration episodes and
-doubles them while undecided, up to the cap the returns' ``episode_cap(policy)`` gives
-(:class:`quarl.measure.CalibrationEpisodes`: a step budget), else 16."""
-CLOSED_LOOP_CANDIDATES = 4
+def __getattr__(name: str) -> Any:
+    if name in CHOICE_NAMES:
+        from quarl.quant import choice
 
-
-SWITCH_MARGIN = 0.05
-"""A mode later in registry order replaces an earlier one when it is more than 5 % faster
-at batch 1 on this CPU..."""
-SWITCH_SAVING_US = 2.0
-"""...and saves at least this much per call: differences within timer noise keep the
-registry order. The choice is then stored (:mod:`quarl.quant.choice_cache`), so a near tie
-cannot flip between commands (measured before the cache: int8-block 27 / 23 / 39 us
-against int8-dyn-channel 16 / 31 / 36 us in three builds of one PPO CartPole policy)."""
-TIMING_ROUNDS = 5
-
-
-def _time_interleaved(candidates: list[Candidate], sample: np.ndarray, budget_s: float) -> None:
-    """Batch-1 latency of each candidate not yet timed, measured in interleaved rounds
-    (every candidate once per round) so a burst of load slows them all alike; a candidate's
-    latency is its fastest round's median (measured: with the median of the rounds, the same
-    small engines timed twice moved by 30 %, with the fastest round by a few percent)."""
-    todo = [c for c in candidates if c.latency_us != c.latency_us]
-    if not todo:
-        return
-    samples: dict[int, list[float]] = {id(c): [] for c in todo}
-    for _ in range(TIMING_ROUNDS):
-        for c in todo:
-            samples[id(c)].append(median_us(_engine(c), sample, budget_s / TIMING_ROUNDS))
-    for c in todo:
-        c.latency_us = float(np.min(samples[id(c)]))
-
-
-def _ranked(candidates: list[Candidate], sample: np.ndarray, budget_s: float) -> list[Candidate]:
-    """Candidates fastest first at batch 1 on this CPU (timed in interleaved rounds, the
-    median of each), where a later one in registry order moves ahead of an earlier one only
-    when more than :data:`SWITCH_MARGIN` faster *and* at least :data:`SWITCH_SAVING_US`
-    faster: the first is within about 5 % of the fastest."""
-    _time_interleaved(candidates, sample, budget_s)
-    rest, ranked = list(candidates), []
-    while rest:
-        best = rest[0]
-        for c in rest[1:]:
-            faster = c.latency_us < best.latency_us * (1 - SWITCH_MARGIN)
-            if faster and best.latency_us - c.latency_us >= SWITCH_SAVING_US:
-                best = c
-        ranked.append(best)
-        rest.remove(best)
-    return ranked
-
-
-def _engine(candidate: Candidate) -> ortb.OrtEngine:
-    assert candidate.engine is not None  # every built candidate has its ONNX Runtime engine
-    return candidate.engine
-
-
-def _as_policy(policy: Policy, candidate: Candidate) -> Policy:
-    network = candidate.reference if candidate.reference is not None else policy.clone_network()
-    return policy.with_network(network, candidate.mode, _engine(candidate))
-
-
-LOW_AGREEMENT = 0.9
-"""A mode chosen on episodes alone that agrees with fp32 on fewer states than this is warned of."""
-
-
-def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, block_size: int,
-           min_agreement: float, tolerance: float, returns: Returns | None = None,
-           timing_budget_s: float = 0.05, sampled: bool = False) -> tuple[Candidate, list[Candidate]]:
-    """The first (see :func:`_ranked`) mode of ``bits`` whose actions agree with fp32 on
-    ``calibration`` (preprocessed observations) and, given ``returns``, whose return on
-    calibration episodes keeps fp32's (the sequential test); see the module docstring. When none
-    agrees, the most faithful candidates are judged on the episodes alone. ``sampled``: the
-    policy will sample its actions, so a categorical head's agreement is that of sampled
-    actions (:func:`sampled_agreement`: the distributions, not only their argmax, must stay).
-    Returns the choice and every candidate tried."""
-    fp32_model = ortb.export_onnx(policy.network, policy.input_shape)  # every candidate is built from it
-    chosen, tried = _choose(policy, fp32_model, bits, calibration, weights, block_size, min_agreement, tolerance,
-                            returns, timing_budget_s, sampled)
-    _against_fp32(chosen, ortb.OrtEngine(fp32_model), calibration[:1], timing_budget_s, bits)
-    return chosen, tried
-
-
-def _against_fp32(chosen: Candidate, fp32: ortb.OrtEngine, sample: np.ndarray, budget_s: float, bits: int) -> None:
-    """ONNX Runtime fp32's batch-1 latency beside the chosen mode's, timed in the same
-    interleaved rounds (:attr:`Candidate.fp32_ort_latency_us`); a mode slower than it is
-    said in a warning: its gain there is the model's size, not speed."""
-    mine = Candidate(chosen.mode, chosen.keep, chosen.agreement, engine=chosen.engine)
-    base = Candidate("fp32-ort", (), 1.0, engine=fp32)
-    _time_interleaved([mine, base], sample, budget_s)
-    chosen.fp32_ort_latency_us = base.latency_us
-    if mine.latency_us > base.latency_us * (1 + SWITCH_MARGIN) and mine.latency_us - base.latency_us >= SWITCH_SAVING_US:
-        log.warning("int%d: the chosen mode %s (%.1f us per call at batch 1) is slower than ONNX Runtime fp32 (%.1f us) "
-                    "on this CPU: its gain here is the model's size", bits, chosen.mode, mine.latency_us,
-                    base.latency_us)
-
-
-def _choose(policy: Policy, fp32_model: bytes, bits: int, calibration: np.ndarray, weights: str, block_size: int,
-            min_agreement: float, tolerance: float, returns: Returns | None, timing_budget_s: float,
-            sampled: bool) -> tuple[Candidate, list[Candidate]]:
-    """The automatic choice itself (see :func:`choose`), its candidates built from ``fp32_model``."""
-    network = policy.network
-    conv = ortb.has_conv(network)
-    modes = [m for m in modes_for(bits) if m.unsupported(network) is None and (conv or not m.needs_calibration)]
-    if not modes:
-        reasons = "; ".join(m.unsupported(network) or "" for m in modes_for(bits))
-        raise QuarlError(f"int{bits} cannot run this policy: {reasons}")
-    sample = calibration[:1]
-
-    def keeps_return(c: Candidate) -> bool:
-        """The paired sequential test (:func:`quarl.verdict.sequential_keeps`): more calibration
-        episodes only while it cannot tell whether the candidate keeps fp32's return."""
-        if returns is None:
-            return True
-        if c.calibration_kept is None:
-            acting = _as_policy(policy, c)
-            cap_for = getattr(returns, "episode_cap", None)
-            cap = cap_for(policy, SEQUENTIAL_FIRST) if cap_for is not None else SEQUENTIAL_CAP
-            outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n), SEQUENTIAL_FIRST, cap)
-            c.calibration_return = float(np.mean(returns(acting, outcome.episodes)))
-            c.calibration_episodes = outcome.episodes
-            c.calibration_verdict = outcome.verdict.label()
-            c.calibration_kept = outcome.kept
-        return c.calibration_kept
-
-    tried: list[Candidate] = []
-    built: set[tuple[str, frozenset[int]]] = set()
-    # a CNN tries every fp32-layer option of the modes that run its convolutions in int8 before
-    # the modes that keep them fp32: a Linear-only mode that agrees at once would otherwise
-    # win over a static mode that agrees with the last layer kept (measured: a PPO Breakout
-    # agent's static agreed on 98.4 % with every layer quantized, block on its Linear layers 100 %)
-    groups = ([m for m in modes if m.convolutions], [m for m in modes if not m.convolutions]) if conv else (modes,)
-    for group, keep in [(g, k) for g in groups if g for k in keep_options(network)]:
-        agreeing = []
-        for mode in group:
-            fit, check = split_calibration(mode, calibration)
-            request = mode.request_for(BuildRequest(network, fp32_model, fit, weights, block_size, keep))
-            if (mode.label, request.keep) in built:  # a CNN's fp32 convolutions already kept by this mode
-                continue
-            built.add((mode.label, request.keep))
-            candidate = build_candidate(policy, mode, request, check, tolerance)
-            tried.append(candidate)
-            if candidate.fidelity(sampled) >= min_agreement:
-                agreeing.append(candidate)
-        # agreeing on states is necessary, not enough: a few states decide an episode
-        # (where a DDPG car starts to push), so the pick must also keep the return
-        for candidate in _ranked(agreeing, sample, timing_budget_s):
-            if keeps_return(candidate):
-                return candidate, tried
-    if returns is not None:
-        # near-tied action values (DQN) make state agreement a poor judge: which states flip
-        # matters, and only acting for whole episodes tells
-        closest = sorted(tried, key=lambda c: -c.fidelity(sampled))[:CLOSED_LOOP_CANDIDATES]
-        kept = [c for c in tried if any(c is k for k in closest) and keeps_return(c)]  # registry order
-        if kept:
-            chosen = _ranked(kept, sample, timing_budget_s)[0]
-            # a chosen mode far from fp32's actions is worth a warning, one near the bar a note (-v)
-            say = log.warning if chosen.fidelity(sampled) < LOW_AGREEMENT else log.info
-            say("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; %s (layers %s in fp32) "
-                        "agrees on only %.1f%% but keeps fp32's return on %d calibration episodes", bits,
-                        100 * min_agreement, chosen.mode, list(chosen.keep), 100 * chosen.fidelity(sampled),
-                        chosen.calibration_episodes)
-            return chosen, tried
-        scored = [c for c in tried if c.calibration_return == c.calibration_return]
-        best = max(scored, key=lambda c: c.calibration_return)
-        log.warning("int%d: no mode keeps fp32's return (%.2f) on the calibration episodes; the best, %s with layers "
-                    "%s in fp32, scores %.2f", bits, float(np.mean(returns(policy, best.calibration_episodes))),
-                    best.mode, list(best.keep), best.calibration_return)
-        best.latency_us = median_us(_engine(best), sample, timing_budget_s)
-        return best, tried
-    best = max(tried, key=lambda c: c.fidelity(sampled))
-    log.warning("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; the closest, %s with "
-                "layers %s in fp32, agrees on %.1f%%", bits, 100 * min_agreement, best.mode, list(best.keep),
-                100 * best.fidelity(sampled))
-    best.latency_us = median_us(_engine(best), calibration[:1], timing_budget_s)
-    return best, tried
+        return getattr(choice, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
