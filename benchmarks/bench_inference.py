@@ -118,7 +118,7 @@ def bench_automatic_choice(name: str, net: nn.Module, shape: tuple[int, ...], bu
 
     from quarl.policies.base import Policy
     from quarl.quant.config import QuantConfig
-    from quarl.quant.modes import choose
+    from quarl.quant.choice import choose
 
     rng = np.random.default_rng(0)
     calib = rng.uniform(0, 1, (256, *shape)).astype(np.float32)

@@ -502,7 +502,7 @@ def test_results_table_equals_the_file_the_command_wrote(block: Block) -> None:
     paths = [ROOT / name for name in block.marker.split(" by ")[0].split(", ")]
     absent = [str(path.relative_to(ROOT)) for path in paths if not path.exists()]
     if absent:
-        pytest.skip(f"{', '.join(absent)} not here (results/ is not in git): the command writes it")
+        pytest.skip(f"{', '.join(absent)} not here (git keeps only the tables made on this project's machines so far): the command writes it")
     if block.kind == "table":
         shown = [markdown_table(block.text)]
     else:

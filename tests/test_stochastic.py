@@ -241,7 +241,7 @@ def test_a_sampling_policys_int_mode_is_chosen_on_its_sampled_agreement(tiny_run
     assert sampled.stochastic and not greedy.stochastic
     assert 0.9 <= quant["sampled_agreement"] <= 1.0
     assert "sampled agree%" in quant_columns({"quant": quant})
-    from quarl.quant.modes import choose
+    from quarl.quant.choice import choose
 
     states = calibration[:400]
     for bar in (0.95, 0.9999):  # a bar the sampled agreement meets, and one it may not

@@ -29,7 +29,7 @@ from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant import precisions as registry
 from quarl.quant.config import QuantConfig
-from quarl.quant.modes import Returns
+from quarl.quant.choice import Returns
 from quarl.timing import median_us
 
 def _space(space: gym.spaces.Space) -> dict[str, Any]:

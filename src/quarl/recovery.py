@@ -41,15 +41,17 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, Field
 from torch import nn
 
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
+from quarl.file_schema import Record, parse_json, parse_record
 from quarl.measure import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
 from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
@@ -279,7 +281,7 @@ def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple
     ``quarl ptq`` would run), replaced by the block mode where it has no student."""
     from quarl.quant.api import quantize
     from quarl.quant.backends import onnxruntime as ortb
-    from quarl.quant.modes import keep_options
+    from quarl.quant.choice import keep_options
 
     qconfig = config.quant_config()
     chosen: dict[str, Any] | None = None
@@ -505,6 +507,43 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
     tmp.replace(path)
 
 
+_Count = Annotated[int, Field(ge=0)]
+
+
+class RoundRecord(Record):
+    """One :class:`RoundStats` as a state or ``recovery.json`` holds it."""
+
+    round: _Count
+    states: _Count
+    new_states: _Count
+    loss: float
+    agreement: Annotated[float, Field(ge=0, le=1)]
+    played_return: Annotated[float, Field(allow_inf_nan=True)]
+    wall_s: Annotated[float, Field(ge=0)]
+    calibration_verdict: str = ""
+
+
+class RecoveryStateRecord(Record):
+    """What :func:`_save_state` writes after each round (tensors and plain containers)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    format: Literal[1]
+    teacher: str
+    spec: dict[str, Any]
+    config: dict[str, Any]
+    student: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    states: torch.Tensor
+    heldout: torch.Tensor
+    history: list[RoundRecord]
+    best_agreement: float
+    best_round: int = Field(ge=-1)
+    best_student: dict[str, torch.Tensor]
+    updates: _Count
+    seeds: list[int]
+    target: float
+
+
 STATE_CAP = 16 << 30
 """Bytes a recovery state may have (its aggregated states are capped at about 2 GiB)."""
 
@@ -524,6 +563,10 @@ def read_state(path: Path) -> dict[str, Any]:
                          "afresh") from None
     if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
         raise QuarlError(f"{path} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start afresh")
+    try:
+        parse_record(RecoveryStateRecord, saved, path)
+    except QuarlError as exc:
+        raise QuarlError(f"{exc}: remove it to start afresh") from None
     return saved
 
 
@@ -681,6 +724,53 @@ def find_recovery(checkpoint: Path) -> Path | None:
     return None
 
 
+class OriginalRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    zip_sha256: str
+    policy_sha256: str | None = None
+
+
+class RecoveredRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    zip_sha256: str
+    onnx_sha256: str
+
+
+class RecoveryRecord(Record):
+    """The fields of ``recovery.json`` (:func:`write_recovered`) that reading a recovered
+    folder and reusing a finished recovery act on; the others are a report, kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal[1]
+    precision: Literal["int8", "int4"]
+    original: OriginalRecord
+    recovered: RecoveredRecord
+    env: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    rounds: list[RoundRecord] = []
+
+
+RECORD_CAP = 4 << 20
+"""Bytes a recovery.json may have (quarl writes a few kilobytes)."""
+
+
+def read_recovery_record(path: Path) -> tuple[dict[str, Any], RecoveryRecord]:
+    """(the record as written, its :class:`RecoveryRecord`) of ``recovery.json``, or one
+    line naming the file (and the field)."""
+    from quarl.limits import read_capped
+
+    record = parse_json(read_capped(path, RECORD_CAP, "a recovery record"), path)
+    if not isinstance(record, dict) or record.get("format") != RECOVERY_FORMAT:
+        raise QuarlError(f"{path} is not a quarl recovery record (format {RECOVERY_FORMAT})")
+    original, recovered = record.get("original"), record.get("recovered")
+    if not (isinstance(original, dict) and "zip_sha256" in original and isinstance(recovered, dict)
+            and "onnx_sha256" in recovered and "zip_sha256" in recovered):
+        raise QuarlError(f"{path} lacks the original's or the export's hash")
+    if record.get("precision") not in ("int8", "int4"):
+        raise QuarlError(f"{path}: precision {record.get('precision')!r} is not int8 or int4")
+    return record, parse_record(RecoveryRecord, record, path)
+
+
 def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
     """The original and the recovered kernel of a folder written by :func:`write_recovered`
     (None for any other checkpoint); a file that does not match its recorded hash is refused."""
@@ -691,21 +781,9 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     path = find_recovery(checkpoint)
     if path is None:
         return None
-    try:
-        record = json.loads(read_capped(path, 4 << 20, "a recovery record"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise QuarlError(f"{path} is corrupt: not JSON") from None
-    if not isinstance(record, dict) or record.get("format") != RECOVERY_FORMAT:
-        raise QuarlError(f"{path} is not a quarl recovery record (format {RECOVERY_FORMAT})")
-    try:
-        original_sha = str(record["original"]["zip_sha256"])
-        onnx_sha = str(record["recovered"]["onnx_sha256"])
-        recovered_sha = str(record["recovered"]["zip_sha256"])
-        precision = str(record["precision"])
-    except (KeyError, TypeError):
-        raise QuarlError(f"{path} lacks the original's or the export's hash") from None
-    if precision not in ("int8", "int4"):
-        raise QuarlError(f"{path}: precision {precision!r} is not int8 or int4")
+    record, typed = read_recovery_record(path)
+    original_sha, onnx_sha = typed.original.zip_sha256, typed.recovered.onnx_sha256
+    recovered_sha, precision = typed.recovered.zip_sha256, typed.precision
     original_zip = path.parent / ORIGINAL_ZIP
     if not original_zip.is_file() or sha256_file(original_zip) != original_sha:
         raise QuarlError(f"{original_zip} is missing or is not the original policy recorded in {path.name}")

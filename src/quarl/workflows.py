@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from quarl import validate
+from quarl import registry_options, validate
 from quarl.errors import QuarlError
 
 if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
@@ -112,7 +112,7 @@ def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Pa
     from quarl.measure import calibration_inputs, calibration_returns
     from quarl.policies.onnx_artifact import ARTIFACT_NAME
 
-    labels = validate.precisions(precision, **options)
+    labels = registry_options.precisions(precision, **options)
     validate.count(max_steps, 1, "--max-steps", unset="")
     calibration = None if labels == ["fp32"] else calibration_inputs(policy, env_spec, max_steps)
     returns = calibration_returns(env_spec, max_steps)

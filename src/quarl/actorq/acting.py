@@ -43,7 +43,7 @@ INT8_ACTOR_MODE = "int8-dyn-tensor"
 policies and with no calibration to redo per weight version."""
 INT8_ACTOR_KEEP = frozenset({0})
 """The layer that reads the observations stays fp32, by the core's rule for MLPs
-(:func:`quarl.quant.modes.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
+(:func:`quarl.quant.choice.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
 (~1 rad/s) share one activation range per call, and with that layer in int8 the DQN actors
 needed about twice the env steps to reach the target (README, ActorQ results)."""
 

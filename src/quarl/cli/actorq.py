@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt, with_options
@@ -139,7 +139,7 @@ def actorq_compare(
 
     Example: quarl actorq compare CartPole-v1 --precisions fp32,int8 --repeats 3 --policy-layers 256,256
     """
-    labels = validate.actor_precisions(precisions)
+    labels = registry_options.actor_precisions(precisions)
     validate.repeats(repeats)
     config, out = start(env_id, True, opts)
     from quarl.actorq.compare import run_compare
@@ -184,7 +184,7 @@ def actorq_model(
     from quarl.reports import print_table
 
     counts = validate.positive_ints(actors, "--actors")
-    widths = validate.wire_widths(wire_bits)
+    widths = registry_options.wire_widths(wire_bits)
     cluster = model_cluster(nodes, cores_per_node, learner_speedup, bandwidth_gbps)
     report = model_report(load_runs(runs), counts, cluster, out, load_runs(validate_runs) if validate_runs else None,
                           widths)

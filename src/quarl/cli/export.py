@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import (PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, OutOpt, TrustOpt,
                                VerboseOpt, is_export, load, load_choice, protocol)
@@ -46,8 +46,8 @@ def export(
     setup(verbose)
     from quarl.workflows import export_checkpoint
 
-    options = validate.quant_options(int8_weights, block_size)
-    validate.precisions(precision, **options)
+    options = registry_options.quant_options(int8_weights, block_size)
+    registry_options.precisions(precision, **options)
     validate.seed(seed)
     if seed:
         console.print("note: export --seed is ignored and will be removed: calibration seeds are fixed, so export, "
@@ -93,7 +93,7 @@ def bench(
     if precisions is not None and exported:
         raise QuarlError(f"{checkpoint} is an exported model: bench times it as exported; drop --precisions (or bench "
                          "the checkpoint it came from)")
-    labels = validate.precisions(precisions or "fp16,bf16,int8,int4")
+    labels = registry_options.precisions(precisions or "fp16,bf16,int8,int4")
     validate.bench_budget(budget)
     sizes = validate.batch_sizes(batches)
     ckpt, spec = load(checkpoint, env, trust_pickle)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from quarl import validate
+from quarl import registry_options, validate
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.options import (BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, is_export, load, load_choice, protocol)
@@ -51,11 +51,11 @@ def play(
     from quarl.reports import print_table
     from quarl.workflows import episode_rows, file_label
 
-    options = validate.quant_options(int8_weights, block_size)
-    labels = validate.precisions(precision, **options)
+    options = registry_options.quant_options(int8_weights, block_size)
+    labels = registry_options.precisions(precision, **options)
     if len(labels) != 1:
         raise QuarlError(f"--precision {precision!r} names {len(labels)} precisions: play takes one")
-    validate.eval_settings(episodes, seed, 1, max_steps)
+    registry_options.eval_settings(episodes, seed, 1, max_steps)
     validate.count(max_steps, 1, "--max-steps")
     validate.out_folder(video, "--video")
     size = validate.video_size(video_size)

@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 import typer
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
 from quarl.cli.options import (PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, Int8WeightsOpt,
                                MaxStepsOpt, NEnvsOpt, OutOpt, SeedOpt, StickyOpt, StochasticOpt, TrustOpt, VerboseOpt,
@@ -70,9 +70,9 @@ def ptq(
     from quarl.ptq import run_ptq
     from quarl.reports import print_table, ptq_rows
 
-    options = validate.quant_options(int8_weights, block_size)
-    labels = validate.precisions(precisions, **options)
-    settings = validate.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    options = registry_options.quant_options(int8_weights, block_size)
+    labels = registry_options.precisions(precisions, **options)
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     validate.decide_episodes(decide_episodes, episodes)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.progress import TaskID
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.options import (BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
                                SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, is_export, load, load_choice)
@@ -60,11 +60,11 @@ def recover(
     from quarl.recovery import RecoverConfig, preflight, run_recover
     from quarl.reports import print_table, ptq_rows
 
-    options = validate.quant_options(int8_weights, block_size)
+    options = registry_options.quant_options(int8_weights, block_size)
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
                            episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
                            finetune_steps=finetune_steps, **options)
-    settings = validate.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     if is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
                          "Zoo folder)")

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, log, out_console, progress, setup, user_errors
 from quarl.cli.options import (PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, WideOpt, WorkersOpt)
@@ -46,8 +46,8 @@ def demo(
     from quarl.demo import demo_agents, run_demo
     from quarl.reports import print_table
 
-    labels = validate.precisions(precisions)
-    settings = validate.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
+    labels = registry_options.precisions(precisions)
+    settings = registry_options.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
     validate.out_folder(out)
     validate.decide_episodes(decide_episodes)
 
@@ -103,12 +103,12 @@ def study(
     from quarl.study.grid import cells as study_cells
     from quarl.workflows import write_study_report
 
-    options = validate.quant_options(int8_weights, block_size)
+    options = registry_options.quant_options(int8_weights, block_size)
     seed_list = validate.seed_list(seeds)
     validate.count(max_steps, 1, "--max-steps")
     validate.out_folder(out)
-    labels = validate.precisions(precisions, recovered=True, **options)
-    validate.eval_settings(episodes, 0, n_envs, max_steps)
+    labels = registry_options.precisions(precisions, recovered=True, **options)
+    registry_options.eval_settings(episodes, 0, n_envs, max_steps)
     validate.decide_episodes(decide_episodes)
     config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
                          int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,

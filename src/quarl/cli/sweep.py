@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, say_reused, setup, user_errors
 from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, GranularityOpt, MaxStepsOpt,
                                NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, load,
@@ -46,7 +46,7 @@ def sweep(
 
     widths = validate.bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
-    settings = validate.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     validate.float_checkpoint(checkpoint, "sweep re-quantizes the float weights")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     warm(settings.workers)

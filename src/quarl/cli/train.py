@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, validate
+from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, VerboseOpt
 
@@ -103,7 +103,7 @@ def qat(
     widths = validate.bit_widths(bits)
     validate.count(timesteps, 1, "--timesteps")
     validate.count(quant_delay, 0, "--quant-delay")
-    settings = validate.eval_settings(episodes, seed, n_envs, None)
+    settings = registry_options.eval_settings(episodes, seed, n_envs, None)
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,
                      tuple(validate.hyperparams(hp).items()))
     QuantConfig(precision="nbit", scheme=scheme)  # validates the scheme before any training

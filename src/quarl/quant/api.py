@@ -13,7 +13,7 @@ from quarl.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
-from quarl.quant.modes import Returns
+from quarl.quant.choice import Returns
 from quarl.quant.precisions import (  # noqa: F401 (quarl.quant.api's public names)
     calibrate_ranges,
     get,

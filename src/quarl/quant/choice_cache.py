@@ -1,6 +1,6 @@
 """The automatic int mode, chosen once and remembered.
 
-An automatic ``int8`` / ``int4`` choice (:func:`quarl.quant.modes.choose`) is a property of
+An automatic ``int8`` / ``int4`` choice (:func:`quarl.quant.choice.choose`) is a property of
 the policy's content, the calibration data (fixed seeds), the quantization options, this
 CPU's int8 features and the ONNX Runtime version. It is stored under that key, so ``ptq``,
 ``study``, ``demo``, ``export``, ``bench``, ``play`` and :func:`quarl.quantize` run the same

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import Callable, cast
 
 import gymnasium as gym
 import numpy as np
@@ -397,28 +397,3 @@ def sampled_agreement(policy: Policy, states: np.ndarray, out: np.ndarray) -> fl
     q = np.asarray(out, np.float64)
     gumbel = np.random.default_rng(0).gumbel(size=(SAMPLED_DRAWS, *p.shape))
     return float(np.mean((p + gumbel).argmax(-1) == (q + gumbel).argmax(-1)))
-
-
-# ----------------------------------------------------------- the automatic choice, re-exported
-# It lives in quarl.quant.choice, which imports this module: its names are fetched on first use
-# (an import at the top would be circular), so ``from quarl.quant.modes import choose`` works.
-
-if TYPE_CHECKING:
-    from quarl.quant.choice import (CLOSED_LOOP_CANDIDATES as CLOSED_LOOP_CANDIDATES, LOW_AGREEMENT as LOW_AGREEMENT,
-                                    SEQUENTIAL_CAP as SEQUENTIAL_CAP, SEQUENTIAL_FIRST as SEQUENTIAL_FIRST,
-                                    SWITCH_MARGIN as SWITCH_MARGIN, SWITCH_SAVING_US as SWITCH_SAVING_US,
-                                    TIMING_ROUNDS as TIMING_ROUNDS, Returns as Returns, choose as choose,
-                                    keep_options as keep_options)
-
-CHOICE_NAMES = frozenset({"choose", "keep_options", "Returns", "SEQUENTIAL_FIRST", "SEQUENTIAL_CAP",
-                          "CLOSED_LOOP_CANDIDATES", "SWITCH_MARGIN", "SWITCH_SAVING_US", "TIMING_ROUNDS",
-                          "LOW_AGREEMENT"})
-"""Names of :mod:`quarl.quant.choice` that this module still answers for."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in CHOICE_NAMES:
-        from quarl.quant import choice
-
-        return getattr(choice, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

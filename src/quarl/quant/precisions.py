@@ -38,8 +38,8 @@ from quarl.policies.base import Policy, categorical, greedy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant import choice_cache
-from quarl.quant.modes import (MODES, BuildRequest, Candidate, Returns, build_candidate, choose, get_mode,
-                               split_calibration)
+from quarl.quant.choice import Returns, choose
+from quarl.quant.modes import MODES, BuildRequest, Candidate, build_candidate, get_mode, split_calibration
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
 if TYPE_CHECKING:  # config validates against this module; only annotations need it here

@@ -1,0 +1,75 @@
+"""Option values checked against quarl's registries and settings classes (precisions and
+their options, ActorQ actor precisions and wire widths, evaluation settings): apart from
+:mod:`quarl.validate`, which the registries themselves import and so must import none of
+them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from quarl.errors import QuarlError
+from quarl.validate import MAX_N_ENVS, items, positive_ints, seed
+
+if TYPE_CHECKING:
+    from quarl.cells import EvalSettings
+
+
+def precisions(text: str, recovered: bool = False, **options: Any) -> list[str]:
+    """The labels of --precisions, each checked, lower case; ``recovered``: ``rec-int4`` /
+    ``rec-int8`` (a recovered column, quarl study) are allowed too."""
+    from quarl.quant.config import QuantConfig
+    from quarl.recovery import RECOVERED_PREFIX, recovered_precision
+
+    labels = items(text, "--precisions")
+    for label in labels:
+        if label.lower().startswith(RECOVERED_PREFIX):
+            if not recovered:
+                raise QuarlError(f"{label!r} is a study column: here run quarl recover POLICY --precision "
+                                 f"{label[len(RECOVERED_PREFIX):]}")
+            recovered_precision(label)
+            continue
+        QuantConfig.parse(label, **options)  # raises a clear error for an unknown one
+    return [label.lower() for label in labels]
+
+
+def quant_options(int8_weights: str, block_size: int) -> dict[str, Any]:
+    """QuantConfig fields shared by every cell, validated (one line for a bad value)."""
+    from quarl.quant.config import QuantConfig
+
+    QuantConfig(int8_weights=int8_weights, block_size=block_size)
+    return {"int8_weights": int8_weights, "block_size": block_size}
+
+
+def actor_precisions(text: str) -> list[str]:
+    """actorq compare --precisions: actor precisions, one run each."""
+    from quarl.actorq.config import ACTOR_PRECISIONS
+
+    labels = items(text, "--precisions")
+    bad = [p for p in labels if p not in ACTOR_PRECISIONS]
+    if bad:
+        raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
+    return labels
+
+
+def wire_widths(text: str) -> list[int]:
+    """actorq model --wire-bits: widths float actors pull weights at (empty: none)."""
+    from quarl.actorq.config import WIRE_BITS
+
+    widths = positive_ints(text, "--wire-bits") if text else []
+    bad = [b for b in widths if b not in WIRE_BITS]
+    if bad:
+        raise QuarlError(f"--wire-bits {bad[0]} is not a width actors pull: allowed {', '.join(map(str, WIRE_BITS))}")
+    return widths
+
+
+def eval_settings(episodes: int, seed_value: int, n_envs: int, max_steps: int | None,
+                  worker_count: int = 1) -> EvalSettings:
+    """The evaluation settings of a command, each checked."""
+    from quarl.measure import EvalSettings
+
+    if episodes < 1:
+        raise QuarlError(f"--episodes {episodes} must be at least 1")
+    if not 1 <= n_envs <= MAX_N_ENVS:
+        raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
+    seed(seed_value)
+    return EvalSettings(episodes=episodes, seed=seed_value, n_envs=n_envs, max_steps=max_steps, workers=worker_count)
