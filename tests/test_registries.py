@@ -276,3 +276,28 @@ def test_a_made_up_int_mode_is_one_registration(registered: None, tmp_path: Path
         modes.MODES.pop(label)
     with pytest.raises(QuarlError, match=f"unknown precision '{label}'"):
         QuantConfig.parse(label)
+
+
+def test_a_trainer_is_one_registration(tmp_path: Path) -> None:
+    """CONTRIBUTING's training recipe: a trainer registered at run time is trained by
+    ``quarl train`` (SB3 defaults where the RL Zoo has no entry for it), its action spaces
+    are checked, and without the registration the name is refused in one line."""
+    from quarl.errors import QuarlError
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.training.hyperparams import TRAINERS, Trainer, register_trainer
+    from quarl.training.sb3_train import TrainConfig, check_algo_env, train
+
+    register_trainer(Trainer("myac", "stable_baselines3", "A2C", "discrete"))
+    try:
+        with pytest.raises(QuarlError, match="registered already"):
+            register_trainer(Trainer("myac", "stable_baselines3", "A2C"))
+        with pytest.raises(QuarlError, match="myac needs discrete actions but Pendulum-v1 has Box"):
+            check_algo_env("myac", "Pendulum-v1")
+        run = train(TrainConfig("myac", "CartPole-v1", timesteps=200, out=tmp_path, eval_freq=0,
+                                tensorboard=False)).run_dir
+        assert run.parent.name == "myac" and (run / "CartPole-v1.zip").exists()
+        assert load_checkpoint(run).policy.head == "argmax"
+    finally:
+        TRAINERS.pop("myac", None)
+    with pytest.raises(QuarlError, match="unknown algorithm 'myac'"):
+        check_algo_env("myac", "CartPole-v1")

@@ -65,8 +65,18 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
         "estimator does not give (its line search divides by zero): train trpo without --qat-bits")),
 )}
 TRAIN_ALGOS = tuple(TRAINERS)
-DISCRETE_ONLY = tuple(t.name for t in TRAINERS.values() if t.actions == "discrete")
-CONTINUOUS_ONLY = tuple(t.name for t in TRAINERS.values() if t.actions == "continuous")
+"""The trainers registered at import (the checks read :data:`TRAINERS` itself)."""
+
+
+def register_trainer(trainer: Trainer) -> Trainer:
+    """Add an algorithm ``quarl train`` runs (its hyperparameters come from rl_zoo3's
+    ``<name>.yml`` or ``--hp``); a name already taken is refused."""
+    if trainer.name in TRAINERS:
+        raise QuarlError(f"a trainer named {trainer.name!r} is registered already")
+    if trainer.actions not in ("discrete", "continuous", "both"):
+        raise QuarlError(f"trainer {trainer.name!r}: actions {trainer.actions!r} is not discrete, continuous or both")
+    TRAINERS[trainer.name] = trainer
+    return trainer
 
 # Class names that appear inside the zoo's policy_kwargs strings.
 _CLASSES = {

@@ -34,7 +34,7 @@ from quarl.file_schema import Record, parse_json, parse_record
 from quarl.validate import digits
 from quarl.quant.config import QATConfig
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
-from quarl.training.hyperparams import CONTINUOUS_ONLY, DISCRETE_ONLY, TRAIN_ALGOS, TRAINERS, TrainSetup, prepare
+from quarl.training.hyperparams import TRAINERS, TrainSetup, prepare
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 
 log = logging.getLogger(__name__)
@@ -85,15 +85,16 @@ class TrainConfig:
 
 def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space:
     """Validate the pair and return the env's action space (one line on a bad pair)."""
-    if algo not in TRAIN_ALGOS:
-        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(TRAIN_ALGOS)}")
+    if algo not in TRAINERS:
+        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(TRAINERS)}")
+    actions = TRAINERS[algo].actions
     check_env_id(env_id)
     probe = make_env(EnvSpec(env_id))
     space = probe.action_space
     probe.close()
-    if algo in DISCRETE_ONLY and not isinstance(space, gym.spaces.Discrete):
+    if actions == "discrete" and not isinstance(space, gym.spaces.Discrete):
         raise QuarlError(f"{algo} needs discrete actions but {env_id} has {space}: use ppo, a2c, sac, td3 or ddpg")
-    if algo in CONTINUOUS_ONLY and not isinstance(space, gym.spaces.Box):
+    if actions == "continuous" and not isinstance(space, gym.spaces.Box):
         raise QuarlError(f"{algo} needs continuous actions but {env_id} has {space}: use ppo, a2c or dqn")
     if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
         raise QuarlError(f"{env_id} has action space {space}: quarl trains on Discrete and Box actions")
