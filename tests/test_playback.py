@@ -40,6 +40,13 @@ def test_a_video_from_a_named_camera_at_a_set_size_with_progress(cheetah, tmp_pa
     assert api.result.returns[0] == pytest.approx(result.result.returns[0])
     assert quarl.evaluate(cheetah, "HalfCheetah-v4", episodes=1, max_steps=40).returns[0] == pytest.approx(
         api.result.returns[0])
+    assert [p.name for p in api.videos] == ["fp32-episode-0.mp4"]  # named as the CLI names them
+    # a path, a camera id as an int, a size as typed on the command line; sampling named apart
+    cheetah.save(tmp_path / "sac.zip")
+    by_path = quarl.play(str(tmp_path / "sac.zip"), "HalfCheetah-v4", episodes=1, video=tmp_path / "api", camera=0,
+                         video_size="160x96", max_steps=40, stochastic=True)
+    assert [p.name for p in by_path.videos] == ["fp32-sampled-episode-0.mp4"]
+    assert by_path.result.returns[0] != pytest.approx(api.result.returns[0])  # it sampled
 
 
 @pytest.mark.parametrize("camera, env_id, message", [

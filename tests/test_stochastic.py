@@ -346,13 +346,36 @@ def test_sac_sampled_returns_match_sb3s_on_mujoco(tmp_path: Path) -> None:
 
 
 def test_td3_samples_greedily_as_sb3s_predict_does(tmp_path: Path) -> None:
-    """TD3 / DDPG's predict ignores ``deterministic`` (their noise is for training): sampled
-    play is greedy play, not a refusal."""
+    """TD3 / DDPG's predict ignores ``deterministic`` (their noise is for training): asked to
+    sample, they play greedily and say so (records read ``greedy``), not a refusal."""
     from stable_baselines3 import TD3
 
     TD3("MlpPolicy", "Pendulum-v1", seed=0, device="cpu").save(tmp_path / "td3.zip")
     policy = load_checkpoint(tmp_path / "td3.zip").policy
     spec = EnvSpec("Pendulum-v1")
     sampled = acting(policy, spec, True)
-    assert sampled.stochastic
+    assert not sampled.stochastic
     assert np.array_equal(evaluate(sampled, spec, episodes=4).returns, evaluate(policy, spec, episodes=4).returns)
+    from quarl.policies.base import sample_actions
+
+    out = policy.forward(policy.preprocess(np.zeros((3, 3), np.float32)))
+    assert np.array_equal(sample_actions(policy, out, [(0, 0), (1, 0), (2, 5)]), policy.postprocess(out))
+
+
+def test_an_export_of_a_sampling_continuous_policy_is_refused_and_an_export_cannot_sample(tmp_path: Path) -> None:
+    """The ONNX model holds a Gaussian's mean alone: exporting a sampling SAC is refused
+    (its sidecar would say "sampled"), and sampling from an export says what to do."""
+    from quarl.deploy import export_policy
+    from quarl.policies.onnx_artifact import load_artifact
+
+    _, path = _sb3_model("sac", tmp_path)
+    spec = EnvSpec("Pendulum-v1")
+    policy = load_checkpoint(path).policy
+    with pytest.raises(QuarlError, match="an export holds sac's mean action alone, not its noise: export with "
+                                         "--deterministic"):
+        export_policy(acting(policy, spec, True), "fp32", tmp_path / "out" / "policy", env_spec=spec)
+    export_policy(policy, "fp32", tmp_path / "out" / "policy", env_spec=spec)
+    exported, _ = load_artifact(tmp_path / "out" / "policy.onnx")
+    with pytest.raises(QuarlError, match="cannot be sampled from an exported model .*evaluate the checkpoint it came "
+                                         "from with --stochastic, or drop --stochastic"):
+        acting(exported, spec, True)

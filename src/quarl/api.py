@@ -105,20 +105,29 @@ def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None =
 
 
 def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = None, episodes: int = 3,
-         seed: int = 0, video: str | Path | None = None, camera: str | None = None,
-         video_size: tuple[int, int] | None = None, max_steps: int | None = None) -> Playback:
+         seed: int = 0, video: str | Path | None = None, camera: str | int | None = None,
+         video_size: tuple[int, int] | str | None = None, max_steps: int | None = None,
+         stochastic: bool | None = None) -> Playback:
     """``quarl play``: play ``episodes`` episodes (the seeds :func:`evaluate` uses) and, with
-    ``video`` (a folder), record each as an .mp4, from ``camera`` at ``video_size`` (MuJoCo).
-    ``policy`` and ``env_spec`` as :func:`evaluate` takes them."""
+    ``video`` (a folder), record each as ``PRECISION-episode-K.mp4``, from ``camera`` (an id
+    or a name) at ``video_size`` ((width, height) or ``"640x480"``; MuJoCo). ``policy`` and
+    ``env_spec`` as :func:`evaluate` takes them (a quantized policy plays at its precision);
+    ``stochastic`` as ``--stochastic`` / ``--deterministic`` (None: the RL Zoo's default)."""
+    from quarl import validate
+    from quarl.evaluation import protocol
     from quarl.playback import play as _play
+    from quarl.workflows import file_label
 
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
         from quarl.errors import QuarlError
 
         raise QuarlError("play needs an env: pass env_spec (an EnvSpec or a gymnasium env id)")
-    return _play(policy, _spec(policy, env_spec), episodes=episodes, seed=seed, video=video, max_steps=max_steps,
-                 camera=camera, video_size=video_size)
+    spec, policy = protocol(policy, _spec(policy, env_spec), stochastic)
+    size = validate.video_size(video_size) if isinstance(video_size, str) else video_size
+    return _play(policy, spec, episodes=episodes, seed=seed, video=video, max_steps=max_steps,
+                 camera=None if camera is None else str(camera), video_size=size,
+                 name=file_label(policy.precision) + ("-sampled" if policy.stochastic else ""))
 
 
 def _is_sb3_model(obj: Any) -> bool:
@@ -169,13 +178,14 @@ def _policy_and_env(policy: Any, env_spec: EnvSpec | str | None) -> tuple[Policy
     SB3 model): an explicit ``env_spec`` wins, else the agent's own."""
     if isinstance(policy, Policy):
         return policy, env_spec
-    if _is_sb3_model(policy):
+    if _is_sb3_model(policy) or isinstance(policy, (str, Path)):  # a model object, or a zip / run folder / export
         policy = load(policy, env_spec if isinstance(env_spec, str) else None)
     if isinstance(policy, Checkpoint):
         return policy.policy, env_spec if env_spec is not None else policy.env_spec
     from quarl.errors import QuarlError
 
-    raise QuarlError(f"expected a quarl Policy, what quarl.load returns or an SB3 model, not a {type(policy).__name__}")
+    raise QuarlError(f"expected a quarl Policy, what quarl.load returns, an SB3 model or a path, not a "
+                     f"{type(policy).__name__}")
 
 
 def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,

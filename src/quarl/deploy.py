@@ -140,6 +140,10 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file.
     ``portable``: MatMulNBits rewritten as standard ONNX (:mod:`quarl.quant.portable`),
     checked against the contrib model on ``calibration`` (recorded under ``portable``)."""
+    if policy.stochastic and policy.head in ("clip", "unscale"):
+        # the ONNX model gives the mean action; a sidecar saying "sampled" would promise what it cannot do
+        raise QuarlError(f"--stochastic: an export holds {policy.algo}'s mean action alone, not its noise: export with "
+                         "--deterministic (sampled play is measured on the checkpoint itself)")
     model, quant = quantized_model(policy, precision, calibration, returns, **options)
     check = None
     if portable:

@@ -192,6 +192,11 @@ def acting(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None) ->
     reason = stochastic_support(policy)
     if stochastic is None:
         stochastic = env_family(env_spec.env_id).name in STOCHASTIC_FAMILIES and reason is None
+    from quarl.policies.base import DETERMINISTIC_ALGOS
+
+    if stochastic and policy.algo in DETERMINISTIC_ALGOS:  # their predict ignores deterministic: it plays greedily
+        log.info("%s samples nothing (SB3's predict ignores deterministic=False for it): playing greedily", policy.algo)
+        stochastic = False
     if stochastic and reason is not None:
         raise QuarlError(reason)
     return dataclasses.replace(policy, stochastic=bool(stochastic), meta=dict(policy.meta))

@@ -650,8 +650,13 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
             if (config_dir / item).is_file():
                 shutil.copyfile(config_dir / item, zoo / item)
     if not (zoo / "args.yml").exists():  # a bare zip: the env it was recovered on, as the zoo writes it
+        from quarl.envs import gym_packages
+
+        # the modules that register a custom env, as rl_zoo3 records them: the folder loads on its own
+        packages = "".join(f"    - - {name}\n" if i == 0 else f"      - {name}\n" for i, name in enumerate(gym_packages()))
         (zoo / "args.yml").write_text(f"!!python/object/apply:collections.OrderedDict\n- - - algo\n    - {policy.algo}\n"
-                                      f"  - - env\n    - {env_spec.env_id}\n")
+                                      f"  - - env\n    - {env_spec.env_id}\n"
+                                      + (f"  - - gym_packages\n{packages}" if packages else ""))
         (zoo / "config.yml").write_text("!!python/object/apply:collections.OrderedDict\n- []\n")
     shutil.copyfile(zip_path, zoo / ORIGINAL_ZIP)
     _write_zip(zip_path, out / f"{name}.zip", sb3_tensors(policy.network, result.student))

@@ -285,10 +285,10 @@ def video_size(text: str | None) -> tuple[int, int] | None:
     """``--video-size WIDTHxHEIGHT`` (e.g. 640x480) as (width, height); None when not given."""
     if text is None:
         return None
-    match = re.fullmatch(r"\s*([0-9]{1,5})\s*[xX]\s*([0-9]{1,5})\s*", text)
+    match = re.fullmatch(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*", text)
     if not match:
         raise QuarlError(f"--video-size {text!r} is not WIDTHxHEIGHT (e.g. 640x480)")
-    width, height = int(match.group(1)), int(match.group(2))
+    width, height = int(match.group(1)[:9]), int(match.group(2)[:9])  # a 9-digit side is out of range already
     if not (16 <= width <= 4096 and 16 <= height <= 4096):
         raise QuarlError(f"--video-size {text!r}: each side must be 16..4096 pixels")
     return width, height

@@ -70,7 +70,7 @@ def play(
         policy = ckpt.policy
     else:
         policy = ckpt.policy if labels[0] == "fp32" else quantize(ckpt.policy, labels[0], spec, **options)
-    name = file_label(policy.precision)
+    name = file_label(policy.precision) + ("-sampled" if policy.stochastic else "")  # a greedy play keeps its own
     with progress() as bar:  # recording a long MuJoCo episode takes seconds: say where it is
         task = bar.add_task(f"{name} episodes", total=episodes)
         result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name, camera=camera,
@@ -78,8 +78,9 @@ def play(
     rows = episode_rows(result.returns, result.lengths, seed)
     mode = (policy.meta.get("quant") or {}).get("mode")
     print_table(rows, None, out_console)
-    out_console.print(f"{ckpt.algo} {spec.env_id} at {name}" + (f" (mode {mode})" if mode else "") +
+    out_console.print(f"{ckpt.algo} {spec.env_id} at {file_label(policy.precision)}" + (f" (mode {mode})" if mode else "") +
                       f": mean return {result.mean:.2f} over {episodes} episodes" +
                       (", sampled actions" if policy.stochastic else ""), soft_wrap=True)
     if video is not None:
-        out_console.print(f"wrote {len(rows)} videos to {video}/ ({name}-episode-0.mp4 ...)", soft_wrap=True)
+        out_console.print(f"wrote {len(rows)} video{'s' * (len(rows) != 1)} to {video}/ ({name}-episode-0.mp4"
+                          + (" ...)" if len(rows) > 1 else ")"), soft_wrap=True)

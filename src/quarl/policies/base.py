@@ -352,9 +352,11 @@ def stochastic_support(policy: Policy) -> str | None:
         return None
     if policy.head == "clip" and "log_std" in policy.meta:
         return None
-    where = "an exported model holds the mean alone" if policy.precision.endswith("(onnx)") else "its noise layers were not found"
-    return (f"{policy.algo}'s {policy.head} head cannot sample here ({where}): categorical, epsilon-greedy, "
-            "diagonal and squashed Gaussian and gSDE heads of SB3 checkpoints sample")
+    if policy.precision.endswith("(onnx)"):
+        return (f"{policy.algo}'s continuous actions cannot be sampled from an exported model (it holds the mean "
+                "alone, not the noise): evaluate the checkpoint it came from with --stochastic, or drop --stochastic")
+    return (f"{policy.algo}'s continuous actions cannot be sampled here (its noise layers were not found in the "
+            "checkpoint): drop --stochastic")
 
 
 GSDE_STREAM = 0x65D3
