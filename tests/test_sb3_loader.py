@@ -353,3 +353,39 @@ def test_the_api_takes_the_sb3_model_a_user_holds() -> None:
     assert int8.meta["quant"]["mode"].startswith("int8") and int8.obs_normalizer is not None
     with pytest.raises(QuarlError, match="not a dict"):
         quarl.quantize({}, "int8")
+
+
+NEVER = " (allowed: finite numbers, or Infinity..-Infinity for a layer never observed)"
+
+
+@pytest.mark.parametrize("edit,message", [
+    (None, None),
+    ({"out_min": float("nan")}, "out_min..out_max = nan..2.0 is not a finite range" + NEVER),
+    ({"out_min": 1.0, "out_max": 1.0}, "out_min..out_max = 1.0..1.0 has width 0.0: a range must be wider than zero"),
+    ({"w_max": float("inf")}, "w_min..w_max = -0.5..inf is not a finite range" + NEVER),
+])
+def test_a_qat_runs_state_is_checked_when_its_policy_is_loaded(tiny_run: Path, tmp_path: Path, edit: dict | None,
+                                                               message: str | None) -> None:
+    """qat.json beside config.yml is read as the QATStateRecord a resume reads: NaN, inf or
+    zero-width ranges are refused at load time too (they used to load: a NaN range was
+    skipped, a zero-width one divided by zero), in one line naming the file and the layer."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    names = [getattr(m, "sb3_name") for m in load_checkpoint(run).policy.network.modules() if isinstance(m, nn.Linear)]
+    layers = {name: {"quantize": True, "out_min": -1.0, "out_max": 2.0, "w_min": -0.5, "w_max": 0.5} for name in names}
+    if edit is not None:
+        layers[names[1]].update(edit)
+    qat = next(run.rglob("config.yml")).parent / "qat.json"
+    qat.write_text(json.dumps({"config": {"bits": 4, "quant_delay": 0, "scheme": "quarl", "granularity": "auto",
+                                          "critic": False}, "enabled": True, "layers": layers}))
+    if message is None:
+        policy = load_checkpoint(run).policy
+        x = np.zeros((1, 4), np.float32)
+        assert policy.act(x).shape == (1,) and len(names) == 3  # fake-quantized as trained
+        return
+    with pytest.raises(QuarlError) as caught:
+        load_checkpoint(run)
+    assert str(caught.value) == f"{qat}: field layers.{names[1]}: {message}"

@@ -62,3 +62,9 @@ def parse_json(text: str | bytes, source: str | Path) -> Any:
         raise QuarlError(f"{source}: not JSON ({str(exc).splitlines()[0][:80]}): refused") from None
     except RecursionError:
         raise QuarlError(f"{source}: JSON nested too deeply: refused") from None
+
+
+def field_error(source: str | Path, field: str, problem: str) -> QuarlError:
+    """The one line :func:`parse_record` raises, for a check a record's types cannot make
+    alone (a length that must match another field's, a hash that must match a file)."""
+    return QuarlError(f"{source}: field {field}: {problem}")

@@ -7,12 +7,17 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import ConfigDict, Field, field_validator
 
 from quarl.errors import QuarlError
+from quarl.file_schema import Record, parse_json, parse_record
 from quarl.limits import read_capped
+
+SUMMARY_CAP = 16 << 20
+"""Bytes an ActorQ summary.json may have (quarl writes a few kilobytes)."""
 
 WINDOW = 10
 """Evaluations in the running mean that time-to-reward uses (as the paper)."""
@@ -22,6 +27,82 @@ def running_means(evals: list) -> np.ndarray:
     """The running mean over the last :data:`WINDOW` evaluations, after each evaluation."""
     v = np.array([e[2] for e in evals], dtype=float)
     return np.array([v[max(0, i - WINDOW + 1) : i + 1].mean() for i in range(len(v))])
+
+
+_Count = Annotated[int, Field(ge=0)]
+_Rate = Annotated[float, Field(ge=0)]
+_Measured = Annotated[float, Field(allow_inf_nan=True)]
+"""A return or a ratio as measured: an env's rewards may be infinite, an empty mean NaN."""
+
+
+class ActorQSummaryRecord(Record):
+    """``summary.json`` as read back: :class:`ActorQSummary`'s fields, typed (counts whole
+    and non-negative, times and rates finite and non-negative; returns as measured)."""
+
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    target_reward: float | None
+    reached: bool
+    time_to_reward_s: _Rate | None
+    elapsed_s: _Rate
+    final_running_mean: _Measured | None
+    evals: list[Annotated[list[_Measured], Field(min_length=3, max_length=4)]]
+    env_steps: _Count
+    learner_steps: _Count
+    env_steps_per_s: _Rate
+    learner_steps_per_s: _Rate
+    actor_env_steps_per_s: dict[str, _Rate]
+    actor_ms_per_step: dict[str, _Rate]
+    actor_time_share: dict[str, float]
+    actor_busy_ms_per_step: _Rate
+    actor_wall_ms_per_step: _Rate
+    evaluator_busy_s: _Rate | None
+    coordinator_ms_per_step: _Rate
+    learner_ms_per_step: _Rate
+    env_steps_at_target: _Count | None
+    learner_time_share: dict[str, float]
+    learner_busy_s: _Rate
+    weight_versions: _Count
+    pulls: _Count
+    loads: _Count
+    restarts: _Count
+    actor_nodes: dict[str, str | list[str]]
+    episodes: _Count
+    broadcast: dict[str, float | None]
+    energy: dict[str, Any]
+    actor_quant: dict[str, Any] = {}
+    provenance: dict[str, Any] = {}
+    machine_busy_cores: _Rate | None = None
+    steady_env_steps_per_s: _Rate | None = None
+    mismatch: dict[str, _Measured] | None = None
+
+
+class ActorQRunConfig(Record):
+    """The part of a summary's ``config`` that loading the run's policy needs."""
+
+    model_config = ConfigDict(extra="allow")
+    algo: str
+    env_id: str
+
+
+class ActorQRunRecord(Record):
+    """A summary as the loader of ActorQ policies reads it: its config's algo and env (a
+    run of any quarl version; the measurements are left as they are)."""
+
+    model_config = ConfigDict(extra="allow")
+    config: ActorQRunConfig
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _a_mapping(cls, config: Any) -> Any:
+        if not isinstance(config, dict):
+            raise ValueError("not an ActorQ summary (no config with algo and env_id)")
+        return config
+
+
+def read_summary_json(path: Path) -> Any:
+    """The JSON object of an ActorQ ``summary.json`` (at most :data:`SUMMARY_CAP` bytes)."""
+    return parse_json(read_capped(Path(path), SUMMARY_CAP, "an ActorQ summary.json"), path)
 
 
 @dataclass(frozen=True)
@@ -99,6 +180,8 @@ class ActorQSummary:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], where: str = "summary") -> "ActorQSummary":
+        """A summary from its JSON object, checked as an :class:`ActorQSummaryRecord`
+        (one line naming ``where`` and the field); the values are kept as stored."""
         names = {f.name for f in dataclasses.fields(cls)}
         required = {f.name for f in dataclasses.fields(cls)
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
@@ -107,13 +190,15 @@ class ActorQSummary:
         missing = sorted(required - set(data))
         if missing:
             raise QuarlError(f"{where} lacks {', '.join(missing[:4])}: it was written by an older quarl; rerun it")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        known = {k: v for k, v in data.items() if k in names}  # fields of other quarl versions are left out
+        parse_record(ActorQSummaryRecord, known, where)
+        return cls(**known)
 
     @classmethod
     def read(cls, path: Path) -> "ActorQSummary":
         try:
-            data = json.loads(read_capped(Path(path), 16 << 20, "an ActorQ summary.json"))
-        except (OSError, ValueError):
+            data = read_summary_json(path)  # not JSON: one line naming the file
+        except OSError:
             raise QuarlError(f"{path} is not an ActorQ summary.json") from None
         return cls.from_json(data, str(path))
 

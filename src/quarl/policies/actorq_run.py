@@ -6,7 +6,6 @@ from the run's own config."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gymnasium as gym
@@ -15,29 +14,34 @@ from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.errors import QuarlError
-from quarl.limits import check_file_size, check_tensors, model_file_cap, read_capped
+from quarl.actorq.summary import ActorQRunConfig, ActorQRunRecord, read_summary_json
+from quarl.file_schema import parse_record
+from quarl.limits import check_file_size, check_tensors, model_file_cap
 from quarl.policies.base import Policy
 from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 
 POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
 
 
-SUMMARY_CAP = 16 * 2**20
-"""Bytes an ActorQ summary.json may have (quarl writes a few kilobytes)."""
-
-
 def is_actorq_run(path: Path) -> bool:
     return path.is_dir() and (path / POLICY_FILE).exists() and (path / SUMMARY_FILE).exists()
+
+
+def read_run_config(summary: Path) -> ActorQRunConfig:
+    """The algo and env of an ActorQ run, from its ``summary.json`` (as an
+    :class:`~quarl.actorq.summary.ActorQRunRecord`: a run of any quarl version), or one line
+    naming the file and the field."""
+    raw = read_summary_json(summary)
+    if not isinstance(raw, dict) or "config" not in raw:
+        raise QuarlError(f"{summary} is not an ActorQ summary (no config with algo and env_id)")
+    return parse_record(ActorQRunRecord, raw, summary).config
 
 
 def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     """(policy, env spec, algo) of an ActorQ output folder."""
 
-    try:
-        config = json.loads(read_capped(path / SUMMARY_FILE, SUMMARY_CAP, "an ActorQ summary"))["config"]
-        algo, env_id = str(config["algo"]), str(config["env_id"])
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise QuarlError(f"{path / SUMMARY_FILE} is not an ActorQ summary (no config with algo and env_id)") from None
+    config = read_run_config(path / SUMMARY_FILE)
+    algo, env_id = config.algo, config.env_id
     check_file_size(path / POLICY_FILE, model_file_cap(), "an ActorQ policy")
     try:
         sd = torch.load(path / POLICY_FILE, map_location="cpu", weights_only=True)

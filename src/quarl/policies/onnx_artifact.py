@@ -6,18 +6,19 @@ acts in; the model runs on ONNX Runtime exactly as exported."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
+from quarl.file_schema import Record, field_error, parse_json, parse_record
 from quarl.limits import model_file_cap, read_capped
 from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
 from quarl.quant.backends.onnxruntime import OrtEngine
@@ -147,66 +148,151 @@ MAX_INPUT_VALUES = 10**7
 
 
 def _number(value: Any, what: str, low: float | None = None, inclusive: bool = False) -> float:
-    """A finite number (above ``low``, or at least ``low`` when ``inclusive``), or one line
-    naming the field."""
+    """A finite number (above ``low``, or at least ``low`` when ``inclusive``), or the
+    problem naming the field (a ValueError: the record puts it in its one line)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-        raise QuarlError(f"the sidecar's {what} {value!r} is not a finite number")
+        raise ValueError(f"{what} {value!r} is not a finite number")
     if low is not None and not (value >= low if inclusive else value > low):
-        raise QuarlError(f"the sidecar's {what} {value!r} must be {'>=' if inclusive else '>'} {low}")
+        raise ValueError(f"{what} {value!r} must be {'>=' if inclusive else '>'} {low}")
     return float(value)
 
 
 def _count(value: Any, what: str, least: int = 1, most: int = MAX_INPUT_VALUES) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise QuarlError(f"the sidecar's {what} {value!r} is not a whole number in {least}..{most}")
+        raise ValueError(f"{what} {value!r} is not a whole number in {least}..{most}")
     return value
 
 
-def _vector(values: Any, n: int, what: str, nonnegative: bool = False) -> np.ndarray:
-    if not isinstance(values, list) or len(values) != n:
-        length = len(values) if isinstance(values, list) else type(values).__name__
-        raise QuarlError(f"the sidecar's {what} has {length} values; the observation has {n}")
-    return np.array([_number(v, what, 0.0 if nonnegative else None, inclusive=True) for v in values], np.float64)
+def _checked(check: Callable[[Any], Any]) -> Any:
+    return BeforeValidator(check)
+
+
+class SpaceRecord(Record):
+    """A space as ``quarl export`` describes it (see :func:`quarl.deploy.sidecar`): the
+    fields its ``type`` uses, each checked (sizes whole and bounded, bounds finite or
+    ``null`` for an unbounded side)."""
+
+    what: ClassVar[str] = "space"
+    type: Literal["discrete", "box", "multi_discrete", "multi_binary"]
+    n: int | None = None
+    nvec: list[int] | None = None
+    shape: list[int] | None = None
+    low: list[float | None] | None = None
+    high: list[float | None] | None = None
+
+    @model_validator(mode="after")
+    def _fits_its_type(self) -> "SpaceRecord":
+        what = self.what
+        if self.type in ("discrete", "multi_binary"):
+            _count(self.n, f"{what} size", most=1024 if self.type == "multi_binary" else MAX_INPUT_VALUES)
+        elif self.type == "multi_discrete":
+            if self.nvec is None or not 1 <= len(self.nvec) <= 1024:
+                raise ValueError(f"{what} nvec {str(self.nvec)[:80]!r} is not a list of 1 to 1024 sizes")
+            for v in self.nvec:
+                _count(v, f"{what} nvec")
+        else:
+            if not self.shape:
+                raise ValueError(f"{what} shape {self.shape!r} is not a list of sizes")
+            for d in self.shape:
+                _count(d, f"{what} shape")
+            _count(math.prod(self.shape), f"{what} size")
+            for side, values in (("low", self.low), ("high", self.high)):
+                if values is None or len(values) != math.prod(self.shape):
+                    raise ValueError(f"{what} {side} bounds do not match its shape {tuple(self.shape)}")
+        return self
+
+    def space(self) -> gym.spaces.Space:
+        if self.type == "discrete":
+            return gym.spaces.Discrete(int(self.n or 0))
+        if self.type == "multi_binary":
+            return gym.spaces.MultiBinary(int(self.n or 0))
+        if self.type == "multi_discrete":
+            return gym.spaces.MultiDiscrete(list(self.nvec or ()))
+        shape = tuple(self.shape or ())
+
+        def bound(values: list[float | None] | None, fill: float) -> np.ndarray:
+            return np.array([fill if v is None else v for v in values or ()], np.float32).reshape(shape)
+
+        return gym.spaces.Box(bound(self.low, -np.inf), bound(self.high, np.inf), shape, np.float32)
+
+
+class ObservationSpaceRecord(SpaceRecord):
+    what: ClassVar[str] = "observation space"
+
+
+class ActionSpaceRecord(SpaceRecord):
+    what: ClassVar[str] = "action space"
 
 
 def _space(entry: Any, what: str) -> gym.spaces.Space:
-    if not isinstance(entry, dict) or entry.get("type") not in ("discrete", "box", "multi_discrete", "multi_binary"):
-        raise QuarlError(f"the sidecar's {what} is missing or unreadable")
-    if entry["type"] == "discrete":
-        return gym.spaces.Discrete(_count(entry.get("n"), f"{what} size"))
-    if entry["type"] == "multi_binary":
-        return gym.spaces.MultiBinary(_count(entry.get("n"), f"{what} size", most=1024))
-    if entry["type"] == "multi_discrete":
-        nvec = entry.get("nvec")
-        if not isinstance(nvec, list) or not 1 <= len(nvec) <= 1024:
-            raise QuarlError(f"the sidecar's {what} nvec {str(nvec)[:80]!r} is not a list of 1 to 1024 sizes")
-        return gym.spaces.MultiDiscrete([_count(v, f"{what} nvec") for v in nvec])
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or not shape:
-        raise QuarlError(f"the sidecar's {what} shape {shape!r} is not a list of sizes")
-    shape = tuple(_count(d, f"{what} shape") for d in shape)
-    _count(int(np.prod(shape)), f"{what} size")
-    n = int(np.prod(shape))
-
-    def bound(values: Any, fill: float, side: str) -> np.ndarray:
-        if not isinstance(values, list) or len(values) != n:
-            raise QuarlError(f"the sidecar's {what} {side} bounds do not match its shape {shape}")
-        return np.array([fill if v is None else _number(v, f"{what} {side} bound") for v in values],
-                        np.float32).reshape(shape)
-
-    return gym.spaces.Box(bound(entry.get("low"), -np.inf, "low"), bound(entry.get("high"), np.inf, "high"), shape,
-                          np.float32)
+    """The space a sidecar's ``entry`` describes (``what``: ``"action space"`` or
+    ``"observation space"``), or one line naming the field."""
+    record_type = ActionSpaceRecord if what == "action space" else ObservationSpaceRecord
+    return parse_record(record_type, entry, f"the sidecar's {what}").space()
 
 
-def _normalizer(norm: Any, n: int) -> ObsNormalizer | None:
-    if norm is None:
-        return None
-    if not isinstance(norm, dict):
-        raise QuarlError("the sidecar's obs_normalizer is not a mapping")
-    return ObsNormalizer(_vector(norm.get("mean"), n, "obs_normalizer mean"),
-                         _vector(norm.get("var"), n, "obs_normalizer var", nonnegative=True),
-                         _number(norm.get("clip"), "obs_normalizer clip", 0.0),
-                         _number(norm.get("epsilon"), "obs_normalizer epsilon", 0.0))
+class NormalizerRecord(Record):
+    """SB3's VecNormalize statistics, as the sidecar carries them."""
+
+    model_config = ConfigDict(extra="allow")  # dtype and formula: documentation for other runtimes
+    mean: list[Annotated[float, _checked(lambda v: _number(v, "obs_normalizer mean"))]]
+    var: list[Annotated[float, _checked(lambda v: _number(v, "obs_normalizer var", 0.0, inclusive=True))]]
+    clip: Annotated[float, _checked(lambda v: _number(v, "obs_normalizer clip", 0.0))] = Field(
+        None, validate_default=True)
+    epsilon: Annotated[float, _checked(lambda v: _number(v, "obs_normalizer epsilon", 0.0))] = Field(
+        None, validate_default=True)
+
+
+class EnvRecord(Record):
+    """The env the export acts in (:class:`quarl.envs.EnvSpec` as JSON)."""
+
+    env_id: str
+    env_kwargs: dict[str, Any] | None = None
+    wrappers: list[Any] | None = None
+    frame_stack: int | None = None
+
+
+class SidecarRecord(Record):
+    """What ``NAME.json`` holds that loading reads (:func:`quarl.deploy.write_artifact`
+    writes more: the operators, provenance, its caller's extra fields, left as they are)."""
+
+    model_config = ConfigDict(extra="allow")
+    format: str
+    head: str
+    observation_space: ObservationSpaceRecord
+    action_space: ActionSpaceRecord
+    onnx_sha256: str | None = None
+    quant: dict[str, Any] | None = None
+    n_quantiles: Annotated[int, _checked(lambda v: _count(v or 0, "n_quantiles", least=0, most=10_000))] = 0
+    obs_normalizer: NormalizerRecord | None = None
+    algo: str = "unknown"
+    precision: str = "onnx"
+    scale_images: bool | None = None
+    env: EnvRecord | None = None
+
+    @field_validator("head")
+    @classmethod
+    def _known_head(cls, head: str) -> str:
+        if head not in HEADS:
+            raise ValueError(f"unknown action head {head!r}")
+        return head
+
+
+def read_sidecar(meta_path: Path) -> SidecarRecord:
+    """``NAME.json`` as a :class:`SidecarRecord`, its observation normalizer of the
+    observation's size: one line naming the file and the field otherwise."""
+    meta = parse_json(read_capped(meta_path, SIDECAR_CAP, "a quarl sidecar"), meta_path)
+    if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT:
+        raise QuarlError(f"{meta_path} is not a quarl sidecar (format {SIDECAR_FORMAT!r})")
+    record = parse_record(SidecarRecord, meta, meta_path)
+    norm = record.obs_normalizer
+    n = math.prod(record.observation_space.space().shape or ())
+    for name in ("mean", "var"):
+        values = getattr(norm, name) if norm is not None else None
+        if values is not None and len(values) != n:
+            raise field_error(meta_path, f"obs_normalizer.{name}",
+                              f"obs_normalizer {name} has {len(values)} values; the observation has {n}")
+    return record
 
 
 ARTIFACT_NAME = "policy"
@@ -227,30 +313,21 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     meta_path = path.with_suffix(".json")
     if not meta_path.exists():
         raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to feed it")
-    try:
-        meta = json.loads(read_capped(meta_path, SIDECAR_CAP, "a quarl sidecar"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise QuarlError(f"{meta_path} is corrupt: not JSON") from None
-    if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT:
-        raise QuarlError(f"{meta_path} is not a quarl sidecar (format {SIDECAR_FORMAT!r})")
-    if meta.get("head") not in HEADS:
-        raise QuarlError(f"{meta_path}: unknown action head {meta.get('head')!r}")
-    raw_quant = meta.get("quant")
-    quant: dict = raw_quant if isinstance(raw_quant, dict) else {}
+    meta = read_sidecar(meta_path)
+    quant = meta.quant or {}
     mode = quant.get("mode")
     per_row = bool(mode in MODES and MODES[mode].per_row)
     model = read_capped(path, model_file_cap(), "an ONNX model")
-    digest = meta.get("onnx_sha256")
+    digest = meta.onnx_sha256
     if digest is not None and digest != hashlib.sha256(model).hexdigest():
         raise QuarlError(f"{path} is not the model {meta_path.name} describes (its SHA-256 differs from the sidecar's "
                          "onnx_sha256): export again")
     check_graph(model, path)
-    observation_space = _space(meta.get("observation_space"), "observation space")
-    action_space = _space(meta.get("action_space"), "action space")
-    n_obs = int(np.prod(observation_space.shape or ()))
-    n_quantiles = meta.get("n_quantiles") or 0
-    _count(n_quantiles, "n_quantiles", least=0, most=10_000)
-    normalizer = _normalizer(meta.get("obs_normalizer"), n_obs)
+    observation_space = meta.observation_space.space()
+    action_space = meta.action_space.space()
+    norm = meta.obs_normalizer
+    normalizer = None if norm is None else ObsNormalizer(np.array(norm.mean, np.float64), np.array(norm.var, np.float64),
+                                                         norm.clip, norm.epsilon)
     try:
         network = OnnxNetwork(model, per_row)
     except Exception as exc:  # ONNX Runtime raises its own types for a bad file
@@ -259,19 +336,21 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
         network=network,
         observation_space=observation_space,
         action_space=action_space,
-        head=meta["head"],
-        algo=str(meta.get("algo", "unknown")),
+        head=meta.head,
+        algo=meta.algo,
         obs_normalizer=normalizer,
-        scale_images=bool(meta.get("scale_images")),
-        n_quantiles=n_quantiles,
-        precision=f"{meta.get('precision', 'onnx')} (onnx)",
+        scale_images=bool(meta.scale_images),
+        n_quantiles=meta.n_quantiles,
+        precision=f"{meta.precision} (onnx)",
     )
     if quant:  # the mode export chose, shown beside the returns
         policy.meta["quant"] = quant
     check_outputs(policy, str(path))
-    env = meta.get("env")
+    env = meta.env
     spec = None
-    if isinstance(env, dict):
-        spec = EnvSpec(env["env_id"], env.get("env_kwargs") or {}, tuple(env.get("wrappers") or ()),
-                       int(env.get("frame_stack") or 1))
+    if env is not None:
+        try:
+            spec = EnvSpec(env.env_id, env.env_kwargs or {}, tuple(env.wrappers or ()), int(env.frame_stack or 1))
+        except QuarlError as exc:
+            raise field_error(meta_path, "env", str(exc)) from None
     return policy, spec

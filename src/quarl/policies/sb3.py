@@ -28,19 +28,22 @@ import json
 import logging
 import pickletools
 import re
+import reprlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import BeforeValidator, ConfigDict
 from torch import nn
 
-from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
+from quarl.envs import MAX_FRAME_STACK, EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
-from quarl.limits import check_tensors, open_zip, read_capped, read_zip_entry
+from quarl.file_schema import Record, parse_record
+from quarl.limits import check_tensors, open_zip, read_zip_entry
 from quarl.policies.base import check_outputs
 from quarl.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy, StateNoise
@@ -413,9 +416,9 @@ def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return data, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
-def _policy_kwargs(data: dict, config: dict) -> dict:
+def _policy_kwargs(data: dict, config: "ZooConfig") -> dict:
     out: dict = {}
-    text = config.get("policy_kwargs")
+    text = config.policy_kwargs
     if isinstance(text, str):
         parsed = parse_literal(text)
         out.update(parsed if isinstance(parsed, dict) else {})
@@ -588,7 +591,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
     zip_path, config_dir, zoo_algo = _zoo_files(path)
     # another zip acting in this folder's env (a recovered folder's original policy)
     data, sd = _read_zip(zip_override or zip_path)
-    config = load_zoo_yaml(config_dir / "config.yml") if config_dir else {}
+    config = read_zoo_config(config_dir / "config.yml") if config_dir else ZooConfig()
     obs_space = _space_from_json(data.get("observation_space"), "observation space")
     act_space = _space_from_json(data.get("action_space"), "action space")
     kwargs = _policy_kwargs(data, config)
@@ -612,7 +615,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
     env_spec = None
     if config_dir is not None:
         env_spec = _zoo_env_spec(config_dir, config_dir.name, config)
-        if config.get("normalize"):
+        if config.normalize:
             stats_path = config_dir / "vecnormalize.pkl"
             if not stats_path.exists():
                 raise QuarlError(f"{config_dir} says normalize=True but has no vecnormalize.pkl")
@@ -623,11 +626,10 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False, zip_override: 
         if qat_file.exists():  # a quantization-aware trained run: act as it was trained
             from quarl.quant.api import from_qat_state
 
-            try:
-                state = json.loads(read_capped(qat_file, 2**20, "a QAT state"))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise QuarlError(f"{qat_file} is corrupt: not JSON") from None
-            policy = from_qat_state(policy, state)
+            from quarl.training.qat_sb3 import read_qat_state
+
+            # a typed QATStateRecord: NaN, inf or zero-width ranges refused here as on resume
+            policy = from_qat_state(policy, read_qat_state(qat_file))
     log.info("loaded %s %s policy from %s", algo, type(policy.action_space).__name__, path)
     return Checkpoint(policy=policy, env_spec=env_spec, algo=algo, path=path)
 
@@ -637,29 +639,77 @@ MAX_EPISODE_STEPS_KWARG = 10**6
 (27,000 steps), 1,000x a MuJoCo episode; 10^12 made one evaluation episode endless."""
 
 
-def _check_env_kwargs(env_kwargs: Any, where: Path) -> dict:
-    if not isinstance(env_kwargs, dict):
-        raise QuarlError(f"{where}: env_kwargs is a {type(env_kwargs).__name__}, not a mapping")
-    steps = env_kwargs.get("max_episode_steps")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                              or not 1 <= steps <= MAX_EPISODE_STEPS_KWARG):
-        raise QuarlError(f"{where}: max_episode_steps={steps!r} must be a whole number in 1..{MAX_EPISODE_STEPS_KWARG:,}")
-    return env_kwargs
+def _steps(value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= MAX_EPISODE_STEPS_KWARG):
+        raise ValueError(f"max_episode_steps={reprlib.repr(value)} must be a whole number in 1..{MAX_EPISODE_STEPS_KWARG:,}")
+    return value
 
 
-def _zoo_env_spec(config_dir: Path, env_name: str, config: dict) -> EnvSpec:
+class EnvKwargs(Record):
+    """An env's keyword arguments (``env_kwargs.yml``, or ``env_kwargs`` of ``args.yml``): the
+    one quarl acts on typed, the others passed to the env as they are."""
+
+    model_config = ConfigDict(extra="allow")
+    max_episode_steps: Annotated[int | None, BeforeValidator(_steps)] = None
+
+
+def _frame_stack(value: Any) -> Any:
+    if not value:  # the zoo's "no stacking" as rl_zoo3 reads it
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FRAME_STACK:
+        raise ValueError(f"frame_stack={reprlib.repr(value)} must be a whole number in 1..{MAX_FRAME_STACK}")
+    return value
+
+
+class ZooConfig(Record):
+    """The fields of an RL Zoo ``config.yml`` (the run's hyperparameters) the loader reads;
+    the others are the algorithm's, left as they are."""
+
+    model_config = ConfigDict(extra="allow")
+    policy_kwargs: str | dict[str, Any] | None = None
+    """Python literal text (``dict(net_arch=[64, 64])``) or a mapping."""
+    normalize: bool | str | dict[str, Any] | None = None
+    """VecNormalize: ``True``, or its options (a mapping, or its text)."""
+    env_wrapper: str | list[Any] | dict[str, Any] | None = None
+    frame_stack: Annotated[int | None, BeforeValidator(_frame_stack)] = None
+    """Frames stacked (absent, or a falsy value: 1)."""
+
+
+class ZooArgs(Record):
+    """The fields of an RL Zoo ``args.yml`` (the command line of the run) the loader reads."""
+
+    model_config = ConfigDict(extra="allow")
+    env: str | None = None
+    env_kwargs: EnvKwargs | None = None
+    gym_packages: list[str] | str | None = None
+
+
+def read_zoo_config(path: Path) -> ZooConfig:
+    """``config.yml`` (read by the safe YAML loader) as a :class:`ZooConfig`."""
+    return parse_record(ZooConfig, load_zoo_yaml(path), path)
+
+
+def _env_kwargs(raw: Any, record: EnvKwargs | None) -> dict:
+    """The env kwargs as the file holds them (a :class:`EnvKwargs` checked them)."""
+    return dict(raw) if record is not None and isinstance(raw, dict) else {}
+
+
+def _zoo_env_spec(config_dir: Path, env_name: str, config: ZooConfig) -> EnvSpec:
     env_kwargs: dict = {}
     args_file = config_dir / "args.yml"
-    args = load_zoo_yaml(args_file) if args_file.exists() else {}
-    if args.get("env_kwargs"):  # as rl_zoo3.enjoy reads them; env_kwargs.yml (quarl's) over them
-        env_kwargs = dict(_check_env_kwargs(args["env_kwargs"], args_file))
+    raw_args = load_zoo_yaml(args_file) if args_file.exists() else {}
+    args = parse_record(ZooArgs, raw_args, args_file)
+    if raw_args.get("env_kwargs"):  # as rl_zoo3.enjoy reads them; env_kwargs.yml (quarl's) over them
+        env_kwargs = _env_kwargs(raw_args["env_kwargs"], args.env_kwargs)
     kwargs_file = config_dir / "env_kwargs.yml"
     if kwargs_file.exists():
-        env_kwargs.update(_check_env_kwargs(load_zoo_yaml(kwargs_file) or {}, kwargs_file))
+        raw_kwargs = load_zoo_yaml(kwargs_file) or {}
+        env_kwargs.update(_env_kwargs(raw_kwargs, parse_record(EnvKwargs, raw_kwargs, kwargs_file)))
     env_id = env_name
-    if args:
-        env_id = str(args.get("env", env_name))
-        packages = args.get("gym_packages") or []
+    if raw_args:
+        env_id = args.env if args.env is not None else env_name
+        packages = args.gym_packages or []
         if packages:  # rl_zoo3 records the modules that register the agent's custom env
             from quarl.envs import import_gym_packages
 
@@ -668,8 +718,8 @@ def _zoo_env_spec(config_dir: Path, env_name: str, config: dict) -> EnvSpec:
     return EnvSpec(
         env_id=current_env_id(env_id),
         env_kwargs=env_kwargs,
-        wrappers=wrapper_names(config.get("env_wrapper")),
-        frame_stack=config.get("frame_stack") or 1,
+        wrappers=wrapper_names(config.env_wrapper),
+        frame_stack=config.frame_stack or 1,
     )
 
 

@@ -8,10 +8,14 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field
 
 from quarl.errors import QuarlError
 from quarl.eval_record import EvalRecord, json_fields, sql_columns
+from quarl.file_schema import parse_json, parse_record
+from quarl.records import EvalFields
 
 BUSY_TIMEOUT_S = 120.0
 """How long a write waits for a store another process holds before it fails."""
@@ -38,6 +42,27 @@ _COLUMNS = {
 _JSON = (*json_fields(), "provenance")
 TABLE = "cells_v2"
 """Versioned with the key: a store written by an older quarl keeps its old table, unread."""
+
+
+class StudyRow(EvalFields):
+    """A row as the store reads it back (its JSON columns parsed): the key's columns, whose
+    policy it is, what was measured (:class:`quarl.records.EvalFields`), where and when.
+    Checked before it becomes a :class:`StudyRecord`."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoint: str
+    policy_sha256: str
+    precision: str
+    config_key: str
+    seed: int
+    episodes: Annotated[int, Field(ge=0)]
+    max_steps: Annotated[int, Field(ge=0)]
+    policy: str
+    algo: str
+    wall_s: Annotated[float, Field(ge=0)] | None = None
+    host: str | None = None
+    provenance: dict[str, Any] | None = None
+    finished_at: str
 
 
 @dataclass(frozen=True)
@@ -121,12 +146,20 @@ class StudyStore:
                             list(row.values()))
 
     def records(self) -> list[StudyRecord]:
-        cursor = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM {TABLE} ORDER BY rowid")
+        """Every row, oldest first, each checked as a :class:`StudyRow` (one line naming the
+        store, the row and the column when one does not fit)."""
+        cursor = self.db.execute(f"SELECT rowid, {', '.join(_COLUMNS)} FROM {TABLE} ORDER BY rowid")
         out = []
-        for values in cursor.fetchall():
+        for rowid, *values in cursor.fetchall():
             row = dict(zip(_COLUMNS, values))
+            where = f"{self.path} ({TABLE} row {rowid})"
             for k in _JSON:
-                row[k] = json.loads(row[k])
+                if row[k] is None:  # a column an older quarl's store gained after this row: absent
+                    continue
+                if not isinstance(row[k], (str, bytes)):
+                    raise QuarlError(f"{where}: field {k}: a JSON column holds {type(row[k]).__name__} {row[k]!r}")
+                row[k] = parse_json(row[k], f"{where} column {k}")
+            parse_record(StudyRow, row, where)
             out.append(StudyRecord.from_dict(row))
         return out
 
