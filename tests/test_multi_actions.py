@@ -128,3 +128,37 @@ def test_a_multi_discrete_space_of_absurd_size_is_refused_in_one_line() -> None:
     binary = {":type:": "<class 'gymnasium.spaces.multi_binary.MultiBinary'>", "n": 10**9}
     with pytest.raises(QuarlError, match="allowed 1..1024 bits"):
         _space_from_json(binary, "action space")
+
+
+def test_an_export_plays_as_it_was_judged_by_default(trained, tmp_path: Path) -> None:
+    """The sidecar's ``acting`` is the default of ptq / play on the export: a sampled export
+    samples unless told otherwise, a greedy one plays greedily."""
+    from quarl.deploy import export_policy
+    from quarl.policies.onnx_artifact import load_artifact
+
+    head, _, path = trained
+    spec = EnvSpec(ENVS[head])
+    policy = load_checkpoint(path).policy
+    export_policy(acting(policy, spec, True), "fp32", tmp_path / "sampled" / "policy", env_spec=spec)
+    export_policy(acting(policy, spec, False), "fp32", tmp_path / "greedy" / "policy", env_spec=spec)
+    sampled, _ = load_artifact(tmp_path / "sampled" / "policy.onnx")
+    greedy, _ = load_artifact(tmp_path / "greedy" / "policy.onnx")
+    assert acting(sampled, spec).stochastic and not acting(greedy, spec).stochastic
+    assert not acting(sampled, spec, False).stochastic  # --deterministic still wins
+    ours = evaluate(acting(sampled, spec), spec, episodes=8).returns
+    assert np.array_equal(ours, evaluate(acting(policy, spec, True), spec, episodes=8).returns)  # the same draws
+
+
+def test_a_dqn_export_keeps_its_exploration_rate() -> None:
+    from tests.conftest import zoo_run
+
+    from quarl.deploy import export_policy
+    from quarl.policies.onnx_artifact import load_artifact
+
+    import tempfile
+
+    policy = load_checkpoint(zoo_run("dqn", "CartPole-v1")).policy
+    with tempfile.TemporaryDirectory() as folder:
+        export_policy(policy, "fp32", Path(folder) / "policy", env_spec=EnvSpec("CartPole-v1"))
+        exported, _ = load_artifact(Path(folder) / "policy.onnx")
+    assert exported.meta["exploration_rate"] == policy.meta["exploration_rate"] > 0

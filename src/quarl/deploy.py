@@ -68,6 +68,7 @@ def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
                                                      # the model's float32 input
                                                      "dtype": "float64",
                                                      "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
+        **({"exploration_rate": float(policy.meta["exploration_rate"])} if "exploration_rate" in policy.meta else {}),
     }
 
 

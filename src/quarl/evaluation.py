@@ -190,6 +190,8 @@ def acting(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None) ->
     from quarl.policies.base import stochastic_support
 
     reason = stochastic_support(policy)
+    if stochastic is None and policy.meta.get("acting") in ("sampled", "greedy"):  # an export: as it was judged
+        stochastic = policy.meta["acting"] == "sampled" and reason is None
     if stochastic is None:
         stochastic = env_family(env_spec.env_id).name in STOCHASTIC_FAMILIES and reason is None
     from quarl.policies.base import DETERMINISTIC_ALGOS

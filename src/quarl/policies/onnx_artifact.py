@@ -269,6 +269,10 @@ class SidecarRecord(Record):
     precision: str = "onnx"
     scale_images: bool | None = None
     env: EnvRecord | None = None
+    acting: Literal["sampled", "greedy"] = "greedy"
+    """How the exported policy was judged and is meant to act (the default of ptq / play on it)."""
+    exploration_rate: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    """A Q-head's epsilon when it samples (SB3's predict(deterministic=False))."""
 
     @field_validator("head")
     @classmethod
@@ -345,6 +349,9 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     )
     if quant:  # the mode export chose, shown beside the returns
         policy.meta["quant"] = quant
+    policy.meta["acting"] = meta.acting
+    if meta.exploration_rate is not None:
+        policy.meta["exploration_rate"] = meta.exploration_rate
     check_outputs(policy, str(path))
     env = meta.env
     spec = None
