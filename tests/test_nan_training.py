@@ -141,3 +141,27 @@ def test_fine_tuning_stops_at_a_nan_reward_and_keeps_nothing_of_it(tmp_path: Pat
     with pytest.raises(QuarlError, match=rf"^fine-tuning {re.escape(str(zip_path))}: training stopped at env step 100: "
                        r"the reward of env 0 \(nan\) is not finite \(NaN or inf\); nothing of it is kept$"):
         finetune(zip_path, ckpt.policy, ckpt.env_spec, KernelSpec("int8-dyn-tensor", frozenset()), None, 300)
+
+
+def test_quarl_train_prints_the_whole_command_that_continues_a_stopped_run(tmp_path: Path) -> None:
+    """As typed: ``quarl train`` stopped by a NaN reward exits 2 with one line that ends in
+    the command continuing it (the same one with ``--resume``)."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from quarl.cli import app
+
+    args = ["train", "ppo", "QuarlTest/NaNRewardAt137-v0", "-n", "400", "--eval-freq", "0", "--checkpoint-freq", "50",
+            "--out", str(tmp_path), *[a for k, v in PPO_HP.items() for a in ("--hp", f"{k}={v}")]]
+    old_argv = sys.argv
+    sys.argv = ["quarl", *args]  # what resume_command reads, as in a real run
+    try:
+        r = CliRunner().invoke(app, args)
+    finally:
+        sys.argv = old_argv
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "stopped at env step 137" in lines[0], r.output
+    assert lines[0].rstrip().endswith("--resume)") and "(to continue: quarl train ppo QuarlTest/NaNRewardAt137-v0" \
+        in lines[0], lines[0]

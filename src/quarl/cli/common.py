@@ -95,7 +95,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except QuarlError as exc:
-            print_error(str(exc))
+            # a run stopped with its checkpoints kept (training met a NaN): the whole command that continues it
+            print_error(str(exc) + (f" (to continue: {resume_command(fn)})" if getattr(exc, "resumable", False) else ""))
             raise typer.Exit(2) from None
         except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
             # a path the user gave (--out naming a file, a folder we may not write)

@@ -599,7 +599,9 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
         last = latest_checkpoint(run_dir)
         kept = (f"the last good checkpoint is {last[1].name} (step {last[0]:,}): --resume continues from it"
                 if last else "no checkpoint was written before it")
-        raise QuarlError(f"{exc}; {kept}") from None
+        stopped = QuarlError(f"{exc}; {kept}")
+        stopped.resumable = bool(last)  # type: ignore[attr-defined]  # the CLI adds the command that continues
+        raise stopped from None
 
     config_dir = run_dir / env_name
     config_dir.mkdir(exist_ok=True)
