@@ -104,29 +104,34 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-@st.composite
-def mutated_qat(draw) -> str:
-    """qat.json text: the good state with one value (or the whole) replaced by something
-    hostile, or the text cut short, or a byte flipped."""
-    state = json.loads(json.dumps(GOOD_QAT))
-    kind = draw(st.sampled_from(["replace", "replace", "drop", "truncate", "flip"]))
-    if kind in ("replace", "drop"):
-        path = draw(st.sampled_from(_paths(state)))
-        if not path:
-            return json.dumps(draw(JSONISH))
-        parent = state
-        for key in path[:-1]:
-            parent = parent[key]
-        if kind == "drop":
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = draw(JSONISH)
-        return json.dumps(state)
-    text = json.dumps(state)
-    cut = draw(st.integers(0, len(text) - 1))
-    if kind == "truncate":
-        return text[:cut]
-    return text[:cut] + chr(ord(text[cut]) ^ (1 << draw(st.integers(0, 6)))) + text[cut + 1:]
+def _mutated(good: dict[str, Any], text_edits: bool = True) -> st.SearchStrategy[str]:
+    """JSON text: ``good`` with one value (or the whole) replaced by something hostile, one
+    key dropped, or (``text_edits``) the text cut short or a byte flipped."""
+
+    @st.composite
+    def build(draw: Any) -> str:
+        state = json.loads(json.dumps(good))
+        kinds = ["replace", "replace", "drop"] + (["truncate", "flip"] if text_edits else [])
+        kind = draw(st.sampled_from(kinds))
+        if kind in ("replace", "drop"):
+            path = draw(st.sampled_from(_paths(state)))
+            if not path:
+                return json.dumps(draw(JSONISH))
+            parent = state
+            for key in path[:-1]:
+                parent = parent[key]
+            if kind == "drop":
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = draw(JSONISH)
+            return json.dumps(state)
+        text = json.dumps(state)
+        cut = draw(st.integers(0, len(text) - 1))
+        if kind == "truncate":
+            return text[:cut]
+        return text[:cut] + chr(ord(text[cut]) ^ (1 << draw(st.integers(0, 6)))) + text[cut + 1:]
+
+    return build()
 
 
 def _range_ok(lo: float, hi: float) -> bool:
@@ -134,7 +139,7 @@ def _range_ok(lo: float, hi: float) -> bool:
 
 
 @FUZZ
-@given(text=mutated_qat())
+@given(text=_mutated(GOOD_QAT))
 def test_a_qat_state_is_ranges_that_mean_something_or_one_line(tmp_path: Path, text: str) -> None:
     path = tmp_path / "qat.json"
     path.write_text(text)

@@ -27,40 +27,10 @@ from quarl.records import EvalFields, ResultsLog
 from quarl.recovery import RECOVERY_FORMAT, RoundStats, read_recovery_record, read_state
 from quarl.study.store import StudyRecord, StudyStore
 from tests.conftest import actorq_summary
-from tests.test_fuzz_files import HOSTILE_SCALARS, JSONISH, _one_line, _paths
+from tests.test_fuzz_files import HOSTILE_SCALARS, JSONISH, _mutated, _one_line
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-
-
-def _mutated(good: dict[str, Any], text_edits: bool = True) -> st.SearchStrategy[str]:
-    """JSON text: ``good`` with one value (or the whole) replaced by something hostile, one
-    key dropped, or (``text_edits``) the text cut short or a byte flipped."""
-
-    @st.composite
-    def build(draw: Any) -> str:
-        state = json.loads(json.dumps(good))
-        kinds = ["replace", "replace", "drop"] + (["truncate", "flip"] if text_edits else [])
-        kind = draw(st.sampled_from(kinds))
-        if kind in ("replace", "drop"):
-            path = draw(st.sampled_from(_paths(state)))
-            if not path:
-                return json.dumps(draw(JSONISH))
-            parent = state
-            for key in path[:-1]:
-                parent = parent[key]
-            if kind == "drop":
-                del parent[path[-1]]
-            else:
-                parent[path[-1]] = draw(JSONISH)
-            return json.dumps(state)
-        text = json.dumps(state)
-        cut = draw(st.integers(0, len(text) - 1))
-        if kind == "truncate":
-            return text[:cut]
-        return text[:cut] + chr(ord(text[cut]) ^ (1 << draw(st.integers(0, 6)))) + text[cut + 1:]
-
-    return build()
 
 
 def _deep(depth: int = 100_000) -> Any:
