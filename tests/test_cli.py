@@ -924,3 +924,14 @@ def test_the_title_says_how_many_episodes_were_played_when_deciding_played_more(
     assert episodes_played([{"episodes": 20}, {"episodes": 20}], 20) == "20 episodes"
     assert episodes_played([{"episodes": 20}, {"episodes": 160}], 20) == "20..160 episodes"
     assert episodes_played([], 20) == "20 episodes"
+
+
+@pytest.mark.parametrize("command", ["ptq", "sweep", "analyze", "train", "qat", "export", "bench", "play", "recover",
+                                     "demo", "study", "actorq run", "actorq compare"])
+def test_every_command_that_makes_an_env_lists_gym_packages_in_its_help(command: str) -> None:
+    from typer.testing import CliRunner
+
+    from quarl.cli import app
+
+    r = CliRunner().invoke(app, [*command.split(), "--help"], terminal_width=200)
+    assert r.exit_code == 0 and "--gym-packages" in r.output, (command, r.output[-400:])

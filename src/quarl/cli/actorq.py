@@ -11,7 +11,7 @@ import typer
 from quarl import outputs, registry_options, validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt, with_options
+from quarl.cli.options import GymPackagesOpt, OutOpt, SeedOpt, VerboseOpt, with_options
 
 actorq_app = typer.Typer(no_args_is_help=True, help="ActorQ: distributed actor-learner training with a "
                          "full-precision learner and quantized actors, on Ray.")
@@ -104,6 +104,7 @@ def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Pat
 def actorq_run(
     env_id: str = typer.Argument(..., help="environment id, e.g. CartPole-v1 or dm_control/cartpole-balance-v0"),
     resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
+    gym_packages: Optional[str] = GymPackagesOpt,
     **opts: Any,
 ) -> None:
     """Train with a full-precision learner and quantized actors until the target reward.
@@ -131,6 +132,7 @@ def actorq_compare(
     env_id: str = typer.Argument(..., help="environment id"),
     precisions: str = typer.Option("fp32,int8", help="actor precisions, one run each"),
     repeats: int = typer.Option(3, help="runs per precision (seeds seed, seed+1, ...)"),
+    gym_packages: Optional[str] = GymPackagesOpt,
     **opts: Any,
 ) -> None:
     """The same run once per actor precision and repeat, then the paper's table (time to

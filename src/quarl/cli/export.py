@@ -10,7 +10,7 @@ import typer
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import (PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, OutOpt, TrustOpt,
+from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, OutOpt, TrustOpt,
                                VerboseOpt, is_export, load, load_choice, protocol)
 from quarl.errors import QuarlError
 
@@ -35,6 +35,7 @@ def export(
                                               "distributions, a greedy one its argmax; default: the RL Zoo's "
                                               "(stochastic on Atari and MinAtar), as ptq"),
     trust_pickle: bool = TrustOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Export the acting network as OUT/policy.onnx (fp32 or real int8 / int4) plus
@@ -77,6 +78,7 @@ def bench(
     budget: float = typer.Option(1.0, help="seconds of timing per cell"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write bench.csv, bench.md, bench.json here"),
     trust_pickle: bool = TrustOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Latency of the policy at each precision next to PyTorch fp32 (median per call, one

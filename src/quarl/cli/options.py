@@ -32,6 +32,12 @@ WorkersOpt = typer.Option(None, "--workers", help="processes playing episodes si
 OutOpt = typer.Option(None, "--out", parser=validate.out_option, help="output folder (default results/<command>/<policy>)")
 TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
 VerboseOpt = typer.Option(False, "--verbose", "-v")
+GymPackagesOpt = typer.Option(None, "--gym-packages", metavar="MODULE",
+                              help="modules to import first, so the envs they register are known here and in every "
+                                   "worker (rl_zoo3's option; repeatable or comma-separated; a run folder's args.yml "
+                                   "gym_packages are imported too)")
+"""Shown in each command's help; the group takes the option before any command parses
+(:func:`quarl.cli.group.take_gym_packages`), so the parameter is always None."""
 WideOpt = typer.Option(False, "--wide", help="print the table as one wide table even where it is wider than the "
                        "terminal (it then prints one block per row; the CSV is always wide)")
 StickyOpt = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the previous action with this "

@@ -9,7 +9,7 @@ import typer
 
 from quarl import registry_options, validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.options import (BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
+from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, is_export, load, load_choice, protocol)
 from quarl.errors import QuarlError
 
@@ -36,6 +36,7 @@ def play(
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
     trust_pickle: bool = TrustOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Play a policy at one precision, print each episode's return and length (the same

@@ -9,7 +9,7 @@ import typer
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.options import (PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, Int8WeightsOpt,
+from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, Int8WeightsOpt,
                                MaxStepsOpt, NEnvsOpt, OutOpt, SeedOpt, StickyOpt, StochasticOpt, TrustOpt, VerboseOpt,
                                WideOpt, WorkersOpt, is_export, load, load_choice, protocol)
 
@@ -60,6 +60,7 @@ def ptq(
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
     wide: bool = WideOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Evaluate a policy at several precisions and print precision | mean | std | E%.

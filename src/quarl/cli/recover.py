@@ -11,7 +11,7 @@ from rich.progress import TaskID
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.options import (BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
+from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
                                SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, is_export, load, load_choice)
 from quarl.errors import QuarlError
 
@@ -46,6 +46,7 @@ def recover(
     int8_weights: str = Int8WeightsOpt,
     block_size: int = BlockSizeOpt,
     trust_pickle: bool = TrustOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Recover what quantization loses: distil the fp32 policy into a student on the real

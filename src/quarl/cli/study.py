@@ -10,7 +10,7 @@ import typer
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, log, out_console, progress, setup, user_errors
-from quarl.cli.options import (PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
+from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, WideOpt, WorkersOpt)
 from quarl.cli.ptq import warm
 
@@ -34,6 +34,7 @@ def demo(
     out: Path = typer.Option(outputs.DEMO, "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
     wide: bool = WideOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """The main job: every zoo agent at each precision, as the paper's table
@@ -89,6 +90,7 @@ def study(
     sticky_actions: Optional[float] = AgentsStickyOpt,
     stochastic: Optional[bool] = StochasticOpt,
     wide: bool = WideOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per

@@ -10,7 +10,7 @@ import typer
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, say_reused, setup, user_errors
-from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, GranularityOpt, MaxStepsOpt,
+from quarl.cli.options import (GymPackagesOpt, BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, GranularityOpt, MaxStepsOpt,
                                NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, load,
                                load_choice)
 from quarl.cli.ptq import warm
@@ -33,6 +33,7 @@ def sweep(
     block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Evaluate fp32 and simulated n-bit weights for each width; write a CSV and the reward-vs-bits plot.
@@ -74,6 +75,7 @@ def analyze(
     granularity: str = GranularityOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool = TrustOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Per-layer weight statistics, histograms, and the KL divergence of n-bit weights.

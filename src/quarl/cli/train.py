@@ -10,7 +10,7 @@ import typer
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, VerboseOpt
+from quarl.cli.options import GymPackagesOpt, EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, VerboseOpt
 
 AlgoArg = typer.Argument(None, help="{train_algorithms}")
 EnvIdArg = typer.Argument(None, help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
@@ -45,6 +45,7 @@ def train_cmd(
                                                                  "steps, and the final one)"),
     trust_pickle: bool = typer.Option(False, "--trust-pickle", help="--resume: allow the replay / normalization "
                                                                     "pickles of an older quarl's checkpoint"),
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Train with Stable-Baselines3 and the RL Zoo's hyperparameters; save an RL Zoo run
@@ -86,6 +87,7 @@ def qat(
     episodes: int = EpisodesOpt,
     n_envs: int = NEnvsOpt,
     out: Optional[Path] = OutOpt,
+    gym_packages: Optional[str] = GymPackagesOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Quantization-aware training against post-training quantization: trains an fp32
