@@ -165,3 +165,23 @@ def test_quarl_train_prints_the_whole_command_that_continues_a_stopped_run(tmp_p
     assert len(lines) == 1 and "stopped at env step 137" in lines[0], r.output
     assert lines[0].rstrip().endswith("--resume)") and "(to continue: quarl train ppo QuarlTest/NaNRewardAt137-v0" \
         in lines[0], lines[0]
+
+
+def test_resume_continues_with_the_hyperparameters_the_run_started_with(tmp_path: Path) -> None:
+    """A run stopped by a NaN has no args.yml yet: --resume without --hp takes the run's own
+    (its rollouts stay 32 steps, not SB3's 2048), and other --hp are refused in one line."""
+    import stable_baselines3 as sb3
+
+    def config(hp: dict) -> TrainConfig:
+        return TrainConfig("ppo", "QuarlTest/NaNRewardAt137-v0", timesteps=400, hyperparams=hp, out=tmp_path,
+                           eval_freq=0, checkpoint_freq=50, tensorboard=False)
+
+    with pytest.raises(QuarlError, match="stopped at env step 137"):
+        train(config(PPO_HP))
+    with pytest.raises(QuarlError, match=r"started with --hp .*\"n_steps\": 32.* not .*\"n_steps\": 64.*resume without --hp"):
+        train(config({**PPO_HP, "n_steps": 64}), resume=True)
+    with pytest.raises(QuarlError, match="stopped at env step 237"):  # resumed at 100: the env's 137th step again
+        train(config({}), resume=True)
+    run = tmp_path / "ppo" / "QuarlTest_NaNRewardAt137-v0_1"
+    assert latest_checkpoint(run)[0] == 200
+    assert sb3.PPO.load(run / "rl_model_200_steps.zip", device="cpu").n_steps == 32

@@ -16,6 +16,8 @@ that :func:`quarl.policies.sb3.load_checkpoint` reads back as is::
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import re
 import zipfile
@@ -523,6 +525,35 @@ class TrainResult:
     """The trained SB3 model (QAT wrappers still in place; its envs are closed)."""
 
 
+RUN_SETTINGS = "quarl-train.json"
+"""A run's --hp and budget, written when it starts: --resume continues with them."""
+
+
+def _with_run_settings(config: TrainConfig, run_dir: Path) -> TrainConfig:
+    """``config`` with the run's own --hp where none are given (one line where other ones
+    are: a resumed run keeps the settings it started with); runs from before the file
+    existed resume as given."""
+    path = run_dir / RUN_SETTINGS
+    if not path.is_file():
+        return config
+    from quarl.limits import read_capped
+
+    stored = parse_json(read_capped(path, 1 << 20, "a run's settings"), path)
+    if not isinstance(stored, dict) or not isinstance(stored.get("hyperparams", {}), dict):
+        raise QuarlError(f"{path}: not a run's settings (remove it to resume with the options given)")
+    hyperparams = stored.get("hyperparams") or {}
+    if not config.hyperparams:
+        if hyperparams:
+            log.warning("note: resuming %s with the --hp it started with: %s", run_dir,
+                        ", ".join(f"{k}={v}" for k, v in sorted(hyperparams.items())))
+        return dataclasses.replace(config, hyperparams=dict(hyperparams))
+    given = json.loads(json.dumps(config.hyperparams, default=str))
+    if given != hyperparams:
+        raise QuarlError(f"{run_dir} started with --hp {json.dumps(hyperparams, sort_keys=True)}, not "
+                         f"{json.dumps(given, sort_keys=True)}: resume without --hp (its own are used) or start a new run")
+    return config
+
+
 def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     """Train (or continue the latest unfinished run with ``resume``) and save the run."""
     import torch
@@ -532,6 +563,8 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
 
     if config.precision not in TRAIN_PRECISIONS:
         raise QuarlError(f"unknown training precision {config.precision!r}: allowed {', '.join(TRAIN_PRECISIONS)}")
+    if resume:
+        config = _with_run_settings(config, run_folder(config, True))
     action_space = check_algo_env(config.algo, config.env_id)
     if config.qat is not None and TRAINERS[config.algo].qat_refused:
         raise QuarlError(TRAINERS[config.algo].qat_refused)
@@ -554,6 +587,9 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     if start is not None:
         _check_checkpoint_step(*start, total, config.algo)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if start is None:  # what --resume continues with, written before the first step (a stopped run has no args.yml)
+        (run_dir / RUN_SETTINGS).write_text(json.dumps({"hyperparams": config.hyperparams, "timesteps": total},
+                                                       default=str, sort_keys=True))
     torch.manual_seed(config.seed)
 
     algo_cls = TRAINERS[config.algo].algo_class()
