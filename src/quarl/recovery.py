@@ -685,6 +685,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "ptq_agreement": result.ptq_agreement,
         "agreement": result.agreement,
         "labelled_states": result.labelled_states,
+        "heldout_states": 0 if result.heldout is None else len(result.heldout),
         "updates": result.updates,
         "wall_s": round(result.wall_s, 2),
         "seeds": [min(result.seeds), max(result.seeds)] if result.seeds else [],

@@ -90,7 +90,13 @@ def recover(
     print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
                       f"policy, {episodes} episodes", out_console)
     kept = "the fine-tuned model's" if record.get("finetune", {}).get("chosen") == "finetuned" else "the written model's"
+    from quarl.recovery import MIN_HELDOUT
+
     stopped = "target reached" if record["stopped"] == "target" else "round budget spent"
+    if record["stopped"] != "target" and record.get("heldout_states", MIN_HELDOUT) < MIN_HELDOUT:
+        # the target counts only once enough held-out states say so: a short env needs more rounds
+        stopped += (f" before {MIN_HELDOUT} held-out states were labelled ({record['heldout_states']}): more --rounds "
+                    "judge it")
     out_console.print(f"held-out agreement with the teacher ({kept}, on every held-out state): "
                       f"{100 * record['agreement']:.1f}% (PTQ {100 * record['ptq_agreement']:.1f}%, target "
                       f"{100 * record['target_agreement']:.1f}%); {record['labelled_states']:,} states labelled, "
