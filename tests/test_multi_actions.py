@@ -162,3 +162,16 @@ def test_a_dqn_export_keeps_its_exploration_rate() -> None:
         export_policy(policy, "fp32", Path(folder) / "policy", env_spec=EnvSpec("CartPole-v1"))
         exported, _ = load_artifact(Path(folder) / "policy.onnx")
     assert exported.meta["exploration_rate"] == policy.meta["exploration_rate"] > 0
+
+
+def test_quarl_trains_multi_action_envs_with_ppo_and_refuses_dqn(tmp_path: Path) -> None:
+    from quarl.errors import QuarlError
+    from quarl.training.sb3_train import TrainConfig, check_algo_env, train
+
+    with pytest.raises(QuarlError, match=r"dqn does not take MultiDiscrete actions \(MultiTarget-v0\): use ppo, a2c "
+                                         "or trpo"):
+        check_algo_env("dqn", "MultiTarget-v0")
+    run = train(TrainConfig("ppo", "BinaryTarget-v0", timesteps=512, hyperparams={"n_steps": 256}, out=tmp_path,
+                            eval_freq=0, tensorboard=False)).run_dir
+    policy = load_checkpoint(run).policy
+    assert policy.head == "bernoulli" and policy.action_space == gym.spaces.MultiBinary(3)

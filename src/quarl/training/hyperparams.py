@@ -121,6 +121,10 @@ _OWN_KEYS = ("n_envs", "n_timesteps", "policy", "normalize", "env_wrapper", "fra
              "noise_std", "callback", "env_kwargs")
 
 
+_NOTED: set[tuple[str, str]] = set()
+"""(algo, env) pairs whose hyperparameter source was noted in this process."""
+
+
 def zoo_hyperparams_dir() -> Path:
     spec = importlib.util.find_spec("rl_zoo3")
     if spec is None or not spec.submodule_search_locations:
@@ -291,12 +295,14 @@ def prepare(
 ) -> TrainSetup:
     """The zoo's entry for ``algo`` / ``env_id`` with ``overrides`` on top, ready for SB3."""
     raw, key = zoo_hyperparams(algo, env_id)
-    if key is None:
-        log.warning("note: the RL Zoo has no %s hyperparameters for %s; SB3 defaults are used", algo, env_id)
-    elif key.startswith("quarl's"):
-        log.warning("note: the RL Zoo has no %s hyperparameters for %s; using %s entry", algo, env_id, key)
-    elif key != env_id:
-        log.warning("note: using the RL Zoo's %s hyperparameters of %s for %s", algo, key, env_id)
+    if (algo, env_id) not in _NOTED:  # once a process: a command checks the pair before it trains
+        _NOTED.add((algo, env_id))
+        if key is None:
+            log.warning("note: the RL Zoo has no %s hyperparameters for %s; SB3 defaults are used", algo, env_id)
+        elif key.startswith("quarl's"):
+            log.warning("note: the RL Zoo has no %s hyperparameters for %s; using %s entry", algo, env_id, key)
+        elif key != env_id:
+            log.warning("note: using the RL Zoo's %s hyperparameters of %s for %s", algo, key, env_id)
     check_overrides(algo, overrides or {})
     raw = {**raw, **(overrides or {})}
     kwargs = {k: v for k, v in raw.items() if k not in _OWN_KEYS}

@@ -94,12 +94,16 @@ def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space:
     probe = make_env(EnvSpec(env_id))
     space = probe.action_space
     probe.close()
+    multi = isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+    if multi and actions != "both":
+        raise QuarlError(f"{algo} does not take {type(space).__name__} actions ({env_id}): use ppo, a2c or trpo")
     if actions == "discrete" and not isinstance(space, gym.spaces.Discrete):
         raise QuarlError(f"{algo} needs discrete actions but {env_id} has {space}: use ppo, a2c, sac, td3 or ddpg")
     if actions == "continuous" and not isinstance(space, gym.spaces.Box):
         raise QuarlError(f"{algo} needs continuous actions but {env_id} has {space}: use ppo, a2c or dqn")
-    if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
-        raise QuarlError(f"{env_id} has action space {space}: quarl trains on Discrete and Box actions")
+    if not multi and not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise QuarlError(f"{env_id} has action space {space}: quarl trains on Discrete, Box, MultiDiscrete and "
+                         "MultiBinary actions")
     return space
 
 
