@@ -119,6 +119,12 @@ def test_a_multi_discrete_space_of_absurd_size_is_refused_in_one_line() -> None:
     from quarl.errors import QuarlError
     from quarl.policies.sb3 import _space_from_json
 
+    entry = {":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[  3  10 200]",
+             "start": "[0 0 0]"}  # numpy pads its text to the widest number
+    assert _space_from_json(entry, "action space") == gym.spaces.MultiDiscrete([3, 10, 200])
+    entry["start"] = "[0 1 0]"
+    with pytest.raises(QuarlError, match=r"start '\[0 1 0\]': only 0"):
+        _space_from_json(entry, "action space")
     entry = {":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[3 0]"}
     with pytest.raises(QuarlError, match=r"nvec .*expected 1 to 1024 whole sizes"):
         _space_from_json(entry, "action space")

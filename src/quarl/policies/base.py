@@ -41,6 +41,14 @@ class ObsNormalizer:
         return np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+GSDE_STREAM = 0x65D3
+"""Tag of the per-episode gSDE matrix's noise stream, apart from the per-step streams."""
+
+
+MATRIX_CACHE = 1024
+"""gSDE matrices kept per StateNoise (envs playing side by side are at most 1024)."""
+
+
 @dataclass(eq=False)
 class StateNoise:
     """Noise whose scale depends on the state, as SB3 samples it: SAC / TQC's squashed
@@ -65,6 +73,19 @@ class StateNoise:
 
         with torch.inference_mode():
             return self.network(torch.from_numpy(np.ascontiguousarray(x, np.float32))).double().numpy()
+
+    def matrix(self, episode_seed: int) -> np.ndarray:
+        """gSDE's noise matrix of an episode, N(0, std) from the seed alone: drawn at its
+        first step and kept for the rest (a few recent seeds, one per env playing)."""
+        cache: dict[int, np.ndarray] = self.__dict__.setdefault("_matrices", {})
+        mat = cache.get(episode_seed)
+        if mat is None:
+            std = np.asarray(self.std, np.float64)
+            mat = np.random.default_rng([episode_seed, GSDE_STREAM]).standard_normal(std.shape) * std
+            if len(cache) >= MATRIX_CACHE:
+                cache.pop(next(iter(cache)))  # the oldest: its episode has ended
+            cache[episode_seed] = mat
+        return mat
 
     def digest(self) -> bytes:
         """What decides the noise (for fingerprints)."""
@@ -352,15 +373,11 @@ def stochastic_support(policy: Policy) -> str | None:
         return None
     if policy.head == "clip" and "log_std" in policy.meta:
         return None
-    if policy.precision.endswith("(onnx)"):
+    if "acting" in policy.meta:  # set by loading an export (its sidecar's acting), never by a checkpoint
         return (f"{policy.algo}'s continuous actions cannot be sampled from an exported model (it holds the mean "
                 "alone, not the noise): evaluate the checkpoint it came from with --stochastic, or drop --stochastic")
     return (f"{policy.algo}'s continuous actions cannot be sampled here (its noise layers were not found in the "
             "checkpoint): drop --stochastic")
-
-
-GSDE_STREAM = 0x65D3
-"""Tag of the per-episode gSDE matrix's noise stream, apart from the per-step streams."""
 
 
 def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, int]],
@@ -425,8 +442,7 @@ def _state_noise_sample(policy: Policy, noise: StateNoise, out: np.ndarray, keys
         eps = np.stack([np.random.default_rng(list(key)).standard_normal(mean.shape[1]) for key in keys])
         gaussian = mean + np.exp(np.clip(z, -20.0, 2.0)) * eps
     else:
-        std = np.asarray(noise.std, np.float64)
-        mats = np.stack([np.random.default_rng([key[0], GSDE_STREAM]).standard_normal(std.shape) * std for key in keys])
+        mats = np.stack([noise.matrix(key[0]) for key in keys])
         gaussian = mean + np.einsum("bl,bla->ba", z, mats)
     actions = np.tanh(gaussian) if noise.squash else gaussian
     return policy.postprocess(actions.astype(np.float32))

@@ -127,6 +127,22 @@ def _space_shape(raw: Any, what: str) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
+def _int_vector(raw: Any) -> list[int] | None:
+    """Whole numbers of a numpy array's text (``"[  3  10 200]"``, wrapped or not) or a JSON
+    list; None when it holds anything else. Bounded by the data entry's size cap."""
+    if isinstance(raw, list):
+        items: list[Any] = raw
+    elif isinstance(raw, str):
+        items = raw.strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+        if not all(re.fullmatch(r"-?[0-9]{1,12}", item) for item in items):
+            return None
+    else:
+        return None
+    if not items or not all(isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in items):
+        return None
+    return [int(v) for v in items]
+
+
 def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
     if not isinstance(entry, dict) or not isinstance(entry.get(":type:"), str):
         raise QuarlError(f"the checkpoint's {what} is missing or unreadable")
@@ -140,16 +156,15 @@ def _space_from_json(entry: dict, what: str) -> gym.spaces.Space:
             raise QuarlError(f"the checkpoint's {what} has n={n} actions: allowed 1..{MAX_DISCRETE:,}")
         return gym.spaces.Discrete(n, start=start)
     if kind == "MultiDiscrete":
-        nvec = parse_literal(str(_field(entry, "nvec", "nvec")).replace(" ", ",")) if isinstance(
-            entry.get("nvec"), str) else entry.get("nvec")
-        if (not isinstance(nvec, (list, tuple)) or not 1 <= len(nvec) <= 1024
-                or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DISCRETE for v in nvec)):
-            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with nvec {str(nvec)[:80]!r}: "
-                             f"expected 1 to 1024 whole sizes in 1..{MAX_DISCRETE:,}")
-        if entry.get("start") not in (None, "None") and np.any(np.asarray(parse_literal(str(entry["start"]).replace(
-                " ", ","))) != 0):
-            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with a non-zero start: not supported")
-        return gym.spaces.MultiDiscrete([int(v) for v in nvec])
+        nvec = _int_vector(_field(entry, "nvec", "nvec"))
+        if nvec is None or not 1 <= len(nvec) <= 1024 or not all(1 <= v <= MAX_DISCRETE for v in nvec):
+            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with nvec "
+                             f"{str(entry.get('nvec'))[:80]!r}: expected 1 to 1024 whole sizes in 1..{MAX_DISCRETE:,}")
+        start = _int_vector(entry["start"]) if entry.get("start") not in (None, "None") else [0]
+        if start is None or any(start):
+            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with start {str(entry.get('start'))[:80]!r}:"
+                             " only 0 (the default) is supported")
+        return gym.spaces.MultiDiscrete(nvec)
     if kind == "MultiBinary":
         n = parse_literal(str(entry.get("n")))
         if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024):
