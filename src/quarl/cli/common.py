@@ -17,7 +17,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quarl.errors import QuarlError
+from quarl.errors import QuarlError, StoppedRun
 
 console = Console(stderr=True)
 # files and pipes get whole tables; no markup: what it prints holds users' paths and labels ("[/]" is text)
@@ -96,7 +96,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except QuarlError as exc:
             # a run stopped with its checkpoints kept (training met a NaN): the whole command that continues it
-            print_error(str(exc) + (f" (to continue: {resume_command(fn)})" if getattr(exc, "resumable", False) else ""))
+            print_error(str(exc) + (f" (to continue: {resume_command(fn)})" if isinstance(exc, StoppedRun) else ""))
             raise typer.Exit(2) from None
         except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
             # a path the user gave (--out naming a file, a folder we may not write)

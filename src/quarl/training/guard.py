@@ -24,9 +24,6 @@ from quarl.errors import QuarlError
 class NonFiniteTraining(QuarlError):
     """Training met a NaN or inf at env step ``step``: ``what`` names it."""
 
-    resumable = True
-    """Its checkpoints are kept: the CLI prints the command that continues the run."""
-
     def __init__(self, step: int, what: str) -> None:
         self.step = step
         self.what = what

@@ -31,7 +31,7 @@ import yaml
 from pydantic import ConfigDict, Field
 
 from quarl.envs import EnvSpec, check_env_id, make_env
-from quarl.errors import QuarlError
+from quarl.errors import QuarlError, StoppedRun
 from quarl.file_schema import Record, parse_json, parse_record
 from quarl.validate import digits
 from quarl.quant.config import QATConfig
@@ -639,9 +639,7 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
         last = latest_checkpoint(run_dir)
         kept = (f"the last good checkpoint is {last[1].name} (step {last[0]:,}): --resume continues from it"
                 if last else "no checkpoint was written before it")
-        stopped = QuarlError(f"{exc}; {kept}")
-        stopped.resumable = bool(last)  # type: ignore[attr-defined]  # the CLI adds the command that continues
-        raise stopped from None
+        raise (StoppedRun if last else QuarlError)(f"{exc}; {kept}") from None
 
     config_dir = run_dir / env_name
     config_dir.mkdir(exist_ok=True)
