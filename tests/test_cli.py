@@ -669,8 +669,10 @@ def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(t
     (run / "QuarlCorridor-v0" / "config.yml").write_text(yaml.safe_dump({"policy": "MlpPolicy"}))
     (run / "QuarlCorridor-v0" / "args.yml").write_text(yaml.safe_dump({"env": "QuarlCorridor-v0",
                                                                         "gym_packages": ["corridor_envs"]}))
-    r = subprocess.run([sys.executable, "-m", "quarl.cli", "play", str(run), "--episodes", "2"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    play = [sys.executable, "-m", "quarl.cli", "play", str(run), "--episodes", "2"]
+    r = subprocess.run(play, env=env, capture_output=True, text=True, timeout=300)  # a file names code: not run unasked
+    assert r.returncode == 2 and "asks to import corridor_envs" in r.stderr and "--trust-gym-packages" in r.stderr
+    r = subprocess.run(play + ["--trust-gym-packages"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and f"mean return {want[:2].mean():.2f}" in r.stdout, r.stdout + r.stderr
 
 

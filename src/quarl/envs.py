@@ -253,24 +253,72 @@ register_env_family(EnvFamily("pybullet", is_pybullet, _register_pybullet, on_ma
 
 _GYM_PACKAGES: list[str] = []
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+TRUST_OPTION = "--trust-gym-packages"
+"""The option that lets a run folder's ``args.yml`` (or a sidecar) name modules to import."""
+_trusted = False
+
+
+def trust_gym_packages(trusted: bool = True) -> None:
+    """Allow (or forbid again) importing the ``gym_packages`` a file names
+    (``--trust-gym-packages``); modules named by the user are always imported."""
+    global _trusted
+    _trusted = trusted
+
+
+def _module_name(name: object, where: str) -> str:
+    """``name`` if it is a dotted identifier naming no ``__main__`` module, else one line."""
+    if not isinstance(name, str) or not MODULE_NAME.fullmatch(name):
+        raise QuarlError(f"{where} {name!r} is not a module name: allowed a dotted identifier (e.g. my_envs or "
+                         "my_pkg.envs)")
+    if "__main__" in name.split("."):
+        raise QuarlError(f"{where} {name!r} is a program's __main__ module, never imported: allowed a module that "
+                         "registers envs (e.g. my_envs or my_pkg.envs)")
+    return name
 
 
 def import_gym_packages(names: "Sequence[str] | str", where: str = "--gym-packages") -> None:
     """Import the modules that register custom envs with gymnasium, as rl_zoo3's
-    ``--gym-packages`` does; remembered (:func:`gym_packages`) so evaluation workers
-    import them too. Only installed modules: ``names`` are module names, never paths."""
+    ``--gym-packages`` does: installed modules, or modules in the current folder (which
+    ``python -m rl_zoo3.train`` finds, the folder being on its path); remembered
+    (:func:`gym_packages`) so evaluation workers import them too. ``names`` are module
+    names, never paths, and never a ``__main__`` module."""
     import importlib
+    import os
+    import sys
 
     for name in [names] if isinstance(names, str) else list(names):
-        if not isinstance(name, str) or not MODULE_NAME.fullmatch(name):
-            raise QuarlError(f"{where} {name!r} is not a module name (e.g. my_envs or my_pkg.envs)")
+        _module_name(name, where)
+        cwd = os.getcwd()
+        added = cwd not in sys.path and "" not in sys.path
+        if added:  # after the installed modules: the current folder never shadows them
+            sys.path.append(cwd)
         try:
             importlib.import_module(name)
         except Exception as exc:  # ImportError, or the module's own error while registering
             raise QuarlError(f"{where} {name!r} cannot be imported: {exc.__class__.__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+                             f"{str(exc).splitlines()[0] if str(exc) else ''} (modules are looked for among the "
+                             f"installed ones and in the current folder, {cwd})") from None
+        finally:
+            if added and cwd in sys.path:
+                sys.path.remove(cwd)
         if name not in _GYM_PACKAGES:
             _GYM_PACKAGES.append(name)
+
+
+def import_named_by_file(names: "Sequence[str] | str", where: str) -> None:
+    """The ``gym_packages`` a file names (a run folder's ``args.yml``, a sidecar): imported
+    only where no new code runs (the user named them with ``--gym-packages``, or they are
+    imported already) or with ``--trust-gym-packages``; otherwise one line saying which
+    modules the file asks for and how to allow them. Importing a module a downloaded file
+    names is running code from that file."""
+    import sys
+
+    wanted = [_module_name(name, where) for name in ([names] if isinstance(names, str) else list(names))]
+    missing = [name for name in wanted if name not in _GYM_PACKAGES and name not in sys.modules]
+    if missing and not _trusted:
+        raise QuarlError(f"{where} asks to import {', '.join(missing)} (code, not imported unasked): pass "
+                         f"--gym-packages {','.join(missing)} or {TRUST_OPTION} if you trust it")
+    import_gym_packages(wanted, where)
 
 
 def gym_packages() -> tuple[str, ...]:

@@ -23,7 +23,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="quarl: quantize trained RL policies and measure what it costs in reward. Every command also takes "
          "--gym-packages MODULE (rl_zoo3's option): MODULE is imported first, so the custom envs it registers are "
-         "known (evaluation workers import it too; an RL Zoo folder's args.yml gym_packages are imported likewise).",
+         "known (evaluation workers import it too; the current folder is searched as rl_zoo3 does). An RL Zoo "
+         "folder's args.yml gym_packages are imported only when named so, or with --trust-gym-packages.",
 )
 
 

@@ -1,5 +1,5 @@
 """The command group every ``quarl`` command runs in: old option spellings rewritten with a
-notice, ``--gym-packages`` taken before the command, usage errors as one line, and the help
+notice, ``--gym-packages`` and ``--trust-gym-packages`` taken before the command, usage errors as one line, and the help
 lists filled from the registries when ``--help`` is asked for."""
 
 from __future__ import annotations
@@ -57,9 +57,13 @@ def rename_options(args: list[str], notice: Callable[[str], None]) -> list[str]:
 def take_gym_packages(args: list[str]) -> list[str]:
     """``args`` without ``--gym-packages MODULE[,MODULE]`` (rl_zoo3's option, taken by every
     command, before or after its name, repeatable), each module imported first so that the
-    envs it registers are known, here and in the evaluation workers."""
-    from quarl.envs import import_gym_packages
+    envs it registers are known, here and in the evaluation workers; and without
+    ``--trust-gym-packages``, which lets a run folder's ``args.yml`` name modules to import."""
+    from quarl.envs import TRUST_OPTION, import_gym_packages, trust_gym_packages
 
+    if TRUST_OPTION in args:
+        trust_gym_packages()
+        args = [a for a in args if a != TRUST_OPTION]
     out, i = [], 0
     while i < len(args):
         name, eq, value = args[i].partition("=")

@@ -34,8 +34,9 @@ TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpicklin
 VerboseOpt = typer.Option(False, "--verbose", "-v")
 GymPackagesOpt = typer.Option(None, "--gym-packages", metavar="MODULE",
                               help="modules to import first, so the envs they register are known here and in every "
-                                   "worker (rl_zoo3's option; repeatable or comma-separated; a run folder's args.yml "
-                                   "gym_packages are imported too)")
+                                   "worker (rl_zoo3's option; repeatable or comma-separated; installed modules or "
+                                   "modules in the current folder). A run folder's args.yml gym_packages are imported "
+                                   "only when named here, or with --trust-gym-packages (a file naming code to run)")
 """Shown in each command's help; the group takes the option before any command parses
 (:func:`quarl.cli.group.take_gym_packages`), so the parameter is always None."""
 WideOpt = typer.Option(False, "--wide", help="print the table as one wide table even where it is wider than the "

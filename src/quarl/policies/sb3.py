@@ -725,11 +725,11 @@ def _zoo_env_spec(config_dir: Path, env_name: str, config: ZooConfig) -> EnvSpec
     if raw_args:
         env_id = args.env if args.env is not None else env_name
         packages = args.gym_packages or []
-        if packages:  # rl_zoo3 records the modules that register the agent's custom env
-            from quarl.envs import import_gym_packages
+        if packages:  # rl_zoo3 records the modules that register the agent's custom env: imported only if allowed
+            from quarl.envs import import_named_by_file
 
             log.info("importing %s (gym_packages of %s)", ", ".join(map(str, packages)), args_file)
-            import_gym_packages(packages if isinstance(packages, list) else [packages], f"{args_file} gym_packages")
+            import_named_by_file(packages if isinstance(packages, list) else [packages], f"{args_file} gym_packages")
     return EnvSpec(
         env_id=current_env_id(env_id),
         env_kwargs=env_kwargs,
