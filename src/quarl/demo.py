@@ -44,12 +44,12 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
 def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
              on_policy: Callable[[str, list[str]], Progress] | None = None,
              decide_episodes: int = 0, stochastic: bool | None = None,
-             sticky_actions: float | None = None) -> list[dict[str, Any]]:
+             sticky_actions: float | None = None, decide_seconds: float | None = None) -> list[dict[str, Any]]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
-    ``decide_episodes``: see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
+    ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
     see :func:`quarl.evaluation.protocol` (sticky actions only where the env has them)."""
     per_policy: dict[str, list[dict]] = {}
     modes: dict[str, dict[str, str]] = {}
@@ -63,7 +63,8 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         with about(name):  # its warnings name it
             per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
                                        out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
-                                       source=str(run), decide_episodes=decide_episodes)
+                                       source=str(run), decide_episodes=decide_episodes,
+                                       decide_seconds=decide_seconds)
         modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
     rows = paper_table(per_policy, cells)
     for row in rows:  # which real kernel each int column ran
@@ -71,5 +72,8 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         if chosen:
             row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
     write_rows(rows, out, "table")
-    plot_verdicts(per_policy, out / "table.png", f"every agent against fp32, {settings.episodes} episodes")
+    from quarl.ptq import episodes_played
+
+    played = episodes_played([r for records in per_policy.values() for r in records], settings.episodes)
+    plot_verdicts(per_policy, out / "table.png", f"every agent against fp32, {played}")
     return rows

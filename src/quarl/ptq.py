@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -38,6 +39,7 @@ def run_ptq(
     source: str | None = None,
     fixed: dict[str, Policy] | None = None,
     decide_episodes: int = 0,
+    decide_seconds: float | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
@@ -45,15 +47,18 @@ def run_ptq(
     ``fixed``: policies evaluated as they are under a label instead of quantizing ``policy``
     (a recovered folder: ``fp32`` is the original policy, ``int4`` its recovered kernel).
     ``decide_episodes``: play more episodes where a verdict is undecided, up to this many per
-    cell (:func:`decide`). ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
+    cell (:func:`decide`), starting no new round after ``decide_seconds`` (wall clock, from
+    the start; None: no limit). ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
     labels = list(dict.fromkeys(["fp32", *precisions]))
     fixed = fixed or {}
     cells = [Cell(label, QuantConfig.parse(label, **options), policy=fixed.get(label)) for label in labels]
+    deadline = None if decide_seconds is None else time.monotonic() + decide_seconds
     with output_lock(out_dir):
         log_file = ResultsLog(out_dir / "results.jsonl")
         records = run_cells(policy, env_spec, cells, settings, log_file, progress, source)
         if decide_episodes > settings.episodes:
-            records = decide(policy, env_spec, cells, settings, log_file, records, decide_episodes, progress, source)
+            records = decide(policy, env_spec, cells, settings, log_file, records, decide_episodes, progress, source,
+                             deadline)
         write_rows(ptq_rows(records), out_dir, "ptq")
         if len(records) > 1:
             plot_verdicts({env_spec.env_id: records}, out_dir / "ptq.png",
@@ -78,11 +83,13 @@ def _joined(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
 
 def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: EvalSettings, log_file: ResultsLog,
            records: list[dict[str, Any]], budget: int, progress: Progress | None = None,
-           source: str | None = None) -> list[dict[str, Any]]:
+           source: str | None = None, deadline: float | None = None) -> list[dict[str, Any]]:
     """Verdicts that decide: while a cell's verdict is undecided and it has played fewer
     than ``budget`` episodes, fp32 and the undecided cells play as many episodes again on
     the next seeds (each chunk a stored cell of its own, reused by a rerun); decided cells
-    stop. Returns the records joined per precision (a cell's episodes are seeds ``seed``,
+    stop, and no new round starts after ``deadline`` (:func:`time.monotonic`). The
+    verdict's confidence sequence is valid at every look, so stopping when it decides
+    does not inflate its error rate (:mod:`quarl.verdict`). Returns the records joined per precision (a cell's episodes are seeds ``seed``,
     ``seed + 1``..., fp32's first ones pair with every cell)."""
     joined = {r["precision"]: r for r in records}
     played = settings.episodes
@@ -91,6 +98,9 @@ def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: E
         undecided = [r["precision"] for r in rows if str(r.get("verdict", "")).startswith("undecided")
                      and len(joined[r["precision"]]["returns"]) == played]
         if not undecided:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("%s undecided after %d episodes: the time budget is spent", ", ".join(undecided), played)
             break
         more = min(played, budget - played)
         try:

@@ -42,7 +42,8 @@ def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], p
     fp32_ends, quant_ends = ends
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
     games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
-    v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games)
+    v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
+              env_id=record.get("env_id") or base.get("env_id"))
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
 

@@ -197,17 +197,24 @@ def workers(value: int | None) -> int:
 
 
 
+MAX_DECIDE_MINUTES = 7 * 24 * 60
+"""--decide-minutes at most: a week."""
+
+
 def decide_episodes(value: int, episodes: int | None = None) -> int:
-    """--decide-episodes: 0 (off) or a cap on the episodes a verdict may play, above
-    ``episodes`` where the first round's count is given."""
-    if not value:
-        return value
-    if episodes is not None and not episodes < value <= MAX_DECIDE_EPISODES:
-        raise QuarlError(f"--decide-episodes {value} must be above --episodes {episodes} and at most "
-                         f"{MAX_DECIDE_EPISODES:,} (or 0: off)")
-    if not value <= MAX_DECIDE_EPISODES:
-        raise QuarlError(f"--decide-episodes {value} must be at most {MAX_DECIDE_EPISODES:,} (or 0: off)")
+    """--decide-episodes: 0 (off) or a cap on the episodes a verdict may play (a cap at or
+    below ``--episodes`` plays nothing more)."""
+    if not 0 <= value <= MAX_DECIDE_EPISODES:
+        raise QuarlError(f"--decide-episodes {value} must be 0 (off) to {MAX_DECIDE_EPISODES:,}")
     return value
+
+
+def decide_minutes(value: float) -> float | None:
+    """--decide-minutes: the wall-clock budget for deciding, in minutes (0: no limit); the
+    budget in seconds, or None."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_DECIDE_MINUTES):
+        raise QuarlError(f"--decide-minutes {value} must be 0 (no limit) to {MAX_DECIDE_MINUTES:,}")
+    return value * 60 if value else None
 
 
 def repeats(value: int) -> int:

@@ -14,6 +14,25 @@ from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, Ch
                                WideOpt, WorkersOpt, is_export, load, load_choice, protocol)
 
 
+def decide_options(episodes: int, minutes: float) -> tuple[Any, Any]:
+    """--decide-episodes and --decide-minutes with a command's defaults (ptq, demo, study)."""
+    return (typer.Option(episodes, "--decide-episodes", help="where a verdict is undecided, play more episodes (the next "
+                         "seeds, fp32 too; doubling) until it decides or a cell has played this many (0: off)"),
+            typer.Option(minutes, "--decide-minutes", help="start no new round of deciding episodes after this many "
+                         "minutes (0: no limit)"))
+
+
+DecideEpisodesOpt, DecideMinutesOpt = decide_options(640, 5.0)
+
+
+def budget_note(decide_episodes: int, decide_seconds: float | None) -> str:
+    """``deciding up to 640 episodes / 5 min`` for a title ('' where deciding is off)."""
+    if not decide_episodes:
+        return ""
+    return f"deciding up to {decide_episodes} episodes" + (
+        f" / {decide_seconds / 60:g} min" if decide_seconds else "")
+
+
 def warm(workers: int) -> None:
     """Start the evaluation workers in the background once the policy has loaded (a bad
     checkpoint fails without starting them), so they are ready when calibration ends."""
@@ -32,7 +51,7 @@ def recover_hint(rows: Sequence[dict[str, Any]], checkpoint: Path, recovered: bo
         if verdict == "loses":
             say(f"{label} loses: recover it with quarl recover {checkpoint} --precision {label}")
         elif verdict == "undecided":  # more episodes may show it keeps: say both ways out
-            say(f"{label} undecided: play more episodes (--decide-episodes 200), or recover it with "
+            say(f"{label} undecided: play more episodes (a larger --decide-episodes / --decide-minutes), or recover it with "
                 f"quarl recover {checkpoint} --precision {label}")
 
 
@@ -46,9 +65,8 @@ def ptq(
     env: Optional[str] = EnvOpt,
     precisions: str = typer.Option(DEFAULT_PRECISIONS, help=PRECISIONS_HELP),
     episodes: int = EpisodesOpt,
-    decide_episodes: int = typer.Option(0, "--decide-episodes", help="where a verdict is undecided, play as many "
-                                        "episodes again (the next seeds, fp32 too) until it decides or a cell has "
-                                        "played this many (0: off; e.g. 200)"),
+    decide_episodes: int = DecideEpisodesOpt,
+    decide_minutes: float = DecideMinutesOpt,
     sticky_actions: Optional[float] = StickyOpt,
     stochastic: Optional[bool] = StochasticOpt,
     seed: int = SeedOpt,
@@ -75,10 +93,12 @@ def ptq(
     labels = registry_options.precisions(precisions, **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     validate.decide_episodes(decide_episodes, episodes)
+    decide_seconds = validate.decide_minutes(decide_minutes)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     warm(settings.workers)
-    out = validate.out_folder(out) or outputs.policy_folder("ptq", checkpoint, spec.env_id)
+    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.policy_folder(
+        "ptq", checkpoint, spec.env_id)
     if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
 
@@ -97,20 +117,23 @@ def ptq(
     from quarl.workflows import recovered_cells
 
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
-    title = f"{ckpt.algo} {spec.env_id}, {{played}}" + (", stochastic" if ckpt.policy.stochastic else "")
+    budget = budget_note(decide_episodes, decide_seconds) if decide_episodes > episodes else ""
+    title = f"{ckpt.algo} {spec.env_id}, {{played}}" + (f" ({budget})" if budget else "") + (
+        ", stochastic" if ckpt.policy.stochastic else "")
     if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
         title += f" (recovered {recovered}: fp32 is the original policy)"
     elif ckpt.policy.precision.startswith("qat"):  # a QAT run: every row starts from its fake-quantized network
         title += f" (a {ckpt.policy.precision} QAT net: fp32 is that net in fp32 arithmetic, not an fp32-trained agent)"
     cells = list(dict.fromkeys(["fp32", *labels]))
     with progress() as bar:
-        tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in cells}
+        limit = f" (≤{decide_episodes})" if decide_episodes > episodes else ""
+        tasks = {c: bar.add_task(f"{c:>5}{limit}", total=episodes) for c in cells}
 
         def on_episodes(cell: str, n: int) -> None:  # --decide-episodes: a bar grows with its cell's episodes
             bar.update(tasks[cell], completed=n, total=max(n, bar.tasks[tasks[cell]].total or 0))
 
         records = run_ptq(ckpt.policy, spec, labels, settings, out, progress=on_episodes, source=str(checkpoint),
-                          fixed=fixed, decide_episodes=decide_episodes, **options)
+                          fixed=fixed, decide_episodes=decide_episodes, decide_seconds=decide_seconds, **options)
     from quarl.ptq import episodes_played
 
     rows = ptq_rows(records, identity=False)

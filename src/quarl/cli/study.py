@@ -12,12 +12,14 @@ from quarl import outputs, registry_options, validate
 from quarl.cli.common import console, log, out_console, progress, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, WideOpt, WorkersOpt)
-from quarl.cli.ptq import warm
+from quarl.cli.ptq import budget_note, decide_options, warm
 
 DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
                                                        "100000 × s + i)")
 DEMO_N_ENVS = 8
+DemoDecideEpisodesOpt, DemoDecideMinutesOpt = decide_options(320, 1.0)
+StudyDecideEpisodesOpt, StudyDecideMinutesOpt = decide_options(640, 60.0)
 
 
 @user_errors
@@ -26,8 +28,8 @@ def demo(
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = DemoEpisodesOpt,
-    decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
-                                        "episodes until it decides or a cell has played this many (0: off)"),
+    decide_episodes: int = DemoDecideEpisodesOpt,
+    decide_minutes: float = DemoDecideMinutesOpt,
     workers: Optional[int] = WorkersOpt,
     sticky_actions: Optional[float] = AgentsStickyOpt,
     stochastic: Optional[bool] = StochasticOpt,
@@ -51,6 +53,7 @@ def demo(
     settings = registry_options.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
     validate.out_folder(out)
     validate.decide_episodes(decide_episodes)
+    decide_seconds = validate.decide_minutes(decide_minutes)
 
     def say_training(where: Path) -> None:
         console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
@@ -60,10 +63,13 @@ def demo(
     with progress() as bar:
         def on_policy(name: str, cells: list[str]) -> Callable[[str, int], None]:
             tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}
-            return lambda c, n: bar.update(tasks[c], completed=n)
+            return lambda c, n: bar.update(tasks[c], completed=n, total=max(n, bar.tasks[tasks[c]].total or 0))
 
-        rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes, stochastic, sticky_actions)
-    print_table(rows, f"mean return over {episodes} episodes (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console, wide)
+        rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes, stochastic, sticky_actions,
+                        decide_seconds)
+    budget = budget_note(decide_episodes, decide_seconds)
+    print_table(rows, f"mean return over {episodes}+ episodes" + (f" ({budget} per agent)" if budget else "")
+                + " (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console, wide)
     out_console.print(f"wrote {out}/table.csv, table.md, table.json, table.png")
 
 
@@ -84,9 +90,8 @@ def study(
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(outputs.STUDY, "--out", parser=validate.out_option,
                              help="folder of study.sqlite, the table and the plot"),
-    decide_episodes: int = typer.Option(200, "--decide-episodes", help="where a verdict is undecided, play more "
-                                        "seeds for it (and fp32) until it decides or it has this many episodes "
-                                        "(0: off)"),
+    decide_episodes: int = StudyDecideEpisodesOpt,
+    decide_minutes: float = StudyDecideMinutesOpt,
     sticky_actions: Optional[float] = AgentsStickyOpt,
     stochastic: Optional[bool] = StochasticOpt,
     wide: bool = WideOpt,
@@ -108,13 +113,15 @@ def study(
     options = registry_options.quant_options(int8_weights, block_size)
     seed_list = validate.seed_list(seeds)
     validate.count(max_steps, 1, "--max-steps")
-    validate.out_folder(out)
+    found = tuple(find_agents(agents))
+    validate.out_folder(outputs.apart_from_inputs(out, found))
     labels = registry_options.precisions(precisions, recovered=True, **options)
     registry_options.eval_settings(episodes, 0, n_envs, max_steps)
     validate.decide_episodes(decide_episodes)
-    config = StudyConfig(tuple(find_agents(agents)), tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
+    decide_seconds = validate.decide_minutes(decide_minutes)
+    config = StudyConfig(found, tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
                          int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,
-                         sticky_actions)
+                         sticky_actions, decide_seconds)
     with progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 
@@ -125,6 +132,7 @@ def study(
         records = run_study(config, on_cell)
         bar.update(task, completed=len(records))
     rows = write_study_report(records, labels, out, len(seed_list))
-    print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)} seeds (E%: reward lost against fp32)",
-                out_console, wide)
+    budget = budget_note(decide_episodes, decide_seconds)
+    print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)}+ seeds" + (f" ({budget})" if budget else "")
+                + " (E%: reward lost against fp32)", out_console, wide)
     out_console.print(f"wrote {out}/study.sqlite ({len(records)} cells), table.csv, table.md, table.json, study.png")

@@ -65,6 +65,8 @@ class StudyConfig:
     sticky_actions: float | None = None
     """Atari / MinAtar agents repeat their previous action with this probability; the other
     agents play as they are."""
+    decide_seconds: float | None = None
+    """No new round of deciding seeds starts this many seconds after the first (None: no limit)."""
 
     def __post_init__(self) -> None:
         if not self.checkpoints:
@@ -296,6 +298,7 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecor
 
     precisions = list(dict.fromkeys(c.precision for c in wanted))
     seeds = list(config.seeds)
+    deadline = None if config.decide_seconds is None else time.monotonic() + config.decide_seconds
     while len(seeds) * config.episodes < config.decide_episodes:
         rows = [r.to_dict() for r in records]  # the tables read records as stored
         labels = _labels(rows)
@@ -307,6 +310,9 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecor
                      if str(row.get(f"{p} verdict", "")).startswith("undecided")
                      and counts.get((by_label[row["policy"]], p)) == len(seeds)}
         if not undecided:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("%d verdicts undecided after %d seeds: the time budget is spent", len(undecided), len(seeds))
             break
         more = min(len(seeds), (config.decide_episodes - len(seeds) * config.episodes) // config.episodes)
         if more < 1:
