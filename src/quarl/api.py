@@ -201,8 +201,10 @@ def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", en
         print(record["agreement"], [r["mean"] for r in records])
     """
     from quarl.measure import EvalSettings
+    from quarl.outputs import apart_from_inputs
     from quarl.recovery import RecoverConfig, run_recover
 
+    apart_from_inputs(Path(out), [checkpoint], "out")  # the recovered folder never overwrites the checkpoint
     config = RecoverConfig(precision=precision, **options)  # type: ignore[arg-type]
     agent = load(checkpoint, env, trust_pickle)
     assert agent.env_spec is not None  # load resolves it, or refuses

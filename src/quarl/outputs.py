@@ -21,7 +21,11 @@ from the Hugging Face Hub is ``hf-<org>-<repo>``, an exported model its name alo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Iterable
+
+from quarl.errors import QuarlError
 
 RESULTS = Path("results")
 TRAIN_RUNS = Path("runs")
@@ -80,3 +84,29 @@ def actorq_folder(algo: str, env_id: str, correction: bool, actor_precision: str
     """An ActorQ run's folder (``actor_precision`` given), else a comparison's."""
     name = f"{algo}{'' if correction else '-no-correction'}-{env_part(env_id)}"
     return RESULTS / "actorq" / (f"compare-{name}" if actor_precision is None else f"{name}-{actor_precision}")
+
+
+def apart_from_inputs(out: Path | None, inputs: "Iterable[Path | str | None]", option: str = "--out") -> Path | None:
+    """``out`` when it is none of ``inputs`` (the checkpoint, run folder or agents a command
+    reads), does not hold one and is not inside one; else one line, before anything is
+    written: an output folder there could overwrite what the command reads (``recover
+    DIR/ENV.zip --out DIR`` replaced the user's zip with the student). Hub policies
+    (``hf://``) live in a cache, never an output folder."""
+    if out is None or str(out) == "\0":
+        return out
+    where = Path(os.path.abspath(out)).resolve()
+    for given in inputs:
+        if given is None or str(given).startswith("hf://"):
+            continue
+        source = Path(os.path.abspath(given)).resolve()
+        if where == source:
+            relation = "is the input"
+        elif where in source.parents:
+            relation = "holds the input"
+        elif source in where.parents:
+            relation = "is inside the input"
+        else:
+            continue
+        raise QuarlError(f"{option} {out} {relation} {given}: an output folder may not be, hold or be inside an "
+                         "input (it could overwrite it); give another folder")
+    return out

@@ -53,7 +53,7 @@ def export(
     if seed:
         console.print("note: export --seed is ignored and will be removed: calibration seeds are fixed, so export, "
                       "ptq and study choose the same int mode", highlight=False)
-    validate.out_folder(out)
+    validate.out_folder(outputs.apart_from_inputs(out, [checkpoint]))
     if is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
@@ -98,6 +98,7 @@ def bench(
     labels = registry_options.precisions(precisions or "fp16,bf16,int8,int4")
     validate.bench_budget(budget)
     sizes = validate.batch_sizes(batches)
+    outputs.apart_from_inputs(out, [checkpoint])
     ckpt, spec = load(checkpoint, env, trust_pickle)
     rows = bench_checkpoint(ckpt.policy, spec, labels, sizes, budget, as_exported=exported)
     against = "itself (an exported model has no float network beside it)" if exported else "PyTorch fp32"

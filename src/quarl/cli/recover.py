@@ -70,7 +70,8 @@ def recover(
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
                          "Zoo folder)")
     ckpt, spec = load(checkpoint, env, trust_pickle)
-    out = validate.out_folder(out) or outputs.precision_folder("recover", checkpoint, spec.env_id, precision)
+    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.precision_folder(
+        "recover", checkpoint, spec.env_id, precision)
     preflight(checkpoint, out)  # one line before any progress bar
     with progress() as bar:
         task = bar.add_task("distil", total=rounds)
