@@ -12,6 +12,7 @@ import torch
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ["QUARL_CACHE"] = "off"  # every test chooses int modes afresh (tests of the cache turn it on)
+os.environ["QUARL_DECIDE_EPISODES"] = "0"  # verdicts on the episodes asked for; tests of deciding ask for it
 os.environ["QUARL_WORKERS"] = "1"  # evaluation in the test process (monkeypatches apply); tests of workers ask for them
 torch.set_num_threads(1)
 

@@ -201,11 +201,18 @@ MAX_DECIDE_MINUTES = 7 * 24 * 60
 """--decide-minutes at most: a week."""
 
 
-def decide_episodes(value: int, episodes: int | None = None) -> int:
+def decide_episodes(value: int | None, episodes: int | None = None, default: int = 0) -> int:
     """--decide-episodes: 0 (off) or a cap on the episodes a verdict may play (a cap at or
-    below ``--episodes`` plays nothing more)."""
+    below ``--episodes`` plays nothing more); not given: ``$QUARL_DECIDE_EPISODES``, else
+    ``default``."""
+    name = "--decide-episodes"
+    if value is None:
+        raw = os.environ.get("QUARL_DECIDE_EPISODES", "").strip()
+        if raw and not digits(raw):
+            raise QuarlError(f"QUARL_DECIDE_EPISODES={raw!r} is not a whole number")
+        value, name = (int(raw), "QUARL_DECIDE_EPISODES") if raw else (default, name)
     if not 0 <= value <= MAX_DECIDE_EPISODES:
-        raise QuarlError(f"--decide-episodes {value} must be 0 (off) to {MAX_DECIDE_EPISODES:,}")
+        raise QuarlError(f"{name} {value} must be 0 (off) to {MAX_DECIDE_EPISODES:,}")
     return value
 
 

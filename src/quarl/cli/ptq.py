@@ -15,14 +15,18 @@ from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, Ch
 
 
 def decide_options(episodes: int, minutes: float) -> tuple[Any, Any]:
-    """--decide-episodes and --decide-minutes with a command's defaults (ptq, demo, study)."""
-    return (typer.Option(episodes, "--decide-episodes", help="where a verdict is undecided, play more episodes (the next "
-                         "seeds, fp32 too; doubling) until it decides or a cell has played this many (0: off)"),
+    """--decide-episodes and --decide-minutes with a command's defaults (ptq, demo, study);
+    ``QUARL_DECIDE_EPISODES`` replaces the episodes default (the test suite sets 0)."""
+    return (typer.Option(None, "--decide-episodes", show_default=False,
+                         help="where a verdict is undecided, play more episodes (the next seeds, fp32 too; doubling) "
+                         f"until it decides or a cell has played this many (0: off) [default: {episodes}, or "
+                         "$QUARL_DECIDE_EPISODES]"),
             typer.Option(minutes, "--decide-minutes", help="start no new round of deciding episodes after this many "
                          "minutes (0: no limit)"))
 
 
-DecideEpisodesOpt, DecideMinutesOpt = decide_options(640, 5.0)
+DECIDE_EPISODES = 640
+DecideEpisodesOpt, DecideMinutesOpt = decide_options(DECIDE_EPISODES, 5.0)
 
 
 def budget_note(decide_episodes: int, decide_seconds: float | None) -> str:
@@ -65,7 +69,7 @@ def ptq(
     env: Optional[str] = EnvOpt,
     precisions: str = typer.Option(DEFAULT_PRECISIONS, help=PRECISIONS_HELP),
     episodes: int = EpisodesOpt,
-    decide_episodes: int = DecideEpisodesOpt,
+    decide_episodes: Optional[int] = DecideEpisodesOpt,
     decide_minutes: float = DecideMinutesOpt,
     sticky_actions: Optional[float] = StickyOpt,
     stochastic: Optional[bool] = StochasticOpt,
@@ -92,7 +96,7 @@ def ptq(
     options = registry_options.quant_options(int8_weights, block_size)
     labels = registry_options.precisions(precisions, **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
-    validate.decide_episodes(decide_episodes, episodes)
+    decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)

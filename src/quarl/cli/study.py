@@ -18,8 +18,9 @@ DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (e
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
                                                        "100000 × s + i)")
 DEMO_N_ENVS = 8
-DemoDecideEpisodesOpt, DemoDecideMinutesOpt = decide_options(320, 1.0)
-StudyDecideEpisodesOpt, StudyDecideMinutesOpt = decide_options(640, 60.0)
+DEMO_DECIDE_EPISODES, STUDY_DECIDE_EPISODES = 320, 640
+DemoDecideEpisodesOpt, DemoDecideMinutesOpt = decide_options(DEMO_DECIDE_EPISODES, 1.0)
+StudyDecideEpisodesOpt, StudyDecideMinutesOpt = decide_options(STUDY_DECIDE_EPISODES, 60.0)
 
 
 @user_errors
@@ -28,7 +29,7 @@ def demo(
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = DemoEpisodesOpt,
-    decide_episodes: int = DemoDecideEpisodesOpt,
+    decide_episodes: Optional[int] = DemoDecideEpisodesOpt,
     decide_minutes: float = DemoDecideMinutesOpt,
     workers: Optional[int] = WorkersOpt,
     sticky_actions: Optional[float] = AgentsStickyOpt,
@@ -52,7 +53,7 @@ def demo(
     labels = registry_options.precisions(precisions)
     settings = registry_options.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
     validate.out_folder(out)
-    validate.decide_episodes(decide_episodes)
+    decide_episodes = validate.decide_episodes(decide_episodes, default=DEMO_DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
 
     def say_training(where: Path) -> None:
@@ -90,7 +91,7 @@ def study(
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(outputs.STUDY, "--out", parser=validate.out_option,
                              help="folder of study.sqlite, the table and the plot"),
-    decide_episodes: int = StudyDecideEpisodesOpt,
+    decide_episodes: Optional[int] = StudyDecideEpisodesOpt,
     decide_minutes: float = StudyDecideMinutesOpt,
     sticky_actions: Optional[float] = AgentsStickyOpt,
     stochastic: Optional[bool] = StochasticOpt,
@@ -117,7 +118,7 @@ def study(
     validate.out_folder(outputs.apart_from_inputs(out, found))
     labels = registry_options.precisions(precisions, recovered=True, **options)
     registry_options.eval_settings(episodes, 0, n_envs, max_steps)
-    validate.decide_episodes(decide_episodes)
+    decide_episodes = validate.decide_episodes(decide_episodes, default=STUDY_DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
     config = StudyConfig(found, tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
                          int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,
