@@ -37,7 +37,7 @@ from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.algorithms import get_algorithm, make_learner
 from quarl.actorq.replay import QueueLimiter, RateLimiter, Replay, UnrollQueue
 from quarl.actorq.summary import WINDOW, ActorQSummary, running_means
-from quarl.errors import QuarlError
+from quarl.errors import QuarlError, StoppedRun
 from quarl.file_schema import Record, parse_record
 from quarl.provenance import provenance
 
@@ -140,6 +140,8 @@ def run_actorq(
     """Train until the target reward or the time budget; return the summary. ``on_tick(state,
     fleet)`` is called once per pass of the loop; returning True ends the run there, as a
     spent budget would (a caller's own stopping rule)."""
+    from quarl.training.guard import NonFiniteTraining
+
     torch.set_num_threads(1)
     algorithm = get_algorithm(config.algo)
     info = env_info(config)
@@ -218,6 +220,9 @@ def run_actorq(
                     break
                 batch = replay.sample(config.batch_size)
                 metrics = learner.step(batch)
+                bad = non_finite_metric(metrics)
+                if bad:  # stop before the weights reach the actors or a checkpoint (training's guard)
+                    raise NonFiniteTraining(state.env_steps, f"{bad} at learner step {state.learner_steps + 1:,}")
                 if "priority" in metrics:
                     replay.update_priorities(batch.index, metrics.pop("priority"))
                 if algorithm.unrolls:  # how old the actors' weights were, in versions
@@ -274,6 +279,10 @@ def run_actorq(
         state.elapsed_s = now()
         _checkpoint(ckpt_path, learner, replay, limiter, state, config)
         raise
+    except NonFiniteTraining as exc:  # nothing non-finite is saved: the last good checkpoint stays as it was
+        kept = (f"the last good checkpoint {ckpt_path} is kept (--resume continues from it once the cause is fixed)"
+                if ckpt_path.exists() else "no checkpoint was written before it")
+        raise (StoppedRun if ckpt_path.exists() else QuarlError)(f"ActorQ {exc}; {kept}") from None
     finally:
         state.elapsed_s = now()
         broadcast = fleet.broadcast_stats()
@@ -345,8 +354,38 @@ def _write_eval(out: Path, state: RunState) -> None:
             w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3), *steps])
 
 
+def non_finite_tensor(value: Any, name: str) -> str | None:
+    """The first floating tensor (or float) in a nest of dicts and lists holding NaN or
+    inf, named by its keys (``learner.q.0.weight``), or None."""
+    if isinstance(value, torch.Tensor):
+        return name if value.is_floating_point() and not bool(torch.isfinite(value).all()) else None
+    if isinstance(value, float):
+        return None if np.isfinite(value) else name
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        bad = non_finite_tensor(item, f"{name}.{key}")
+        if bad:
+            return bad
+    return None
+
+
+def non_finite_metric(metrics: dict[str, Any]) -> str | None:
+    """The first loss a learner step reported that is NaN or inf, or None."""
+    for key, value in metrics.items():
+        if "loss" in key and isinstance(value, (int, float, np.floating)) and not np.isfinite(value):
+            return f"the learner's {key} ({float(value)!r})"
+    return None
+
+
 def _checkpoint(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, state: RunState,
                 config: ActorQConfig) -> None:
+    """The run as it stands, written atomically; never a learner holding NaN or inf (the
+    previous checkpoint stays: :class:`NonFiniteTraining`)."""
+    from quarl.training.guard import NonFiniteTraining
+
+    bad = non_finite_tensor(learner.state_dict(), "learner")
+    if bad:
+        raise NonFiniteTraining(state.env_steps, f"{bad} (learner step {state.learner_steps:,})")
     blob = {"learner": learner.state_dict(), "state": _plain(state.__dict__),
             "limiter": (int(limiter.inserts), int(limiter.samples)),
             "replay": replay.state() if config.checkpoint_replay else None, "config": config.to_json()}
@@ -476,6 +515,14 @@ def _restore_replay(path: Path, blob: dict, replay: Replay, limiter: RateLimiter
     if not (isinstance(counts, (tuple, list)) and len(counts) == 2
             and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_COUNT for c in counts)):
         raise QuarlError(f"{path}: field limiter: {counts!r:.60} is not two counts (inserts, samples): refused")
+    size = saved.size
+    for name, tensor in [*(saved.data or {}).items(), ("tree", saved.tree)]:
+        rows = tensor if tensor is None or name == "tree" or not tensor.dim() else tensor[:size]
+        if rows is not None and rows.is_floating_point() and not bool(torch.isfinite(rows).all()):
+            bad = ~torch.isfinite(rows.reshape(len(rows), -1) if rows.dim() else rows.reshape(1, 1))
+            row = int(torch.nonzero(bad.any(1))[0][0])
+            raise QuarlError(f"{path}: replay: {name} holds NaN or inf (row {row}): refused, nothing learnt from "
+                             "it (start afresh without --resume)")
     try:
         replay.load_state(blob["replay"])
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
@@ -499,11 +546,18 @@ def _restore(path: Path, learner: Any, replay: Replay, limiter: RateLimiter, con
     if not isinstance(blob, dict):
         raise QuarlError(f"{path} is not an ActorQ checkpoint: start afresh (no --resume)")
     _check_resumed_config(path, blob.get("config"), config)
+    bad = non_finite_tensor(blob.get("learner"), "learner")
+    if bad:  # a diverged learner is not a run to continue
+        raise QuarlError(f"{path}: {bad} holds NaN or inf: refused (a diverged learner's checkpoint; start afresh "
+                         "without --resume)")
     try:
         learner.load_state_dict(blob["learner"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+    except (RuntimeError, KeyError, TypeError, ValueError, AssertionError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        why = next((line for line in lines if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+                   lines[0])
         raise QuarlError(f"{path} does not fit this run's learner (other --algo or --policy-layers?): "
-                         f"{(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+                         f"{why[:300]}") from None
     state = _check_state(path, blob.get("state"))
     if blob.get("replay") is not None:
         _restore_replay(path, blob, replay, limiter)

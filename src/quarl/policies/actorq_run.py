@@ -17,7 +17,7 @@ from quarl.errors import QuarlError
 from quarl.actorq.summary import ActorQRunConfig, ActorQRunRecord, read_summary_json
 from quarl.file_schema import parse_record
 from quarl.limits import check_file_size, check_tensors, model_file_cap
-from quarl.policies.base import Policy
+from quarl.policies.base import Policy, check_outputs
 from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 
 POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
@@ -50,7 +50,11 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     if not isinstance(sd, dict):
         raise QuarlError(f"{path / POLICY_FILE} holds a {type(sd).__name__}, not a state dict of tensors")
     check_tensors(sd, str(path / POLICY_FILE))
-    layers = _mlp({k: v.float() for k, v in sd.items()}, "", nn.ReLU, trailing=False)
+    try:
+        layers = _mlp({k: v.float() for k, v in sd.items()}, "", nn.ReLU, trailing=False)
+    except (RuntimeError, KeyError, ValueError, IndexError) as exc:  # a bias that is not its weight's size...
+        raise QuarlError(f"{path / POLICY_FILE} does not hold the layers of a policy (their shapes do not fit each "
+                         f"other: {(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]})") from None
     if not layers:
         raise QuarlError(f"{path / POLICY_FILE} holds no Linear layers")
     spec = EnvSpec(current_env_id(env_id))
@@ -67,4 +71,6 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     if not discrete and algorithm.tanh_for_continuous:
         layers.append(nn.Tanh())  # actions in [-1, 1], mapped onto the bounds
     head = algorithm.policy_head(discrete)
-    return Policy(nn.Sequential(*layers), obs_space, act_space, head, algo=algo), spec, algo
+    policy = Policy(nn.Sequential(*layers), obs_space, act_space, head, algo=algo)
+    check_outputs(policy, f"{path / POLICY_FILE} (the {algo} policy of {env_id})")  # shapes that chain, finite outputs
+    return policy, spec, algo
