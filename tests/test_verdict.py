@@ -107,6 +107,8 @@ def test_the_return_range_is_the_envs_where_it_is_defined_and_a_user_range_wins(
     assert seen.as_tuple() == (0.0, 500.0, -500.0, 500.0) and seen.source == "seen, within the env's"
     free = return_range(np.array([100.0, 120.0]), np.array([90.0, 130.0]), "HalfCheetah-v4")
     assert free.as_tuple() == (100.0 - 110, 120.0 + 110, -10.0 - 110, 10.0 + 110) and free.source == "seen"
+    fp32_failed = return_range(np.array([1000.0]), np.array([5800.0]))  # one episode in which fp32 fell
+    assert fp32_failed.d_hi == -4800.0 + 5800  # the quantized mean sets the scale: a loss stays possible
     user = return_range(np.ones(2), np.ones(2), "CartPole-v1", given=(-1.0, 2.0))
     assert user.as_tuple() == (-1.0, 2.0, -3.0, 3.0) and user.source == "user"
     rescaled = return_range(np.full(3, 900.0), np.full(3, 900.0), "CartPole-v1")  # a wrapper's rewards: not clipped

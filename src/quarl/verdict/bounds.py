@@ -8,9 +8,9 @@ as its bounds: they say how much one unseen bad episode could cost. Two sources:
   no episode can leave ``[lo, hi]``. These clip the rule below; they never widen it.
 - **What was seen, widened** (every other env, MuJoCo and Atari among them): an unseen
   episode is assumed to lose, against fp32's episode on the same seed, no more than one
-  fp32 mean return (``|mean fp32|``) beyond the worst paired loss seen (nor to gain more
-  than that beyond the best gain), and fp32's own return to stay within one mean of its
-  extremes. A quantized policy that fails outright loses about one mean return, so a
+  mean return (the larger of the two policies', in size) beyond the worst paired loss
+  seen (nor to gain more than that beyond the best gain), and fp32's own return to stay
+  within that of its extremes. A quantized policy that fails outright loses about one mean return, so a
   first failure is within the range before it is seen. It is an assumption, not a fact:
   a failure that costs more than that and is rarer than the episodes played can still
   fool it, and the coverage harness (:mod:`quarl.verdict.coverage`) measures how often it
@@ -78,7 +78,7 @@ def ranges(fp32: np.ndarray, quant: np.ndarray, env_id: str | None = None,
            given: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(f_lo, f_hi, d_lo, d_hi), one each per row of (rows x episodes) paired returns: given
     returns ``[lo, hi]`` as is (differences in ``[lo - hi, hi - lo]``); else what was seen,
-    each end widened by ``|mean fp32|``, clipped to the env's definition where
+    each end widened by the larger mean return of the two policies (in size), clipped to the env's definition where
     :data:`ENV_RETURN_BOUNDS` knows it and every return seen lies within it."""
     fp32, quant = np.atleast_2d(fp32), np.atleast_2d(quant)
     rows = fp32.shape[0]
@@ -86,7 +86,7 @@ def ranges(fp32: np.ndarray, quant: np.ndarray, env_id: str | None = None,
         lo, hi = float(given[0]), float(given[1])
         return np.full(rows, lo), np.full(rows, hi), np.full(rows, lo - hi), np.full(rows, hi - lo)
     diff = fp32 - quant
-    margin = np.abs(fp32.mean(axis=1))
+    margin = np.maximum(np.abs(fp32.mean(axis=1)), np.abs(quant.mean(axis=1)))
     f_lo, f_hi = fp32.min(axis=1) - margin, fp32.max(axis=1) + margin
     d_lo, d_hi = diff.min(axis=1) - margin, diff.max(axis=1) + margin
     known = ENV_RETURN_BOUNDS.get(env_id or "")

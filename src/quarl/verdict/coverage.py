@@ -55,19 +55,25 @@ class Pool:
 
 
 def load_pools(folder: Path) -> list[Pool]:
-    """Every (agent, precision) pool in the JSON files of ``folder`` (see its README: each
-    file holds ``env_id``, ``fp32`` returns and ``precisions``: label -> returns)."""
+    """Every (agent, precision) pool in the JSON files of ``folder`` (made by
+    ``benchmarks/make_return_pools.py``: ``env_id`` and ``series``, precision -> its
+    ``returns`` on seeds first, first + 1...; a precision's returns pair with fp32's first
+    ones)."""
     pools = []
     for path in sorted(Path(folder).glob("*.json")):
         if path.stat().st_size > MAX_POOL_BYTES:
             raise ValueError(f"{path} is over {MAX_POOL_BYTES >> 20} MB: not a pool file")
         data = json.loads(path.read_text())
-        fp32 = np.asarray(data["fp32"], np.float64)
-        for precision, returns in data["precisions"].items():
-            quant = np.asarray(returns, np.float64)
-            if quant.shape != fp32.shape or not (np.isfinite(fp32).all() and np.isfinite(quant).all()):
-                raise ValueError(f"{path}: {precision} returns do not pair with fp32's {fp32.shape} finite ones")
-            pools.append(Pool(path.stem, str(data["env_id"]), precision, fp32, quant))
+        series = data["series"]
+        fp32 = np.asarray(series["fp32"]["returns"], np.float64)
+        for precision, record in series.items():
+            if precision == "fp32":
+                continue
+            quant = np.asarray(record["returns"], np.float64)
+            if quant.ndim != 1 or not 0 < len(quant) <= len(fp32) or not (
+                    np.isfinite(fp32).all() and np.isfinite(quant).all()):
+                raise ValueError(f"{path}: {precision} returns do not pair with fp32's {len(fp32)} finite ones")
+            pools.append(Pool(str(data.get("pool", path.stem)), str(data["env_id"]), precision, fp32[:len(quant)], quant))
     return pools
 
 
