@@ -83,9 +83,10 @@ def test_sweep_resumes_from_recorded_cells(tiny_run: Path, tmp_path: Path) -> No
     assert run_cli("sweep", str(tiny_run), "--bits", "6", "--episodes", "2", "--out", str(out)).returncode == 0
     log = out / "results.jsonl"
     first = log.read_text().splitlines()
-    # poison the recorded sim6 cell: a resumed run must reuse it instead of recomputing
+    # poison the recorded sim6 cell (consistently: a mean that is not its own returns' is evaluated
+    # again, tests/test_stored_results.py): a resumed run must reuse it instead of recomputing
     cell = json.loads(first[1])
-    cell["mean"] = 12345.0
+    cell.update(mean=12345.0, std=0.0, returns=[12345.0] * len(cell["returns"]))
     log.write_text(first[0] + "\n" + json.dumps(cell) + "\n" + '{"truncated": tr')
     r = run_cli("sweep", str(tiny_run), "--bits", "6,3", "--episodes", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr

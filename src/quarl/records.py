@@ -4,13 +4,17 @@ killed loses at most the cell it was in and resumes where it stopped."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Mapping
 
 from pydantic import ConfigDict, Field
 
 from quarl.file_schema import Record, parse_record
+
+log = logging.getLogger("quarl")
 
 RESULTS_CAP = 256 << 20
 """A results log of 256 MB holds ~50,000 records of 1,000 episodes: more is not one of quarl's."""
@@ -50,6 +54,33 @@ class StoredCell(EvalFields):
     provenance: dict[str, Any] | None = None
 
 
+STORED_DIGITS_TOLERANCE = 1e-4
+"""Returns are stored rounded to 4 digits, the mean and std from the unrounded ones: they
+agree within this (plus 1e-9 of their size)."""
+
+
+def disagreement(fields: Mapping[str, Any]) -> str | None:
+    """Why a stored result is not what its own returns say (None: it is): no returns, a
+    return that is not finite, a mean or std that is not theirs, lengths of another count.
+    Such a record is never reused as it is (a fabricated mean of 123.45 was shown as *keeps*)."""
+    returns, mean, std, lengths = (fields.get(k) for k in ("returns", "mean", "std", "lengths"))
+    if not isinstance(returns, list) or not returns:
+        return "it holds no returns"
+    for i, value in enumerate(returns):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"return {i} is {value!r}, not a finite number"
+    n = len(returns)
+    want_mean = math.fsum(returns) / n
+    want_std = math.sqrt(math.fsum((r - want_mean) ** 2 for r in returns) / n)
+    for name, stored, want in (("mean", mean, want_mean), ("std", std, want_std)):
+        if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not math.isfinite(stored) or \
+                abs(stored - want) > STORED_DIGITS_TOLERANCE + 1e-9 * abs(want):
+            return f"its {name} {stored!r} is not the {name} of its {n} returns ({want:.4f})"
+    if isinstance(lengths, list) and len(lengths) != n:
+        return f"it holds {len(lengths)} episode lengths for {n} returns"
+    return None
+
+
 class ResultsLog:
     """Append-only JSON-lines file of records (dicts)."""
 
@@ -80,10 +111,15 @@ class ResultsLog:
     def find(self, **key: Any) -> dict[str, Any] | None:
         """The last record whose fields equal ``key``, checked as a :class:`StoredCell` (one
         line naming the file, the line and the field when it does not fit; it is returned
-        as stored)."""
+        as stored); None (the cell is evaluated again, and its new record appended) when
+        its mean or std is not that of its own returns, or a return is not finite."""
         for number, record in reversed(self._records()):
             if all(record.get(k) == v for k, v in key.items()):
                 parse_record(StoredCell, record, f"{self.path} line {number}")
+                why = disagreement(record)
+                if why:
+                    log.warning("%s line %d: %s: not reused, evaluated again", self.path, number, why)
+                    return None
                 return record
         return None
 

@@ -5,6 +5,7 @@ Imports nothing heavy: a report reads a store without loading an evaluator."""
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from pydantic import ConfigDict, Field
 from quarl.errors import QuarlError
 from quarl.eval_record import EvalRecord, json_fields, sql_columns
 from quarl.file_schema import parse_json, parse_record
-from quarl.records import EvalFields
+from quarl.records import EvalFields, disagreement
+
+log = logging.getLogger("quarl")
 
 BUSY_TIMEOUT_S = 120.0
 """How long a write waits for a store another process holds before it fails."""
@@ -123,34 +126,74 @@ class StudyStore:
             columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS.items())
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} ({columns}, PRIMARY KEY ({', '.join(KEY)}))")
             have = {row[1] for row in self.db.execute(f"PRAGMA table_info({TABLE})")}
+            missing = [name for name, kind in _COLUMNS.items() if name not in have and "NOT NULL" in kind]
+            if missing:  # a table of this name that another program (or a hand) made
+                self.db.close()
+                raise QuarlError(f"{self.path} holds a {TABLE} table of another schema (no column {missing[0]}): not "
+                                 "a quarl study store; pass another --out")
             for name, kind in _COLUMNS.items():  # a store from an earlier quarl gains the newer nullable columns
                 if name not in have and "NOT NULL" not in kind:
                     self.db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
             self.db.commit()
             self.db.execute("BEGIN IMMEDIATE")  # can this run write here? asked before any cell is computed
-            self.db.rollback()
+            try:  # a write that changes nothing: a store opened read-only (a 0444 file) fails here, not at the first cell
+                self.db.execute(f"DELETE FROM {TABLE} WHERE 0")
+            finally:
+                self.db.rollback()
         except sqlite3.DatabaseError as exc:
+            if not isinstance(exc, sqlite3.OperationalError):  # "file is not a database", "... is malformed"
+                raise QuarlError(f"{self.path} is not a SQLite study store, or a corrupt one ({exc}): refused before "
+                                 "computing anything; move it away or pass another --out") from None
             raise QuarlError(f"{self.path} cannot be written as a study store ({exc}): refused before computing "
                              "anything; fix its permissions or pass another --out") from None
 
     def done(self) -> set[tuple[Any, ...]]:
-        """Keys of the cells already stored."""
-        return set(self.db.execute(f"SELECT {', '.join(KEY)} FROM {TABLE}").fetchall())
+        """Keys of the cells already stored whose mean and std are those of their own finite
+        returns (:func:`quarl.records.disagreement`): any other row is evaluated again and
+        replaced, never reused as it is."""
+        measured = ("mean", "std", "returns", "lengths")
+        try:
+            rows = self.db.execute(f"SELECT rowid, {', '.join(KEY)}, {', '.join(measured)} FROM {TABLE}").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise QuarlError(f"{self.path} cannot be read as a study store ({exc}): move it away or pass another "
+                             "--out") from None
+        keys = set()
+        for rowid, *values in rows:
+            key, fields = tuple(values[:len(KEY)]), dict(zip(measured, values[len(KEY):]))
+            try:
+                for name in ("returns", "lengths"):
+                    fields[name] = json.loads(fields[name]) if isinstance(fields[name], (str, bytes)) else None
+            except (ValueError, RecursionError):
+                fields["returns"] = None
+            why = disagreement(fields)
+            if why:
+                log.warning("%s (%s row %d): %s: evaluated again", self.path, TABLE, rowid, why)
+                continue
+            keys.add(key)
+        return keys
 
     def insert(self, record: StudyRecord) -> None:
         fields = record.to_dict()
         row = {k: json.dumps(fields[k]) if k in _JSON else fields[k] for k in _COLUMNS}
         names = ", ".join(row)
-        with self.db:  # one transaction per cell: committed when it returns
-            self.db.execute(f"INSERT OR REPLACE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(row))})",
-                            list(row.values()))
+        try:
+            with self.db:  # one transaction per cell: committed when it returns
+                self.db.execute(f"INSERT OR REPLACE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(row))})",
+                                list(row.values()))
+        except sqlite3.DatabaseError as exc:  # a store damaged or made read-only while the study ran
+            raise QuarlError(f"{self.path} cannot store the cell ({exc}): the cells stored before it are kept; fix "
+                             "the store or pass another --out") from None
 
     def records(self) -> list[StudyRecord]:
         """Every row, oldest first, each checked as a :class:`StudyRow` (one line naming the
         store, the row and the column when one does not fit)."""
-        cursor = self.db.execute(f"SELECT rowid, {', '.join(_COLUMNS)} FROM {TABLE} ORDER BY rowid")
+        try:
+            stored = self.db.execute(f"SELECT rowid, {', '.join(_COLUMNS)} FROM {TABLE} ORDER BY rowid").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise QuarlError(f"{self.path} cannot be read as a study store ({exc}): move it away or pass another "
+                             "--out") from None
         out = []
-        for rowid, *values in cursor.fetchall():
+        for rowid, *values in stored:
             row = dict(zip(_COLUMNS, values))
             where = f"{self.path} ({TABLE} row {rowid})"
             for k in _JSON:
@@ -160,6 +203,10 @@ class StudyStore:
                     raise QuarlError(f"{where}: field {k}: a JSON column holds {type(row[k]).__name__} {row[k]!r}")
                 row[k] = parse_json(row[k], f"{where} column {k}")
             parse_record(StudyRow, row, where)
+            why = disagreement(row)
+            if why:  # never shown as it is: the next run of the study evaluates it again
+                log.warning("%s: %s: left out", where, why)
+                continue
             out.append(StudyRecord.from_dict(row))
         return out
 
