@@ -27,6 +27,17 @@ def zoo_run(algo: str, env: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _fresh_caches(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every test starts with no cache another test (or another run) filled: the int-mode
+    choice cache off (a test of the cache points ``QUARL_CACHE`` at a folder of its own) and
+    a Hub cache of its own, whatever an earlier test left in ``os.environ``. A choice stored
+    by an earlier test once made a test's first ptq call calibrate differently from its
+    later ones (``[(10000, 8), (10100, 4)] == [(10000, 8)]``)."""
+    monkeypatch.setenv("QUARL_CACHE", "off")
+    monkeypatch.setenv("QUARL_HUB_CACHE", str(tmp_path_factory.mktemp("hub-cache")))
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A PPO CartPole policy trained for a few seconds, saved as a zoo run folder."""

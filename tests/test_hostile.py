@@ -340,7 +340,8 @@ def test_evaluation_workers_die_with_a_killed_quarl(tmp_path) -> None:
 
 @pytest.mark.parametrize("kind", ["zip", "vecnormalize", "config", "results", "cache"])
 def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(kind: str, tmp_path: Path,
-                                                                              tiny_run: Path) -> None:
+                                                                              tiny_run: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A FIFO where quarl reads a file would block forever, /dev/zero would never end: each
     is refused in one line (or, for a cache entry, ignored) at once."""
     from quarl.policies.sb3 import load_checkpoint
@@ -378,14 +379,12 @@ def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(k
 
         folder = tmp_path / "cache"
         folder.mkdir()
-        os.environ[choice_cache.CACHE_ENV] = str(folder)
-        try:
-            os.mkfifo(folder / "abc.json")
-            assert choice_cache.load("abc", {"int8-block"}) is None
-            (folder / "def.json").symlink_to("/dev/zero")
-            assert choice_cache.load("def", {"int8-block"}) is None
-        finally:
-            del os.environ[choice_cache.CACHE_ENV]
+        # set for this test only: deleting it afterwards (as this did) left later tests on the shared ~/.cache
+        monkeypatch.setenv(choice_cache.CACHE_ENV, str(folder))
+        os.mkfifo(folder / "abc.json")
+        assert choice_cache.load("abc", {"int8-block"}) is None
+        (folder / "def.json").symlink_to("/dev/zero")
+        assert choice_cache.load("def", {"int8-block"}) is None
 
 
 @pytest.mark.parametrize("args", [["sweep", "BITS", "--bits", "8,²"], ["study", "--seeds", "٣"],
