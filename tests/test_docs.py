@@ -362,7 +362,7 @@ def run_doc_command(line: str, stderr: bool = False) -> str:
 
     from quarl.cli import app
 
-    env = {"COLUMNS": "200"}
+    env = {"COLUMNS": "200", "QUARL_DECIDE_EPISODES": ""}  # the docs show the defaults a user gets: verdicts decide
     for assignment in re.findall(r"^(\w+)=(\S+) ", line):
         env[assignment[0]] = assignment[1]
     (arguments,) = quarl_arguments(line)
