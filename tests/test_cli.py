@@ -728,6 +728,32 @@ def test_default_output_folders_name_the_policy_its_algorithm_and_env(tmp_path: 
     assert not Path("results").exists()  # a default is a name: nothing is created before the command runs
 
 
+def test_two_checkpoints_of_one_name_get_two_default_folders(tiny_run: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zoo's ppo/CartPole-v1_1 and runs/ppo/CartPole-v1_1 both mapped to
+    results/ptq/ppo-CartPole-v1_1-CartPole-v1, the second overwriting the first's tables."""
+    import shutil
+
+    from quarl import outputs
+
+    monkeypatch.chdir(tmp_path)
+    first, second = tmp_path / "zoo" / "ppo" / "CartPole-v1_1", tmp_path / "runs" / "ppo" / "CartPole-v1_1"
+    for copy in (first, second):
+        shutil.copytree(tiny_run, copy)
+    for run in (first, second, first):  # the first again: back in its own folder
+        r = run_cli("ptq", str(run), "--env", "CartPole-v1", "--precisions", "fp32", "--episodes", "1")
+        assert r.returncode == 0, r.stderr
+    folders = sorted(p.name for p in Path("results/ptq").iterdir())
+    assert len(folders) == 2 and folders[0] == "ppo-CartPole-v1_1-CartPole-v1"
+    assert folders[1].startswith("ppo-CartPole-v1_1-CartPole-v1-") and len(folders[1]) == len(folders[0]) + 9
+    for folder in folders:
+        assert len((Path("results/ptq") / folder / "results.jsonl").read_text().splitlines()) == 1  # reused
+    copied = tmp_path / "mine" / "best_model.zip"  # a zip away from a zoo run folder: named after its own folder
+    copied.parent.mkdir()
+    shutil.copy(next(tiny_run.glob("*.zip")), copied)
+    assert outputs.policy_folder("ptq", copied, "CartPole-v1").name == "mine-best_model-CartPole-v1"
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda v: v.items(" , ,", "--bits"), "--bits is empty"),
     (lambda v: v.items(",".join(map(str, range(300))), "--seeds"), "--seeds lists 300 distinct items: at most 256"),

@@ -15,13 +15,17 @@ train, demo, study, model  fixed: :data:`TRAIN_RUNS`, :data:`DEMO`, :data:`STUDY
 =========================  ===============================================================
 
 ``<name>`` is the checkpoint's own name (a zip's or pickle's stem, a run folder's name),
-``<algo>`` the folder above it (RL Zoo ``ALGO/ENV_1``, legacy ``ALGO/ENV.pkl``); a policy
-from the Hugging Face Hub is ``hf-<org>-<repo>``, an exported model its name alone.
+``<algo>`` the folder above it (RL Zoo ``ALGO/ENV_1``, legacy ``ALGO/ENV.pkl``; a zip
+outside a zoo run folder: its own folder); a policy from the Hugging Face Hub is
+``hf-<org>-<repo>``, an exported model its name alone. Two checkpoints of one name get two
+folders: the first claims it (:data:`SOURCE_FILE`), the other adds a hash of its path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -40,8 +44,28 @@ def env_part(env_id: str) -> str:
     return env_id.replace("/", "_")
 
 
+SOURCE_FILE = ".quarl-source"
+"""In a default output folder: the resolved path of the checkpoint it holds results of, so
+another checkpoint of the same name gets a folder of its own (:func:`policy_folder`)."""
+ZOO_RUN = re.compile(r".+_\d+$")
+"""An RL Zoo run folder's name: ``ENV_N``."""
+
+
+def _base_name(checkpoint: Path) -> str:
+    """``<algo>-<name>`` of a checkpoint (see the module docstring)."""
+    path = checkpoint.resolve()
+    name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
+    if checkpoint.is_dir() or path.suffix == ".pkl":  # zoo folder ALGO/ENV_1, legacy pickle ALGO/ENV.pkl
+        return f"{path.parent.name}-{name}"
+    if ZOO_RUN.fullmatch(path.parent.name):  # a zip in its zoo folder: ALGO/ENV_1/ENV.zip
+        return f"{path.parent.parent.name}-{name}"
+    return f"{path.parent.name}-{name}"  # a zip anywhere else (a copied best_model.zip): its own folder's name
+
+
 def policy_folder(kind: str, checkpoint: Path, env_id: str) -> Path:
-    """``results/KIND/<policy>-<env>``: the policy named by its algorithm folder and file."""
+    """``results/KIND/<policy>-<env>``: the policy named by its algorithm folder and file;
+    where that folder already holds another checkpoint's results (its
+    :data:`SOURCE_FILE`), ``-<8 hex digits of this checkpoint's path>`` is added."""
     from quarl import hub
     from quarl.policies.onnx_artifact import is_artifact
 
@@ -49,12 +73,43 @@ def policy_folder(kind: str, checkpoint: Path, env_id: str) -> Path:
         repo = hub.parse(str(checkpoint))[0].replace("/", "-")
         return RESULTS / kind / f"hf-{repo}-{env_part(env_id)}"
     path = checkpoint.resolve()
-    name = path.name.removesuffix(".zip").removesuffix(".pkl").removesuffix(".onnx")
     if is_artifact(path):  # an exported model: its own name says enough
-        return RESULTS / kind / f"{name}-{env_part(env_id)}"
-    # zoo folder ALGO/ENV_1, zip ALGO/ENV_1/ENV.zip, legacy pickle ALGO/ENV.pkl
-    algo = path.parent.name if checkpoint.is_dir() or path.suffix == ".pkl" else path.parent.parent.name
-    return RESULTS / kind / f"{algo}-{name}-{env_part(env_id)}"
+        name = path.name.removesuffix(".onnx")
+        folder = RESULTS / kind / f"{name}-{env_part(env_id)}"
+    else:
+        folder = RESULTS / kind / f"{_base_name(checkpoint)}-{env_part(env_id)}"
+    return own_folder(folder, checkpoint)
+
+
+def own_folder(folder: Path, checkpoint: Path) -> Path:
+    """``folder``, or ``folder-<8 hex digits of the checkpoint's path>`` where ``folder``
+    holds another checkpoint's results."""
+    path = checkpoint.resolve()
+    owner = _owner(folder)
+    if owner is not None and owner != str(path):
+        return folder.with_name(f"{folder.name}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}")
+    return folder
+
+
+def _owner(folder: Path) -> str | None:
+    try:
+        with open(folder / SOURCE_FILE, encoding="utf-8") as file:
+            return file.read(4096).strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def claim(folder: Path, checkpoint: Path) -> Path:
+    """Mark a default output folder as holding ``checkpoint``'s results (created if
+    needed); returns ``folder``. A sweep's variant folder marks its policy folder."""
+    from quarl import hub
+
+    marked = folder.parent if folder.parent.parent.name == "sweep" else folder
+    if hub.is_hub(checkpoint) or _owner(marked) is not None:
+        return folder
+    marked.mkdir(parents=True, exist_ok=True)
+    (marked / SOURCE_FILE).write_text(str(checkpoint.resolve()) + "\n", encoding="utf-8")
+    return folder
 
 
 def sweep_variant(scheme: str, granularity: str, activations: bool) -> str:
@@ -72,8 +127,12 @@ def analyze_folder(checkpoint: Path) -> Path:
 
 def precision_folder(kind: str, checkpoint: Path, env_id: str, precision: str) -> Path:
     """export and recover: one folder per precision (as the user spelled it)."""
-    folder = policy_folder(kind, checkpoint, env_id)
-    return folder.with_name(f"{folder.name}-{precision}")
+    from quarl import hub
+
+    if hub.is_hub(checkpoint):
+        folder = policy_folder(kind, checkpoint, env_id)
+        return folder.with_name(f"{folder.name}-{precision}")
+    return own_folder(RESULTS / kind / f"{_base_name(checkpoint)}-{env_part(env_id)}-{precision}", checkpoint)
 
 
 def qat_folder(algo: str, env_id: str) -> Path:

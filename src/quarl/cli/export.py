@@ -59,8 +59,11 @@ def export(
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, None)
+    default = out is None
     out = out or outputs.precision_folder("export", checkpoint, spec.env_id, precision)
     exported = export_checkpoint(ckpt.policy, spec, precision, out, max_steps, portable, **options)
+    if default:
+        outputs.claim(out, checkpoint)
     mode = f", mode {exported.meta['quant']['mode']}" if "quant" in exported.meta else ""
     out_console.print(f"wrote {exported.onnx} ({exported.meta['onnx_bytes']:,} bytes{mode}) and {exported.sidecar}",
                       soft_wrap=True)

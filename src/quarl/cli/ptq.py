@@ -101,8 +101,8 @@ def ptq(
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     warm(settings.workers)
-    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.policy_folder(
-        "ptq", checkpoint, spec.env_id)
+    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(outputs.policy_folder(
+        "ptq", checkpoint, spec.env_id), checkpoint)
     if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         from quarl.ptq import run_artifact
 

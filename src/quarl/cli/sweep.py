@@ -52,8 +52,8 @@ def sweep(
     ckpt, spec = load(checkpoint, env, trust_pickle)
     warm(settings.workers)
     variant = outputs.sweep_variant(scheme, granularity, activations)
-    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.sweep_folder(
-        checkpoint, spec.env_id, scheme, granularity, activations)
+    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(outputs.sweep_folder(
+        checkpoint, spec.env_id, scheme, granularity, activations), checkpoint)
     labels = ["fp32", *(f"sim{n}" for n in widths)]
     with progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in labels}
@@ -94,7 +94,8 @@ def analyze(
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
     validate.float_checkpoint(checkpoint, "analyze reads the float weights")
     ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
-    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.analyze_folder(checkpoint)
+    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(
+        outputs.analyze_folder(checkpoint), checkpoint)
     stats, kl = run_analyze(ckpt.policy, widths, out, scheme, granularity, title=f"{ckpt.algo} {checkpoint.name}")
     print_table(
         [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in stats],
