@@ -404,6 +404,27 @@ def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path, monkey
     assert api.__version__
 
 
+def test_the_api_knows_the_agents_env_and_says_so_in_python_where_it_cannot(tiny_run: Path) -> None:
+    """quarl.evaluate(quarl.quantize(FOLDER, "int4")) plays the folder's env (it said
+    "evaluate needs an env"); an SB3 model loaded without its env gets a Python hint, not
+    the CLI's --env."""
+    import quarl as api
+    from stable_baselines3 import PPO
+
+    from quarl.errors import QuarlError
+
+    int4 = api.quantize(tiny_run, "int4")
+    assert int4.home_env is not None and int4.home_env.env_id == "CartPole-v1"
+    direct = api.evaluate(int4, episodes=3)
+    assert list(direct.returns) == list(api.evaluate(int4, "CartPole-v1", episodes=3).returns)
+    assert api.evaluate(api.quantize(api.load(tiny_run), "fp16"), episodes=2).mean > 0
+    bare = PPO.load(next(tiny_run.glob("*.zip")), device="cpu")
+    with pytest.raises(QuarlError, match=r'pass env="ENV_ID" \(a gymnasium id\), or load the model with its env') as err:
+        api.evaluate(bare, episodes=1)
+    assert "--env" not in str(err.value)
+    assert api.evaluate(bare, "CartPole-v1", episodes=1).mean > 0
+
+
 def test_known_harmless_warnings_stay_off_stderr_unless_verbose(tmp_path: Path) -> None:
     """MuJoCo's 'settotalmass' and gymnasium's 'out of date' notes (quarl.quiet) are
     filtered; -v shows them."""

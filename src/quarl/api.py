@@ -26,6 +26,7 @@ from quarl.measure import calibration_inputs, calibration_returns
 from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import QuantConfig
+from quarl.errors import QuarlError
 
 
 def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
@@ -41,11 +42,15 @@ def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = Fa
         env = env or _sb3_env_id(path)
     else:
         if not isinstance(path, (str, Path)):
-            from quarl.errors import QuarlError
-
             raise QuarlError(f"quarl.load takes a path or an SB3 model, not a {type(path).__name__}")
         checkpoint = load_checkpoint(path, trust_pickle=trust_pickle)
-    checkpoint.env_spec = resolve_env_spec(checkpoint, env)
+    try:
+        checkpoint.env_spec = resolve_env_spec(checkpoint, env)
+    except QuarlError as exc:  # the CLI's words, said in Python
+        if "pass --env" not in str(exc):
+            raise
+        raise QuarlError(str(exc).replace("pass --env ENV_ID", "pass env=\"ENV_ID\" (a gymnasium id), or load the "
+                                          "model with its env (PPO.load(path, env=...))")) from None
     probe = make_env(checkpoint.env_spec)
     try:
         checkpoint.policy.check_env(probe)
@@ -68,13 +73,14 @@ def quantize(policy: Policy | Checkpoint | Any, precision: str | QuantConfig, en
     calibration = returns = None
     if needs_calibration(config):
         if env_spec is None:
-            from quarl.errors import QuarlError
-
-            raise QuarlError(f"{config.label} calibrates on rollouts: pass the env_spec (or an env id)")
+            raise QuarlError(NO_ENV.format(what=f"{config.label} calibrates on rollouts: it"))
         env_spec = _spec(policy, env_spec)
         calibration = calibration_inputs(policy, env_spec)
         returns = calibration_returns(env_spec)
-    return _quantize(policy, config, calibration, returns)
+    quantized = _quantize(policy, config, calibration, returns)
+    if quantized.home_env is None and env_spec is not None:
+        quantized.home_env = _spec(policy, env_spec)
+    return quantized
 
 
 def _spec(policy: Policy, env: EnvSpec | str) -> EnvSpec:
@@ -82,8 +88,6 @@ def _spec(policy: Policy, env: EnvSpec | str) -> EnvSpec:
     if isinstance(env, EnvSpec):
         return env
     if not isinstance(env, str):
-        from quarl.errors import QuarlError
-
         raise QuarlError(f"env {env!r} is neither an EnvSpec nor a gymnasium env id")
     from quarl.envs import env_spec_for_policy
 
@@ -98,9 +102,7 @@ def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None =
     or a gymnasium env id, by default the agent's own."""
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
-        from quarl.errors import QuarlError
-
-        raise QuarlError("evaluate needs an env: pass env_spec (an EnvSpec or a gymnasium env id)")
+        raise QuarlError(NO_ENV.format(what="evaluate"))
     return _evaluate(policy, _spec(policy, env_spec), episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
 
 
@@ -120,9 +122,7 @@ def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = Non
 
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
-        from quarl.errors import QuarlError
-
-        raise QuarlError("play needs an env: pass env_spec (an EnvSpec or a gymnasium env id)")
+        raise QuarlError(NO_ENV.format(what="play"))
     spec, policy = protocol(policy, _spec(policy, env_spec), stochastic)
     size = validate.video_size(video_size) if isinstance(video_size, str) else video_size
     return _play(policy, spec, episodes=episodes, seed=seed, video=video, max_steps=max_steps,
@@ -175,17 +175,25 @@ def _sb3_env_id(model: Any) -> str | None:
 
 def _policy_and_env(policy: Any, env_spec: EnvSpec | str | None) -> tuple[Policy, EnvSpec | str | None]:
     """A quarl Policy and the env to use from what the caller holds (Policy, Checkpoint,
-    SB3 model): an explicit ``env_spec`` wins, else the agent's own."""
+    SB3 model): an explicit ``env_spec`` wins, else the agent's own (a policy from a zoo
+    folder or model object remembers it, through :func:`quantize` too)."""
     if isinstance(policy, Policy):
-        return policy, env_spec
+        home = policy.home_env if isinstance(policy.home_env, EnvSpec) else None
+        return policy, env_spec if env_spec is not None else home
     if _is_sb3_model(policy) or isinstance(policy, (str, Path)):  # a model object, or a zip / run folder / export
         policy = load(policy, env_spec if isinstance(env_spec, str) else None)
     if isinstance(policy, Checkpoint):
+        if policy.env_spec is not None and policy.policy.home_env is None:
+            policy.policy.home_env = policy.env_spec
         return policy.policy, env_spec if env_spec is not None else policy.env_spec
-    from quarl.errors import QuarlError
 
     raise QuarlError(f"expected a quarl Policy, what quarl.load returns, an SB3 model or a path, not a "
                      f"{type(policy).__name__}")
+
+
+NO_ENV = ("{what} needs an env and this policy does not know its own: pass env_spec=\"CartPole-v1\" (a gymnasium "
+          "id) or an EnvSpec; an SB3 model knows its env only when loaded with one (PPO.load(path, env=...)), and "
+          "quarl.load(path) of a zoo folder keeps it")
 
 
 def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,

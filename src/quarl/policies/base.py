@@ -162,6 +162,10 @@ class Policy:
     :func:`sample_actions`) instead of acting greedily."""
     noise: StateNoise | None = field(default=None, repr=False)
     """A state-dependent noise head (SAC / TQC, gSDE): what sampling adds to the mean."""
+    home_env: object = field(default=None, repr=False, compare=False)
+    """The env this policy came with where it is known (a :class:`quarl.envs.EnvSpec` from
+    its zoo folder or model object): the API's env when none is given. Quantized copies
+    keep it."""
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
