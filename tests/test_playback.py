@@ -99,3 +99,29 @@ def test_play_records_from_a_camera_at_a_size_and_refuses_bad_ones_in_one_line(c
         bad = CliRunner().invoke(app, [*base, *extra])
         assert bad.exit_code == 2 and message in bad.output, (extra, bad.output)
         assert "Traceback" not in bad.output
+
+
+def test_a_mujoco_video_follows_the_agent_by_default(cheetah, tmp_path: Path) -> None:
+    """The free camera stays where the cheetah started (empty floor from about step 40):
+    without --camera the video is recorded from the model's tracking camera, frame for frame
+    what --camera track records; a model with no such camera keeps its default view."""
+    import imageio
+
+    from quarl.playback import following_camera, play
+
+    checkpoint = quarl.load(cheetah)
+    default = play(checkpoint.policy, checkpoint.env_spec, episodes=1, video=tmp_path / "default", video_size=(64, 48),
+                   max_steps=12)
+    chosen = play(checkpoint.policy, checkpoint.env_spec, episodes=1, video=tmp_path / "track", camera="track",
+                  video_size=(64, 48), max_steps=12)
+    assert default.camera == "track" and chosen.camera == "track"
+
+    def frames(result):
+        return np.stack([frame for frame in imageio.get_reader(str(result.videos[0]))]).astype(np.int16)
+
+    assert np.array_equal(frames(default), frames(chosen))
+    from quarl.envs import EnvSpec
+
+    assert following_camera(EnvSpec("InvertedPendulum-v4")) is None
+    assert following_camera(EnvSpec("CartPole-v1")) is None
+    assert play(checkpoint.policy, checkpoint.env_spec, episodes=1, max_steps=5).camera is None  # no video, no camera

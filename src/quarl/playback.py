@@ -28,6 +28,39 @@ class Playback:
     result: EvalResult
     videos: list[Path]
     """One .mp4 per episode, in episode order (empty without a video folder)."""
+    camera: str | None = None
+    """The MuJoCo camera the videos were recorded from (None: the env's default view)."""
+
+
+FOLLOWING_CAMERAS = ("track",)
+"""Camera names of gymnasium's MuJoCo models that follow the agent (HalfCheetah, Hopper,
+Walker2d, Ant, Humanoid...): recorded from by default, since the free camera stays where
+the agent started and loses a runner within a few dozen steps."""
+
+
+def _is_mujoco(env_id: str) -> bool:
+    try:
+        entry = gym.spec(env_id)
+    except gym.error.Error:
+        return False
+    return "mujoco" in str(getattr(entry, "entry_point", ""))
+
+
+def following_camera(env_spec: EnvSpec) -> str | None:
+    """The MuJoCo model's camera that follows the agent (:data:`FOLLOWING_CAMERAS`), if it has one."""
+    if not _is_mujoco(env_spec.env_id):
+        return None
+    import mujoco
+
+    probe = gym.make(env_spec.env_id, **env_spec.env_kwargs)
+    try:
+        model = getattr(probe.unwrapped, "model", None)
+        if model is None:
+            return None
+        names = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) for i in range(model.ncam)}
+    finally:
+        probe.close()
+    return next((name for name in FOLLOWING_CAMERAS if name in names), None)
 
 
 def _recorder(folder: Path, prefix: str) -> Callable[[gym.Env], gym.Env]:
@@ -94,9 +127,12 @@ def play(policy: Policy, env_spec: EnvSpec, episodes: int = 3, seed: int = 0, vi
          on_episode: Callable[[int, float], None] | None = None) -> Playback:
     """Play ``episodes`` deterministic episodes on one env; with ``video`` (a folder), record
     each one as ``VIDEO/NAME-episode-K.mp4``, from ``camera`` at ``video_size`` (MuJoCo,
-    see :func:`render_kwargs`). ``on_episode(index, return)`` is called as each one ends
+    see :func:`render_kwargs`; no camera given: the one following the agent where the model
+    has one, :func:`following_camera`). ``on_episode(index, return)`` is called as each one ends
     (a progress bar: recording a long MuJoCo episode takes seconds)."""
     video = Path(video) if video is not None else None
+    if video is not None and camera is None:
+        camera = following_camera(env_spec)
     extra = render_kwargs(env_spec.env_id, camera, video_size)
     if video is None:
         if extra:
@@ -123,4 +159,4 @@ def play(policy: Policy, env_spec: EnvSpec, episodes: int = 3, seed: int = 0, vi
     finally:
         env.close()  # RecordVideo writes the last episode's file on close
     videos = sorted(video.glob(f"{name}-episode-*.mp4"), key=lambda p: int(p.stem.rsplit("-", 1)[1])) if video else []
-    return Playback(result, videos)
+    return Playback(result, videos, camera if video is not None else None)

@@ -74,8 +74,9 @@ def play(
     name = file_label(policy.precision) + ("-sampled" if policy.stochastic else "")  # a greedy play keeps its own
     with progress() as bar:  # recording a long MuJoCo episode takes seconds: say where it is
         task = bar.add_task(f"{name} episodes", total=episodes)
-        result = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name, camera=camera,
-                               video_size=size, on_episode=lambda *_: bar.advance(task)).result
+        played = play_episodes(policy, spec, episodes, seed, video, max_steps, name=name, camera=camera,
+                               video_size=size, on_episode=lambda *_: bar.advance(task))
+    result = played.result
     rows = episode_rows(result.returns, result.lengths, seed)
     mode = (policy.meta.get("quant") or {}).get("mode")
     print_table(rows, None, out_console)
@@ -83,5 +84,7 @@ def play(
                       f": mean return {result.mean:.2f} over {episodes} episodes" +
                       (", sampled actions" if policy.stochastic else ""), soft_wrap=True)
     if video is not None:
+        seen = f", camera {played.camera}" + (" (follows the agent; --camera to choose)" if camera is None else "") \
+            if played.camera else ""
         out_console.print(f"wrote {len(rows)} video{'s' * (len(rows) != 1)} to {video}/ ({name}-episode-0.mp4"
-                          + (" ...)" if len(rows) > 1 else ")"), soft_wrap=True)
+                          + (" ...)" if len(rows) > 1 else ")") + seen, soft_wrap=True)
