@@ -987,3 +987,22 @@ def test_every_command_that_makes_an_env_lists_gym_packages_in_its_help(command:
 
     r = CliRunner().invoke(app, [*command.split(), "--help"], terminal_width=200)
     assert r.exit_code == 0 and "--gym-packages" in r.output, (command, r.output[-400:])
+
+
+def test_a_bare_zip_of_a_normalized_agent_says_its_statistics_are_missing(tmp_path: Path) -> None:
+    """The zoo's HalfCheetah zip copied away from its folder played fp32 -1,044 instead of
+    5,892 and said nothing: the RL Zoo trains it with VecNormalize, so one line says where
+    the statistics would be; in its folder (statistics loaded) nothing is said."""
+    import shutil
+
+    run = zoo_run("ppo", "HalfCheetah-v3")
+    bare = tmp_path / "HalfCheetah-v3.zip"
+    shutil.copy(run / "HalfCheetah-v3.zip", bare)
+    args = ["--env", "HalfCheetah-v4", "--precisions", "fp32", "--episodes", "1", "--max-steps", "5"]
+    r = run_cli("ptq", str(bare), *args, "--out", str(tmp_path / "bare"))
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "HalfCheetah-v3.zip plays without observation normalization" in said
+    assert "vecnormalize.pkl); pass the run folder instead" in said
+    folder = run_cli("ptq", str(run), *args, "--out", str(tmp_path / "folder"))
+    assert folder.returncode == 0 and "without observation normalization" not in folder.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -107,6 +108,13 @@ def load(checkpoint: Path, env: Optional[str], trust_pickle: bool) -> tuple[Chec
     ckpt = load_policy(checkpoint, env, trust_pickle)
     if ckpt.env_spec is None:  # quarl.load gives the env or raises; this says so to the type checker
         raise QuarlError(f"{checkpoint} names no env: pass --env ENV_ID")
+    if checkpoint.suffix == ".zip" and ckpt.policy.obs_normalizer is None and not ckpt.policy.scale_images \
+            and not is_export(checkpoint) and not (checkpoint.parent / checkpoint.stem / "config.yml").exists():
+        from quarl.training.hyperparams import missing_statistics
+
+        note = missing_statistics(ckpt.algo, ckpt.env_spec.env_id, checkpoint.name)
+        if note:
+            logging.getLogger("quarl").warning("%s", note)
     return ckpt, ckpt.env_spec
 
 

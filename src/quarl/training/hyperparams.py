@@ -152,6 +152,22 @@ ZOO_FILE_CAP = 16 << 20
 """Bytes of one rl_zoo3 hyperparameter file (the largest, ppo.yml, is ~20 kB)."""
 
 
+def missing_statistics(algo: str, env_id: str, zip_name: str) -> str | None:
+    """The one line to say where a bare zip plays without the VecNormalize statistics it
+    was trained with: the RL Zoo's entry for ``algo`` on ``env_id`` normalizes, and a zip
+    carries no statistics (they sit in its run folder's ``ENV/vecnormalize.pkl``). None
+    where the zoo does not normalize (or has no entry, or rl_zoo3 is absent)."""
+    try:
+        raw, key = zoo_hyperparams(algo.lower(), env_id)
+    except QuarlError:
+        return None
+    if not raw.get("normalize"):
+        return None
+    return (f"{zip_name} plays without observation normalization: the RL Zoo trains {algo.lower()} on {key} with "
+            f"VecNormalize, whose statistics are not in the zip but in its run folder ({key}_1/{key}/vecnormalize.pkl); "
+            "pass the run folder instead, or expect returns far from the trained agent's")
+
+
 def zoo_hyperparams(algo: str, env_id: str) -> tuple[dict[str, Any], str | None]:
     """(raw zoo entry, the key it was found under) for ``algo`` on ``env_id``: the exact id,
     else the same env at another version, else the zoo's ``atari`` entry for Atari games.
