@@ -142,6 +142,9 @@ def ptq(
 
     rows = ptq_rows(records, identity=False)
     print_table(rows, title.replace("{played}", episodes_played(records, episodes)), out_console, wide)
+    if len({r["episodes"] for r in rows}) > 1:  # deciding stopped some cells early: say what E pairs
+        say("E of each row pairs its episodes with fp32's first ones of the same seeds (its episodes column); "
+            "fp32's mean is over all of its own")
     recover_hint(rows, checkpoint, recovered is not None)
     say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))
