@@ -287,9 +287,9 @@ def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr
     rows = read_csv(out / "qat.csv")
-    assert [row["bits"] for row in rows] == ["fp32", "8*", "6", "3"]
+    assert [row["bits"] for row in rows] == ["fp32", "int8 real", "6", "3"]
     assert all(row["PTQ_w"] for row in rows) and all(row["QAT_wa"] and row["PTQ_wa"] for row in rows[2:])
-    assert rows[1]["QAT_wa"] == ""  # 8* is real int8 PTQ only
+    assert rows[1]["QAT_wa"] == ""  # the real int8 kernel is PTQ only
     assert (out / "qat.png").stat().st_size > 10_000
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert runs == ["fp32-seed0-2048", "qat3-quarl-delay1024-seed0-2048", "qat6-quarl-delay1024-seed0-2048"]

@@ -125,3 +125,21 @@ def test_a_mujoco_video_follows_the_agent_by_default(cheetah, tmp_path: Path) ->
     assert following_camera(EnvSpec("InvertedPendulum-v4")) is None
     assert following_camera(EnvSpec("CartPole-v1")) is None
     assert play(checkpoint.policy, checkpoint.env_spec, episodes=1, max_steps=5).camera is None  # no video, no camera
+
+
+def test_a_classic_control_video_prints_nothing_of_sdls_own(tmp_path: Path) -> None:
+    """pygame's SDL printed "error: XDG_RUNTIME_DIR is invalid or not set" on a machine
+    without a display server, as if quarl had failed."""
+    import os
+    import subprocess
+    import sys
+
+    from stable_baselines3 import PPO
+
+    PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu").save(tmp_path / "cartpole.zip")
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER")}
+    r = subprocess.run([sys.executable, "-m", "quarl.cli", "play", str(tmp_path / "cartpole.zip"), "--env", "CartPole-v1",
+                        "--episodes", "1", "--max-steps", "5", "--video", str(tmp_path / "videos")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "XDG_RUNTIME_DIR" not in r.stdout + r.stderr and (tmp_path / "videos" / "fp32-episode-0.mp4").exists()

@@ -140,6 +140,9 @@ def play(policy: Policy, env_spec: EnvSpec, episodes: int = 3, seed: int = 0, vi
         env = make_env(env_spec)
     else:
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame (classic control) asks for a sound device
+        # frames are drawn off screen: without a display server SDL would print "error: XDG_RUNTIME_DIR is
+        # invalid" as if it were quarl's
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         video.mkdir(parents=True, exist_ok=True)
         for old in video.glob(f"{name}-episode-*.mp4"):  # a replay replaces, never mixes with, an old one
             old.unlink()

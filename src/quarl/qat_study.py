@@ -1,7 +1,7 @@
 """QAT against PTQ, as in the paper's QAT figure: for one algorithm and env, train an fp32
 policy and one QAT policy per bit width with the same budget and seed, then evaluate
 
-- PTQ: the fp32 policy with its weights rounded to n bits (and real int8, "8*");
+- PTQ: the fp32 policy with its weights rounded to n bits (and the real int8 kernel, "int8 real");
 - QAT: each QAT policy as it was trained (n-bit weights and activations).
 
 Runs are kept under ``OUT/runs`` and reused; every evaluation is appended to
@@ -112,8 +112,13 @@ COLUMNS = (("ptq", "PTQ_w"), ("ptq_act", "PTQ_wa"), ("qat", "QAT_wa"))
 (ranges calibrated on fp32 rollouts), QAT (weights and layer outputs, trained)."""
 
 
+REAL_INT8 = "int8 real"
+"""The row of the real int8 kernel (PTQ only: QAT's runs are simulated n-bit)."""
+
+
 def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``bits | PTQ_w | PTQ_wa | QAT_wa`` (and E% of each) with the fp32 and real-int8 (8*) rows first."""
+    """``bits | PTQ_w | PTQ_wa | QAT_wa`` (and E% of each) with the fp32 and real-int8
+    (``int8 real``) rows first; a cell a method has no run for is empty."""
     base = next(r for r in records if r["method"] == "fp32")
     by = {(r["method"], r.get("bits"), r.get("real_int8", False)): r for r in records}
 
@@ -121,14 +126,14 @@ def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out: dict[str, Any] = {"bits": label}
         for _, col in COLUMNS:
             r = cells.get(col)
-            out[col] = round(r["mean"], 2) if r else None
-            out[f"E_{col}%"] = round(relative_error(base["mean"], r["mean"]), 2) if r else None
+            out[col] = round(r["mean"], 2) if r else ""
+            out[f"E_{col}%"] = round(relative_error(base["mean"], r["mean"]), 2) if r else ""
         return out
 
     rows = [row("fp32", {col: base for _, col in COLUMNS})]
     real = by.get(("ptq", 8, True))
     if real is not None:
-        rows.append(row("8*", {"PTQ_w": real}))
+        rows.append(row(REAL_INT8, {"PTQ_w": real}))
     widths = sorted({r["bits"] for r in records if r["method"] in ("qat", "ptq_act")
                      or (r["method"] == "ptq" and not r.get("real_int8"))}, reverse=True)
     for n in widths:
@@ -137,7 +142,7 @@ def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """The paper's QAT figure: x = fp32, 8*, 8, 7, ... 2; one line for PTQ, one for QAT."""
+    """The paper's QAT figure: x = fp32, int8 real, 8, 7, ... 2; one line for PTQ, one for QAT."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,11 +155,11 @@ def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     styles = {"PTQ_w": ("o", "PTQ (weights)"), "PTQ_wa": ("^", "PTQ (weights + activations)"),
               "QAT_wa": ("s", "QAT (weights + activations)")}
     for _, col in COLUMNS:
-        pts = [(i, r[col]) for i, r in zip(x, rows) if r[col] is not None]
+        pts = [(i, r[col]) for i, r in zip(x, rows) if isinstance(r[col], (int, float))]
         marker, label = styles[col]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
     ax.set_xticks(x, labels)
-    ax.set_xlabel("bits (8* = real int8 kernels)")
+    ax.set_xlabel("bits (int8 real: the real int8 kernel)")
     ax.set_ylabel("mean return")
     ax.set_title(title, fontsize=10)
     ax.legend()
