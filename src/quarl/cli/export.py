@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -67,6 +67,23 @@ def export(
     mode = f", mode {exported.meta['quant']['mode']}" if "quant" in exported.meta else ""
     out_console.print(f"wrote {exported.onnx} ({exported.meta['onnx_bytes']:,} bytes{mode}) and {exported.sidecar}",
                       soft_wrap=True)
+    inexact = portable_note(exported.meta.get("portable") or {})
+    if inexact:
+        out_console.print(inexact, soft_wrap=True, highlight=False)
+
+
+def portable_note(check: dict[str, Any]) -> str:
+    """The line that says where a --portable file does not compute what the contrib kernel
+    computes under ONNX Runtime ('' where it does, or nothing was checked)."""
+    runtime = check.get("onnxruntime_default") or {}
+    diff = runtime.get("max_abs_diff")
+    if not isinstance(diff, (int, float)) or diff == 0:
+        return ""
+    agree = runtime.get("action_agreement")
+    return (f"note: under ONNX Runtime the portable file is not the contrib kernel's arithmetic here (largest output "
+            f"difference {diff:.3g}" + (f", identical actions on {100 * agree:.1f}% of 512 calibration states"
+                                        if isinstance(agree, (int, float)) else "")
+            + "; sidecar 'portable'): ptq of the export folder judges the file as it runs")
 
 
 @user_errors
