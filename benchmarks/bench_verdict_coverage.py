@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=1000, help="draws per cell (the bootstrap: a fifth)")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--pools", type=Path, default=POOLS)
-    parser.add_argument("--out", type=Path, default=Path("results/verdict-coverage"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder of coverage.{md,csv,json} (default results/verdict-coverage; --quick: a temporary one)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 40 draws, two pools, N up to 20")
     args = parser.parse_args()
     pools = load_pools(args.pools)
@@ -42,6 +44,8 @@ def main() -> None:
     cap = 640
     if args.quick:
         args.draws, pools, sizes, cap = 40, pools[:2], (1, 5, 20), 80
+        args.out = args.out or Path(tempfile.mkdtemp(prefix="quarl-coverage-"))  # the docs' table stays as made
+    args.out = args.out or Path("results/verdict-coverage")
     methods = args.methods.split(",")
     rows = []
     started = time.perf_counter()

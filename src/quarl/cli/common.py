@@ -4,6 +4,8 @@ the signals that stop a run, progress bars."""
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import logging
 import os
 import shlex
@@ -42,11 +44,44 @@ def environment_defaults() -> None:
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 
-def setup(verbose: bool = False) -> None:
-    environment_defaults()
+def after_import(name: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once module ``name`` is imported (now, if it already is): torch's
+    thread count is set when torch loads, so a command that refuses its input before
+    needing torch answers without loading it (a second and more)."""
+    if name in sys.modules:
+        callback()
+        return
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            loader = getattr(spec, "loader", None)
+            if loader is None or not hasattr(loader, "exec_module"):
+                return spec
+            run = loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                callback()
+
+            loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+
+
+def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def setup(verbose: bool = False) -> None:
+    environment_defaults()
+    after_import("torch", _one_torch_thread)
     from quarl.logs import AgentFilter
 
     handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)

@@ -97,7 +97,9 @@ class QuarlGroup(TyperGroup):
                 return 2
             sys.exit(2)
         if "--help" in args:  # the lists of algorithms, precisions and modes, from the registries
-            help_lists.fill(self)
+            from quarl.envs import gym_packages
+
+            help_lists.fill(self, args, use_cache=not gym_packages())  # a package may register entries
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)

@@ -3,11 +3,18 @@ from the registries that define them, so a registered entry shows up in ``--help
 
 The registries load torch and ONNX Runtime (a second), so an option's help holds a
 placeholder such as ``{precisions}``, and :func:`fill` replaces it only when ``--help`` is
-asked for: ``quarl --version`` and a usage error stay as quick as before."""
+asked for, and only in the command whose help is shown (``quarl --help`` lists commands,
+no option needs a list). The lists of the built-in registries are kept on disk per quarl
+version (``~/.cache/quarl/help-lists-VERSION.json``; ``QUARL_CACHE=off`` skips it), so a
+second ``quarl ptq --help`` answers without loading torch; a ``--gym-packages`` module,
+which may register entries, bypasses it."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from quarl.cli.common import environment_defaults
@@ -103,12 +110,83 @@ def render(text: str, cache: dict[str, str]) -> str:
     return PLACEHOLDER.sub(one, text)
 
 
-def fill(group: Any) -> None:
-    """Replace the placeholders in the help of every option and argument under ``group``."""
-    environment_defaults()  # the registries load torch: its thread settings first
-    cache: dict[str, str] = {}
-    for command in commands(group):
+MAX_CACHE_BYTES = 1 << 16
+
+
+def cache_file() -> Path | None:
+    """Where the built-in lists are kept (None: ``QUARL_CACHE=off``)."""
+    from quarl import __version__
+
+    if os.environ.get("QUARL_CACHE", "").strip().lower() == "off":
+        return None
+    return Path.home() / ".cache" / "quarl" / f"help-lists-{__version__}.json"
+
+
+def source_key() -> str:
+    """What the lists were made from: quarl's own files (their newest change and count), so
+    a registry edited in a checkout is read again, without importing it."""
+    root = Path(__file__).resolve().parents[1]
+    stamps = [p.stat().st_mtime_ns for p in root.rglob("*.py")]
+    return f"{len(stamps)}-{max(stamps, default=0)}"
+
+
+def read_cache() -> dict[str, str]:
+    """The stored lists (only string values of known names, made from these sources;
+    anything else: none)."""
+    path = cache_file()
+    try:
+        if path is None or path.stat().st_size > MAX_CACHE_BYTES:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict) or data.get("key") != source_key() or not isinstance(data.get("lists"), dict):
+        return {}
+    return {k: v for k, v in data["lists"].items() if k in LISTS and isinstance(v, str)}
+
+
+def write_cache(lists: dict[str, str]) -> None:
+    path = cache_file()
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"key": source_key(), "lists": lists}), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:  # a read-only home: the lists are made again next time
+        pass
+
+
+def shown(group: Any, args: Sequence[str]) -> list[Any]:
+    """The commands whose option help ``args`` asks for: the command named before
+    ``--help`` (``quarl actorq run --help``: run), none for ``quarl --help``."""
+    command, chosen = group, []
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        sub = (getattr(command, "commands", None) or {}).get(arg)
+        if sub is None:
+            break
+        command = sub
+        chosen = [sub]
+    return list(commands(chosen[0])) if chosen else []
+
+
+def fill(group: Any, args: Sequence[str] | None = None, use_cache: bool = True) -> None:
+    """Replace the placeholders in the help of every option and argument of the commands
+    ``args`` shows the help of (all under ``group`` where ``args`` is None)."""
+    targets = list(commands(group)) if args is None else shown(group, args)
+    if not targets:
+        return
+    stored = read_cache() if use_cache else {}
+    cache: dict[str, str] = dict(stored)
+    if set(LISTS) - set(cache):
+        environment_defaults()  # the registries load torch: its thread settings first
+    for command in targets:
         for param in command.params:
             text = getattr(param, "help", None)
             if isinstance(text, str) and "{" in text:
                 setattr(param, "help", render(text, cache))
+    if use_cache and cache != stored:
+        write_cache(cache)

@@ -77,6 +77,10 @@ def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, load_best: bool = False, load_checkpoint: Optional[int] = None,
                 load_last_checkpoint: bool = False, **kwargs: Any) -> Any:
+        checkpoint = kwargs.get("checkpoint")
+        if isinstance(checkpoint, Path) and not str(checkpoint).startswith("hf:") and not checkpoint.exists():
+            # before any option that needs the registries (torch): a typo answers at once
+            raise QuarlError(f"checkpoint {str(checkpoint)!r} does not exist")
         if load_best or load_checkpoint is not None or load_last_checkpoint:
             from quarl.policies.sb3 import pick_zip
 

@@ -90,14 +90,15 @@ def ptq(
     Example: quarl ptq ../shared/zoo/ppo/LunarLander-v2_1 --precisions fp32,fp16,int8 --episodes 20
     """
     setup(verbose)
+    registry_options.eval_settings(episodes, seed, n_envs, max_steps, 1)  # the plain values first: a typo answers at once
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    options = registry_options.quant_options(int8_weights, block_size)
+    labels = registry_options.precisions(precisions, **options)
+    decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
+    decide_seconds = validate.decide_minutes(decide_minutes)
     from quarl.ptq import run_ptq
     from quarl.reports import print_table, ptq_rows
 
-    options = registry_options.quant_options(int8_weights, block_size)
-    labels = registry_options.precisions(precisions, **options)
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
-    decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
-    decide_seconds = validate.decide_minutes(decide_minutes)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     warm(settings.workers)
