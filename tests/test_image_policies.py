@@ -92,7 +92,10 @@ def test_the_trained_image_agent_keeps_its_reward_at_int8_and_int4(minatar_run: 
     assert r.returncode == 0, r.stderr
     rows = {row["precision"]: row for row in read_csv(out / "ptq.csv")}
     assert float(rows["fp32"]["mean"]) >= 2.0  # trained: the untrained network scores 0.4
-    assert rows["fp16"]["verdict"].split()[0] == "keeps", rows["fp16"]  # "(G distinct games of 60)"
+    # fp16 plays the fp32 games: never a loss, but 60 episodes of a few distinct games cannot exclude one
+    # (the confidence sequence needs about 100 clean games for a keep)
+    assert rows["fp16"]["verdict"].split()[0] in ("keeps", "undecided") and abs(float(rows["fp16"]["E%"])) <= 5, \
+        rows["fp16"]
     # int8 and int4-mixed kept it on an AVX-512 Xeon (int4: E 1.2 %, interval 0..3.5 %); on a Xeon with AVX-VNNI the
     # agent trains to other weights and int8's E of 1.5 % over 60 episodes is undecided (its interval reaches past 5 %)
     for precision in ("int8", "int4"):

@@ -127,8 +127,9 @@ def test_demo_table_on_the_paper_agents(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     rows = read_csv(tmp_path / "demo" / "table.csv")
     assert rows[0].pop("int modes")  # the int8 kernel that ran is named
+    wide = {"lo": "-322.66", "hi": "322.66", "verdict": "undecided (~99 more episodes)"}
     assert rows == [
-        {"policy": "dqn CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "E_fp16 lo": "0.0",
-         "E_fp16 hi": "0.0", "fp16 verdict": "keeps", "int8": "500.0", "E_int8%": "0.0", "E_int8 lo": "0.0",
-         "E_int8 hi": "0.0", "int8 verdict": "keeps"}
-    ]  # 500 on every seed: the interval is exact
+        {"policy": "dqn CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "E_fp16 lo": wide["lo"],
+         "E_fp16 hi": wide["hi"], "fp16 verdict": wide["verdict"], "int8": "500.0", "E_int8%": "0.0",
+         "E_int8 lo": wide["lo"], "E_int8 hi": wide["hi"], "int8 verdict": wide["verdict"]}
+    ]  # 500 on three seeds: no loss seen, but three clean episodes cannot exclude one

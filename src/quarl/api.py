@@ -35,6 +35,17 @@ def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = Fa
     ``model.learn`` (its VecNormalize statistics and env id come with it);
     ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a bare zip).
     Raises :class:`quarl.errors.QuarlError` with one line on bad input."""
+    try:
+        return load_checkpoint_and_env(path, env, trust_pickle)
+    except QuarlError as exc:  # the CLI's words, said in Python
+        if "pass --env ENV_ID" not in str(exc):
+            raise
+        raise QuarlError(str(exc).replace("pass --env ENV_ID", "pass env=\"ENV_ID\" (a gymnasium id), or load the "
+                                          "model with its env (PPO.load(path, env=...))")) from None
+
+
+def load_checkpoint_and_env(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
+    """:func:`load` for the CLI: its errors name the CLI's options (``--env``)."""
     if env is not None:
         check_env_id(env)
     if _is_sb3_model(path):
@@ -44,13 +55,7 @@ def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = Fa
         if not isinstance(path, (str, Path)):
             raise QuarlError(f"quarl.load takes a path or an SB3 model, not a {type(path).__name__}")
         checkpoint = load_checkpoint(path, trust_pickle=trust_pickle)
-    try:
-        checkpoint.env_spec = resolve_env_spec(checkpoint, env)
-    except QuarlError as exc:  # the CLI's words, said in Python
-        if "pass --env" not in str(exc):
-            raise
-        raise QuarlError(str(exc).replace("pass --env ENV_ID", "pass env=\"ENV_ID\" (a gymnasium id), or load the "
-                                          "model with its env (PPO.load(path, env=...))")) from None
+    checkpoint.env_spec = resolve_env_spec(checkpoint, env)
     probe = make_env(checkpoint.env_spec)
     try:
         checkpoint.policy.check_env(probe)

@@ -107,7 +107,7 @@ def with_options(options: Callable[..., None]) -> Callable[[Callable[..., Any]],
 
 def load(checkpoint: Path, env: Optional[str], trust_pickle: bool) -> tuple[Checkpoint, EnvSpec]:
     """quarl.load: fails before any work when the env does not fit the policy."""
-    from quarl.api import load as load_policy
+    from quarl.api import load_checkpoint_and_env as load_policy
 
     ckpt = load_policy(checkpoint, env, trust_pickle)
     if ckpt.env_spec is None:  # quarl.load gives the env or raises; this says so to the type checker
