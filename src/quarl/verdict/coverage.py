@@ -27,11 +27,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from quarl.verdict import TOLERANCE
 from quarl.verdict.baselines import bca_interval, t_interval
 from quarl.verdict.betting import e_bounds
 from quarl.verdict.bounds import ranges
 
-TOLERANCE = 5.0
 METHODS = ("cs", "bca", "t")
 SIZES = (1, 2, 3, 5, 10, 20, 50, 100)
 MAX_POOL_BYTES = 4 << 20
