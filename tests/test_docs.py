@@ -539,9 +539,19 @@ def _only(test_name: str) -> Block:
     return block
 
 
+@pytest.mark.slow
 def test_ptq_lunarlander(doc_run: Path) -> None:
-    """ptq.md's precision table, then README's (a subset: its cells are reused)."""
+    """README's precision table (fp32, int8, int4), played until its verdicts decide (40 s:
+    160 episodes a precision and two int mode choices)."""
     for block in block_made_by("test_ptq_lunarlander"):
+        (line,) = command_before(block)
+        compare_output(block, run_doc_command(line))
+
+
+@pytest.mark.slow
+def test_ptq_lunarlander_every_precision(doc_run: Path) -> None:
+    """ptq.md's precision table: five precisions played until their verdicts decide (40 s)."""
+    for block in block_made_by("test_ptq_lunarlander_every_precision"):
         (line,) = command_before(block)
         compare_output(block, run_doc_command(line))
 
