@@ -330,12 +330,13 @@ def test_ptq_says_how_to_recover_where_int4_loses_and_recover_keeps_the_zoo_dqn(
     assert r.returncode == 0, r.stderr
     rows = {row["precision"]: row for row in read_csv(out / "verdict" / "ptq.csv")}
     assert float(rows["fp32"]["mean"]) == 500.0 and float(rows["int4"]["mean"]) == 500.0
-    assert rows["int4"]["verdict"] == "keeps" and rows["int4"]["mode"].startswith("int4-")
+    # 500 on 5 of 5 seeds: no loss seen, but 5 clean episodes cannot exclude one (about 100 can)
+    assert rows["int4"]["verdict"].startswith("undecided (~") and rows["int4"]["mode"].startswith("int4-")
     # ptq on the recovered folder plays the original at fp32 and the recovered kernel at int4
     r = run_cli("ptq", str(out), "--precisions", "fp32,int4", "--episodes", "5", "--out", str(tmp_path / "again"))
     assert r.returncode == 0 and "fp32 is the original policy" in r.stdout.replace("\n", " ")
     again = {row["precision"]: row for row in read_csv(tmp_path / "again" / "ptq.csv")}
-    assert again["int4"]["verdict"] == "keeps" and "recover it" not in r.stdout
+    assert again["int4"]["verdict"].startswith("undecided") and float(again["int4"]["mean"]) == 500.0
 
 
 def test_a_damaged_recovered_folder_is_refused_never_judged_with_another_fp32(tiny_dqn: Path, tmp_path: Path) -> None:
