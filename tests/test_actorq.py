@@ -586,7 +586,8 @@ def test_ctrl_c_in_the_first_second_leaves_a_run_that_resumes(tmp_path: Path) ->
 
 
 def test_the_steady_rate_counts_from_when_every_actor_had_reported() -> None:
-    from quarl.actorq.system import RunState, _steady_rate
+    from quarl.actorq.run_state import RunState
+    from quarl.actorq.summarize import steady_rate as _steady_rate
 
     state = RunState(env_steps=10_000, elapsed_s=30.0, steady_from_s=10.0, env_steps_at_steady=2_000)
     assert _steady_rate(state) == 400.0  # 8,000 steps in 20 s; the whole run's 333 includes 10 s of start-up
@@ -623,7 +624,7 @@ def test_an_actor_that_always_dies_stops_the_run_after_a_capped_number_of_restar
     in one line with the last error, its checkpoint written, instead of looping until its
     time budget ends."""
     from quarl.actorq import acting
-    from quarl.actorq.system import max_restarts
+    from quarl.actorq.coordinator import max_restarts
 
     def broken(self, steps):
         raise RuntimeError("env exploded")

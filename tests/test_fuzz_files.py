@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from quarl.actorq.system import RunState, RunStateRecord, _check_state
+from quarl.actorq.run_state import RunState, RunStateRecord, check_state as _check_state
 from quarl.errors import QuarlError
 from quarl.file_schema import parse_json, parse_record
 from quarl.limits import check_tensors, open_zip, read_capped, read_zip_entry

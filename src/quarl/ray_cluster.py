@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
 from quarl.errors import QuarlError
 from quarl.validate import digits
@@ -44,7 +45,7 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
                 if threading.current_thread() is threading.main_thread() else {})
     try:
         if address:
-            extra = {}
+            extra: dict[str, Any] = {}
             if _is_loopback(address):  # else the driver registers under this machine's LAN address
                 extra["_node_ip_address"] = "127.0.0.1"
             ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR, **extra)
@@ -77,5 +78,6 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def free_cpus(ray_module) -> float:
+def free_cpus(ray_module: Any) -> float:
+    """CPUs the Ray cluster has free now (``ray_module``: the imported ``ray``)."""
     return float(ray_module.available_resources().get("CPU", 0.0))

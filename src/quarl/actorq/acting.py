@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import gymnasium as gym
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 from quarl.actorq import wire
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import policy_network
-from quarl.actorq.replay import NStep, stack, stack_unrolls
+from quarl.actorq.replay import Batch, NStep, Unroll, stack, stack_unrolls
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError
 from quarl.policies.base import Policy, unscale_action
@@ -70,13 +70,13 @@ class EnvInfo:
     """Number of actions (discrete) or action dimensions (continuous)."""
     discrete: bool
     observation_space: gym.spaces.Box
-    action_space: gym.spaces.Space
+    action_space: gym.spaces.Space[Any]
     reward_threshold: float | None = None
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
         """A continuous action in [-1, 1] (the policy's tanh range) -> the env's bounds
         (the core's scaling, :func:`quarl.policies.base.unscale_action`)."""
-        return unscale_action(self.action_space, action)
+        return unscale_action(cast(gym.spaces.Box, self.action_space), action)
 
     def policy(self, network: torch.nn.Module) -> Policy:
         """``network`` (the learner's layout) as a core :class:`Policy` of this env."""
@@ -175,7 +175,8 @@ class ActorModelTemplate:
                 self._set(name, value.T if len(stored.dims) == 2 else value)
             else:
                 raise QuarlError(f"the actor model has no initializer for {name!r}")
-        return self.model.SerializeToString()
+        serialized: bytes = self.model.SerializeToString()
+        return serialized
 
 
 class Broadcaster:
@@ -225,8 +226,12 @@ class Broadcaster:
 
 def payload_version(payload: bytes) -> int:
     if payload[:4] == _ONNX_MAGIC:
-        return struct.unpack_from("<q", payload, 4)[0]
+        return int(struct.unpack_from("<q", payload, 4)[0])
     return wire.version_of(payload)
+
+
+Action = np.ndarray | np.integer[Any]
+"""An actor's action: an index (discrete) or a vector in [-1, 1] (continuous)."""
 
 
 class ActorPolicy:
@@ -251,6 +256,8 @@ class ActorPolicy:
             t1 = time.perf_counter()
             self.engine = OrtEngine(model, per_row=True)
         else:
+            if self.network is None:
+                raise QuarlError(f"wire-format weights were broadcast to an {self.precision} actor (it loads a model)")
             version, weights = wire.decode(payload)
             t1 = time.perf_counter()
             dtype = FLOAT_DTYPES[self.precision]
@@ -283,7 +290,8 @@ class ActorTimes:
 @dataclass
 class ActorResult:
     index: int
-    batch: dict[str, np.ndarray] | None
+    batch: Batch | Unroll | None
+    """n-step transitions, or whole unrolls (the algorithm's ``unrolls``); None when none finished."""
     steps: int
     episode_returns: list[float]
     times: dict[str, float]
@@ -326,16 +334,16 @@ class Actor:
             counts["loads"] += 1
         self.since_pull = 0
 
-    def act(self, obs: np.ndarray) -> np.ndarray:
+    def act(self, obs: np.ndarray) -> Action:
         out = self.policy(obs[None].astype(np.float32))[0]
         if self.info.discrete:
             if self.rng.random() < self.exploration:
                 return np.int64(self.rng.integers(self.info.act_dim))
             return np.int64(out.argmax())
-        noisy = np.clip(out + self.rng.normal(0.0, self.exploration, out.shape), -1.0, 1.0)
+        noisy: np.ndarray = np.clip(out + self.rng.normal(0.0, self.exploration, out.shape), -1.0, 1.0)
         return noisy.astype(np.float32)  # in [-1, 1]; scaled to the env's bounds on step
 
-    def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, obs: np.ndarray) -> tuple[Action, np.ndarray]:
         """impala: an action drawn from the actor's own policy mu (softmax of its logits, or a
         Gaussian around its mean), and the network output that defines mu."""
         out = self.policy(obs[None].astype(np.float32))[0]
@@ -353,36 +361,43 @@ class Actor:
         """``steps`` env steps: dqn / d4pg explore around the greedy action and return n-step
         transitions; impala samples its own policy mu and returns whole unrolls."""
         started = time.perf_counter()
-        if self.unrolls:
-            gamma, played = self.config.gamma, []
-
-            def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-                action, behaviour = self.sample(obs)
-                env = action if self.info.discrete else self.info.to_env(np.clip(action, -1.0, 1.0))
-                return action, env, behaviour
-
-            def keep(obs, action, reward, next_obs, terminated, truncated, behaviour) -> None:
-                played.append((obs, action, reward, 0.0 if terminated else gamma,
-                               0.0 if terminated or truncated else 1.0, next_obs, behaviour, self.policy.version))
-
-            times, counts, returns, n = self._play(steps, act, keep)
-            batch = stack_unrolls(played, self.config.unroll_length)
-        else:
-            transitions: list[tuple] = []
-
-            def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
-                action = self.act(obs)
-                return action, action if self.info.discrete else self.info.to_env(action), None
-
-            def keep(obs, action, reward, next_obs, terminated, truncated, behaviour) -> None:
-                transitions.extend(self.nstep.add(obs, action, reward, next_obs, terminated, truncated))
-
-            times, counts, returns, n = self._play(steps, act, keep)
-            batch = stack(transitions) if transitions else None
+        played = self._play_unrolls(steps) if self.unrolls else self._play_transitions(steps)
+        batch, times, counts, returns, n = played
         return ActorResult(self.index, batch, n, returns, times.as_dict(), self.policy.version, counts["pulls"],
                            counts["loads"], time.perf_counter() - started)
 
-    def _play(self, steps: int, act: Callable, keep: Callable) -> tuple[ActorTimes, dict[str, int], list[float], int]:
+    def _play_unrolls(self, steps: int) -> tuple[Unroll | None, ActorTimes, dict[str, int], list[float], int]:
+        gamma, played = self.config.gamma, []
+
+        def act(obs: np.ndarray) -> tuple[Action, Action, np.ndarray]:
+            action, behaviour = self.sample(obs)
+            env = action if self.info.discrete else self.info.to_env(np.clip(action, -1.0, 1.0))
+            return action, env, behaviour
+
+        def keep(obs: np.ndarray, action: Action, reward: float, next_obs: np.ndarray, terminated: bool,
+                 truncated: bool, behaviour: Any) -> None:
+            played.append((obs, action, reward, 0.0 if terminated else gamma,
+                           0.0 if terminated or truncated else 1.0, next_obs, behaviour, self.policy.version))
+
+        times, counts, returns, n = self._play(steps, act, keep)
+        return stack_unrolls(played, self.config.unroll_length), times, counts, returns, n
+
+    def _play_transitions(self, steps: int) -> tuple[Batch | None, ActorTimes, dict[str, int], list[float], int]:
+        transitions: list[tuple[Any, ...]] = []
+
+        def act(obs: np.ndarray) -> tuple[Action, Action, None]:
+            action = self.act(obs)
+            return action, action if self.info.discrete else self.info.to_env(np.asarray(action)), None
+
+        def keep(obs: np.ndarray, action: Action, reward: float, next_obs: np.ndarray, terminated: bool,
+                 truncated: bool, behaviour: Any) -> None:
+            transitions.extend(self.nstep.add(obs, action, reward, next_obs, terminated, truncated))
+
+        times, counts, returns, n = self._play(steps, act, keep)
+        return (stack(transitions) if transitions else None), times, counts, returns, n
+
+    def _play(self, steps: int, act: Callable[[np.ndarray], tuple[Action, Action, Any]],
+              keep: Callable[..., None]) -> tuple[ActorTimes, dict[str, int], list[float], int]:
         """The actor loop: pulls every update period, ``act`` (action, env action, behaviour),
         the env step, ``keep`` what was played; returns the times, pull counts, finished
         episodes' returns and the steps played (0 until weights are published)."""

@@ -18,7 +18,7 @@ from quarl.errors import QuarlError
 
 if TYPE_CHECKING:  # the config imports this module to validate; the rest is built on demand
     from quarl.actorq.config import ActorQConfig
-    from quarl.actorq.replay import Batch
+    from quarl.actorq.replay import Limiter, Store
 
 
 class Learner(Protocol):
@@ -26,7 +26,9 @@ class Learner(Protocol):
 
     steps: int
 
-    def step(self, batch: "Batch") -> dict[str, Any]: ...
+    def step(self, batch: Any, /) -> dict[str, Any]:
+        """One update from a sample of the replay (a ``Batch``) or of the queue (an ``Unroll``)."""
+        ...
 
     def weights(self) -> dict[str, Any]: ...
 
@@ -49,9 +51,9 @@ class Algorithm:
     """``discrete``, ``continuous`` or ``either``."""
     make_learner: Callable[["ActorQConfig", int, int, bool], Learner]
     """(config, observation size, actions or action dimensions, discrete) -> the learner."""
-    make_replay: Callable[["ActorQConfig"], Any]
+    make_replay: Callable[["ActorQConfig"], "Store"]
     """config -> the replay (or unroll queue) the actors fill and the learner samples."""
-    make_limiter: Callable[["ActorQConfig", Any], Any]
+    make_limiter: Callable[["ActorQConfig", Any], "Limiter"]
     """(config, replay) -> the rate limiter between inserts and samples."""
     unrolls: bool = False
     """Actors sample their own policy and return whole unrolls (learned from once, on-policy
@@ -127,7 +129,7 @@ def algorithms_help() -> str:
 # ------------------------------------------------------------------ the built-in entries
 
 
-def _replay(config: "ActorQConfig") -> Any:
+def _replay(config: "ActorQConfig") -> "Store":
     from quarl.actorq.replay import PrioritizedReplay, Replay
 
     if config.replay == "prioritized":
@@ -135,7 +137,7 @@ def _replay(config: "ActorQConfig") -> Any:
     return Replay(config.replay_size, config.seed)
 
 
-def _rate_limiter(config: "ActorQConfig", replay: Any) -> Any:
+def _rate_limiter(config: "ActorQConfig", replay: Any) -> "Limiter":
     from quarl.actorq.replay import RateLimiter
 
     # slack of at least one actor chunk plus one batch either way, so neither side starves
@@ -144,14 +146,14 @@ def _rate_limiter(config: "ActorQConfig", replay: Any) -> Any:
     return limiter
 
 
-def _unroll_queue(config: "ActorQConfig") -> Any:
+def _unroll_queue(config: "ActorQConfig") -> "Store":
     from quarl.actorq.replay import UnrollQueue
 
     # each unroll learned from once; room for a few batches per actor
     return UnrollQueue(max(4 * config.batch_size, 2 * config.actors * config.chunk_steps), config.seed)
 
 
-def _queue_limiter(config: "ActorQConfig", queue: Any) -> Any:
+def _queue_limiter(config: "ActorQConfig", queue: Any) -> "Limiter":
     from quarl.actorq.replay import QueueLimiter
 
     return QueueLimiter(queue, config.batch_size)

@@ -20,6 +20,7 @@ import numpy as np
 
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.summary import ActorQSummary, running_means
+from quarl.actorq.coordinator import OnProgress
 from quarl.actorq.system import run_actorq
 from quarl.reports import save_figure, write_rows
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 PARTS = ("inference", "env", "pull", "deserialize", "load")
 SHARES = (*PARTS, "other", "rate_limit", "dispatch")
-"""Parts of the actors' wall time (:func:`quarl.actorq.system._actor_shares`)."""
+"""Parts of the actors' wall time (:func:`quarl.actorq.summarize.actor_shares`)."""
 
 
 class Comparison(NamedTuple):
@@ -43,7 +44,7 @@ def run_compare(
     repeats: int,
     out: Path,
     on_run: Callable[[str, int], None] | None = None,
-    on_progress: Callable | None = None,
+    on_progress: OnProgress | None = None,
 ) -> Comparison:
     if base.eval_every_steps is None:
         log.warning("evaluations every %g s add the same delay to every fleet's time to reward, which pulls the "

@@ -63,8 +63,9 @@ class RayFleet:
         # leaves takes only actors with it, and those are restarted elsewhere
         self.node = ray.get_runtime_context().get_node_id()
         here = NodeAffinitySchedulingStrategy(self.node, soft=False)
-        self.broadcaster = ray.remote(num_cpus=0, scheduling_strategy=here)(Broadcaster).remote(config, info)
-        self.evaluator = ray.remote(num_cpus=0, scheduling_strategy=here)(Evaluator).remote(config, info)
+        # Ray's handles (``handle.method.remote(...)``), untyped: its stubs know no remote methods
+        self.broadcaster: Any = ray.remote(Broadcaster).options(num_cpus=0, scheduling_strategy=here).remote(config, info)
+        self.evaluator: Any = ray.remote(Evaluator).options(num_cpus=0, scheduling_strategy=here).remote(config, info)
         # SPREAD: on a cluster, actors go to different nodes rather than filling one
         self.actor_cls = ray.remote(num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(RemoteActor)
         self.actors = [self._start(i) for i in range(config.actors)]
@@ -147,7 +148,7 @@ class RayFleet:
             self.eval_meta = (version, at_s)
 
     def _poll_eval(self) -> None:
-        if self.eval_ref is not None and self.ray.wait([self.eval_ref], timeout=0)[0]:
+        if self.eval_ref is not None and self.eval_meta is not None and self.ray.wait([self.eval_ref], timeout=0)[0]:
             version, at_s = self.eval_meta
             self.done_evals.append((version, float(self.ray.get(self.eval_ref)), at_s))
             self.eval_ref = None
@@ -160,7 +161,8 @@ class RayFleet:
     def broadcast_stats(self) -> dict[str, float]:
         """The broadcaster's last build; empty (missing, never zeros) when it cannot be asked."""
         try:
-            return self.ray.get(self.broadcaster.get_stats.remote(), timeout=30)
+            stats: dict[str, float] = self.ray.get(self.broadcaster.get_stats.remote(), timeout=30)
+            return stats
         except Exception as exc:  # the broadcaster died or its node left
             log.warning("the broadcaster's stats could not be read (%s): stored as missing", exc.__class__.__name__)
             return {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ class NStep:
         self.window.popleft()
         return obs, action, ret, 0.0 if terminal else disc, next_obs
 
-    def add(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray,
+    def add(self, obs: np.ndarray, action: np.ndarray | np.integer[Any], reward: float, next_obs: np.ndarray,
             terminated: bool, truncated: bool) -> list[tuple]:
         self.window.append((obs, action, float(reward)))
         out = []
@@ -352,3 +353,33 @@ class QueueLimiter:
 
     def sampled(self, n: int) -> None:
         self.samples += n
+
+
+class Store(Protocol):
+    """What actors fill and the learner samples: a :class:`Replay` (or its prioritized
+    variant) of transitions, or an :class:`UnrollQueue` of unrolls."""
+
+    size: int
+
+    def insert(self, item: Any, /) -> int: ...
+
+    def sample(self, batch_size: int, /) -> Batch | Unroll: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any], /) -> None: ...
+
+
+class Limiter(Protocol):
+    """The rate limiter between inserts and samples (:class:`RateLimiter`, :class:`QueueLimiter`)."""
+
+    inserts: int
+    samples: int
+
+    def can_sample(self, n: int = 1) -> bool: ...
+
+    def can_insert(self, n: int = 1) -> bool: ...
+
+    def inserted(self, n: int) -> None: ...
+
+    def sampled(self, n: int) -> None: ...

@@ -148,8 +148,9 @@ class ActorQSummary:
     loads: int
     """Pulls that installed new weights (a pull of an unchanged version loads nothing)."""
     restarts: int
-    actor_nodes: dict[str, str]
-    """Ray node of each actor index (``local`` in process)."""
+    actor_nodes: dict[str, list[str]]
+    """Ray nodes each actor index ran on, in order (``local`` in process; a single node in
+    runs of quarl before restarts were followed)."""
     episodes: int
     broadcast: dict[str, float]
     """The last broadcast: bytes, build seconds, version."""

@@ -4,7 +4,7 @@ the same run per actor precision (``compare``), and the scaling model (``model``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -12,6 +12,9 @@ from quarl import outputs, registry_options, validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import GymPackagesOpt, OutOpt, SeedOpt, VerboseOpt, with_options
+
+if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
+    from quarl.actorq.run_log import Progress
 
 actorq_app = typer.Typer(no_args_is_help=True, help="ActorQ: distributed actor-learner training with a "
                          "full-precision learner and quantized actors, on Ray.")
@@ -25,12 +28,12 @@ def number(value: Optional[float]) -> str:
     return "-" if value is None or value != value else f"{value:.2f}"
 
 
-def progress_line(state: Any, line: dict[str, Any]) -> None:
+def progress_line(state: Any, line: Progress) -> None:
     console.print(
-        f"{line['t_s']:7.1f}s  env {line['env_steps']:>8} ({line['env_steps_per_s']:7.1f}/s)  "
-        f"learner {line['learner_steps']:>7} ({line['learner_steps_per_s']:6.1f}/s)  "
-        f"eval {number(line['last_eval']):>8}  mean10 {number(line['running_mean']):>8}"
-        f" / {line['target'] if line['target'] is not None else '-'}  v{line['version']}",
+        f"{line.t_s:7.1f}s  env {line.env_steps:>8} ({line.env_steps_per_s:7.1f}/s)  "
+        f"learner {line.learner_steps:>7} ({line.learner_steps_per_s:6.1f}/s)  "
+        f"eval {number(line.last_eval):>8}  mean10 {number(line.running_mean):>8}"
+        f" / {line.target if line.target is not None else '-'}  v{line.version}",
         highlight=False,
         soft_wrap=True,
     )
