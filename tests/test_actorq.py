@@ -416,6 +416,26 @@ def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> Non
     assert last > first + 30, summary.evals  # learning went on past the kill
 
 
+def test_actor_precisions_come_from_the_precision_registry() -> None:
+    """A registered precision an actor can run (a float one PyTorch casts to, or a real int
+    one whose width has an actor kernel) is an --actor-precision without a second list;
+    nbit (simulated) is not; once removed it is refused again."""
+    from quarl.actorq.actor_precisions import actor_precisions, onnx_mode
+    from quarl.quant import precisions
+
+    assert actor_precisions() == ("fp32", "fp16", "bf16", "int8", "int4")
+    int8 = precisions.get("int8")
+    precisions.register(precisions.Precision("int8-alt", "another int8", int8.build, bits=8, real_int=True))
+    try:
+        assert actor_precisions()[-1] == "int8-alt" and onnx_mode("int8-alt") == "int8-dyn-tensor"
+        config = ActorQConfig("CartPole-v1", actor_precision="int8-alt", local=True)
+        assert Broadcaster(config, env_info(config)).mode == "int8-dyn-tensor"
+    finally:
+        precisions.PRECISIONS.pop("int8-alt")
+    with pytest.raises(QuarlError, match="unknown --actor-precision 'int8-alt': allowed fp32, fp16, bf16, int8, int4"):
+        ActorQConfig("CartPole-v1", actor_precision="int8-alt", local=True)
+
+
 def test_bad_configs_fail_with_one_line() -> None:
     with pytest.raises(QuarlError, match=r"--actors 0 must be in 1..4096"):
         ActorQConfig("CartPole-v1", actors=0)

@@ -42,12 +42,13 @@ def quant_options(int8_weights: str, block_size: int) -> dict[str, Any]:
 
 def actor_precisions(text: str) -> list[str]:
     """actorq compare --precisions: actor precisions, one run each."""
-    from quarl.actorq.config import ACTOR_PRECISIONS
+    from quarl.actorq.actor_precisions import actor_precisions as registered
 
     labels = items(text, "--precisions")
-    bad = [p for p in labels if p not in ACTOR_PRECISIONS]
+    allowed = registered()
+    bad = [p for p in labels if p not in allowed]
     if bad:
-        raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(ACTOR_PRECISIONS)}")
+        raise QuarlError(f"unknown precision {bad[0]!r} in --precisions: allowed {', '.join(allowed)}")
     return labels
 
 

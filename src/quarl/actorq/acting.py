@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from quarl.actorq import wire
+from quarl.actorq.actor_precisions import INT8_ACTOR_KEEP, onnx_mode
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import policy_network
 from quarl.actorq.replay import Batch, NStep, Unroll, stack, stack_unrolls
@@ -38,29 +39,6 @@ from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.primitives import FLOAT_DTYPES
 
 _ONNX_MAGIC = b"QONX"
-INT8_ACTOR_MODE = "int8-dyn-tensor"
-"""The int8 actors' mode (:mod:`quarl.quant.modes`): the fastest at batch 1 on the ActorQ
-policies and with no calibration to redo per weight version."""
-INT8_ACTOR_KEEP = frozenset({0})
-"""The layer that reads the observations stays fp32, by the core's rule for MLPs
-(:func:`quarl.quant.choice.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
-(~1 rad/s) share one activation range per call, and with that layer in int8 the DQN actors
-needed about twice the env steps to reach the target (README, ActorQ results)."""
-
-
-INT4_ACTOR_MODE = "int4-block"
-"""The int4 actors' mode: MatMulNBits with 4-bit block-wise weights (int8 compute), the same
-layer kept fp32; the broadcast model is about half the int8 one."""
-ONNX_ACTOR_MODES = {"int8": INT8_ACTOR_MODE, "int4": INT4_ACTOR_MODE}
-"""Actor precisions that receive a ready ONNX Runtime model (the others get wire-format weights)."""
-
-
-def actor_quant(config: ActorQConfig) -> dict[str, Any]:
-    """How the actors' network was quantized (part of what a stored run is)."""
-    if config.actor_precision not in ONNX_ACTOR_MODES:
-        return {"precision": config.actor_precision, "wire_bits": config.wire_bits}
-    return {"precision": config.actor_precision, "mode": ONNX_ACTOR_MODES[config.actor_precision],
-            "fp32_layers": sorted(INT8_ACTOR_KEEP)}
 
 
 @dataclass(frozen=True)
@@ -189,18 +167,20 @@ class Broadcaster:
         self.payload: bytes | None = None
         self.stats: dict[str, float] = {}
         self.template: ActorModelTemplate | None = None
+        self.mode = onnx_mode(config.actor_precision)
+        """The ONNX Runtime mode int actors run (None: float actors, wire-format weights)."""
 
     def publish(self, version: int, weights: dict[str, np.ndarray]) -> dict[str, float]:
         started = time.perf_counter()
-        if self.config.actor_precision in ONNX_ACTOR_MODES:
-            payload = self._onnx_model(version, weights)
+        if self.mode is not None:
+            payload = self._onnx_model(self.mode, version, weights)
         else:
             payload = wire.encode(weights, version, self.config.wire_bits)
         self.version, self.payload = version, payload
         self.stats = {"build_s": time.perf_counter() - started, "bytes": float(len(payload)), "version": float(version)}
         return self.stats
 
-    def _onnx_model(self, version: int, weights: dict[str, np.ndarray]) -> bytes:
+    def _onnx_model(self, label: str, version: int, weights: dict[str, np.ndarray]) -> bytes:
         from quarl.quant.backends.onnxruntime import export_onnx
         from quarl.quant.modes import BuildRequest, get_mode
 
@@ -209,7 +189,7 @@ class Broadcaster:
         net = make_network(self.config, self.info)
         net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         request = BuildRequest(net.eval(), export_onnx(net.eval(), (self.info.obs_dim,)), None, keep=INT8_ACTOR_KEEP)
-        mode = get_mode(ONNX_ACTOR_MODES[self.config.actor_precision])
+        mode = get_mode(label)
         if mode.unsupported(net) is not None:  # a CPU whose MatMulNBits int8 kernels are inexact
             mode = get_mode(mode.label.replace("-block", "-weight-only"))
         model = mode.build(request)
@@ -240,7 +220,8 @@ class ActorPolicy:
     def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
         self.config, self.info = config, info
         self.precision = config.actor_precision
-        self.network = None if self.precision in ONNX_ACTOR_MODES else make_network(config, info).eval()
+        self.mode = onnx_mode(self.precision)
+        self.network = None if self.mode is not None else make_network(config, info).eval()
         self.engine: Callable[[np.ndarray], np.ndarray] | None = None
         self.version = -1
 
@@ -248,7 +229,7 @@ class ActorPolicy:
         """Install a broadcast payload; returns (deserialize seconds, load seconds)."""
         t0 = time.perf_counter()
         if payload[:4] == _ONNX_MAGIC:
-            if self.precision not in ONNX_ACTOR_MODES:
+            if self.mode is None:
                 raise QuarlError("an ONNX model was broadcast to a float actor")
             from quarl.quant.backends.onnxruntime import OrtEngine
 

@@ -83,7 +83,7 @@ def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
     policy or address's result)."""
     from quarl.errors import QuarlError
 
-    from quarl.actorq.acting import actor_quant
+    from quarl.actorq.actor_precisions import actor_quant
 
     summary = ActorQSummary.read(summary_path)
     stored = summary.config

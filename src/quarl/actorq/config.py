@@ -11,8 +11,8 @@ from quarl.errors import QuarlError
 from quarl.validate import digits
 from quarl import validate
 from quarl.limits import check_layer_sizes
+from quarl.actorq.actor_precisions import actor_precisions
 
-ACTOR_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 MAX_ACTORS = 4096
 """Actors of one run at most (each takes a CPU of the cluster; Ray would not start with a
 million slots)."""
@@ -33,7 +33,8 @@ class ActorQConfig:
     actors: int = 2
     actor_precision: str = "int8"
     """What actors compute in: fp32 / fp16 / bf16 (PyTorch), int8 (ONNX Runtime MatMulInteger)
-    or int4 (ONNX Runtime MatMulNBits, 4-bit block-wise weights)."""
+    or int4 (ONNX Runtime MatMulNBits, 4-bit block-wise weights); any registered precision
+    an actor can run (:func:`quarl.actorq.actor_precisions.actor_precisions`)."""
     wire_bits: int = 32
     """Width of the weights sent to fp32/fp16/bf16 actors (32: raw fp32, 16: fp16,
     8..2: per-tensor affine integers); int8 actors receive a ready int8 model."""
@@ -132,8 +133,9 @@ class ActorQConfig:
         if not isinstance(self.actors, int) or not 1 <= self.actors <= most:
             raise QuarlError(f"--actors {self.actors} must be in 1..{most}" + (" in one process (--local)" if self.local
                                                                               else " (one CPU of the cluster each)"))
-        if self.actor_precision not in ACTOR_PRECISIONS:
-            raise QuarlError(f"unknown --actor-precision {self.actor_precision!r}: allowed {', '.join(ACTOR_PRECISIONS)}")
+        allowed = actor_precisions()
+        if self.actor_precision not in allowed:
+            raise QuarlError(f"unknown --actor-precision {self.actor_precision!r}: allowed {', '.join(allowed)}")
         if self.replay not in REPLAYS:
             raise QuarlError(f"unknown --replay {self.replay!r}: allowed {', '.join(REPLAYS)}")
         for name in ("priority_exponent", "importance_exponent"):

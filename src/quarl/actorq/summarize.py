@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quarl.actorq.acting import actor_quant
+from quarl.actorq.actor_precisions import actor_quant
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.machine import describe_machine
 from quarl.actorq.run_state import RunState

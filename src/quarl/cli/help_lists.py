@@ -66,9 +66,9 @@ def train_precisions() -> str:
 
 
 def actor_precisions() -> str:
-    from quarl.actorq.config import ACTOR_PRECISIONS
+    from quarl.actorq.actor_precisions import actor_precisions as registered
 
-    return spoken(ACTOR_PRECISIONS)
+    return spoken(registered())
 
 
 def wire_bits() -> str:
