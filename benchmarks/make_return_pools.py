@@ -322,8 +322,8 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=0, help="paired episodes per pool (default: each pool's)")
     parser.add_argument("--chunk", type=int, default=100, help="episodes played between writes")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: two tiny pools (the trained agent at 2,000 steps) in a temp folder, run "
-                             "twice (the second resumes and plays nothing)")
+                        help="a smoke run: two tiny pools (the trained agent at 2,000 steps; fp32 and one simulated "
+                             "width, 4 episodes) in a temp folder, run twice (the second resumes and plays nothing)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for name in ("quarl", "py.warnings"):
@@ -340,7 +340,8 @@ def main() -> int:
             pools += [p for p in POOLS if p.name == "dqn-CartPole-v1" and p.agent is not None and p.agent.exists()]
             for attempt in (1, 2):
                 for pool in pools:
-                    path = make_pool(dataclasses.replace(pool, precisions=pool.precisions[:1]), Path(tmp),
+                    quick = next(p for p in pool.precisions if p.startswith("sim"))  # no calibration: seconds
+                    path = make_pool(dataclasses.replace(pool, precisions=(quick,)), Path(tmp),
                                      Path(tmp) / "runs", episodes=4, chunk=2, command="--quick", train_steps=2_000)
                     data = json.loads(path.read_text())
                     if not all(len(s["returns"]) == len(s["endings"]) == 4 for s in data["series"].values()):
