@@ -28,7 +28,7 @@ def test_the_pools_are_real_and_span_the_cases() -> None:
     assert all(len(p.fp32) >= 500 for p in POOLS)
     es = [p.e for p in POOLS]
     assert min(es) < 1 and max(es) > 10 and any(2 <= e <= 8 for e in es)
-    heavy = [p for p in POOLS if np.mean(p.quant < 0.5 * np.median(p.fp32)) > 0.005 and p.e < 5]
+    heavy = [p for p in POOLS if 0.005 < _failures(p) < 0.1 and p.e < 5]
     assert heavy, "a pool with rare failures"
     assert any(np.array_equal(p.fp32, p.quant) for p in POOLS), "a tied pool"
 
@@ -42,8 +42,19 @@ def test_the_confidence_sequence_holds_its_error_rates_at_every_n_and_under_deci
     assert r.coverage >= 0.93 - 2 * MC and r.wrong <= 0.05 + 2 * MC, r
 
 
+def _failures(pool: Pool) -> float:
+    """How often the quantized policy falls: an episode that loses more than half of fp32's
+    median return, against that median (sign-aware: Pendulum's and Acrobot's are negative)."""
+    median = float(np.median(pool.fp32))
+    return float(np.mean(pool.quant < median - 0.5 * abs(median)))
+
+
 def _heavy() -> Pool:
-    return max((p for p in POOLS if p.e < 5), key=lambda p: np.mean(p.quant < 0.5 * np.median(p.fp32)))
+    """The issue's pool: the zoo's PPO HalfCheetah at sim4 falls in about 1 episode of 45
+    (0..2,000 instead of ~5,800) while keeping E under the line."""
+    pool = next(p for p in POOLS if (p.name, p.precision) == ("ppo-HalfCheetah-v4", "sim4"))
+    assert 0.005 < _failures(pool) < 0.1 and pool.e < 5
+    return pool
 
 
 def test_the_bootstrap_it_replaced_fails_on_rare_failures_at_five_episodes() -> None:
