@@ -4,6 +4,8 @@ loads in SB3 and judges against the original, and a broken run resumes where it 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import gymnasium as gym
@@ -385,3 +387,123 @@ def test_fine_tuning_prices_the_checkpoints_declared_architecture_before_buildin
     agent = quarl.load(crafted, env="CartPole-v1")
     with pytest.raises(QuarlError, match="net_arch"):
         finetune(crafted, agent.policy, agent.env_spec, _spec("int4-block", frozenset({0})), None, steps=100)
+
+
+@pytest.fixture(scope="module")
+def balancing_dqn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DQN zip whose Q-network is a hand-set CartPole controller (push toward the lean):
+    500 on every seed at fp32 and at int4, no training needed."""
+    from stable_baselines3 import DQN
+
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs={"net_arch": [8]}, seed=0, device="cpu")
+    lean = torch.tensor([0.1, 0.5, 10.0, 2.0])
+    with torch.no_grad():
+        for net in (model.q_net, model.q_net_target):
+            first, last = net.q_net[0], net.q_net[2]
+            for p in (first.weight, first.bias, last.weight, last.bias):
+                p.zero_()
+            first.weight[0], first.weight[1] = lean, -lean
+            last.weight[1, 0] = last.weight[0, 1] = 1.0
+    path = tmp_path_factory.mktemp("controller") / "dqn-cartpole.zip"
+    model.save(path)
+    return path
+
+
+def _worse_students(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Distillation made deliberately harmful: every student it returns has its action
+    values swapped (it pushes away from the lean), while its round still counts as trained."""
+    import quarl.recovery as recovery
+    from quarl.quant.student import quantized_layers
+
+    real, calls = recovery.distill, []
+
+    def worse(policy, env_spec, config, spec=None, *args, **kwargs):
+        result = real(policy, env_spec, config, spec, *args, **kwargs)
+        student = copy.deepcopy(result.student)
+        with torch.no_grad():
+            last = quantized_layers(student)[-1].layer
+            last.weight.copy_(last.weight.flip(0))
+            last.bias.copy_(last.bias.flip(0))
+        calls.append(len(result.history))
+        return dataclasses.replace(result, student=student, model=real_model(student, result.spec, policy.input_shape),
+                                   best_round=max(result.best_round, 0))
+
+    monkeypatch.setattr(recovery, "distill", worse)
+    return calls
+
+
+def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_dqn: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A student that plays worse than PTQ's own model is never written: the paired test on
+    recovery's test seeds says so, PTQ's model is written (zip and export), recovery.json
+    records it with the test's numbers, and the run stops because PTQ's model keeps fp32."""
+    import json
+
+    import quarl
+    from quarl.recovery import TEST_SEEDS, load_recovered, run_recover, shipped_line
+    from quarl.quant.student import sb3_tensors
+
+    calls = _worse_students(monkeypatch)
+    agent = quarl.load(balancing_dqn, env="CartPole-v1")
+    out = tmp_path / "rec"
+    config = RecoverConfig(precision="int4-block", rounds=1, updates_per_round=5, max_rounds=2, finetune_steps=0)
+    record, _ = run_recover(balancing_dqn, agent.env_spec, agent.policy, config, out)
+    assert calls == [1]  # PTQ's model keeps fp32: no second stage
+    assert record["shipped"] == "ptq" and record["stopped"] == "kept" and record["best_round"] == -1
+    stage = record["stages"][0]
+    test = stage["against_ptq"]
+    assert not test["kept"] and test["verdict"] == "loses" and test["means"][0] == 500.0 and test["means"][1] < 100
+    assert test["high"] < 0 or test["low"] > 0  # decided: E's interval excludes 0
+    assert TEST_SEEDS.start == test["seeds"][0] and test["seeds"][1] < TEST_SEEDS.stop
+    keeps = record["against_fp32"]
+    assert keeps["kept"] and keeps["verdict"] == "keeps" and keeps["means"] == [500.0, 500.0]
+    assert keeps["episodes"] >= 100  # clean episodes enough to exclude an unseen failure
+    assert json.loads((out / "CartPole-v1" / "recovery.json").read_text())["shipped"] == "ptq"
+    # what was written is PTQ's own model: the zip's weights on the grid and the export's kernel
+    recovered = load_recovered(out)
+    assert recovered is not None
+    spec = KernelSpec.from_dict(record["kernel"])
+    ptq = make_student(agent.policy.network, spec)
+    assert (out / "export" / "policy.onnx").read_bytes() == real_model(ptq, spec, (4,))
+    states = _cartpole_states(64)
+    assert np.array_equal(recovered.kernel.forward(states).argmax(1),
+                          agent.policy.network(torch.from_numpy(states)).argmax(1).numpy())
+    from stable_baselines3 import DQN
+
+    sb3 = DQN.load(out / "CartPole-v1.zip", device="cpu")
+    for name, value in sb3_tensors(agent.policy.network, ptq).items():
+        assert torch.equal(sb3.policy.state_dict()[name], value.reshape(sb3.policy.state_dict()[name].shape))
+    line = shipped_line(record)
+    assert line.startswith("wrote PTQ's own int4-block model, not a student") and "stopped: kept" in line
+
+
+def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where nothing keeps fp32's return, every stage runs (more rounds to max_rounds, then
+    the fine-tune) and the report says the budget was spent; the stages and budget are recorded."""
+    from quarl.recovery import recover_stages, shipped_line
+
+    calls = _worse_students(monkeypatch)
+    # the controller with its two action values 0.05 apart on a common 5: int4 rounds the lead to 0 (PTQ pushes
+    # one way and falls), and distillation is made harmful: nothing keeps fp32's 500
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+        lean = torch.tensor([0.1, 0.5, 10.0, 2.0])
+        net[0].weight[0], net[0].weight[1], net[0].bias[7] = lean, -lean, 1.0
+        net[2].weight[1, 0] = net[2].weight[0, 1] = 0.05
+        net[2].weight[:, 7] = 5.0
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax",
+                    algo="dqn")
+    config = RecoverConfig(precision="int4-block", rounds=1, updates_per_round=5, max_rounds=3, finetune_steps=0)
+    spec = _spec("int4-block", frozenset({0}))
+    result, report = recover_stages(Path("unused.zip"), policy, CARTPOLE, config, spec)
+    assert calls == [1, 2, 3]  # distill, then a round more at a time up to max_rounds
+    assert report["stopped"] == "budget" and not report["against_fp32"]["kept"]
+    assert [s["stage"] for s in report["stages"]] == ["distill", "rounds 2", "rounds 3"]
+    assert report["budget"]["rounds_played"] == 3
+    fp32, written = report["against_fp32"]["means"]
+    assert fp32 == 500.0 and written < 100
+    # whatever was written plays at least as well as PTQ's model (here both fall at once)
+    assert report["shipped"] == "ptq" or report["against_ptq"]["kept"]
+    assert "stopped: budget spent (3 of 3 rounds" in shipped_line({"kernel": {"mode": spec.mode}, **report})

@@ -59,7 +59,7 @@ from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.modes import MODES, action_agreement, fp32_actions, get_mode, int8_compute
 from quarl.quant.student import (STUDENT_MODES, KernelSpec, make_student, plain_network, real_model, sb3_tensors,
                                  student_mode)
-from quarl.verdict import sequential_keeps
+from quarl.verdict import TOLERANCE, Sequential, sequential_at_least, sequential_keeps
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,21 @@ RECOVERY_FORMAT = 1
 MIN_HELDOUT = 256
 """Held-out states needed before a round may end the run: one short episode (a failing
 CartPole's 10 steps) agreeing on every state says little."""
+TRAIN_SEEDS_END = DISTILLATION_SEEDS.start + 8_000
+"""Distillation's training episodes stay below this seed (20,000..27,999)."""
+TEST_SEEDS = range(TRAIN_SEEDS_END, DISTILLATION_SEEDS.start + 9_000)
+"""Recovery's own calibration episodes (28,000..28,999): the paired tests that choose what
+is written (a student against PTQ's own model) and when recovery stops (against the
+original fp32). Reserved like every distillation seed (no evaluation may play them) and
+never trained on. ptq's calibration episodes (10,100..10,199) are too few: the confidence
+sequence needs about 100 clean episodes before it may exclude an unseen failure."""
+TEST_FIRST = 16
+"""Episodes of a test's first look (then doubled while undecided)."""
+TEST_STEPS = 160_000
+"""Steps a test may play per policy: its cap is this over the reference's mean episode
+length, within :data:`TEST_CAPS` (CartPole at 500 steps: 320 episodes; MuJoCo: 160)."""
+TEST_CAPS = (128, 512)
+"""Fewer than 128 clean episodes cannot decide *keeps*; more than 512 is a long wait."""
 
 
 @dataclass(frozen=True)
@@ -109,10 +124,21 @@ class RecoverConfig:
     """Also require the student to keep the teacher's return on calibration episodes."""
     stop_at_target: bool = True
     """End at the first round that reaches the target (False: play every round, keep the best)."""
-    finetune_steps: int = 0
-    """Env steps of QAT fine-tuning with the agent's own algorithm after distillation
-    (:mod:`quarl.training.finetune`; 0: none). The fine-tuned student is kept where it plays
-    the calibration episodes better than the distilled one."""
+    finetune_steps: int = 20_000
+    """Env steps of QAT fine-tuning with the agent's own algorithm (:mod:`quarl.training.finetune`;
+    0: none), run where the distillation rounds ended without keeping fp32's return. The
+    fine-tuned student is a candidate like the distilled ones: written only where it plays
+    at least as well as PTQ's own model."""
+    q_loss: str = "margin"
+    """Q-value heads (DQN, QR-DQN): ``margin`` (a hinge on the teacher's greedy action and
+    the values' squared error) or ``rank`` (also a hinge on every pair of actions the teacher
+    orders, states weighted by the teacher's action gap)."""
+    max_rounds: int | None = None
+    """DAgger rounds in all, the continuations included (None: three times ``rounds``):
+    where ``rounds`` end without keeping fp32's return, distillation goes on ``rounds`` more
+    at a time, up to this."""
+    budget_minutes: float = 15.0
+    """Wall-clock budget: no new stage (more rounds, the fine-tune) starts after it."""
 
     def __post_init__(self) -> None:
         from quarl.quant.config import QuantConfig
@@ -132,6 +158,17 @@ class RecoverConfig:
         if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or \
                 not 0 <= self.finetune_steps <= 100_000_000:
             raise QuarlError(f"finetune_steps={self.finetune_steps!r} must be a whole number in 0..100,000,000")
+        if self.q_loss not in ("margin", "rank"):
+            raise QuarlError(f"q_loss={self.q_loss!r} is not a Q-value loss: allowed margin, rank")
+        if self.max_rounds is not None and (isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int)
+                                            or not self.rounds <= self.max_rounds <= 1000):
+            raise QuarlError(f"max_rounds={self.max_rounds!r} must be a whole number from rounds ({self.rounds}) to 1000")
+        if self.total_rounds * self.episodes_per_round > TRAIN_SEEDS_END - DISTILLATION_SEEDS.start:
+            raise QuarlError(f"{self.total_rounds} rounds of {self.episodes_per_round} episodes would play past the "
+                             f"distillation's training seeds ({DISTILLATION_SEEDS.start}..{TRAIN_SEEDS_END - 1}): "
+                             "fewer rounds or episodes per round")
+        if not (isinstance(self.budget_minutes, (int, float)) and 0 < self.budget_minutes <= 7 * 24 * 60):
+            raise QuarlError(f"budget_minutes={self.budget_minutes!r} must be a number of minutes in (0, 10080]")
         if self.max_states > 10_000_000:
             raise QuarlError(f"max states {self.max_states} is beyond the allowed 10,000,000")
         config = QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
@@ -139,6 +176,14 @@ class RecoverConfig:
         if config.precision not in ("int8", "int4"):
             raise QuarlError(f"recover precision {self.precision!r} is not a real int precision: allowed int8, int4 "
                              f"or a mode ({', '.join(m for m in MODES if m.split('-', 1)[1] in STUDENT_MODES)})")
+
+    @property
+    def total_rounds(self) -> int:
+        """DAgger rounds at most, the continuations included."""
+        if self.max_rounds is not None:
+            return self.max_rounds
+        room = (TRAIN_SEEDS_END - DISTILLATION_SEEDS.start) // self.episodes_per_round  # the training seeds' room
+        return max(self.rounds, min(3 * self.rounds, room, 1000))
 
     def quant_config(self):
         from quarl.quant.config import QuantConfig
@@ -170,7 +215,23 @@ def _margin(student: torch.Tensor, teacher: torch.Tensor, scale: float) -> torch
     return (torch.relu(want - (chosen - others)) * untied).sum() / (untied.sum().clamp(min=1.0) * scale)
 
 
-def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.Tensor, scale: float) -> torch.Tensor:
+def _ranking(student: torch.Tensor, teacher: torch.Tensor, scale: float) -> torch.Tensor:
+    """A hinge on every pair of actions the teacher orders (``i`` above ``j``): the student
+    keeps ``i`` above ``j`` by half the teacher's gap (at most ``scale``), each state
+    weighted by the teacher's own action gap (its lead, over ``scale``; at most 1), so the
+    states where a flipped greedy action costs return weigh most and ties ask nothing."""
+    gap_t = teacher[:, :, None] - teacher[:, None, :]  # [b, i, j]: how far the teacher puts i above j
+    gap_s = student[:, :, None] - student[:, None, :]
+    ordered = (gap_t > 1e-3 * scale).float()
+    want = torch.clamp(0.5 * gap_t, max=scale)
+    top2 = teacher.topk(2, dim=1).values
+    weight = torch.clamp((top2[:, 0] - top2[:, 1]) / scale, max=1.0)  # the teacher's action gap
+    per_state = (torch.relu(want - gap_s) * ordered).sum((1, 2)) / ordered.sum((1, 2)).clamp(min=1.0)
+    return (weight * per_state).sum() / (weight.sum().clamp(min=1e-6) * scale)
+
+
+def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.Tensor, scale: float,
+                 q_loss: str = "margin") -> torch.Tensor:
     """The loss of one minibatch, by the policy's action head:
 
     - Q-values (DQN, QR-DQN: the mean over quantiles): the teacher's argmax kept with a
@@ -201,7 +262,10 @@ def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.T
         s, t = _q_values(policy, student_out), _q_values(policy, teacher_out)
         margin = _margin(s, t, scale)
         if policy.algo in Q_ALGOS:
-            return margin + nn.functional.mse_loss(student_out, teacher_out) / scale**2
+            anchor = nn.functional.mse_loss(student_out, teacher_out) / scale**2
+            if q_loss == "rank":
+                return margin + _ranking(s, t, scale) + anchor
+            return margin + anchor
         kl = nn.functional.kl_div(torch.log_softmax(s, 1), torch.log_softmax(t, 1), log_target=True,
                                   reduction="batchmean")
         return kl + margin
@@ -350,20 +414,31 @@ def _state_bytes(policy: Policy) -> int:
 
 
 def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec | None = None,
-            state_path: Path | None = None, progress: Progress | None = None) -> RecoveryResult:
+            state_path: Path | None = None, progress: Progress | None = None, rounds: int | None = None,
+            keep_going: bool = False) -> RecoveryResult:
     """Distil ``policy`` (the teacher, fp32) into a student on ``spec``'s kernel (default:
     :func:`pick_spec`); see the module docstring. With ``state_path`` the run writes its
-    state there after every round and continues from it when it exists."""
+    state there after every round and continues from it when it exists. ``rounds``: play
+    up to this many rounds in all (default ``config.rounds``; a continuation passes more);
+    ``keep_going``: do not stop at the target (a continuation after the target was reached
+    without keeping fp32's return)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small batches: one thread is faster, two on two cores far slower (measured 2-5x)
     try:
-        return _distill(policy, env_spec, config, spec, state_path, progress)
+        return _distill(policy, env_spec, config, spec, state_path, progress, rounds or config.rounds, keep_going)
     finally:
         torch.set_num_threads(threads)
 
 
+def _ptq_model(policy: Policy, spec: KernelSpec) -> bytes:
+    """PTQ's own model of ``spec``'s mode: the real kernel built from the teacher's weights
+    rounded to the grid, without distillation (the untrained student equals the mode's PTQ
+    reference: tested)."""
+    return real_model(make_student(policy.network, spec), spec, policy.input_shape)
+
+
 def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec | None,
-             state_path: Path | None, progress: Progress | None) -> RecoveryResult:
+             state_path: Path | None, progress: Progress | None, rounds: int, keep_going: bool) -> RecoveryResult:
     started = time.perf_counter()
     if spec is None:
         spec, _ = pick_spec(policy, env_spec, config)
@@ -400,14 +475,15 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
         started -= sum(h.wall_s for h in history)  # the wall time counts the rounds before the break
         log.info("resuming recovery at round %d from %s", len(history), state_path)
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
-    ptq = _acting(policy, spec, real_model(make_student(policy.network, spec), spec, policy.input_shape))
+    ptq = _acting(policy, spec, _ptq_model(policy, spec))
     reference_held = None
     labels: torch.Tensor | None = None  # the teacher's outputs on ``states``, row for row
     ptq_agreement = float("nan")
-    finished = config.stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and \
+    stop_at_target = config.stop_at_target and not keep_going
+    finished = stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and \
         len(heldout) >= MIN_HELDOUT and (
         history[-1].calibration_verdict == "keeps" or not config.closed_loop)
-    for r in range(len(history), config.rounds):
+    for r in range(len(history), rounds):
         if finished:
             break
         t0 = time.perf_counter()
@@ -437,7 +513,7 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * 0.5 * (1.0 + math.cos(math.pi * step / config.updates_per_round))
             idx = torch.from_numpy(rng.integers(0, len(states), size=min(config.batch_size, len(states))))
-            loss = distill_loss(policy, student(x_all[idx]), labels[idx], scale)
+            loss = distill_loss(policy, student(x_all[idx]), labels[idx], scale, config.q_loss)
             if not torch.isfinite(loss):
                 raise QuarlError(f"the distillation loss became {loss.item()} at round {r}: lower --lr")
             optimizer.zero_grad()
@@ -454,14 +530,15 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
         verdict = ""
         if agreement >= target and config.closed_loop and len(heldout) >= MIN_HELDOUT:
             returns = calibration_returns(env_spec)
-            outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n))
+            outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n),
+                                       env_id=env_spec.env_id)
             verdict = outcome.verdict.label() if not outcome.kept else "keeps"
         stats = RoundStats(r, len(states), len(new), float(np.mean(losses)), agreement, played,
                            time.perf_counter() - t0, verdict)
         history.append(stats)
         if best is None or agreement >= best[0] or verdict == "keeps":  # ties: the later round (more states)
             best = (agreement, r, copy.deepcopy(student.state_dict()))
-        finished = config.stop_at_target and agreement >= target and len(heldout) >= MIN_HELDOUT and (
+        finished = stop_at_target and agreement >= target and len(heldout) >= MIN_HELDOUT and (
             verdict == "keeps" or not config.closed_loop)
         if state_path is not None:
             _save_state(state_path, student, optimizer, states, heldout, history, best, updates, seeds, target,
@@ -631,7 +708,8 @@ def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> 
 
 
 def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
-                    config: RecoverConfig, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
+                    config: RecoverConfig, chosen: dict[str, Any] | None = None,
+                    report: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
     the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
     its zip as ``original.zip`` and ``recovery.json``) and ``export/`` (the real-kernel
@@ -678,8 +756,10 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "env": dataclasses.asdict(env_spec),
         "config": dataclasses.asdict(config),
         "automatic_choice": None if chosen is None else {k: v for k, v in chosen.items() if k != "tried"},
-        "stopped": result.stopped,
-        **({"finetune": result.extra["finetune"]} if "finetune" in result.extra else {}),
+        # what was written (the student, or PTQ's own model where no student was shown at least as good) and why the
+        # run ended (its verdict against the original fp32 kept, or its budget was spent): recover_stages' report
+        **(report or {"shipped": "ptq" if result.best_round < 0 else "student", "stopped": "budget"}),
+        "distill_stopped": result.stopped,
         "best_round": result.best_round,
         "target_agreement": result.target,
         "ptq_agreement": result.ptq_agreement,
@@ -814,6 +894,163 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     return Recovered(original, kernel, precision, record)
 
 
+# ------------------------------------------------------------------ what is written, and when recovery stops
+
+
+class TestEpisodes:
+    """Per-episode returns on recovery's calibration episodes (:data:`TEST_SEEDS`, episode
+    ``i`` reset with seed ``28,000 + i``), played on demand and kept per policy, so the
+    original fp32 policy and PTQ's model play each episode once for the whole run."""
+
+    def __init__(self, env_spec: EnvSpec, max_steps: int | None = None) -> None:
+        from quarl.measure import CALIBRATION_EPISODE_STEPS
+
+        self.env_spec = env_spec
+        self.max_steps = min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)
+        self._played: dict[int, tuple[Policy, list[float], list[int]]] = {}
+
+    def __call__(self, policy: Policy, n: int) -> np.ndarray:
+        if n > len(TEST_SEEDS):
+            raise QuarlError(f"{n} test episodes are more than recovery's {len(TEST_SEEDS)} test seeds")
+        _, returns, lengths = self._played.setdefault(id(policy), (policy, [], []))
+        if len(returns) < n:
+            more = n - len(returns)
+            result = evaluate(policy, self.env_spec, episodes=more, seed=TEST_SEEDS.start + len(returns),
+                              n_envs=min(more, 32), max_steps=self.max_steps)
+            returns.extend(result.returns.tolist())
+            lengths.extend(result.lengths.tolist())
+        return np.asarray(returns[:n], np.float64)
+
+    def cap(self, policy: Policy) -> int:
+        """Episodes a test against ``policy`` may play: :data:`TEST_STEPS` over its mean
+        episode length in the first look, within :data:`TEST_CAPS`."""
+        self(policy, TEST_FIRST)
+        lengths = self._played[id(policy)][2][:TEST_FIRST]
+        low, high = TEST_CAPS
+        return int(np.clip(TEST_STEPS // max(float(np.mean(lengths)), 1.0), low, min(high, len(TEST_SEEDS))))
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _outcome(outcome: Sequential, episodes: TestEpisodes, a: Policy, b: Policy, tolerance: float) -> dict[str, Any]:
+    """A sequential test as recovery.json records it (E and its interval in percent; the
+    two means over the episodes it played)."""
+    v, n = outcome.verdict, outcome.episodes
+    label = v.label()
+    if outcome.kept and v.verdict != "keeps":
+        label = "tied (the same return on every episode)"
+    elif tolerance == 0:  # the label's own wording is about the 5 % tolerance
+        label = label.replace("(E near 5 %)", "(E near 0)")
+    return {"kept": bool(outcome.kept), "verdict": label, "e": _finite(v.e), "low": _finite(v.low),
+            "high": _finite(v.high), "episodes": n, "seeds": [TEST_SEEDS.start, TEST_SEEDS.start + n - 1],
+            "means": [float(np.mean(episodes(a, n))), float(np.mean(episodes(b, n)))]}
+
+
+@dataclass
+class Candidate:
+    """A student one stage of the run made (its weights, its real model) and what the
+    paired tests said of it."""
+
+    stage: str
+    result: RecoveryResult
+    acting: Policy
+    against_ptq: dict[str, Any]
+
+
+class Judge:
+    """The paired sequential tests on :class:`TestEpisodes` that decide what recovery
+    writes and when it stops (:func:`quarl.verdict.sequential_at_least`,
+    :func:`quarl.verdict.sequential_keeps`):
+
+    - a student is a candidate only where it plays at least as well as PTQ's own model of
+      the mode (the confidence sequence shows it scoring more, or both play the same
+      returns): a repair never ships what it could not show is no worse than PTQ;
+    - of the candidates, the one with the highest mean return on the episodes both played
+      is written; else PTQ's own model;
+    - recovery stops where what it would write keeps the ORIGINAL fp32 policy's return
+      (strict: undecided at the cap is not kept)."""
+
+    def __init__(self, policy: Policy, env_spec: EnvSpec, spec: KernelSpec, max_steps: int | None = None) -> None:
+        self.policy, self.env_spec, self.spec = policy, env_spec, spec
+        self.episodes = TestEpisodes(env_spec, max_steps)
+        self.ptq_model = _ptq_model(policy, spec)
+        self.ptq = _acting(policy, spec, self.ptq_model)
+        self.candidates: list[Candidate] = []
+        self._keeps: dict[int, dict[str, Any]] = {}
+
+    def offer(self, stage: str, result: RecoveryResult) -> dict[str, Any]:
+        """Test ``result``'s student against PTQ's model; a candidate where it is at least
+        as good. Returns the test's record (``same`` where the student is PTQ's model)."""
+        if result.model == self.ptq_model or result.best_round < 0:
+            return {"kept": False, "verdict": "the student is PTQ's own model", "same": True}
+        acting = _acting(self.policy, self.spec, result.model)
+        cap = self.episodes.cap(self.ptq)
+        outcome = sequential_at_least(lambda n: self.episodes(self.ptq, n), lambda n: self.episodes(acting, n),
+                                      first=TEST_FIRST, cap=cap, env_id=self.env_spec.env_id)
+        record = _outcome(outcome, self.episodes, self.ptq, acting, 0.0)
+        if outcome.kept:
+            self.candidates.append(Candidate(stage, result, acting, record))
+        log.info("%s against PTQ's own model on %d test episodes: %s (E %s, means %.2f / %.2f): %s", stage,
+                 outcome.episodes, outcome.verdict.label(), record["e"], *record["means"],
+                 "a candidate" if outcome.kept else "not shown at least as good, not written")
+        return record
+
+    def best(self) -> Candidate | None:
+        """The candidate written: the highest mean on the episodes every candidate played."""
+        if not self.candidates:
+            return None
+        n = min(c.against_ptq["episodes"] for c in self.candidates)
+        return max(reversed(self.candidates), key=lambda c: float(np.mean(self.episodes(c.acting, n))))
+
+    def keeps(self) -> dict[str, Any]:
+        """Does what would be written keep the original fp32 policy's return (strict)?"""
+        chosen = self.best()
+        acting = self.ptq if chosen is None else chosen.acting
+        if id(acting) not in self._keeps:
+            cap = self.episodes.cap(self.policy)
+            outcome = sequential_keeps(lambda n: self.episodes(self.policy, n), lambda n: self.episodes(acting, n),
+                                       first=TEST_FIRST, cap=cap, env_id=self.env_spec.env_id, strict=True)
+            self._keeps[id(acting)] = _outcome(outcome, self.episodes, self.policy, acting, TOLERANCE)
+        return self._keeps[id(acting)]
+
+
+def _test_text(test: dict[str, Any]) -> str:
+    if "means" not in test:
+        return str(test.get("verdict", ""))
+    e = "" if test.get("e") is None else f", E {test['e']:.1f} %"
+    interval = "" if test.get("low") is None or test.get("high") is None else \
+        f" [{test['low']:.1f}, {test['high']:.1f}]"
+    return (f"{test['verdict']}{e}{interval}, means {test['means'][0]:.2f} / {test['means'][1]:.2f} over "
+            f"{test['episodes']} test episodes")
+
+
+def shipped_line(record: dict[str, Any]) -> str:
+    """What recovery.json says was written and why the run ended, in one line."""
+    mode = record.get("kernel", {}).get("mode", f"int{record.get('precision', '')}")
+    if "shipped" not in record or "against_fp32" not in record:
+        return f"wrote {'PTQ' if record.get('shipped') == 'ptq' else 'the student'} ({mode})"
+    if record["shipped"] == "ptq":
+        tried = [f"{s['stage']}: {_test_text(s['against_ptq'])}" for s in record.get("stages", [])
+                 if not s["against_ptq"].get("same")]
+        what = (f"wrote PTQ's own {mode} model, not a student: no student was shown to play at least as well on "
+                f"recovery's test episodes ({'; '.join(tried) or 'distillation did not beat PTQ on held-out states'})")
+    else:
+        stage = str(record["shipped_stage"])
+        name = {"distill": "distilled", "finetune": "fine-tuned"}.get(stage, f"distilled ({stage})")
+        what = (f"wrote the {name} student: it plays at least as well as PTQ's own {mode} model on "
+                f"recovery's test episodes (PTQ / student {_test_text(record['against_ptq'])})")
+    budget = record.get("budget", {})
+    tuned = record.get("finetune", {})
+    spent = f"{budget.get('rounds_played', '?')} of {budget.get('rounds', '?')} rounds"
+    if tuned:
+        spent += ", fine-tune " + (f"{tuned['steps']:,} steps" if "skipped" not in tuned else f"skipped: {tuned['skipped']}")
+    stopped = "kept" if record["stopped"] == "kept" else f"budget spent ({spent}, {record.get('total_s', 0):.0f} s)"
+    return (f"{what}; stopped: {stopped}: against the original fp32 (fp32 / written) "
+            f"{_test_text(record['against_fp32'])}")
+
+
 # ------------------------------------------------------------------ the workflow
 
 
@@ -836,11 +1073,9 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
         record = finished_record(out, policy, config, env_spec)
         if record is None:
             spec, chosen = pick_spec(policy, env_spec, config)
-            result = distill(policy, env_spec, config, spec, state_path=out / ".recover" / STATE_FILE,
-                             progress=progress)
-            if config.finetune_steps:
-                result = finetune_stage(_zoo_paths(checkpoint)[0], policy, env_spec, config, result)
-            record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen)
+            result, report = recover_stages(_zoo_paths(checkpoint)[0], policy, env_spec, config, spec,
+                                            out / ".recover" / STATE_FILE, progress)
+            record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen, report)
         else:
             log.info("%s holds this recovery, finished: reused", out)
     records: list[dict[str, Any]] = []
@@ -908,38 +1143,96 @@ def recovered_kernel(checkpoint: Path, policy: Policy, env_spec: EnvSpec, precis
     return recovered.kernel
 
 
+def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec,
+                   state_path: Path | None = None, progress: Progress | None = None
+                   ) -> tuple[RecoveryResult, dict[str, Any]]:
+    """Distil, then go on until what would be written keeps the ORIGINAL fp32 policy's
+    return on recovery's test episodes or the budget is spent: ``config.rounds`` more DAgger
+    rounds at a time up to ``config.total_rounds``, then ``config.finetune_steps`` of the
+    agent's own algorithm (:func:`finetune_stage`), no stage starting after
+    ``config.budget_minutes``. Each stage's student is written only where it plays at least
+    as well as PTQ's own model (:class:`Judge`); else PTQ's model is. Returns (the result
+    written, the report recovery.json records: ``shipped``, ``stopped``, the tests)."""
+    if state_path is None:  # each stage continues the one before from its state: kept in a temporary folder
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="quarl-recover-") as tmp:
+            return recover_stages(zip_path, policy, env_spec, config, spec, Path(tmp) / STATE_FILE, progress)
+    started = time.perf_counter()
+    deadline = started + 60.0 * config.budget_minutes
+    judge = Judge(policy, env_spec, spec)
+    stages: list[dict[str, Any]] = []
+
+    def stage(name: str, result: RecoveryResult, extra: dict[str, Any] | None = None) -> bool:
+        against_ptq = judge.offer(name, result)
+        keeps = judge.keeps()
+        stages.append({"stage": name, "rounds": len(result.history), "agreement": result.agreement,
+                       "against_ptq": against_ptq, "written": "ptq" if judge.best() is None else judge.best().stage,
+                       "against_fp32": keeps, "wall_s": round(time.perf_counter() - started, 2), **(extra or {})})
+        return bool(keeps["kept"])
+
+    limit = config.rounds
+    result = distill(policy, env_spec, config, spec, state_path, progress, rounds=limit)
+    kept = stage("distill", result)
+    last = result
+    while not kept and limit < config.total_rounds and time.perf_counter() < deadline:
+        limit = min(limit + config.rounds, config.total_rounds)
+        last = distill(policy, env_spec, config, spec, state_path, progress, rounds=limit, keep_going=True)
+        kept = stage(f"rounds {limit}", last)
+    finetune_note: dict[str, Any] | None = None
+    if not kept and config.finetune_steps and time.perf_counter() < deadline:
+        start = judge.best().result if judge.best() is not None else last
+        try:
+            tuned = finetune_stage(zip_path, policy, env_spec, config, start)
+        except QuarlError as exc:  # an algorithm quarl does not train, reward statistics it cannot read...
+            finetune_note = {"steps": config.finetune_steps, "skipped": str(exc)}
+            log.warning("no fine-tune: %s", exc)
+        else:
+            kept = stage("finetune", tuned, {"steps": config.finetune_steps})
+            finetune_note = {"steps": config.finetune_steps, "wall_s": tuned.extra.get("finetune_s"),
+                             "from": "ptq" if start.best_round < 0 else "distilled"}
+    best = judge.best()
+    if best is not None:
+        written = best.result
+    else:  # PTQ's own model: the real kernel ptq runs for this mode, no distillation
+        written = dataclasses.replace(last, student=make_student(policy.network, spec), model=judge.ptq_model,
+                                      best_round=-1, agreement=last.ptq_agreement)
+    written = dataclasses.replace(written, wall_s=last.wall_s)
+    report = {
+        "shipped": "ptq" if best is None else "student",
+        "shipped_stage": None if best is None else best.stage,
+        "stopped": "kept" if kept else "budget",
+        "against_ptq": {"verdict": "no student was shown at least as good"} if best is None else best.against_ptq,
+        "against_fp32": judge.keeps(),
+        "stages": stages,
+        "budget": {"rounds": config.total_rounds, "rounds_played": len(last.history),
+                   "finetune_steps": config.finetune_steps, "minutes": config.budget_minutes},
+        "total_s": round(time.perf_counter() - started, 2),
+        **({"finetune": finetune_note} if finetune_note else {}),
+    }
+    log.info("recovery wrote %s (%s); %s against the original fp32 on %d test episodes: %s",
+             report["shipped"], report["shipped_stage"] or "PTQ's own model", report["stopped"],
+             report["against_fp32"]["episodes"], report["against_fp32"]["verdict"])
+    return written, report
+
+
 def finetune_stage(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: RecoverConfig,
                    result: RecoveryResult) -> RecoveryResult:
-    """Fine-tune the distilled student with the agent's own algorithm, fake quantization on
-    (:func:`quarl.training.finetune.finetune`), then keep whichever of the two plays the
-    calibration episodes better against the teacher: the one the paired sequential test
-    finds keeping, else the higher mean return."""
+    """The student of ``result`` fine-tuned ``config.finetune_steps`` env steps with the
+    agent's own algorithm, fake quantization on (:func:`quarl.training.finetune.finetune`),
+    as a result of its own (its agreement on ``result``'s held-out states); whether it is
+    written is the :class:`Judge`'s call."""
     from quarl.training.finetune import finetune
 
     started = time.perf_counter()
-    tuned = finetune(zip_path, policy, env_spec, result.spec, result.student, config.finetune_steps, config.seed)
+    start = None if result.best_round < 0 else result.student
+    tuned = finetune(zip_path, policy, env_spec, result.spec, start, config.finetune_steps, config.seed)
     model = real_model(tuned, result.spec, policy.input_shape)
-    returns = calibration_returns(env_spec)
-    judged, acting = {}, {}
-    for name, candidate in (("distilled", result.model), ("finetuned", model)):
-        acting[name] = _acting(policy, result.spec, candidate)
-        outcome = sequential_keeps(lambda n: returns(policy, n), lambda n, a=acting[name]: returns(a, n))
-        judged[name] = {"kept": outcome.kept, "verdict": outcome.verdict.label(), "episodes": outcome.episodes}
-    n = max(j["episodes"] for j in judged.values())  # both means over the same episodes
-    for name in judged:
-        judged[name]["mean"] = float(np.mean(returns(acting[name], n)))
-    d, t = judged["distilled"], judged["finetuned"]
-    better = (t["kept"] and not d["kept"]) or (t["kept"] == d["kept"] and t["mean"] > d["mean"])
-    extra = dict(result.extra)
-    extra["finetune"] = {"steps": config.finetune_steps, "wall_s": round(time.perf_counter() - started, 2),
-                         "chosen": "finetuned" if better else "distilled", "calibration": judged}
-    log.info("fine-tuned %d steps: calibration return %.2f (%s) against distilled %.2f (%s): keeping the %s",
-             config.finetune_steps, t["mean"], t["verdict"], d["mean"], d["verdict"], extra["finetune"]["chosen"])
-    if not better:
-        return dataclasses.replace(result, extra=extra)
     agreement = result.agreement
     if result.heldout is not None and len(result.heldout):
         agreement = _agreement(policy, _acting(policy, result.spec, model), result.heldout,
                                fp32_actions(policy, result.heldout), config.action_tolerance)
-    return dataclasses.replace(result, student=tuned, model=model, agreement=agreement, extra=extra,
-                               wall_s=result.wall_s + time.perf_counter() - started)
+    took = time.perf_counter() - started
+    log.info("fine-tuned %d steps in %.0f s: held-out agreement %.1f%%", config.finetune_steps, took, 100 * agreement)
+    return dataclasses.replace(result, student=tuned, model=model, agreement=agreement, best_round=len(result.history),
+                               extra={**result.extra, "finetune_s": round(took, 2)})

@@ -35,9 +35,15 @@ def recover(
     target_agreement: Optional[float] = typer.Option(None, "--target-agreement", help="held-out agreement with the "
                                                      "teacher that ends the run (default: the teacher's fp16 copy's, "
                                                      "at most 0.99)"),
-    finetune_steps: int = typer.Option(0, "--finetune-steps", help="then fine-tune this many env steps with the "
-                                       "agent's own algorithm, fake quantization on (the RL Zoo's hyperparameters, a "
-                                       "tenth of its learning rate); kept where it plays calibration episodes better"),
+    finetune_steps: int = typer.Option(20_000, "--finetune-steps", help="where the rounds end without keeping fp32's "
+                                       "return, fine-tune this many env steps with the agent's own algorithm, fake "
+                                       "quantization on (the RL Zoo's hyperparameters, a tenth of its learning rate; "
+                                       "0: never)"),
+    max_rounds: Optional[int] = typer.Option(None, "--max-rounds", help="DAgger rounds in all: where --rounds end "
+                                             "without keeping fp32's return, go on --rounds more at a time up to this "
+                                             "(default: 3 x --rounds)"),
+    budget_minutes: float = typer.Option(15.0, "--budget-minutes", help="no new stage (more rounds, the fine-tune) "
+                                         "starts after this many minutes"),
     episodes: int = EpisodesOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
@@ -64,7 +70,8 @@ def recover(
     options = registry_options.quant_options(int8_weights, block_size)
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
                            episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
-                           finetune_steps=finetune_steps, **options)
+                           finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
+                           **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     if is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
@@ -74,7 +81,7 @@ def recover(
         "recover", checkpoint, spec.env_id, precision)
     preflight(checkpoint, out)  # one line before any progress bar
     with progress() as bar:
-        task = bar.add_task("distil", total=rounds)
+        task = bar.add_task("distil", total=config.total_rounds)
         evals: dict[str, TaskID] = {}
 
         def on_round(stats: Any) -> None:
@@ -90,11 +97,12 @@ def recover(
     rows = ptq_rows(records, identity=False)
     print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
                       f"policy, {episodes} episodes", out_console)
-    kept = "the fine-tuned model's" if record.get("finetune", {}).get("chosen") == "finetuned" else "the written model's"
+    kept = "the fine-tuned model's" if record.get("shipped_stage") == "finetune" else "the written model's"
     from quarl.recovery import MIN_HELDOUT
 
-    stopped = "target reached" if record["stopped"] == "target" else "round budget spent"
-    if record["stopped"] != "target" and record.get("heldout_states", MIN_HELDOUT) < MIN_HELDOUT:
+    distilled = record.get("distill_stopped", record["stopped"])
+    stopped = "target reached" if distilled == "target" else "round budget spent"
+    if distilled != "target" and record.get("heldout_states", MIN_HELDOUT) < MIN_HELDOUT:
         # the target counts only once enough held-out states say so: a short env needs more rounds
         stopped += (f" before {MIN_HELDOUT} held-out states were labelled ({record['heldout_states']}): more --rounds "
                     "judge it")
@@ -102,15 +110,9 @@ def recover(
                       f"{100 * record['agreement']:.1f}% (PTQ {100 * record['ptq_agreement']:.1f}%, target "
                       f"{100 * record['target_agreement']:.1f}%); {record['labelled_states']:,} states labelled, "
                       f"{record['updates']:,} updates, {record['wall_s']:.0f} s ({stopped})", highlight=False)
-    if "finetune" in record:
-        tuned = record["finetune"]
-        out_console.print(f"fine-tuned {tuned['steps']:,} steps in {tuned['wall_s']:.0f} s: calibration return "
-                          f"{tuned['calibration']['finetuned']['mean']:.2f} against distilled "
-                          f"{tuned['calibration']['distilled']['mean']:.2f}; kept the {tuned['chosen']}",
-                          highlight=False)
-    elif record["stopped"] == "budget" and not any(str(r.get("verdict", "")).startswith("keeps") for r in rows):
-        out_console.print(f"distillation ended at its budget without reaching the target: more --rounds, or add "
-                          f"--finetune-steps 20000 to fine-tune with {ckpt.algo}'s own updates", highlight=False)
+    from quarl.recovery import shipped_line
+
+    out_console.print(shipped_line(record), highlight=False, soft_wrap=True)
     out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv; "
                       f"quarl ptq {out} --precisions fp32,{record['precision']} judges it again", soft_wrap=True,
                       highlight=False)
