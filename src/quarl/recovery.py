@@ -1057,12 +1057,14 @@ def shipped_line(record: dict[str, Any]) -> str:
 def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: RecoverConfig, out: Path,
                 settings: Any = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
-                trust_pickle: bool = False, wait: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                trust_pickle: bool = False, wait: bool = False, decide_episodes: int = 0,
+                decide_seconds: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
     given ``settings`` (:class:`quarl.measure.EvalSettings`), judge it as ``quarl ptq OUT``
     does: the original fp32 policy against the recovered kernel on the evaluation seeds
-    (``OUT/verdict/``). A finished recovery of the same policy and options in ``OUT`` is
+    (``OUT/verdict/``), playing on while undecided up to ``decide_episodes`` /
+    ``decide_seconds`` (:func:`quarl.ptq.decide`). A finished recovery of the same policy and options in ``OUT`` is
     reused as it is; ``wait``: wait for another run holding ``OUT`` instead of refusing.
     Returns (recovery.json, the verdict's records)."""
     from quarl.measure import output_lock
@@ -1084,7 +1086,8 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
         assert recovered is not None
         records = run_ptq(recovered.original, env_spec, [recovered.precision], settings, out / "verdict",
                           progress=episode_progress, source=str(out),
-                          fixed={"fp32": recovered.original, recovered.precision: recovered.kernel})
+                          fixed={"fp32": recovered.original, recovered.precision: recovered.kernel},
+                          decide_episodes=decide_episodes, decide_seconds=decide_seconds)
     return record, records
 
 

@@ -11,6 +11,7 @@ from rich.progress import TaskID
 
 from quarl import outputs, registry_options, validate
 from quarl.cli.common import out_console, progress, setup, user_errors
+from quarl.cli.ptq import DECIDE_EPISODES, DecideEpisodesOpt, DecideMinutesOpt
 from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
                                SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, is_export, load, load_choice)
 from quarl.errors import QuarlError
@@ -45,6 +46,8 @@ def recover(
     budget_minutes: float = typer.Option(15.0, "--budget-minutes", help="no new stage (more rounds, the fine-tune) "
                                          "starts after this many minutes"),
     episodes: int = EpisodesOpt,
+    decide_episodes: Optional[int] = DecideEpisodesOpt,
+    decide_minutes: float = DecideMinutesOpt,
     seed: int = SeedOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -73,6 +76,8 @@ def recover(
                            finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
                            **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
+    decide_seconds = validate.decide_minutes(decide_minutes)
     if is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
                          "Zoo folder)")
@@ -90,13 +95,17 @@ def recover(
         def on_episode(label: str, n: int) -> None:
             if label not in evals:
                 evals[label] = bar.add_task(f"{label:>5}", total=episodes)
-            bar.update(evals[label], completed=n)
+            bar.update(evals[label], completed=n, total=max(n, bar.tasks[evals[label]].total or 0))
 
         record, records = run_recover(checkpoint, spec, ckpt.policy, config, out, settings, on_round, on_episode,
-                                      trust_pickle)
+                                      trust_pickle, decide_episodes=decide_episodes, decide_seconds=decide_seconds)
     rows = ptq_rows(records, identity=False)
+    from quarl.cli.ptq import budget_note
+    from quarl.ptq import episodes_played
+
+    budget = budget_note(decide_episodes, decide_seconds) if decide_episodes > episodes else ""
     print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
-                      f"policy, {episodes} episodes", out_console)
+                      f"policy, {episodes_played(records, episodes)}" + (f" ({budget})" if budget else ""), out_console)
     kept = "the fine-tuned model's" if record.get("shipped_stage") == "finetune" else "the written model's"
     from quarl.recovery import MIN_HELDOUT
 
