@@ -515,3 +515,80 @@ def test_a_zip_read_closes_the_file_it_opened(tmp_path: Path) -> None:
         gc.collect()
     assert fh.closed
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def _symbolic_square_onnx(levels: int, features: object = "M", contrib: bool = False) -> bytes:
+    """A 1 KB model whose input is ``[N, M]`` (both axes symbolic) that squares the
+    flattened batch per level (``x.reshape(-1, 1) + x.reshape(1, -1)``); its output is a
+    plain (N, 2) layer, so the model runs. With ``levels=0`` it is a healthy policy with a
+    symbolic feature axis; ``contrib`` adds a ``MatMulNBits`` told the wrong input width."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["N", features])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 2])
+    inits = [numpy_helper.from_array(np.array([-1, 1], np.int64), "col"),
+             numpy_helper.from_array(np.array([1, -1], np.int64), "row"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.full((2, 4), 0.1, np.float32), "w")]
+    nodes, prev = [], "obs"
+    for i in range(levels):
+        nodes += [helper.make_node("Reshape", [prev, "col"], [f"c{i}"]),
+                  helper.make_node("Reshape", [prev, "row"], [f"r{i}"]),
+                  helper.make_node("Add", [f"c{i}", f"r{i}"], [f"s{i}"], name=f"square{i}")]
+        prev = f"s{i}"
+    if levels:
+        nodes += [helper.make_node("ReduceMean", [prev], ["m"], keepdims=0), helper.make_node("Mul", ["m", "zero"], ["m0"]),
+                  helper.make_node("Gemm", ["obs", "w"], ["q"], transB=1), helper.make_node("Add", ["q", "m0"], ["out"])]
+    elif contrib:
+        inits.append(numpy_helper.from_array(np.zeros((2, 1, 16), np.uint8), "packed"))
+        inits.append(numpy_helper.from_array(np.ones((2,), np.float32), "scales"))
+        nodes.append(helper.make_node("MatMulNBits", ["obs", "packed", "scales"], ["out"], domain="com.microsoft",
+                                      K=32, N=2, bits=4, block_size=32, name="nbits"))
+    else:
+        nodes.append(helper.make_node("Gemm", ["obs", "w"], ["out"], transB=1))
+    graph = helper.make_graph(nodes, "symbolic", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+
+
+@pytest.mark.parametrize("levels,features,contrib,message", [
+    (3, "M", False, "tensor 's0' holds 64 values for 2 observations (16 for 1): it grows faster than the batch, "
+                    "refused (at most 2 x its size for one)"),
+    (4, "M", False, "tensor 's3' holds 4294967296 values per observation: refused (at most 4194304)"),
+    (0, 5, False, "input 'obs' has shape ['N', 5]; an observation batch is [batch, 4]: refused"),
+    (0, "M", True, "node 'nbits' takes 32 inputs but is given shape [1, 4]: refused"),
+])
+def test_an_onnx_export_with_a_symbolic_feature_axis_is_sized_at_the_observation(
+        exported: Path, tmp_path: Path, levels: int, features: object, contrib: bool, message: str) -> None:
+    """Issue 38: an input ``[N, M]`` left every tensor of unknown size, so the growth check
+    saw nothing and ONNX Runtime asked for 17 GiB. Every symbolic axis is now bound to the
+    observation's real size (the batch to 1, 2 and 4096) before a session exists: one line,
+    exit 2, well under 1 GB."""
+    import hashlib
+    import json
+
+    model = _symbolic_square_onnx(levels, features, contrib)
+    assert len(model) < 2048
+    (tmp_path / "policy.onnx").write_bytes(model)
+    meta = json.loads(exported.with_suffix(".json").read_text())
+    meta["onnx_sha256"] = hashlib.sha256(model).hexdigest()
+    (tmp_path / "policy.json").write_text(json.dumps(meta))
+    code, err, peak = _popen_peak("ptq", str(tmp_path), "--episodes", "3", "--out", str(tmp_path / "out"))
+    assert code == 2 and message in _one_line(err), err[-1500:]
+    assert peak < PEAK_LIMIT_MB, peak
+
+
+def test_a_healthy_export_with_a_symbolic_feature_axis_still_loads(exported: Path, tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    from quarl.policies.onnx_artifact import load_artifact
+
+    model = _symbolic_square_onnx(0)
+    (tmp_path / "policy.onnx").write_bytes(model)
+    meta = json.loads(exported.with_suffix(".json").read_text())
+    meta["onnx_sha256"] = hashlib.sha256(model).hexdigest()
+    (tmp_path / "policy.json").write_text(json.dumps(meta))
+    policy, _ = load_artifact(tmp_path / "policy.onnx")
+    out = policy.forward(np.ones((3, 4), np.float32))
+    assert out.shape == (3, 2) and np.allclose(out, 0.4)
