@@ -224,3 +224,22 @@ def check_layer_sizes(sizes: Iterable[int], what: str) -> None:
     if params > cap:
         raise QuarlError(f"{what}: layers {sizes} hold {params} parameters, more than the {cap} allowed "
                          "(set QUARL_MAX_PARAMETERS to allow more)")
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may take: the machine's physical memory (psutil, else
+    ``sysconf``), or its cgroup's limit where that is lower (a container)."""
+    try:
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+    except Exception:  # psutil missing: the kernel's page counts
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total

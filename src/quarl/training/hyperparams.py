@@ -246,25 +246,192 @@ def _schedule(key: str, value: Any) -> Any:
     return value
 
 
+_SET_BY_QUARL = {
+    "seed": "use --seed", "verbose": "quarl sets it (use -v)", "device": "quarl trains on the CPU",
+    "tensorboard_log": "use --tensorboard", "action_noise": "use noise_type and noise_std",
+    "rollout_buffer_class": "a class is not a --hp value", "replay_buffer_class": "a class is not a --hp value",
+}
+"""Constructor arguments quarl passes itself (a second value was SB3's TypeError) or that
+take an object no literal can be."""
+_OWN_TYPES: dict[str, Any] = {"n_envs": int, "n_timesteps": int, "frame_stack": int, "noise_std": float,
+                              "noise_type": str, "normalize": bool | str | dict, "env_kwargs": dict | str}
+"""The types of the keys quarl handles itself (``policy`` is checked against the algorithm's
+policy names)."""
+
+
+def _fits(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` (a literal from ``--hp``) is of SB3's ``annotation``: a whole
+    number where it wants an int (``1e6`` included), a number for a float, a string for a
+    schedule (``lin_<start>``) or a dict written as text; never a class or an object."""
+    import collections.abc
+    import types
+    import typing
+
+    if isinstance(annotation, (str, typing.ForwardRef)):
+        return isinstance(annotation, str)  # a postponed annotation: not checked here (SB3 has none)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer())
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation is dict or origin is dict:
+        return isinstance(value, (dict, str))  # a string is parsed as a literal dict later
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_fits, value, args))
+    if annotation is collections.abc.Callable or origin is collections.abc.Callable:
+        return isinstance(value, str)  # a schedule's name
+    return False  # a class (type[...]) or an object (ActionNoise): nothing a literal is
+
+
+def _describe(annotation: Any) -> str:
+    import collections.abc
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_describe(a) for a in typing.get_args(annotation)))
+    names = {type(None): "null", bool: "true or false", int: "a whole number", float: "a number", str: "a string",
+             dict: "a dict"}
+    if annotation in names:
+        return names[annotation]
+    if origin is dict:
+        return "a dict"
+    if origin is tuple:
+        return f"a list [{', '.join(getattr(a, '__name__', str(a)) for a in typing.get_args(annotation))}]"
+    if annotation is collections.abc.Callable or origin is collections.abc.Callable:
+        return "a schedule (lin_<start>)"
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
     """Every override names a constructor argument of the SB3 algorithm (or a key quarl
-    handles), and a number where the algorithm's default is one: one line otherwise."""
+    handles) that quarl does not set itself, of the type SB3 declares for it (a whole number
+    where it wants an int, one of its policy names for ``policy``...), within its range:
+    one line otherwise, before SB3 sees any."""
     import inspect
 
-    params = inspect.signature(TRAINERS[algo].algo_class()).parameters
-    allowed = sorted({p for p in params if not p.startswith("_")} - {"self", "policy", "env"} | set(_OWN_KEYS))
+    cls = TRAINERS[algo].algo_class()
+    params = inspect.signature(cls).parameters
+    allowed = sorted(({p for p in params if not p.startswith("_")} - {"self", "policy", "env"} - set(_SET_BY_QUARL))
+                     | set(_OWN_KEYS))
     for key, value in overrides.items():
+        if key in _SET_BY_QUARL:
+            raise QuarlError(f"--hp {key}: not settable ({_SET_BY_QUARL[key]}); allowed: {', '.join(allowed)}")
         if key not in allowed:
             raise QuarlError(f"--hp {key}: not a {algo} hyperparameter; allowed: {', '.join(allowed)}")
+        if key == "policy":
+            check_policy_name(algo, value, "--hp policy")
+            continue
         default = params[key].default if key in params else None
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if numeric and key not in _SCHEDULED and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        annotation = _OWN_TYPES.get(key) if key in _OWN_KEYS else params[key].annotation
+        if annotation is None or annotation is inspect.Parameter.empty or _fits(value, annotation):
+            pass
+        elif isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(value, (bool, str)):
             raise QuarlError(f"--hp {key}={value!r}: {key} is a number (default {default!r})")
+        else:
+            raise QuarlError(f"--hp {key}={value!r}: {algo} takes {_describe(annotation)} for {key}"
+                             + (f" (default {default!r})" if key in params else ""))
         check_hyperparameter(key, value)
     kwargs = overrides.get("policy_kwargs")
     if isinstance(kwargs, str):
         kwargs = parse_literal(kwargs)
     check_net_arch(kwargs, "--hp policy_kwargs")
+
+
+def check_policy_name(algo: str, value: Any, what: str) -> None:
+    """``value`` is one of the algorithm's policy names (``MlpPolicy``, ``CnnPolicy``...):
+    ``os.system`` or a class path never reaches SB3."""
+    names = list(getattr(TRAINERS[algo].algo_class(), "policy_aliases", {}) or {})
+    if not isinstance(value, str) or value not in names:
+        raise QuarlError(f"{what}={value!r}: not a {algo} policy; allowed: {', '.join(names)}")
+
+
+def _whole_numbers(algo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a whole float (``1e6``) made an int where SB3 declares an int."""
+    import inspect
+
+    params = inspect.signature(TRAINERS[algo].algo_class()).parameters
+    return {k: int(v) if isinstance(v, float) and v.is_integer() and k in params
+            and params[k].annotation in (int, int | None) else v for k, v in kwargs.items()}
+
+
+def _space_values(space: gym.spaces.Space) -> list[tuple[int, int]]:
+    """(values, bytes a value) of each array a buffer stores for ``space`` (one per key of
+    a Dict space)."""
+    if isinstance(space, gym.spaces.Dict):
+        return [part for sub in space.spaces.values() for part in _space_values(sub)]
+    if isinstance(space, gym.spaces.Discrete):
+        return [(1, np.dtype(space.dtype).itemsize)]
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return [(int(np.prod(space.nvec.shape)), np.dtype(space.dtype).itemsize)]
+    if isinstance(space, gym.spaces.MultiBinary):
+        return [(int(np.prod(space.shape or (space.n,))), np.dtype(space.dtype).itemsize)]
+    return [(int(np.prod(space.shape or ())), np.dtype(space.dtype or np.float32).itemsize)]
+
+
+def buffer_memory(algo: str, setup: "TrainSetup", observation_space: gym.spaces.Space,
+                  action_space: gym.spaces.Space) -> tuple[str, int, int, int] | None:
+    """(key, its value, bytes per unit of it, bytes in all) of the buffer SB3 allocates
+    for this run: the replay buffer of an off-policy algorithm (``buffer_size``
+    transitions: observation and next observation in the space's dtype, unless
+    ``optimize_memory_usage``; action, reward, done and timeout) or the rollout buffer of an
+    on-policy one (``n_steps`` x ``n_envs`` rows of observation, action and six float32
+    scalars); None for an algorithm with neither."""
+    import inspect
+
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    cls = TRAINERS[algo].algo_class()
+    params = inspect.signature(cls).parameters
+    kwargs = setup.model_kwargs
+    obs = sum(n * b for n, b in _space_values(observation_space))
+    actions = sum(n for n, _ in _space_values(action_space))
+    action_dtype = np.dtype(action_space.dtype or np.float32)
+    if issubclass(cls, OffPolicyAlgorithm):
+        size = int(kwargs.get("buffer_size", params["buffer_size"].default))
+        size = max(size // setup.n_envs, 1) * setup.n_envs
+        copies = 1 if kwargs.get("optimize_memory_usage") else 2
+        stored = 4 if action_dtype == np.float64 else action_dtype.itemsize  # SB3 stores float64 actions as float32
+        unit = copies * obs + actions * stored + 3 * 4
+        return "buffer_size", size, unit, size * unit
+    if issubclass(cls, OnPolicyAlgorithm):
+        steps = int(kwargs.get("n_steps", params["n_steps"].default))
+        unit = setup.n_envs * (obs + actions * action_dtype.itemsize + 6 * 4)
+        return "n_steps", steps, unit, steps * unit
+    return None
+
+
+def check_buffer_memory(algo: str, setup: "TrainSetup", observation_space: gym.spaces.Space,
+                        action_space: gym.spaces.Space, overrides: dict[str, Any] | None = None) -> None:
+    """Refuse in one line a run whose replay or rollout buffer (:func:`buffer_memory`) would
+    take more than this machine's memory (``n_steps=1e10`` asked for 1.16 TiB, a
+    ``buffer_size=1e10`` replay for 149 GiB), naming the value and the largest that fits."""
+    from quarl.limits import machine_memory
+
+    priced = buffer_memory(algo, setup, observation_space, action_space)
+    if priced is None:
+        return
+    key, value, unit, total = priced
+    memory = machine_memory()
+    if total > memory:
+        source = "--hp " if key in (overrides or {}) else f"the {algo} hyperparameters' "
+        what = ("replay buffer" if key == "buffer_size" else
+                f"rollout buffer ({setup.n_envs} env{'s' if setup.n_envs > 1 else ''})")
+        raise QuarlError(f"{source}{key}={value:,}: the {what} would take {total / 2**30:,.1f} GiB "
+                         f"({unit:,} bytes a {'transition' if key == 'buffer_size' else 'step'}), more than this "
+                         f"machine's {memory / 2**30:,.1f} GiB of memory: refused (at most {key}={memory // unit:,})")
 
 
 def check_net_arch(policy_kwargs: Any, what: str) -> None:
@@ -321,7 +488,10 @@ def prepare(
             log.warning("note: using the RL Zoo's %s hyperparameters of %s for %s", algo, key, env_id)
     check_overrides(algo, overrides or {})
     raw = {**raw, **(overrides or {})}
-    kwargs = {k: v for k, v in raw.items() if k not in _OWN_KEYS}
+    if "policy" in raw:
+        check_policy_name(algo, raw["policy"], "--hp policy" if "policy" in (overrides or {}) else
+                          f"the {algo} hyperparameters' policy")
+    kwargs = _whole_numbers(algo, {k: v for k, v in raw.items() if k not in _OWN_KEYS})
     for k in _SCHEDULED:
         if k in kwargs:
             kwargs[k] = _schedule(k, kwargs[k])

@@ -36,7 +36,7 @@ from quarl.file_schema import Record, parse_json, parse_record
 from quarl.validate import digits
 from quarl.quant.config import QATConfig
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
-from quarl.training.hyperparams import TRAINERS, TrainSetup, prepare
+from quarl.training.hyperparams import TRAINERS, TrainSetup, check_buffer_memory, prepare
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 
 log = logging.getLogger(__name__)
@@ -590,14 +590,19 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
         raise QuarlError(f"{run_dir} has no checkpoint to resume from: train it again without --resume")
     if start is not None:
         _check_checkpoint_step(*start, total, config.algo)
+    torch.manual_seed(config.seed)
+    env = _vec_env(setup, setup.n_envs, config.seed, training=True)
+    try:  # the buffers priced against the machine before SB3 allocates them (and before the run folder exists)
+        check_buffer_memory(config.algo, setup, env.observation_space, env.action_space, config.hyperparams)
+    except QuarlError:
+        env.close()
+        raise
     run_dir.mkdir(parents=True, exist_ok=True)
     if start is None:  # what --resume continues with, written before the first step (a stopped run has no args.yml)
         (run_dir / RUN_SETTINGS).write_text(json.dumps({"hyperparams": config.hyperparams, "timesteps": total},
                                                        default=str, sort_keys=True))
-    torch.manual_seed(config.seed)
 
     algo_cls = TRAINERS[config.algo].algo_class()
-    env = _vec_env(setup, setup.n_envs, config.seed, training=True)
     tb = str(run_dir / "tb") if config.tensorboard else None
     qat_restore = None
     if start is None:
