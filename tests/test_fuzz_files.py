@@ -357,3 +357,122 @@ def test_files_claiming_huge_sizes_take_no_memory_for_them(tmp_path: Path) -> No
     assert f"array 'rewards.npy' brings the arrays to {ARRAYS_CAP + 128:,} bytes" in lines[1]
     assert "entry 'data' declares 4294967295 bytes" in lines[2] and "zip bomb" in lines[2]
     assert usage.ru_maxrss / 1024 < 1024, usage.ru_maxrss  # MB, against 8 TB, 1 GB and 4 GB claimed
+
+
+# ---------------------------------------------------------------------------- int mode choice cache
+
+_SUMMARY = {"mode": "int8-block", "fp32_layers": [2], "agreement": 1.0, "kl": 0.0, "sampled_agreement": 1.0,
+            "latency_us": 23.5, "fp32_ort_latency_us": 30.1, "model_bytes": 4096, "calibration_return": 500.0,
+            "calibration_episodes": 4, "calibration_verdict": "keeps"}
+GOOD_CHOICE = {"mode": "int8-block", "keep": [2], "chosen": _SUMMARY, "tried": [_SUMMARY, {**_SUMMARY, "fp32_layers": []}]}
+_MODES = {"int8-block", "int8-dyn-channel"}
+
+
+def _load_choice(tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch) -> dict | None:
+    from quarl.quant import choice_cache
+
+    folder = tmp_path / "cache"
+    folder.mkdir(exist_ok=True)
+    (folder / "k.json").write_text(text)
+    monkeypatch.setenv(choice_cache.CACHE_ENV, str(folder))
+    return choice_cache.load("k", _MODES, 3)
+
+
+def _uses_like_quantize_int(entry: dict) -> None:
+    """What a cache hit does with an entry (quarl.quant.precisions: _rebuild's numbers,
+    _explain's lines over every mode tried): no KeyError, ValueError or TypeError."""
+    from quarl.quant.precisions import _explain
+
+    chosen = entry["chosen"]
+    for name in ("latency_us", "fp32_ort_latency_us", "calibration_return"):
+        assert chosen[name] is None or math.isfinite(float(chosen[name]))
+    int(chosen["calibration_episodes"] or 0), str(chosen["calibration_verdict"] or "")
+    assert entry["mode"] in _MODES and all(isinstance(i, int) and 0 <= i < 3 for i in entry["keep"])
+    _explain("int8", chosen, entry["tried"], True)
+
+
+@st.composite
+def _choice_texts(draw: Any) -> str:
+    """A stored choice with one field anywhere (a mode tried included) of a hostile value,
+    a field dropped, the text cut or flipped, or a value nested 100 to 100,000 deep."""
+    kind = draw(st.sampled_from(["mutated", "tried", "deep"]))
+    if kind == "mutated":
+        return draw(_mutated(GOOD_CHOICE))
+    state = json.loads(json.dumps(GOOD_CHOICE))
+    where = draw(st.sampled_from(["chosen", "tried", "keep", "mode", "top"]) if kind == "deep" else st.just("tried"))
+    field = draw(st.sampled_from(sorted(_SUMMARY)))
+    if kind == "tried":
+        state["tried"][draw(st.integers(0, 1))][field] = draw(JSONISH)
+        return json.dumps(state)
+    depth = draw(st.sampled_from([100, 1_000, 100_000]))
+    deep = "[" * depth + "]" * depth
+    if where == "top":
+        return deep
+    if where == "tried":
+        state["tried"][0][field] = "DEEP"
+    else:
+        state[where] = "DEEP"
+    return json.dumps(state).replace('"DEEP"', deep)
+
+
+@FUZZ
+@given(text=_choice_texts())
+def test_a_cached_choice_is_one_that_fits_or_is_ignored_with_a_warning(tmp_path: Path, text: str,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 38: a cache entry nested 100,000 deep raised RecursionError, one with a field of
+    the wrong type KeyError / ValueError on a cache hit. The cache is only a cache: an entry
+    that is no stored choice is ignored (a warning naming the file) and the choice made
+    afresh; one that is read works as a cache hit uses it."""
+    caplog.clear()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        with caplog.at_level("WARNING", logger="quarl.quant.choice_cache"):
+            entry = _load_choice(tmp_path, text, monkeypatch)
+    if entry is None:
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "ignoring the int mode cache entry" in warned[0] and "k.json" in warned[0]
+        assert "choosing afresh" in warned[0] and "\n" not in warned[0]
+        return
+    _uses_like_quantize_int(entry)
+
+
+def test_the_good_cached_choice_reads_as_written_and_deep_ones_are_ignored(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _load_choice(tmp_path, json.dumps(GOOD_CHOICE), monkeypatch) == GOOD_CHOICE
+    older = json.loads(json.dumps(GOOD_CHOICE))
+    for summary in (older["chosen"], *older["tried"]):  # written before kl and sampled agreement were measured
+        del summary["kl"], summary["sampled_agreement"]
+    entry = _load_choice(tmp_path, json.dumps(older), monkeypatch)
+    assert entry is not None and entry["chosen"]["kl"] is None
+    _uses_like_quantize_int(entry)
+    for depth in (65, 100_000):
+        text = json.dumps({**GOOD_CHOICE, "chosen": "DEEP"}).replace('"DEEP"', "[" * depth + "]" * depth)
+        assert _load_choice(tmp_path, text, monkeypatch) is None
+    bad = {**GOOD_CHOICE, "chosen": {**_SUMMARY, "latency_us": "fast"}}
+    assert _load_choice(tmp_path, json.dumps(bad), monkeypatch) is None
+
+
+@pytest.mark.parametrize("depth", [65, 1_000, 100_000])
+def test_a_zip_whose_data_nests_deep_is_one_line(tmp_path: Path, depth: int) -> None:
+    """An SB3 zip whose ``data`` entry nests 100,000 deep raised RecursionError: one line,
+    whatever reads it (loading a policy, or the training checkpoint reader)."""
+    import stable_baselines3 as sb3
+
+    from quarl.policies.sb3 import load_checkpoint
+    from quarl.training.sb3_train import read_checkpoint_data
+
+    good = tmp_path / "ppo.zip"
+    sb3.PPO("MlpPolicy", "CartPole-v1", seed=0, device="cpu", n_steps=64).save(good)
+    with zipfile.ZipFile(good) as z:
+        entries = {n: z.read(n) for n in z.namelist()}
+    data = json.loads(entries["data"])
+    data["policy_kwargs"] = "DEEP"
+    entries["data"] = json.dumps(data).replace('"DEEP"', "[" * depth + "]" * depth).encode()
+    crafted = tmp_path / "deep.zip"
+    with zipfile.ZipFile(crafted, "w") as z:
+        for name, blob in entries.items():
+            z.writestr(name, blob)
+    for read in (load_checkpoint, read_checkpoint_data):
+        with pytest.raises(QuarlError) as caught:
+            read(crafted)
+        text = _one_line(caught.value, str(crafted))
+        assert "nested" in text and "refused" in text, text

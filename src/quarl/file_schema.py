@@ -53,6 +53,24 @@ def parse_record(record_type: type[R], data: Any, source: str | Path) -> R:
         raise QuarlError(f"{source}: nested too deeply to be a {record_type.__name__}: refused") from None
 
 
+MAX_JSON_DEPTH = 64
+"""How deeply the containers of a file quarl reads may nest (quarl's own files and an SB3
+zip's ``data`` nest 4 or 5 deep): deeper is refused before anything walks it recursively."""
+
+
+def check_depth(data: Any, source: str | Path, limit: int = MAX_JSON_DEPTH) -> None:
+    """One line when parsed ``data`` nests lists / dicts more than ``limit`` deep (walked
+    without recursion, so 100,000 brackets cost no stack)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth > limit:
+                raise QuarlError(f"{source}: JSON nested more than {limit} deep: refused (at most {limit})")
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+
+
 def parse_json(text: str | bytes, source: str | Path) -> Any:
     """The object JSON ``text`` holds (``NaN`` / ``Infinity`` parse as floats, for the
     record to refuse by field), or one line naming ``source`` when it is not JSON."""

@@ -42,7 +42,7 @@ from torch import nn
 
 from quarl.envs import MAX_FRAME_STACK, EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
 from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_record
+from quarl.file_schema import MAX_JSON_DEPTH, Record, check_depth, parse_record
 from quarl.limits import check_tensors, open_zip, read_zip_entry
 from quarl.policies.base import check_outputs
 from quarl.registry import put_first
@@ -419,6 +419,10 @@ def _read_zip(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: not a zip file (corrupt or truncated?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise QuarlError(f"{path} is corrupt: its 'data' entry is not JSON") from None
+    except RecursionError:  # deeper than Python's stack
+        raise QuarlError(f"{path} is corrupt: its 'data' entry is JSON nested more than {MAX_JSON_DEPTH} deep: refused "
+                         f"(at most {MAX_JSON_DEPTH})") from None
+    check_depth(data, f"{path} is corrupt: its 'data' entry")  # before anything walks it
     if not isinstance(data, dict):
         raise QuarlError(f"{path} is corrupt: its 'data' entry is a JSON {type(data).__name__}, not an object")
     try:

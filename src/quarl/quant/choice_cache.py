@@ -10,7 +10,9 @@ episodes) and records what the first choice measured.
 
 The cache is a folder of small JSON files: ``$QUARL_CACHE`` (default
 ``~/.cache/quarl/int-modes``); ``QUARL_CACHE=off`` chooses afresh every time. A file that
-cannot be read, or names a mode that no longer exists, is ignored and replaced.
+cannot be read, is not a :class:`ChoiceRecord` (a field of the wrong type, JSON nested past
+:data:`quarl.file_schema.MAX_JSON_DEPTH`) or names a mode that no longer exists, is ignored
+with a warning and replaced: a cache is never a reason to fail.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from quarl.errors import QuarlError
+from quarl.file_schema import Record, check_depth, parse_record
 from quarl.limits import read_capped
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,36 @@ CACHE_ENV = "QUARL_CACHE"
 CHOICE_FORMAT = 2
 """Part of every key: bumped when the choice rule changes (2: the fastest agreeing mode)."""
 MAX_ENTRY_BYTES = 1 << 20
+_Count = Annotated[int, Field(ge=0, le=10**12)]
+_Layer = Annotated[int, Field(ge=0, lt=10_000)]
+_Measured = Annotated[float, Field(ge=-1e12, le=1e12)] | None
+
+
+class CandidateRecord(Record):
+    """What :meth:`quarl.quant.modes.Candidate.summary` wrote for one mode tried (fields
+    newer than an entry default to unmeasured)."""
+
+    mode: str = Field(max_length=200)
+    fp32_layers: list[_Layer] = Field(max_length=10_000)
+    agreement: _Measured = None
+    kl: _Measured = None
+    sampled_agreement: _Measured = None
+    latency_us: _Measured = None
+    fp32_ort_latency_us: _Measured = None
+    model_bytes: _Count = 0
+    calibration_return: _Measured = None
+    calibration_episodes: _Count = 0
+    calibration_verdict: str = Field("", max_length=200)
+
+
+class ChoiceRecord(Record):
+    """A stored choice: the mode, the weight layers it keeps in fp32, what it measured and
+    what else was tried."""
+
+    mode: str = Field(max_length=200)
+    keep: list[_Layer] = Field(max_length=10_000)
+    chosen: CandidateRecord
+    tried: list[CandidateRecord] = Field(max_length=10_000)
 
 
 def cache_dir() -> Path | None:
@@ -82,15 +116,16 @@ def load(key: str | None, known_modes: set[str], n_layers: int | None = None) ->
         if not path.exists():
             return None
         entry = json.loads(read_capped(path, MAX_ENTRY_BYTES, "an int mode cache entry", within=folder))
-    except (OSError, ValueError, UnicodeDecodeError, QuarlError) as exc:
+        check_depth(entry, path)
+        entry = parse_record(ChoiceRecord, entry, path).model_dump()
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, QuarlError) as exc:
         if path.exists() or path.is_symlink():
-            log.info("ignoring the int mode cache entry %s: %s", path, exc)
+            why = ("JSON nested too deeply" if isinstance(exc, RecursionError)
+                   else (str(exc).splitlines() or [type(exc).__name__])[0].removeprefix(f"{path}: ")[:300])
+            log.warning("ignoring the int mode cache entry %s (%s): choosing afresh", path, why)
         return None
-    ok = (isinstance(entry, dict) and entry.get("mode") in known_modes
-          and isinstance(entry.get("keep"), list) and all(isinstance(i, int) and 0 <= i < 10_000 for i in entry["keep"])
-          and len(set(entry["keep"])) == len(entry["keep"])
-          and (n_layers is None or (all(i < n_layers for i in entry["keep"]) and len(entry["keep"]) < n_layers))
-          and isinstance(entry.get("chosen"), dict) and isinstance(entry.get("tried"), list))
+    ok = (entry["mode"] in known_modes and len(set(entry["keep"])) == len(entry["keep"])
+          and (n_layers is None or (all(i < n_layers for i in entry["keep"]) and len(entry["keep"]) < n_layers)))
     if not ok:
         log.warning("ignoring the int mode cache entry %s: it does not fit this policy (mode, fp32 layers); choosing "
                     "afresh", path)

@@ -32,7 +32,7 @@ from pydantic import ConfigDict, Field
 
 from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.errors import QuarlError, StoppedRun
-from quarl.file_schema import Record, parse_json, parse_record
+from quarl.file_schema import Record, check_depth, parse_json, parse_record
 from quarl.validate import digits
 from quarl.quant.config import QATConfig
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
@@ -353,6 +353,7 @@ def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tup
         if "data" not in archive.namelist():
             raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint (no data entry): refused as {what}")
         raw = parse_json(read_zip_entry(archive, "data", str(path)), f"{path}:data")
+    check_depth(raw, f"{path}:data")  # fine-tuning walks its policy_kwargs recursively
     return parse_record(CheckpointData, raw, f"{path}:data"), raw
 
 
