@@ -507,3 +507,18 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
     # whatever was written plays at least as well as PTQ's model (here both fall at once)
     assert report["shipped"] == "ptq" or report["against_ptq"]["kept"]
     assert "stopped: budget spent (3 of 3 rounds" in shipped_line({"kernel": {"mode": spec.mode}, **report})
+
+
+def test_the_ranking_loss_asks_the_teachers_order_of_every_action_weighted_by_its_gap() -> None:
+    from quarl.recovery import _ranking
+
+    teacher = torch.tensor([[3.0, 2.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    ordered = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 5.0, 1.0, 2.0]])  # a tied teacher's state asks nothing
+    assert float(_ranking(ordered, teacher, 1.0)) == 0.0
+    last_two_swapped = torch.tensor([[3.0, 2.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    assert float(_ranking(last_two_swapped, teacher, 1.0)) > 0.0  # a pair below the greedy action counts too
+    # a state counts by the teacher's action gap: the same flip costs more where the teacher leads by more
+    wide, narrow = torch.tensor([[3.0, 0.0]]), torch.tensor([[3.0, 2.9]])
+    flipped = torch.tensor([[0.0, 3.0]])
+    both = _ranking(torch.cat([flipped, flipped]), torch.cat([wide, narrow]), 3.0)
+    assert float(both) > 0.5 * float(_ranking(flipped, wide, 3.0) + _ranking(flipped, narrow, 3.0))

@@ -45,6 +45,9 @@ def recover(
                                              "(default: 3 x --rounds)"),
     budget_minutes: float = typer.Option(15.0, "--budget-minutes", help="no new stage (more rounds, the fine-tune) "
                                          "starts after this many minutes"),
+    q_loss: str = typer.Option("rank", "--q-loss", help="DQN / QR-DQN: rank (the greedy action's margin, a hinge on "
+                               "every pair of actions weighted by the teacher's action gap, the values' error) or "
+                               "margin (without the pairs)"),
     episodes: int = EpisodesOpt,
     decide_episodes: Optional[int] = DecideEpisodesOpt,
     decide_minutes: float = DecideMinutesOpt,
@@ -74,7 +77,7 @@ def recover(
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
                            episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
                            finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
-                           **options)
+                           q_loss=q_loss.lower(), **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
