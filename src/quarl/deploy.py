@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl.atomic import write_all_atomic
 from quarl.provenance import provenance
 from quarl.envs import EnvSpec
 from quarl.errors import QuarlError
@@ -185,7 +186,6 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
-    onnx_path.write_bytes(model)
     meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
             "onnx_sha256": hashlib.sha256(model).hexdigest(),
             "env": None if env_spec is None else dataclasses.asdict(env_spec),
@@ -194,7 +194,8 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
             "acting": "sampled" if policy.stochastic else "greedy", **(extra or {})}
     if quant is not None:
         meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1, allow_nan=False))
+    # the model and its sidecar together: a full disk never leaves a new model beside an old sidecar
+    write_all_atomic([(onnx_path, model), (out.with_suffix(".json"), json.dumps(meta, indent=1, allow_nan=False))])
     return meta
 
 

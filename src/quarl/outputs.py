@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError
 
 RESULTS = Path("results")
@@ -108,7 +109,7 @@ def claim(folder: Path, checkpoint: Path) -> Path:
     if hub.is_hub(checkpoint) or _owner(marked) is not None:
         return folder
     marked.mkdir(parents=True, exist_ok=True)
-    (marked / SOURCE_FILE).write_text(str(checkpoint.resolve()) + "\n", encoding="utf-8")
+    write_atomic(marked / SOURCE_FILE, str(checkpoint.resolve()) + "\n")
     return folder
 
 

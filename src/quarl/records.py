@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
@@ -124,10 +123,10 @@ class ResultsLog:
         return None
 
     def append(self, record: dict[str, Any]) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(record, default=_plain) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        """One line, whole or not at all (a full disk cuts the log back and is one line)."""
+        from quarl.atomic import append_line
+
+        append_line(self.path, json.dumps(record, default=_plain))
 
 
 def _plain(value: Any) -> Any:

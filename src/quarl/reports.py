@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -16,6 +15,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from quarl.atomic import write_all_atomic, write_atomic
 from quarl.verdict import games_of, judge, relative_error
 
 __all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
@@ -187,8 +187,9 @@ def _json_value(value: Any) -> Any:
 
 
 def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
-    """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, each written to a
-    temporary file and renamed over the old one (a reader never sees half a table)."""
+    """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, written together through
+    temporaries renamed over the old ones (a reader never sees half a table; a full disk
+    leaves the old three, :func:`quarl.atomic.write_all_atomic`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     csv_path, md_path, json_path = (out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json"))
@@ -200,12 +201,8 @@ def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list
     lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
     # strict JSON: an absent value (an empty cell in the CSV) and an unmeasured one (NaN) are null
     plain = [{k: _json_value(v) for k, v in row.items()} for row in rows]
-    for path, text in ((csv_path, buf.getvalue()), (md_path, "\n".join(lines) + "\n"),
-                       (json_path, json.dumps(plain, indent=2, allow_nan=False) + "\n")):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    return [csv_path, md_path, json_path]
+    return write_all_atomic([(csv_path, buf.getvalue()), (md_path, "\n".join(lines) + "\n"),
+                             (json_path, json.dumps(plain, indent=2, allow_nan=False) + "\n")])
 
 
 def plot_sweep(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
@@ -240,8 +237,10 @@ def save_figure(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120))
+    finally:
+        plt.close(fig)
     return path
 
 

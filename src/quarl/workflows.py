@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from quarl import registry_options, validate
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError
 
 if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
@@ -141,7 +142,7 @@ def write_bench(rows: Sequence[dict[str, Any]], out: Path, checkpoint: Path, pol
 
     written = write_rows(rows, out, "bench")
     record = {"checkpoint": str(checkpoint), "policy_sha256": policy.fingerprint(), **provenance()}
-    (out / "provenance.json").write_text(json.dumps(record, indent=1))
+    write_atomic(out / "provenance.json", json.dumps(record, indent=1))
     return [*written, out / "provenance.json"]
 
 

@@ -15,6 +15,7 @@ from quarl.actorq.algorithms import Learner
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.replay import Limiter, Store
 from quarl.actorq.run_state import MAX_COUNT, Count, RunState, check_state
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError
 from quarl.file_schema import Record, parse_record
 
@@ -60,9 +61,7 @@ def save_checkpoint(path: Path, learner: Learner, replay: Store, limiter: Limite
     blob = {"learner": learner.state_dict(), "state": _plain(state.__dict__),
             "limiter": (int(limiter.inserts), int(limiter.samples)),
             "replay": replay.state() if config.checkpoint_replay else None, "config": config.to_json()}
-    tmp = path.with_suffix(".tmp")
-    torch.save(blob, tmp)
-    tmp.replace(path)  # a kill during the save leaves the previous checkpoint intact
+    write_atomic(path, lambda tmp: torch.save(blob, tmp))  # a kill or a full disk leaves the previous checkpoint
 
 
 def _plain(value: Any) -> Any:

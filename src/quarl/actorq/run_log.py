@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from quarl.actorq.acting import ActorResult
 from quarl.actorq.run_state import RunState
 from quarl.actorq.summary import running_means
+from quarl.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,15 @@ def account(state: RunState, result: ActorResult, tb: Any) -> bool:
 
 def write_nodes(out: Path, driver_node: str, state: RunState) -> None:
     """OUT/actor_nodes.json, rewritten as actors move: where each actor has run."""
-    tmp = out / "actor_nodes.json.tmp"
-    tmp.write_text(json.dumps({"driver_node": driver_node, "actors": {str(k): v for k, v in state.actor_nodes.items()}}))
-    tmp.replace(out / "actor_nodes.json")
+    write_atomic(out / "actor_nodes.json",
+                 json.dumps({"driver_node": driver_node, "actors": {str(k): v for k, v in state.actor_nodes.items()}}))
 
 
 def write_evals(out: Path, state: RunState) -> None:
     """OUT/evals.csv, rewritten after each evaluation."""
-    with (out / "evals.csv").open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["t_s", "version", "return", "running_mean", "env_steps"])
-        for (t, v, m, *steps), running in zip(state.evals, running_means(state.evals)):
-            w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3), *steps])
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(["t_s", "version", "return", "running_mean", "env_steps"])
+    for (t, v, m, *steps), running in zip(state.evals, running_means(state.evals)):
+        w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3), *steps])
+    write_atomic(out / "evals.csv", buf.getvalue())

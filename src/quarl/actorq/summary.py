@@ -204,4 +204,6 @@ class ActorQSummary:
         return cls.from_json(data, str(path))
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        from quarl.atomic import write_atomic
+
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=1))

@@ -29,6 +29,7 @@ from quarl.actorq.machine import machine_busy_s, start_energy, stop_energy
 from quarl.actorq.run_state import RunState
 from quarl.actorq.summarize import make_summary
 from quarl.actorq.summary import ActorQSummary
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError, StoppedRun
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ def finish(parts: Parts, broadcast: dict[str, float], energy: dict[str, Any], le
     """The last checkpoint, the learner's policy network (``OUT/policy.pt``) and ``OUT/summary.json``."""
     parts.checkpoint(parts.state.elapsed_s)
     network = parts.learner.policy_network()
-    torch.save({k: v.cpu() for k, v in network.state_dict().items()}, parts.out / "policy.pt")
+    weights = {k: v.cpu() for k, v in network.state_dict().items()}
+    write_atomic(parts.out / "policy.pt", lambda tmp: torch.save(weights, tmp))
     summary = make_summary(parts.config, parts.target, parts.state, broadcast, energy, learner_s)
     summary.write(parts.out / "summary.json")
     return summary

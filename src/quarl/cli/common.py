@@ -138,6 +138,14 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             console.print(f"[red]error:[/red] {escape(str(exc.filename))}: {escape(str(exc.strerror))}",
                           highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except OSError as exc:
+            from quarl.atomic import DISK_ERRNOS, write_error
+
+            if exc.errno not in DISK_ERRNOS:
+                raise
+            # a full disk met by a writer not yet made atomic: still one line naming the file
+            print_error(str(write_error(Path(exc.filename or "a file"), exc)))
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             console.print(f"interrupted: what finished is kept; to continue, run: {escape(resume_command(fn))}",
                           highlight=False, soft_wrap=True)

@@ -17,7 +17,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from quarl.atomic import write_atomic
 from quarl.cli.common import environment_defaults
+from quarl.errors import QuarlError
 
 
 def spoken(items: Sequence[object]) -> str:
@@ -151,10 +153,8 @@ def write_cache(lists: dict[str, str]) -> None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"key": source_key(), "lists": lists}), encoding="utf-8")
-        os.replace(temporary, path)
-    except OSError:  # a read-only home: the lists are made again next time
+        write_atomic(path, json.dumps({"key": source_key(), "lists": lists}))
+    except (OSError, QuarlError):  # a read-only home or a full disk: the lists are made again next time
         pass
 
 

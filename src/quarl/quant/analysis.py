@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats
 from torch import nn
 
+from quarl.atomic import write_atomic
 from quarl.policies.base import linear_layers
 from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 
@@ -121,8 +122,10 @@ def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) 
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -144,6 +147,8 @@ def plot_kl(rows: Sequence[dict], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    finally:
+        plt.close(fig)
     return path

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError
 from quarl.file_schema import Record, check_depth, parse_record
 from quarl.limits import read_capped
@@ -141,8 +142,6 @@ def store(key: str | None, entry: dict[str, Any]) -> None:
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(entry, allow_nan=False))
-        tmp.replace(folder / f"{key}.json")
-    except (OSError, ValueError) as exc:
+        write_atomic(folder / f"{key}.json", json.dumps(entry, allow_nan=False))
+    except (OSError, ValueError, QuarlError) as exc:
         log.info("could not store the int mode choice in %s: %s", folder, exc)

@@ -98,7 +98,9 @@ def load_qat_state(policy: nn.Module, state: dict[str, Any]) -> None:
 
 
 def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
-    path.write_text(json.dumps(qat_state(policy, settings), indent=1))
+    from quarl.atomic import write_atomic
+
+    write_atomic(path, json.dumps(qat_state(policy, settings), indent=1))
 
 
 QAT_STATE_CAP = 1 << 20

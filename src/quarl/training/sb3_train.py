@@ -31,6 +31,7 @@ import yaml
 from pydantic import ConfigDict, Field
 
 from quarl.envs import EnvSpec, check_env_id, make_env
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError, StoppedRun
 from quarl.file_schema import Record, check_depth, parse_json, parse_record
 from quarl.validate import digits
@@ -180,9 +181,7 @@ _RMS = ("obs_rms", "ret_rms")
 
 
 def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    write_atomic(path, lambda tmp: np.savez(tmp, **arrays))
 
 
 ARRAYS_CAP = 1 << 30
@@ -325,10 +324,8 @@ class _Checkpointer:
             _save_arrays(Path(f"{stem}.vecnormalize.npz"), vecnormalize_arrays(vecnorm))
         if self.qat is not None:
             write_qat_state(Path(f"{stem}.qat.json"), model.policy, self.qat)
-        tmp = self.folder / f".tmp_{step}.zip"
-        with plain_layers(model.policy):
-            model.save(tmp)
-        tmp.replace(f"{stem}.zip")  # the .zip appears last: it marks the checkpoint complete
+        with plain_layers(model.policy):  # the .zip appears last: it marks the checkpoint complete
+            write_atomic(Path(f"{stem}.zip"), model.save)
         for _, old in _checkpoints(self.folder)[:-2]:
             for f in old.parent.glob(old.name.removesuffix(".zip") + ".*"):
                 f.unlink()
@@ -600,8 +597,8 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
     if start is None:  # what --resume continues with, written before the first step (a stopped run has no args.yml)
-        (run_dir / RUN_SETTINGS).write_text(json.dumps({"hyperparams": config.hyperparams, "timesteps": total},
-                                                       default=str, sort_keys=True))
+        write_atomic(run_dir / RUN_SETTINGS, json.dumps({"hyperparams": config.hyperparams, "timesteps": total},
+                                                        default=str, sort_keys=True))
 
     algo_cls = TRAINERS[config.algo].algo_class()
     tb = str(run_dir / "tb") if config.tensorboard else None
@@ -647,21 +644,22 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
                 if last else "no checkpoint was written before it")
         raise (StoppedRun if last else QuarlError)(f"{exc}; {kept}") from None
 
+    # every file atomic, the final zip last (it marks the run finished): a full disk leaves the run resumable
     config_dir = run_dir / env_name
     config_dir.mkdir(exist_ok=True)
-    with plain_layers(model.policy):
-        model.save(final_zip)
     saved = {k: v for k, v in setup.raw.items()}
     saved.update(n_envs=setup.n_envs, n_timesteps=total, policy=setup.policy)
-    (config_dir / "config.yml").write_text(yaml.safe_dump(saved, sort_keys=True))
+    write_atomic(config_dir / "config.yml", yaml.safe_dump(saved, sort_keys=True))
     args = {"algo": config.algo, "env": config.env_id, "seed": config.seed, "precision": config.precision,
             "n_timesteps": total, "qat": asdict(config.qat) if config.qat else None,
             "env_kwargs": dict(setup.env_spec.env_kwargs) or None}  # rl_zoo3.enjoy reads it
-    (config_dir / "args.yml").write_text(yaml.safe_dump(args, sort_keys=True))
+    write_atomic(config_dir / "args.yml", yaml.safe_dump(args, sort_keys=True))
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
-        vecnorm.save(str(config_dir / "vecnormalize.pkl"))
+        write_atomic(config_dir / "vecnormalize.pkl", lambda tmp: vecnorm.save(str(tmp)))
     if config.qat is not None:
         write_qat_state(config_dir / "qat.json", model.policy, config.qat)
+    with plain_layers(model.policy):
+        write_atomic(final_zip, model.save)
     env.close()
     return TrainResult(run_dir=run_dir, timesteps=int(model.num_timesteps), resumed_from=done, model=model)
