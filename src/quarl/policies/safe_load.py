@@ -234,6 +234,7 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False, obs_shape: tuple[i
             obj = pickle.loads(data)  # noqa: S301 - the user vouched for this file
         except Exception as exc:  # truncated, or a class that is not installed
             raise QuarlError(f"{path} cannot be unpickled ({exc.__class__.__name__}: {exc})") from None
+        _check_trusted_type(obj, path)
     else:
         try:
             obj = AllowListUnpickler(data).load()
@@ -254,8 +255,35 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False, obs_shape: tuple[i
     clip_obs, epsilon = _number(obj, "clip_obs", 10.0, path), _number(obj, "epsilon", 1e-8, path)
     if clip_obs <= 0 or epsilon < 0:
         raise QuarlError(f"{path}: clip_obs={clip_obs} must be > 0 and epsilon={epsilon} >= 0")
-    return {"mean": mean, "var": var, "clip_obs": clip_obs, "epsilon": epsilon,
-            "norm_obs": bool(getattr(obj, "norm_obs", True))}
+    norm_obs = getattr(obj, "norm_obs", True)
+    if not isinstance(norm_obs, (bool, np.bool_)):
+        raise QuarlError(f"{path}: norm_obs={_short(norm_obs)} is a {type(norm_obs).__name__}, not true or false")
+    return {"mean": mean, "var": var, "clip_obs": clip_obs, "epsilon": epsilon, "norm_obs": bool(norm_obs)}
+
+
+def _type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_trusted_type(obj: Any, path: Path) -> None:
+    """A trusted pickle is unpickled as it is: it must still be a VecNormalize (SB3's, or a
+    class of that name) whose ``obs_rms`` is a RunningMeanStd, else one line naming the type
+    found (another class's attributes ended in OverflowError or ValueError tracebacks)."""
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    if not (isinstance(obj, VecNormalize) or type(obj).__name__ == "VecNormalize"):
+        raise QuarlError(f"{path} holds a {_type_name(obj)}, not a VecNormalize "
+                         "(stable_baselines3.common.vec_env.VecNormalize): refused")
+    rms = getattr(obj, "obs_rms", None)
+    if not (isinstance(rms, (RunningMeanStd, dict)) or type(rms).__name__ == "RunningMeanStd"):
+        raise QuarlError(f"{path}: its obs_rms is a {_type_name(rms)}, not a RunningMeanStd "
+                         "(stable_baselines3.common.running_mean_std.RunningMeanStd): refused")
 
 
 def obs_statistics(mean: Any, var: Any, where: str, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +295,7 @@ def obs_statistics(mean: Any, var: Any, where: str, shape: tuple[int, ...] | Non
             raise QuarlError(f"{where}.{name} is missing")
         try:
             value = np.array(raw, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise QuarlError(f"{where}.{name} is not an array of numbers") from None
         if shape is not None and value.shape != tuple(shape):
             raise QuarlError(f"{where}.{name} has shape {value.shape} but the policy's observations are "
@@ -284,8 +312,8 @@ def _number(obj: Any, name: str, default: float, path: Path) -> float:
     value = getattr(obj, name, default)
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise QuarlError(f"{path}: {name}={value!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise QuarlError(f"{path}: {name}={_short(value)} is not a number") from None
     if not np.isfinite(number):
         raise QuarlError(f"{path}: {name}={number} is not finite")
     return number
