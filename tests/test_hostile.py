@@ -419,11 +419,28 @@ def test_counts_that_would_exhaust_the_machine_are_refused(args: list[str], mess
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_a_repeated_list_item_counts_once() -> None:
+@pytest.mark.parametrize("text,message", [
+    (",".join(["8"] * 10_000), "--bits lists 10,000 widths: at most 15 (each of 2..16 once)"),
+    (",".join(str(b) for b in range(2, 17)) + ",8", "--bits lists 16 widths: at most 15 (each of 2..16 once)"),
+    ("8,4,8,2", "--bits lists 8 twice: each width at most once (allowed integers 2..16)"),
+    ("8,08", "--bits lists 8 twice: each width at most once"),
+])
+def test_a_repeated_or_endless_bits_list_is_one_line(text: str, message: str) -> None:
+    """Ten thousand 8s ran (exit 0) as one sweep, silently: a repeated width, or more widths
+    than exist, is refused naming the value and what is allowed (issue 38)."""
+    from quarl.errors import QuarlError
     from quarl.validate import bit_widths as _parse_bits
 
-    assert _parse_bits(",".join(["8"] * 10_000)) == [8]  # ten thousand 8s ran ten thousand sweeps
-    assert _parse_bits("8,4,8,2,4") == [8, 4, 2]
+    with pytest.raises(QuarlError) as caught:
+        _parse_bits(text)
+    assert str(caught.value) == message or str(caught.value).startswith(message), caught.value
+    assert _parse_bits("8,4,2") == [8, 4, 2] and _parse_bits(",".join(map(str, range(16, 1, -1)))) == list(range(16, 1, -1))
+
+
+def test_sweep_with_ten_thousand_bits_is_one_line(tiny_run: Path, tmp_path: Path) -> None:
+    result = _cli("sweep", str(tiny_run), "--bits", ",".join(["8"] * 10_000), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output[-500:]
+    assert "--bits lists 10,000 widths: at most 15" in result.output and not (tmp_path / "out").exists()
 
 
 def test_layer_widths_are_a_sequence_not_a_set() -> None:

@@ -111,13 +111,23 @@ def items(text: str, option: str, unique: bool = True) -> list[str]:
 
 
 def bit_widths(text: str) -> list[int]:
-    """--bits: distinct widths the quantizer takes (2..16)."""
+    """--bits: widths the quantizer takes (2..16), each at most once: a repeated width, or
+    more widths than exist (10,000 entries ran ten thousand evaluations), is one line."""
     from quarl.quant.primitives import MAX_BITS, MIN_BITS
 
-    widths = []
-    for item in items(text, "--bits"):
+    listed = [t.strip() for t in text.split(",") if t.strip()]
+    if not listed:
+        raise QuarlError("--bits is empty: give a comma-separated list")
+    most = MAX_BITS - MIN_BITS + 1
+    if len(listed) > most:
+        raise QuarlError(f"--bits lists {len(listed):,} widths: at most {most} (each of {MIN_BITS}..{MAX_BITS} once)")
+    widths: list[int] = []
+    for item in listed:
         if not digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
             raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
+        if int(item) in widths:
+            raise QuarlError(f"--bits lists {int(item)} twice: each width at most once (allowed integers "
+                             f"{MIN_BITS}..{MAX_BITS})")
         widths.append(int(item))
     return widths
 
