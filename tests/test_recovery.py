@@ -146,10 +146,11 @@ def test_recovery_restores_the_greedy_actions_that_int4_rounding_flips() -> None
 def test_distillation_never_plays_an_evaluation_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     import quarl.calibration as calibration
     import quarl.measure as measure
-    import quarl.recovery as recovery
+    import quarl.recovery.dagger as distilling
+    import quarl.recovery.judge as judging
 
     seen: list[range] = []
-    for module in (recovery, calibration):
+    for module in (distilling, judging, calibration):  # every module of recovery that plays episodes
         real = module.evaluate
 
         def spy(policy, spec, episodes=20, seed=0, _real=real, **kwargs):
@@ -412,10 +413,10 @@ def balancing_dqn(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _worse_students(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Distillation made deliberately harmful: every student it returns has its action
     values swapped (it pushes away from the lean), while its round still counts as trained."""
-    import quarl.recovery as recovery
+    import quarl.recovery.workflow as workflow
     from quarl.quant.student import quantized_layers
 
-    real, calls = recovery.distill, []
+    real, calls = workflow.distill, []
 
     def worse(policy, env_spec, config, spec=None, *args, **kwargs):
         result = real(policy, env_spec, config, spec, *args, **kwargs)
@@ -428,7 +429,7 @@ def _worse_students(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return dataclasses.replace(result, student=student, model=real_model(student, result.spec, policy.input_shape),
                                    best_round=max(result.best_round, 0))
 
-    monkeypatch.setattr(recovery, "distill", worse)
+    monkeypatch.setattr(workflow, "distill", worse)  # where the stages call it
     return calls
 
 
@@ -510,7 +511,7 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
 
 
 def test_the_ranking_loss_asks_the_teachers_order_of_every_action_weighted_by_its_gap() -> None:
-    from quarl.recovery import _ranking
+    from quarl.recovery.losses import _ranking
 
     teacher = torch.tensor([[3.0, 2.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     ordered = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 5.0, 1.0, 2.0]])  # a tied teacher's state asks nothing

@@ -13,7 +13,7 @@ import numpy as np
 def _e_statistic(fp32: np.ndarray, quant: np.ndarray, axis: int = -1) -> np.ndarray:
     base = np.mean(fp32, axis=axis)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return 100.0 * (base - np.mean(quant, axis=axis)) / np.abs(base)
+        return np.asarray(100.0 * (base - np.mean(quant, axis=axis)) / np.abs(base), np.float64)
 
 
 def bca_interval(fp32: np.ndarray, quant: np.ndarray, confidence: float = 0.95,

@@ -59,7 +59,7 @@ def predmix_bets(x: np.ndarray, alpha: float) -> np.ndarray:
     sigma2_prev = np.concatenate([np.full(x.shape[:-1] + (1,), 0.25), sigma2[..., :-1]], axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         bets = np.sqrt(2 * math.log(1 / alpha) / (t * np.log1p(t) * sigma2_prev))
-    return np.nan_to_num(bets, nan=0.0, posinf=1e12)
+    return np.asarray(np.nan_to_num(bets, nan=0.0, posinf=1e12), np.float64)
 
 
 def max_log_capital(x: np.ndarray, m: np.ndarray, alpha: float, upward: bool) -> np.ndarray:

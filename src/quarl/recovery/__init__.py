@@ -1,0 +1,45 @@
+"""Recovering what post-training quantization loses: quantization-aware distillation of a
+trained policy onto the grid of the real kernel it will run on.
+
+The fp32 policy is the *teacher*; the *student* is a copy whose forward computes what one
+real int mode computes (:mod:`quarl.quant.student`: the mode the automatic choice picks for
+the policy, its fp32 layers, block size, activation rounding), trained with a
+straight-through gradient. The loop, DAgger (Ross, Gordon and Bagnell, 2011)::
+
+    round 0:   the teacher plays episodes on distillation seeds; its states are kept
+    round r:   the student (its real kernel) plays; its states are added (aggregated)
+    each round: every state labelled by the teacher's network, ``updates`` Adam steps on
+               minibatches of all states, then the real model built from the student's
+               integers is checked on held-out states (their own seeds): stop when it
+               agrees with the teacher at least as often as the teacher's own fp16 copy
+               does (or ``target_agreement``) and keeps the teacher's return on
+               calibration episodes (the automatic choice's sequential test); else go on,
+               up to ``rounds``. The best round (held-out agreement) is what is written.
+
+Seeds: distillation episodes reset with :data:`quarl.measure.DISTILLATION_SEEDS`, which no
+evaluation may use (:class:`quarl.measure.EvalSettings` refuses them); VecNormalize
+statistics are the teacher's, frozen. The loss depends on the action head
+(:func:`distill_loss`). A run writes its state after every round and resumes from it.
+
+The output is an RL Zoo run folder (:func:`write_recovered`) whose zip holds the student's
+weights on the grid, with the real-kernel export beside it and the original policy
+recorded by content hash; ``quarl ptq`` on it plays the ORIGINAL fp32 policy as its fp32
+row and the recovered real kernel at its precision.
+
+The package, one module per step: :mod:`~quarl.recovery.config` (what is asked, the seeds
+and files), :mod:`~quarl.recovery.losses` (the loss per action head),
+:mod:`~quarl.recovery.dagger` (the DAgger rounds, resumable), :mod:`~quarl.recovery.folder`
+(writing and reading the recovered folder), :mod:`~quarl.recovery.judge` (what is written,
+and when recovery stops) and :mod:`~quarl.recovery.workflow` (``quarl recover``).
+"""
+
+from __future__ import annotations
+
+from quarl.recovery.config import RecoverConfig, Q_ALGOS, RECOVERY_FILE, ORIGINAL_ZIP, EXPORT_DIR, STATE_FILE, RECOVERY_FORMAT, MIN_HELDOUT, TRAIN_SEEDS_END, TEST_SEEDS
+from quarl.recovery.losses import distill_loss
+from quarl.recovery.dagger import RoundStats, RecoveryResult, pick_spec, distill, read_state
+from quarl.recovery.folder import write_recovered, Recovered, find_recovery, load_recovered, read_recovery_record, sha256_file
+from quarl.recovery.judge import Judge, shipped_line
+from quarl.recovery.workflow import run_recover, preflight, finished_record, RECOVERED_PREFIX, recovered_precision, recovered_kernel, recover_stages, finetune_stage
+
+__all__ = ["RecoverConfig", "Q_ALGOS", "RECOVERY_FILE", "ORIGINAL_ZIP", "EXPORT_DIR", "STATE_FILE", "RECOVERY_FORMAT", "MIN_HELDOUT", "TRAIN_SEEDS_END", "TEST_SEEDS", "distill_loss", "RoundStats", "RecoveryResult", "pick_spec", "distill", "read_state", "write_recovered", "Recovered", "find_recovery", "load_recovered", "read_recovery_record", "sha256_file", "Judge", "shipped_line", "run_recover", "preflight", "finished_record", "RECOVERED_PREFIX", "recovered_precision", "recovered_kernel", "recover_stages", "finetune_stage"]

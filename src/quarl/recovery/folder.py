@@ -1,0 +1,266 @@
+"""The recovered folder: an RL Zoo run folder whose zip holds the student on the grid, the real-kernel export beside it, the original recorded by content hash; and reading one back."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import ConfigDict
+
+from quarl.envs import EnvSpec
+from quarl.errors import QuarlError
+from quarl.file_schema import Record, parse_json, parse_record
+from quarl.policies.base import Policy
+from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.student import (plain_network, sb3_tensors)
+
+from quarl.recovery.config import EXPORT_DIR
+from quarl.recovery.config import ORIGINAL_ZIP
+from quarl.recovery.config import RECOVERY_FILE
+from quarl.recovery.config import RECOVERY_FORMAT
+from quarl.recovery.config import RecoverConfig
+from quarl.recovery.dagger import RecoveryResult
+from quarl.recovery.dagger import RoundRecord
+
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a regular file, read in chunks (a FIFO or device is refused, never waited on)."""
+    if not path.is_file():
+        raise QuarlError(f"{path} is not a regular file")
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
+    """(the agent's zip, its RL Zoo config folder or None)."""
+    from quarl.policies.sb3 import _zoo_files
+
+    zip_path, config_dir, _ = _zoo_files(checkpoint)
+    if zip_path.suffix != ".zip":
+        raise QuarlError(f"recover takes a Stable-Baselines3 .zip or an RL Zoo run folder, not {checkpoint}")
+    return zip_path, config_dir
+
+
+def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``source`` with its ``policy.pth`` tensors replaced by ``tensors`` (and the same
+    names under a ``*_target`` network, so DQN / TD3 targets match); every other entry copied."""
+    from quarl.limits import open_zip, read_zip_entry
+
+    with open_zip(source, "a Stable-Baselines3 checkpoint") as archive:
+        sd = torch.load(io.BytesIO(read_zip_entry(archive, "policy.pth", str(source))), map_location="cpu",
+                        weights_only=True)
+        for name, value in tensors.items():
+            if name not in sd:
+                raise QuarlError(f"{source} has no tensor {name!r} to write the recovered weights into")
+            head, _, rest = name.partition(".")
+            for key in (name, f"{head}_target.{rest}"):
+                if key in sd:
+                    sd[key] = value.to(sd[key].dtype).reshape(sd[key].shape)
+        buffer = io.BytesIO()
+        torch.save(sd, buffer)
+        tmp = target.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+            for info in archive.infolist():
+                data = buffer.getvalue() if info.filename == "policy.pth" else read_zip_entry(archive, info.filename,
+                                                                                               str(source))
+                out.writestr(info, data)
+    tmp.replace(target)
+
+
+def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
+                    config: RecoverConfig, chosen: dict[str, Any] | None = None,
+                    report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
+    the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
+    its zip as ``original.zip`` and ``recovery.json``) and ``export/`` (the real-kernel
+    model built from the student's integers, with its sidecar). Returns recovery.json."""
+    from quarl.deploy import write_artifact
+    from quarl.provenance import provenance
+
+    zip_path, config_dir = _zoo_paths(checkpoint)
+    # an RL Zoo folder keeps its names; a bare zip's folder is named after its env, as the zoo names ENV.zip
+    name = zip_path.stem if config_dir is not None else env_spec.env_id.replace("/", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    zoo = out / name
+    zoo.mkdir(exist_ok=True)
+    if config_dir is not None:
+        for item in ("config.yml", "args.yml", "env_kwargs.yml", "vecnormalize.pkl"):
+            if (config_dir / item).is_file():
+                shutil.copyfile(config_dir / item, zoo / item)
+    if not (zoo / "args.yml").exists():  # a bare zip: the env it was recovered on, as the zoo writes it
+        from quarl.envs import gym_packages
+
+        # the modules that register a custom env, as rl_zoo3 records them: the folder loads on its own
+        packages = "".join(f"    - - {name}\n" if i == 0 else f"      - {name}\n" for i, name in enumerate(gym_packages()))
+        (zoo / "args.yml").write_text(f"!!python/object/apply:collections.OrderedDict\n- - - algo\n    - {policy.algo}\n"
+                                      f"  - - env\n    - {env_spec.env_id}\n"
+                                      + (f"  - - gym_packages\n{packages}" if packages else ""))
+        (zoo / "config.yml").write_text("!!python/object/apply:collections.OrderedDict\n- []\n")
+    shutil.copyfile(zip_path, zoo / ORIGINAL_ZIP)
+    _write_zip(zip_path, out / f"{name}.zip", sb3_tensors(policy.network, result.student))
+    recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
+                                    TorchEngine(plain_network(result.student, on_grid=True)))
+    quant = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,
+             "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
+        "recovered": True}
+    precision = f"int{result.spec.bits}"
+    sidecar = write_artifact(recovered, precision, out / EXPORT_DIR / "policy", result.model, quant, env_spec)
+    record = {
+        "format": RECOVERY_FORMAT,
+        "precision": precision,
+        "kernel": result.spec.to_dict(),
+        "original": {"path": str(checkpoint), "zip_sha256": sha256_file(zip_path), "policy_sha256": policy.fingerprint(),
+                     "algo": policy.algo},
+        "recovered": {"zip_sha256": sha256_file(out / f"{name}.zip"), "onnx_sha256": sidecar["onnx_sha256"],
+                      "export": f"{EXPORT_DIR}/policy.onnx"},
+        "env": dataclasses.asdict(env_spec),
+        "config": dataclasses.asdict(config),
+        "automatic_choice": None if chosen is None else {k: v for k, v in chosen.items() if k != "tried"},
+        # what was written (the student, or PTQ's own model where no student was shown at least as good) and why the
+        # run ended (its verdict against the original fp32 kept, or its budget was spent): recover_stages' report
+        **(report or {"shipped": "ptq" if result.best_round < 0 else "student", "stopped": "budget"}),
+        "distill_stopped": result.stopped,
+        "best_round": result.best_round,
+        "target_agreement": result.target,
+        "ptq_agreement": result.ptq_agreement,
+        "agreement": result.agreement,
+        "labelled_states": result.labelled_states,
+        "heldout_states": 0 if result.heldout is None else len(result.heldout),
+        "updates": result.updates,
+        "wall_s": round(result.wall_s, 2),
+        "seeds": [min(result.seeds), max(result.seeds)] if result.seeds else [],
+        "rounds": [h.to_dict() for h in result.history],
+        "provenance": provenance(),
+    }
+    (zoo / RECOVERY_FILE).write_text(json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
+    return record
+
+
+def _nan_as_null(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# ------------------------------------------------------------------ reading a recovered folder
+
+
+@dataclass
+class Recovered:
+    """What ``quarl ptq`` needs of a recovered folder."""
+
+    original: Policy
+    """The original fp32 policy (its zip copied at recovery, checked against its hash)."""
+    kernel: Policy
+    """The recovered policy on its real kernel (the export built from the student's integers)."""
+    precision: str
+    record: dict[str, Any]
+
+
+def find_recovery(checkpoint: Path) -> Path | None:
+    """``ENV/recovery.json`` of a recovered run folder (or its zip), else None."""
+    try:
+        zip_path, config_dir = _zoo_paths(checkpoint)
+    except QuarlError:
+        return None
+    candidate = zip_path.parent / zip_path.stem / RECOVERY_FILE
+    if candidate.is_file():
+        return candidate
+    if (candidate.parent / ORIGINAL_ZIP).exists():  # a recovered folder that lost its record: never judge it as fp32
+        raise QuarlError(f"{zip_path.parent} holds {candidate.parent.name}/{ORIGINAL_ZIP} but no {RECOVERY_FILE}: a "
+                         "recovered folder that lost its record; run quarl recover again")
+    return None
+
+
+class OriginalRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    zip_sha256: str
+    policy_sha256: str | None = None
+
+
+class RecoveredRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    zip_sha256: str
+    onnx_sha256: str
+
+
+class RecoveryRecord(Record):
+    """The fields of ``recovery.json`` (:func:`write_recovered`) that reading a recovered
+    folder and reusing a finished recovery act on; the others are a report, kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal[1]
+    precision: Literal["int8", "int4"]
+    original: OriginalRecord
+    recovered: RecoveredRecord
+    env: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    rounds: list[RoundRecord] = []
+
+
+RECORD_CAP = 4 << 20
+"""Bytes a recovery.json may have (quarl writes a few kilobytes)."""
+
+
+def read_recovery_record(path: Path) -> tuple[dict[str, Any], RecoveryRecord]:
+    """(the record as written, its :class:`RecoveryRecord`) of ``recovery.json``, or one
+    line naming the file (and the field)."""
+    from quarl.limits import read_capped
+
+    record = parse_json(read_capped(path, RECORD_CAP, "a recovery record"), path)
+    if not isinstance(record, dict) or record.get("format") != RECOVERY_FORMAT:
+        raise QuarlError(f"{path} is not a quarl recovery record (format {RECOVERY_FORMAT})")
+    original, recovered = record.get("original"), record.get("recovered")
+    if not (isinstance(original, dict) and "zip_sha256" in original and isinstance(recovered, dict)
+            and "onnx_sha256" in recovered and "zip_sha256" in recovered):
+        raise QuarlError(f"{path} lacks the original's or the export's hash")
+    if record.get("precision") not in ("int8", "int4"):
+        raise QuarlError(f"{path}: precision {record.get('precision')!r} is not int8 or int4")
+    return record, parse_record(RecoveryRecord, record, path)
+
+
+def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
+    """The original and the recovered kernel of a folder written by :func:`write_recovered`
+    (None for any other checkpoint); a file that does not match its recorded hash is refused."""
+    from quarl.limits import model_file_cap, read_capped
+    from quarl.policies.onnx_artifact import load_artifact
+    from quarl.policies.sb3 import load_checkpoint
+
+    path = find_recovery(checkpoint)
+    if path is None:
+        return None
+    record, typed = read_recovery_record(path)
+    original_sha, onnx_sha = typed.original.zip_sha256, typed.recovered.onnx_sha256
+    recovered_sha, precision = typed.recovered.zip_sha256, typed.precision
+    original_zip = path.parent / ORIGINAL_ZIP
+    if not original_zip.is_file() or sha256_file(original_zip) != original_sha:
+        raise QuarlError(f"{original_zip} is missing or is not the original policy recorded in {path.name}")
+    zip_path, _ = _zoo_paths(checkpoint)
+    if sha256_file(zip_path) != recovered_sha:
+        raise QuarlError(f"{zip_path} is not the recovered policy recorded in {path.name} (its SHA-256 differs): run "
+                         "quarl recover again")
+    export = zip_path.parent / EXPORT_DIR
+    for name in ("policy.onnx", "policy.json"):
+        if not (export / name).is_file():
+            raise QuarlError(f"{export / name} is missing: the recovered folder is incomplete; run quarl recover again")
+    # the original acts as its own folder did: the same zoo files, its own weights
+    original = load_checkpoint(checkpoint, trust_pickle=trust_pickle, zip_override=original_zip).policy
+    kernel, _ = load_artifact(export)
+    digest = hashlib.sha256(read_capped(export / "policy.onnx", model_file_cap(), "an ONNX model")).hexdigest()
+    if digest != onnx_sha:
+        raise QuarlError(f"{export / 'policy.onnx'} is not the recovered model recorded in {path.name}: run quarl "
+                         "recover again")
+    kernel.precision = precision
+    if "exploration_rate" in original.meta:  # a stochastic DQN explores as its original does
+        kernel.meta["exploration_rate"] = original.meta["exploration_rate"]
+    return Recovered(original, kernel, precision, record)
