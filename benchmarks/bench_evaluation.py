@@ -30,17 +30,25 @@ torch.set_num_threads(1)
 ZOO = Path(__file__).resolve().parents[1].parent / "shared" / "zoo"
 
 
-def env_alone(env_id: str, steps: int) -> float:
-    """Env steps per second with random actions, one core (the env's own speed)."""
+def env_alone(env_id: str, steps: int, beneath: bool = False) -> float:
+    """Env steps per second with random actions, one core (the env's own speed): ``gym.make``'s
+    env; ``beneath``: stepped beneath its pass-through wrappers (TimeLimit, OrderEnforcing,
+    PassiveEnvChecker), as quarl's evaluation steps the envs it makes."""
+    from quarl.evaluation import _stepper
+
     env = gym.make(env_id)
     env.reset(seed=0)
     env.action_space.seed(0)
+    step, limit = _stepper(env) if beneath else (env.step, -1)
     actions = [env.action_space.sample() for _ in range(1000)]
+    length = 0
     start = time.perf_counter()
     for i in range(steps):
-        _, _, term, trunc, _ = env.step(actions[i % 1000])
-        if term or trunc:
+        _, _, term, trunc, _ = step(actions[i % 1000])
+        length += 1
+        if term or trunc or length == limit:
             env.reset()
+            length = 0
     return steps / (time.perf_counter() - start)
 
 
@@ -160,6 +168,9 @@ def main() -> None:
     for n in counts:
         print(f"| env alone, random actions | {n} | 1 | {alone[n]:,.0f} | {alone[n] / sb3_8:.2f}x | "
               f"{alone[n] / (alone[1] * n):.2f} | 1.00 | | |", flush=True)
+    beneath = env_alone("CartPole-v1", steps, beneath=True)
+    print(f"| env alone beneath its pass-through wrappers (as quarl steps it) | 1 | 1 | {beneath:,.0f} | "
+          f"{beneath / sb3_8:.2f}x | {beneath / alone[1]:.2f} | | | |", flush=True)
     quarl_rows(cartpole, episodes, counts, sb3_8, "CartPole-v1", steps // 2, (8, 32), repeats)
     cheetah = ZOO / "ppo" / "HalfCheetah-v3_1"
     if args.quick or not cheetah.exists():

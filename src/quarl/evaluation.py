@@ -119,7 +119,9 @@ def evaluate(
             restart_game(env)  # envs handed in may stop mid-game
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     active = list(range(n_envs))
-    steppers = [env.step for env in envs]
+    # the envs this call made step beneath their pass-through wrappers, the time limit kept here
+    steppers, limits = zip(*[_stepper(env) if owned and game is None else (env.step, -1)
+                             for env, game in zip(envs, games)])
     cut_at = max_steps if max_steps is not None else -1
     start = time.perf_counter()
     step = 0
@@ -143,6 +145,8 @@ def evaluate(
                 o, r, term, trunc, _ = steppers[i](actions[j])
                 game = games[i]
                 length = lengths[ep] = lengths[ep] + 1
+                if length == limits[i]:
+                    trunc = True  # the env's TimeLimit, stepped beneath
                 cut = length == cut_at
                 if game is None:
                     returns[ep] += float(r)
@@ -172,6 +176,25 @@ def evaluate(
     wall = time.perf_counter() - start
     observations = np.concatenate(kept) if kept else None
     return EvalResult(np.array(returns), np.array(lengths, dtype=np.int64), wall, observations, endings)
+
+
+PASS_THROUGH = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
+"""Wrappers that change nothing once an env is reset and stepped once: checks only."""
+
+
+def _stepper(env: gym.Env) -> tuple[Callable[[object], tuple], int]:
+    """``env``'s step function and its time limit (-1: none kept outside). An env that is
+    ``TimeLimit`` over pass-through wrappers (:data:`PASS_THROUGH`: what ``gym.make`` adds)
+    over the env itself is stepped at the env itself, the time limit counted by the caller:
+    the same transitions without three Python calls per step. Any other env as it is."""
+    if type(env) is not gym.wrappers.TimeLimit:
+        return env.step, -1
+    inner = env.env
+    while type(inner) in PASS_THROUGH:
+        inner = inner.env  # type: ignore[attr-defined]
+    if isinstance(inner, gym.Wrapper) or env._max_episode_steps is None:
+        return env.step, -1
+    return inner.step, int(env._max_episode_steps)
 
 
 STOCHASTIC_FAMILIES = ("atari", "minatar")
