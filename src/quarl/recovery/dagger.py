@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from quarl.envs import EnvSpec
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError
 from quarl.evaluation import evaluate
 from quarl.file_schema import Record, parse_record
@@ -320,15 +321,14 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
     """The run after a round, written whole to a temporary file and renamed (a kill never
     leaves half a state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
+    state = {"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
                 "config": dataclasses.asdict(config), "student": student.state_dict(),
                 "optimizer": optimizer.state_dict(), "states": torch.from_numpy(states),
                 "heldout": torch.from_numpy(heldout), "history": [h.to_dict() for h in history],
                 "best_agreement": best[0] if best else -1.0, "best_round": best[1] if best else -1,
                 "best_student": best[2] if best else {}, "updates": updates, "seeds": seeds,
-                "target": -1.0 if target is None else float(target)}, tmp)
-    tmp.replace(path)
+                "target": -1.0 if target is None else float(target)}
+    write_atomic(path, lambda tmp: torch.save(state, tmp))  # a full disk: the last good state stays
 
 
 _Count = Annotated[int, Field(ge=0)]

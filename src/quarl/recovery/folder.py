@@ -16,6 +16,7 @@ import torch
 from pydantic import ConfigDict
 
 from quarl.envs import EnvSpec
+from quarl.atomic import write_atomic
 from quarl.errors import QuarlError
 from quarl.file_schema import Record, parse_json, parse_record
 from quarl.policies.base import Policy
@@ -70,13 +71,15 @@ def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> 
                     sd[key] = value.to(sd[key].dtype).reshape(sd[key].shape)
         buffer = io.BytesIO()
         torch.save(sd, buffer)
-        tmp = target.with_suffix(".tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
-            for info in archive.infolist():
-                data = buffer.getvalue() if info.filename == "policy.pth" else read_zip_entry(archive, info.filename,
-                                                                                               str(source))
-                out.writestr(info, data)
-    tmp.replace(target)
+
+        def write(tmp: Path) -> None:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+                for info in archive.infolist():
+                    data = buffer.getvalue() if info.filename == "policy.pth" else read_zip_entry(
+                        archive, info.filename, str(source))
+                    out.writestr(info, data)
+
+        write_atomic(target, write)  # a full disk leaves no half zip and no .tmp
 
 
 def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
@@ -98,17 +101,17 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     if config_dir is not None:
         for item in ("config.yml", "args.yml", "env_kwargs.yml", "vecnormalize.pkl"):
             if (config_dir / item).is_file():
-                shutil.copyfile(config_dir / item, zoo / item)
+                write_atomic(zoo / item, (config_dir / item).read_bytes())
     if not (zoo / "args.yml").exists():  # a bare zip: the env it was recovered on, as the zoo writes it
         from quarl.envs import gym_packages
 
         # the modules that register a custom env, as rl_zoo3 records them: the folder loads on its own
         packages = "".join(f"    - - {name}\n" if i == 0 else f"      - {name}\n" for i, name in enumerate(gym_packages()))
-        (zoo / "args.yml").write_text(f"!!python/object/apply:collections.OrderedDict\n- - - algo\n    - {policy.algo}\n"
-                                      f"  - - env\n    - {env_spec.env_id}\n"
-                                      + (f"  - - gym_packages\n{packages}" if packages else ""))
-        (zoo / "config.yml").write_text("!!python/object/apply:collections.OrderedDict\n- []\n")
-    shutil.copyfile(zip_path, zoo / ORIGINAL_ZIP)
+        write_atomic(zoo / "args.yml", f"!!python/object/apply:collections.OrderedDict\n- - - algo\n    - {policy.algo}\n"
+                                       f"  - - env\n    - {env_spec.env_id}\n"
+                                       + (f"  - - gym_packages\n{packages}" if packages else ""))
+        write_atomic(zoo / "config.yml", "!!python/object/apply:collections.OrderedDict\n- []\n")
+    write_atomic(zoo / ORIGINAL_ZIP, lambda tmp: shutil.copyfile(zip_path, tmp))  # never a truncated original.zip
     _write_zip(zip_path, out / f"{name}.zip", sb3_tensors(policy.network, result.student))
     recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
                                     TorchEngine(plain_network(result.student, on_grid=True)))
@@ -144,7 +147,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "rounds": [h.to_dict() for h in result.history],
         "provenance": provenance(),
     }
-    (zoo / RECOVERY_FILE).write_text(json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
+    write_atomic(zoo / RECOVERY_FILE, json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
     return record
 
 
