@@ -391,6 +391,7 @@ def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
         run_actorq(config, resume=True)
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> None:
     """Two int8 actors on a local Ray: one is killed mid-run and replaced; the run goes on
     until the replaced actor has stepped 1,000 more and 16,000 env steps are done (bounds in
@@ -657,6 +658,7 @@ def test_an_actor_that_always_dies_stops_the_run_after_a_capped_number_of_restar
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_sigterm_to_a_ray_run_keeps_its_checkpoint_without_an_abort_dump(tmp_path: Path) -> None:
     """Ray's driver installs a SIGTERM handler that dumps a C++ stack and aborts: quarl puts
     its own back, so a SIGTERM writes the checkpoint, shuts Ray down, exits 143 and prints

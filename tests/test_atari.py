@@ -102,6 +102,7 @@ def test_clipped_rewards_and_lost_lives_stay_inside_the_game_score() -> None:
     assert lives_ended == 4 and game.score >= seen
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_sampled_scores_match_rl_zoo_enjoy_stochastic_in_distribution(breakout_run: Path, capsys,
                                                                        monkeypatch) -> None:
     """Sampling parity on Atari: the game scores of ``rl_zoo3.enjoy --stochastic`` (its one

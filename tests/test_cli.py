@@ -178,6 +178,7 @@ def test_the_console_script_gives_one_line_and_exit_2(tmp_path: Path, args: list
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A NatureCNN policy (random init, Breakout's 4 actions) on the real ALE env with the
     standard Atari wrappers and 4 stacked frames, evaluated at fp32 and static int8; export
@@ -281,6 +282,7 @@ def test_train_resumes_after_a_kill(tmp_path: Path) -> None:
     assert not (tmp_path / "dqn" / "CartPole-v1_2").exists()  # the same run folder went on
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_qat_study_and_ptq_of_a_qat_run(tmp_path: Path) -> None:
     out = tmp_path / "qat"
     args = ["qat", "ppo", "CartPole-v1", "--bits", "6,3", "--timesteps", "2048", "--episodes", "3", "--out", str(out)]
@@ -645,6 +647,7 @@ gym.register("QuarlCorridor-v0", entry_point=Corridor)
 '''
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(tmp_path: Path) -> None:
     """rl_zoo3's --gym-packages: a module that registers an env, imported before the command
     runs and in the evaluation workers (two here), and read from a run folder's args.yml."""

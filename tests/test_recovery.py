@@ -318,6 +318,7 @@ def test_quarl_recover_killed_mid_run_resumes_after_its_last_round(tiny_dqn: Pat
     assert [r["round"] for r in record["rounds"]] == list(range(len(record["rounds"])))
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_ptq_says_how_to_recover_where_int4_loses_and_recover_keeps_the_zoo_dqn(tmp_path: Path) -> None:
     """The zoo's DQN CartPole loses at int4 (near-tied Q-values); ptq prints the command,
     and that command's verdict keeps the ORIGINAL fp32 policy's 500 at real int4."""

@@ -83,6 +83,7 @@ def test_killed_study_resumes_from_its_database(tiny_run: Path, tmp_path: Path) 
     assert (tmp_path / "study.png").exists() and (tmp_path / "table.csv").exists()
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_study_on_ray_stores_what_the_local_run_stores(tiny_run: Path, tmp_path: Path) -> None:
     kwargs = dict(precisions=("fp32", "int8"), seeds=(0, 1), episodes=2, n_envs=2)
     local = run_study(StudyConfig((tiny_run,), out=tmp_path / "local", **kwargs))

@@ -296,7 +296,8 @@ class SmallCNN(BaseFeaturesExtractor):
         return self.net(x)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", [pytest.param("fp32", marks=pytest.mark.slow), "bf16",
+                                       pytest.param("fp16", marks=pytest.mark.slow)])  # fp16: no fp16 units on a CPU
 def test_a_low_precision_dqn_learns_an_image_env(precision: str) -> None:
     """A CNN DQN at bf16 / fp16 (autocast, channels_last, fp16 loss scaling) learns BrightSide
     as fp32 does, in 1,500 steps (seed 0: fp32, bf16 and fp16 all scored 19.3 of 20; untrained 9.7,
