@@ -427,6 +427,7 @@ def test_the_api_knows_the_agents_env_and_says_so_in_python_where_it_cannot(tiny
     assert api.evaluate(bare, "CartPole-v1", episodes=1).mean > 0
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_known_harmless_warnings_stay_off_stderr_unless_verbose(tmp_path: Path) -> None:
     """MuJoCo's 'settotalmass' and gymnasium's 'out of date' notes (quarl.quiet) are
     filtered; -v shows them."""

@@ -19,6 +19,7 @@ def cheetah():
     return SAC("MlpPolicy", "HalfCheetah-v4", seed=0, device="cpu")
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_a_video_from_a_named_camera_at_a_set_size_with_progress(cheetah, tmp_path: Path) -> None:
     import imageio
 

@@ -248,6 +248,7 @@ def test_recover_options_are_checked_in_one_line() -> None:
         RecoverConfig(lr=float("nan"))
 
 
+@pytest.mark.slow  # over 10 s: run with -m slow
 def test_a_study_adds_a_recovered_column_recovered_once_per_agent(tiny_dqn: Path, tmp_path: Path) -> None:
     from quarl.study.grid import StudyConfig, run_study
     from quarl.study.report import study_table
