@@ -492,9 +492,13 @@ def test_play_scores_what_ptq_scores_and_records_each_episode(tiny_run: Path, tm
 
     r = run_cli("play", str(tiny_run), "--precision", "int8", "--episodes", "2", "--video", str(tmp_path / "v"))
     assert r.returncode == 0, r.stderr
-    # no warnings from the recorder or pygame: the progress bar alone
-    assert [line for line in r.stderr.splitlines() if line.strip()] == [
-        next(line for line in r.stderr.splitlines() if "int8 episodes" in line and "2/2" in line)], r.stderr
+    # no warnings from the recorder or pygame: the progress bar alone, but for the timing note a loaded machine may add (int8 measured slower
+    # than fp32 at batch 1: a fact of that moment, not of play)
+    said = " ".join(r.stderr.split())
+    timing = "is slower than ONNX Runtime fp32" in said
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    bar = next(line for line in lines if "int8 episodes" in line and "2/2" in line)
+    assert lines == [bar] or (timing and lines[-1] == bar and all("episodes" not in x for x in lines[:-1])), r.stderr
     rows = [line.split("│")[1:5] for line in r.stdout.splitlines() if line.count("│") == 5]
     played = [(int(e), int(s), float(ret), int(n)) for e, s, ret, n in rows]
     assert [p[:2] for p in played] == [(0, 0), (1, 1)]
