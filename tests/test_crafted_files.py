@@ -24,14 +24,30 @@ PEAK_LIMIT_MB = 1024
 
 
 def _popen_peak(*args: str) -> tuple[int, str, float]:
-    """(exit status, stderr, peak resident MB) of ``quarl ARGS`` in a new interpreter."""
+    """(exit status, stderr, peak resident MB) of ``quarl ARGS`` in a new interpreter. The
+    peak is the process's own ``VmHWM`` (its memory after exec), polled until it ends: the
+    child's ``ru_maxrss`` would count the test worker's memory it was forked from."""
+    import threading
+    import time
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=env)
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, usage.ru_maxrss / 1024
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stderr.read()))
+    reader.start()
+    peak_kb = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        peak_kb = max(peak_kb, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.005)
+    reader.join()
+    return proc.returncode, b"".join(chunks).decode(), peak_kb / 1024
 
 
 def _one_line(err: str) -> str:
