@@ -93,6 +93,8 @@ def own_folder(folder: Path, checkpoint: Path) -> Path:
 
 
 def _owner(folder: Path) -> str | None:
+    if not (folder / SOURCE_FILE).is_file() or (folder / SOURCE_FILE).is_symlink():  # a FIFO would block the read
+        return None
     try:
         with open(folder / SOURCE_FILE, encoding="utf-8") as file:
             return file.read(4096).strip() or None

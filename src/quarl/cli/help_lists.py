@@ -137,7 +137,7 @@ def read_cache() -> dict[str, str]:
     anything else: none)."""
     path = cache_file()
     try:
-        if path is None or path.stat().st_size > MAX_CACHE_BYTES:
+        if path is None or not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_CACHE_BYTES:
             return {}
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
