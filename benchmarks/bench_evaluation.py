@@ -34,7 +34,7 @@ def env_alone(env_id: str, steps: int, beneath: bool = False) -> float:
     """Env steps per second with random actions, one core (the env's own speed): ``gym.make``'s
     env; ``beneath``: stepped beneath its pass-through wrappers (TimeLimit, OrderEnforcing,
     PassiveEnvChecker), as quarl's evaluation steps the envs it makes."""
-    from quarl.evaluation import _stepper
+    from quarl.evaluation.episodes import _stepper
 
     env = gym.make(env_id)
     env.reset(seed=0)
@@ -93,7 +93,7 @@ def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None
     the runs' ratios: on a shared VM the env's own rate drifts by tens of percent within
     seconds, and a ratio is only worth its two terms taken side by side."""
     import quarl
-    from quarl import parallel
+    from quarl.evaluation import parallel
 
     agent = quarl.load(run)
     rows = []
@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per row, each beside its own env-alone timing")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, one run per row, CartPole only")
     args = parser.parse_args()
-    from quarl import parallel, quiet
+    from quarl.evaluation import parallel
+    from quarl.core import quiet
 
     quiet.install()  # MuJoCo's settotalmass and gymnasium's out-of-date notices, as the CLI does
 

@@ -29,7 +29,7 @@ from quarl.quant.backends.onnxruntime import (  # noqa: E402
     quantize_nbits,
     quantize_static_int8,
 )
-from quarl.timing import median_us  # noqa: E402
+from quarl.core.timing import median_us  # noqa: E402
 from quarl.quant.backends.torch_backend import TorchEngine  # noqa: E402
 
 torch.set_num_threads(1)
@@ -146,7 +146,7 @@ def bench_evaluation(episodes: int) -> None:
     import gymnasium as gym
 
     from quarl.envs import EnvSpec
-    from quarl.evaluation import evaluate
+    from quarl.evaluation.episodes import evaluate
     from quarl.policies.base import Policy
     from quarl.api import quantize
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from quarl.reports import write_rows
+from quarl.evaluation.reports import write_rows
 from quarl.verdict.coverage import METHODS, SIZES, fixed_n, load_pools, sequential
 
 POOLS = Path(__file__).resolve().parents[1] / "tests" / "data" / "return_pools"

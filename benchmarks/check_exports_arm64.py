@@ -307,7 +307,7 @@ def record(agent: str, precision: str, folder: Path, work: Path, episodes: int, 
     and its outputs there (ONNX Runtime, batch 1, as deployed)."""
     import numpy as np
     import quarl
-    from quarl.evaluation import evaluate, protocol
+    from quarl.evaluation.episodes import evaluate, protocol
 
     ckpt = quarl.load(folder)
     spec, policy = protocol(ckpt.policy, ckpt.env_spec)

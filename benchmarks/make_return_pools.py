@@ -203,11 +203,11 @@ def make_pool(pool: Pool, out: Path, runs: Path, episodes: int, chunk: int, comm
     """Play ``pool``'s fp32 and precisions on seeds 0..episodes-1 into ``OUT/NAME.json``,
     a chunk at a time, resuming from what the file holds."""
     import quarl
-    from quarl.cells import config_identity
-    from quarl.eval_record import RESULT_FORMAT
-    from quarl.evaluation import protocol
-    from quarl.measure import EvalSettings
-    from quarl.provenance import provenance
+    from quarl.evaluation.cells import config_identity
+    from quarl.evaluation.record import RESULT_FORMAT
+    from quarl.evaluation.episodes import protocol
+    from quarl.evaluation.cells import EvalSettings
+    from quarl.core.provenance import provenance
     from quarl.quant.config import QuantConfig
 
     first_seed = 0
@@ -241,7 +241,7 @@ def make_pool(pool: Pool, out: Path, runs: Path, episodes: int, chunk: int, comm
         "env": base_key["env"],
         "command": command,
         "settings": {"acting": base_key["acting"], "n_envs": 32, "max_steps": None, "chunk": chunk,
-                     "api": "quarl.load, quarl.evaluation.protocol, quarl.quantize, quarl.evaluate"},
+                     "api": "quarl.load, quarl.evaluation.episodes.protocol, quarl.quantize, quarl.evaluate"},
         "seeds": {"first": first_seed, "count": episodes,
                   "rule": "episode i resets with seed first + i at every precision (quarl's evaluation seeds; "
                           "calibration uses its reserved seeds 10000..10199 only)"},

@@ -116,12 +116,12 @@ def main() -> int:
             args.out = Path("results/image-agents-quick")
 
     from quarl.envs import env_family
-    from quarl.evaluation import protocol
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.episodes import protocol
+    from quarl.evaluation.cells import EvalSettings
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_ptq
-    from quarl.records import ResultsLog
-    from quarl.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows
+    from quarl.core.records import ResultsLog
+    from quarl.evaluation.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     unknown = sorted(set(names) - set(AGENTS))

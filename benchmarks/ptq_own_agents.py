@@ -89,9 +89,9 @@ def main() -> int:
 
     from quarl.envs import EnvSpec
     from quarl.policies.sb3 import load_checkpoint
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
     from quarl.ptq import run_ptq
-    from quarl.reports import mode_summary, paper_table, print_table, write_rows
+    from quarl.evaluation.reports import mode_summary, paper_table, print_table, write_rows
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     labels = args.precisions.split(",")

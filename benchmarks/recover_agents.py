@@ -70,10 +70,10 @@ def train_zoo(name: str, out: Path, quick: bool) -> Path:
 
 def measure(name: str, checkpoint: Path, env_id: str | None, out: Path, episodes: int, rounds: int) -> list[dict]:
     import quarl
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
     from quarl.ptq import run_ptq
     from quarl.recovery import RecoverConfig, run_recover
-    from quarl.reports import ptq_rows
+    from quarl.evaluation.reports import ptq_rows
 
     agent = quarl.load(checkpoint, env=env_id)
     episodes = next((n for key, n in EPISODES.items() if key in agent.env_spec.env_id and episodes >= 20), episodes)
@@ -111,7 +111,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="one tiny agent, few episodes: a smoke run")
     args = parser.parse_args()
-    from quarl.reports import write_rows
+    from quarl.evaluation.reports import write_rows
 
     only = [s for s in args.only.split(",") if s]
     if args.quick:

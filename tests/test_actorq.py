@@ -17,7 +17,7 @@ from quarl.actorq.algorithms import make_learner
 from quarl.actorq.learners import D4PGLearner, DQNLearner
 from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from tests.conftest import actorq_summary
 
 SMALL = dict(policy_layers=(64, 64), critic_layers=(64, 64), batch_size=32, min_replay=100, eval_episodes=2)

@@ -14,7 +14,7 @@ from quarl.actorq.summary import ActorQSummary
 from quarl.actorq.model import (Cluster, Costs, background_cores, costs_from_summaries, load_runs,
                                 machine_background, predict, scaling_rows, validation_rows)
 from quarl.cli import app
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from tests.conftest import actorq_summary
 
 

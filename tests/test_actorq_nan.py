@@ -15,7 +15,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from quarl.errors import QuarlError, StoppedRun
+from quarl.core.errors import QuarlError, StoppedRun
 from tests.conftest import run_cli
 
 RUN = ["actorq", "run", "CartPole-v1", "--local", "--actors", "1", "--policy-layers", "32,32", "--batch-size", "32",

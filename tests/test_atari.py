@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from quarl.envs import game_score, make_env
-from quarl.evaluation import evaluate
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.sb3 import load_checkpoint
 
 ENV = "BreakoutNoFrameskip-v4"
@@ -110,7 +110,7 @@ def test_sampled_scores_match_rl_zoo_enjoy_stochastic_in_distribution(breakout_r
     random numbers) agree in mean within 4 standard errors; sampled games are distinct."""
     from rl_zoo3.enjoy import enjoy
 
-    from quarl.evaluation import acting
+    from quarl.evaluation.episodes import acting
 
     monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", "a2c", "--env", ENV, "-f", str(breakout_run.parent.parent),
                                       "--exp-id", "1", "-n", "3000", "--no-render", "--stochastic", "--seed", "7"])

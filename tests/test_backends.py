@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
-from quarl.evaluation import evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.api import quantize, quantize_weights

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quarl.evaluation import evaluate
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.api import quantize

@@ -208,7 +208,7 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path, monkeypatch: pytest.M
 
     from quarl.envs import env_spec_for_policy
     from quarl.policies.sb3 import load_checkpoint
-    from quarl.measure import calibration_inputs
+    from quarl.evaluation.calibration import calibration_inputs
 
     r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "60",
                 "--out", str(tmp_path / "cnn8"))
@@ -413,7 +413,7 @@ def test_the_api_knows_the_agents_env_and_says_so_in_python_where_it_cannot(tiny
     import quarl as api
     from stable_baselines3 import PPO
 
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
 
     int4 = api.quantize(tiny_run, "int4")
     assert int4.home_env is not None and int4.home_env.env_id == "CartPole-v1"
@@ -429,7 +429,7 @@ def test_the_api_knows_the_agents_env_and_says_so_in_python_where_it_cannot(tiny
 
 @pytest.mark.slow  # over 10 s: run with -m slow
 def test_known_harmless_warnings_stay_off_stderr_unless_verbose(tmp_path: Path) -> None:
-    """MuJoCo's 'settotalmass' and gymnasium's 'out of date' notes (quarl.quiet) are
+    """MuJoCo's 'settotalmass' and gymnasium's 'out of date' notes (quarl.core.quiet) are
     filtered; -v shows them."""
     run = zoo_run("ppo", "HalfCheetah-v3")
     args = ["ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--max-steps", "20"]
@@ -560,7 +560,7 @@ def test_a_table_wider_than_the_terminal_prints_one_block_per_row() -> None:
 
     from rich.console import Console
 
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
 
     rows = [{"policy": f"ppo [/]agent{i}", **{f"column {j}": f"[bold]{i * 100 + j}" for j in range(26)}}
             for i in range(2)]
@@ -676,7 +676,7 @@ def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(t
         model = sb3.PPO("MlpPolicy", gym.make("QuarlCorridor-v0"), n_steps=128, batch_size=64, seed=0, device="cpu")
         model.learn(256)
         model.save(tmp_path / "corridor.zip")
-        from quarl.evaluation import evaluate
+        from quarl.evaluation.episodes import evaluate
         from quarl.policies.sb3 import load_checkpoint
         from quarl.envs import EnvSpec
 
@@ -713,7 +713,7 @@ def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(t
 
 
 def test_table_json_is_strict_json_with_null_for_what_is_absent(tmp_path: Path) -> None:
-    from quarl.reports import write_rows
+    from quarl.evaluation.reports import write_rows
 
     write_rows([{"precision": "fp32", "E%": float("nan"), "E lo": "", "mean": 500.0}], tmp_path, "t")
 
@@ -822,8 +822,9 @@ def test_two_checkpoints_of_one_name_get_two_default_folders(tiny_run: Path, tmp
     (lambda v: v.hyperparams(["=4"]), "--hp '=4' is not KEY=VALUE"),
 ])
 def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str) -> None:
-    from quarl import registry_options, validate
-    from quarl.errors import QuarlError
+    from quarl import registry_options
+    from quarl.core import validate
+    from quarl.core.errors import QuarlError
 
     from types import SimpleNamespace
 
@@ -834,7 +835,8 @@ def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str)
 
 
 def test_validators_return_the_values_converted() -> None:
-    from quarl import registry_options, validate
+    from quarl import registry_options
+    from quarl.core import validate
 
     assert validate.items(" 8, 4,8 ,,2", "--bits") == ["8", "4", "2"]  # a set: in order, once each
     assert validate.layer_widths("64,64,32") == (64, 64, 32)  # a sequence: every item
@@ -854,8 +856,9 @@ def test_validators_return_the_values_converted() -> None:
 
 
 def test_workers_come_from_the_option_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from quarl import parallel, validate
-    from quarl.errors import QuarlError
+    from quarl.evaluation import parallel
+    from quarl.core import validate
+    from quarl.core.errors import QuarlError
 
     monkeypatch.setenv("QUARL_WORKERS", "3")
     assert validate.workers(None) == 3 and validate.workers(1) == 1
@@ -867,7 +870,7 @@ def test_workers_come_from_the_option_then_the_environment(monkeypatch: pytest.M
 
 
 def test_hp_values_are_literals_in_python_or_yaml_and_the_first_separator_splits() -> None:
-    from quarl import validate
+    from quarl.core import validate
 
     parsed = validate.hyperparams(["n_envs=4", "learning_rate:1e-3", "policy_kwargs=dict(net_arch=[64, 64])",
                                    "normalize=true", "clip_range_vf:null", "policy=MlpPolicy", "env_wrapper=a:b",
@@ -880,7 +883,7 @@ def test_hp_values_are_literals_in_python_or_yaml_and_the_first_separator_splits
 
 
 def test_train_config_resolves_the_budget_and_the_qat_delay(tmp_path: Path) -> None:
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.workflows import train_config
 
     config = train_config("PPO", "CartPole-v1", 4000, 1, tmp_path, "fp32", 4, None, ["n_steps=64"], 0, 2, 0)
@@ -933,7 +936,7 @@ def test_actorq_run_folder_and_the_model_cluster(tmp_path: Path, monkeypatch: py
     import math
 
     from quarl.actorq.launch import model_cluster, run_folder
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
 
     monkeypatch.chdir(tmp_path)
     options = {**_actorq_defaults(), "algo": "d4pg", "actor_precision": "fp16"}

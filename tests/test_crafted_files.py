@@ -350,7 +350,7 @@ def _vecnormalize(tmp_path: Path, **stats) -> Path:
     ({"mean": np.array([0.0, None, 0.0, 0.0], dtype=object)}, "of Python objects: refused"),
 ])
 def test_vecnormalize_statistics_are_checked_before_use(tmp_path: Path, stats: dict, message: str) -> None:
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.policies.safe_load import load_vecnormalize
 
     path = _vecnormalize(tmp_path, **stats)
@@ -396,7 +396,7 @@ def _alias_bomb(levels: int = 9) -> str:
 def test_zoo_yaml_files_are_bounded(tmp_path: Path, name: str, text: str, message: str) -> None:
     """The alias bomb (10^10 values from 500 bytes) took 4.5 GB before it was stopped; the
     2 MB comment kept PyYAML busy for minutes; the nesting was a RecursionError traceback."""
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.policies.safe_load import load_zoo_yaml
 
     path = tmp_path / name
@@ -424,8 +424,8 @@ def _sparse(path: Path, size: int) -> Path:
 @pytest.mark.parametrize("kind", ["legacy", "onnx", "vecnormalize", "actorq"])
 def test_files_read_whole_are_refused_past_their_cap_before_they_are_read(tmp_path: Path, kind: str,
                                                                           exported: Path) -> None:
-    from quarl.errors import QuarlError
-    from quarl.limits import model_file_cap
+    from quarl.core.errors import QuarlError
+    from quarl.core.limits import model_file_cap
 
     big = model_file_cap() + 1
     with pytest.raises(QuarlError, match="more than the .* allowed for"):
@@ -520,7 +520,7 @@ def test_a_zip_read_closes_the_file_it_opened(tmp_path: Path) -> None:
     import gc
     import warnings
 
-    from quarl.limits import open_zip
+    from quarl.core.limits import open_zip
 
     path = _sb3_zip(tmp_path)
     with warnings.catch_warnings(record=True) as caught:

@@ -7,12 +7,12 @@ import os
 import numpy as np
 import pytest
 
-from quarl import parallel
+from quarl.evaluation import parallel
 from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
-from quarl.errors import QuarlError
-from quarl.evaluation import evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.sb3 import load_checkpoint
-from quarl.measure import calibration_inputs
+from quarl.evaluation.calibration import calibration_inputs
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from tests.conftest import zoo_run
@@ -169,7 +169,7 @@ def test_a_worker_reports_each_episode_as_it_ends(tiny_run, tmp_path, monkeypatc
 
 
 def test_the_chunks_cover_every_episode_once() -> None:
-    from quarl.parallel import chunks
+    from quarl.evaluation.parallel import chunks
 
     for episodes in (1, 2, 7, 20, 101):
         for workers in (1, 2, 3, 16):
@@ -191,7 +191,7 @@ def test_a_script_without_a_main_guard_runs_once_with_workers(tmp_path, tiny_run
 
     script = tmp_path / "evaluate_it.py"
     script.write_text("import quarl\n"
-                      "from quarl.parallel import evaluate\n"
+                      "from quarl.evaluation.parallel import evaluate\n"
                       f"agent = quarl.load({str(tiny_run)!r})\n"
                       "print('ran', evaluate(agent.policy, agent.env_spec, episodes=4, workers=2).returns.tolist())\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
@@ -215,7 +215,7 @@ def test_a_killed_worker_is_one_line_and_the_next_evaluation_starts_fresh(tiny_r
     import os
     import signal
 
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
 
     ckpt = load_checkpoint(tiny_run)
     parallel.evaluate(ckpt.policy, ckpt.env_spec, episodes=4, workers=2)  # workers up

@@ -1,4 +1,4 @@
-"""A full disk (issue 38): every writer goes through quarl.atomic (a temporary in the same
+"""A full disk (issue 38): every writer goes through quarl.core.atomic (a temporary in the same
 folder, fsync, rename, the temporary removed on failure), so ENOSPC during ptq, train or
 export ends in one line naming the file, leaves no ``.tmp`` and keeps what was finished
 before. ENOSPC is simulated by making the write itself fail part-way (no disk is filled)."""
@@ -17,8 +17,8 @@ import gymnasium as gym
 import pytest
 import stable_baselines3 as sb3
 
-from quarl import atomic
-from quarl.errors import QuarlError
+from quarl.core import atomic
+from quarl.core.errors import QuarlError
 from tests.conftest import run_cli
 
 
@@ -119,7 +119,7 @@ def test_torch_s_own_write_failure_is_one_line(tmp_path: Path, monkeypatch: pyte
 
 
 def test_a_stray_enospc_is_still_one_line_from_the_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A writer not yet through quarl.atomic (recovery's): the CLI names the file."""
+    """A writer not yet through quarl.core.atomic (recovery's): the CLI names the file."""
     import quarl.cli.ptq as ptq_cli
 
     def disk_full(*args: Any, **kwargs: Any) -> None:

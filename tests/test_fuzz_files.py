@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from quarl.actorq.run_state import RunState, RunStateRecord, check_state as _check_state
-from quarl.errors import QuarlError
-from quarl.file_schema import parse_json, parse_record
-from quarl.limits import check_tensors, open_zip, read_capped, read_zip_entry
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import parse_json, parse_record
+from quarl.core.limits import check_tensors, open_zip, read_capped, read_zip_entry
 from quarl.quant.config import QATConfig
 from quarl.training.hyperparams import ZooEntry
 from quarl.training.qat_sb3 import QATStateRecord, read_qat_state
@@ -304,8 +304,8 @@ CHILD_ADDRESS_SPACE = 3 << 30
 CHILD = r"""
 import sys, zipfile
 from pathlib import Path
-from quarl.errors import QuarlError
-from quarl.limits import open_zip, read_zip_entry
+from quarl.core.errors import QuarlError
+from quarl.core.limits import open_zip, read_zip_entry
 from quarl.training.sb3_train import _load_arrays
 for name in sys.argv[1:]:
     path = Path(name)

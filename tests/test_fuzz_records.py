@@ -1,4 +1,4 @@
-"""Property tests over the record readers moved onto quarl.file_schema: the RL Zoo YAML files
+"""Property tests over the record readers moved onto quarl.core.file_schema: the RL Zoo YAML files
 of a run folder, the export sidecar, the ActorQ summary, the study store's rows, results.jsonl
 and the recovery files. Generated hostile content (random JSON shapes, wrong types, NaN,
 huge numbers, deep nesting, cut or bit-flipped text) ends either in the documented result or
@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from quarl.actorq.summary import ActorQSummary, ActorQSummaryRecord
-from quarl.errors import QuarlError
-from quarl.eval_record import EvalRecord
+from quarl.core.errors import QuarlError
+from quarl.evaluation.record import EvalRecord
 from quarl.policies.actorq_run import read_run_config
 from quarl.policies.onnx_artifact import SidecarRecord, read_sidecar
 from quarl.policies.sb3 import EnvKwargs, ZooArgs, ZooConfig, _zoo_env_spec
-from quarl.records import EvalFields, ResultsLog, disagreement
+from quarl.core.records import EvalFields, ResultsLog, disagreement
 from quarl.recovery import RECOVERY_FORMAT, RoundStats, read_recovery_record, read_state
 from quarl.study.store import StudyRecord, StudyStore
 from tests.conftest import actorq_summary
@@ -48,7 +48,7 @@ def _deep(depth: int = 100_000) -> Any:
        key=st.sampled_from(["policy_kwargs", "normalize", "env_wrapper", "frame_stack", "env", "env_kwargs",
                             "gym_packages", "max_episode_steps", "other"]), value=JSONISH)
 def test_zoo_yaml_fields_are_typed_or_one_line(record_type: type, key: str, value: Any) -> None:
-    from quarl.file_schema import parse_record
+    from quarl.core.file_schema import parse_record
 
     try:
         record = parse_record(record_type, {key: value}, "config.yml")
@@ -95,7 +95,7 @@ def test_a_run_folders_env_kwargs_are_what_the_file_says_or_one_line(tmp_path: P
 
 
 def test_a_deep_yaml_value_is_kept_where_quarl_does_not_read_it_and_one_line_where_it_does() -> None:
-    from quarl.file_schema import parse_record
+    from quarl.core.file_schema import parse_record
 
     deep = _deep()
     assert parse_record(ZooConfig, {"n_envs": deep}, "config.yml").model_extra == {"n_envs": deep}

@@ -15,7 +15,7 @@ import stable_baselines3 as sb3
 from typer.testing import CliRunner
 
 from quarl.cli import app
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from tests.test_cli import quarl, read_csv
 
 runner = CliRunner()
@@ -67,7 +67,7 @@ def test_a_checkpoint_replaced_in_place_is_evaluated_anew_in_a_study(tiny_run: P
 
 
 def test_a_second_run_on_a_folder_in_use_fails_in_one_line(tiny_run: Path, tmp_path: Path) -> None:
-    from quarl.measure import output_lock
+    from quarl.evaluation.cells import output_lock
 
     out = tmp_path / "busy"
     with output_lock(out):  # as a running ptq holds it
@@ -187,7 +187,7 @@ def test_cli_fuzz_never_tracebacks(tiny_run: Path, tmp_path: Path) -> None:
 def test_a_truncated_pickle_under_trust_pickle_is_one_line(tmp_path: Path) -> None:
     import pickle
 
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.policies.safe_load import load_vecnormalize
 
     path = tmp_path / "vecnormalize.pkl"
@@ -213,13 +213,13 @@ def test_an_int_result_from_another_cpu_is_not_reused(tiny_run: Path, tmp_path: 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from quarl.validate import MAX_SEED  # noqa: E402
+from quarl.core.validate import MAX_SEED  # noqa: E402
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 def _reserved(seed: int) -> bool:
-    from quarl.measure import RESERVED_SEEDS
+    from quarl.evaluation.calibration import RESERVED_SEEDS
 
     return any(seeds[0] <= seed <= seeds[-1] for seeds in RESERVED_SEEDS.values())
 # option -> (valid values that run in a moment, any integer is otherwise judged by this rule)
@@ -345,7 +345,7 @@ def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(k
     """A FIFO where quarl reads a file would block forever, /dev/zero would never end: each
     is refused in one line (or, for a cache entry, ignored) at once."""
     from quarl.policies.sb3 import load_checkpoint
-    from quarl.records import ResultsLog
+    from quarl.core.records import ResultsLog
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
@@ -428,8 +428,8 @@ def test_counts_that_would_exhaust_the_machine_are_refused(args: list[str], mess
 def test_a_repeated_or_endless_bits_list_is_one_line(text: str, message: str) -> None:
     """Ten thousand 8s ran (exit 0) as one sweep, silently: a repeated width, or more widths
     than exist, is refused naming the value and what is allowed (issue 38)."""
-    from quarl.errors import QuarlError
-    from quarl.validate import bit_widths as _parse_bits
+    from quarl.core.errors import QuarlError
+    from quarl.core.validate import bit_widths as _parse_bits
 
     with pytest.raises(QuarlError) as caught:
         _parse_bits(text)
@@ -444,7 +444,7 @@ def test_sweep_with_ten_thousand_bits_is_one_line(tiny_run: Path, tmp_path: Path
 
 
 def test_layer_widths_are_a_sequence_not_a_set() -> None:
-    from quarl.validate import layer_widths as _parse_layers
+    from quarl.core.validate import layer_widths as _parse_layers
 
     assert _parse_layers("2048,2048,2048") == (2048, 2048, 2048)  # a deduplicated list was one layer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.training.hyperparams import buffer_memory, check_buffer_memory, check_overrides, prepare
 from tests.conftest import run_cli
 from tests.test_crafted_files import PEAK_LIMIT_MB, _one_line, _popen_peak
@@ -96,9 +96,9 @@ def test_buffers_are_priced_as_sb3_allocates_them() -> None:
 
 
 def test_a_zoo_entry_past_the_machine_is_named_as_the_zoo_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.limits
+    import quarl.core.limits
 
-    monkeypatch.setattr(quarl.limits, "machine_memory", lambda: 2**20)
+    monkeypatch.setattr(quarl.core.limits, "machine_memory", lambda: 2**20)
     cartpole = gym.make("CartPole-v1")
     setup = prepare("dqn", "CartPole-v1", cartpole.action_space)
     with pytest.raises(QuarlError, match=r"the dqn hyperparameters' buffer_size=100,000: the replay buffer would take "

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import quarl
 from quarl.cli import app
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 def _prefill(cache: Path, repo: str, run: Path) -> None:

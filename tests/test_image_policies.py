@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 
-from quarl.measure import calibration_inputs
+from quarl.evaluation.calibration import calibration_inputs
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
@@ -48,7 +48,7 @@ def test_a_minatar_episode_depends_on_its_seed_alone(minatar_run: Path) -> None:
     start of the next: a reset forgets it, so the trained agent's returns are the same
     whether one env plays every episode in turn or twelve play side by side."""
     from quarl.envs import EnvSpec, make_env
-    from quarl.evaluation import evaluate
+    from quarl.evaluation.episodes import evaluate
 
     env = make_env(EnvSpec(ENV))
     env.reset(seed=0)

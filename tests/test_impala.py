@@ -16,7 +16,7 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.system import run_actorq
 from quarl.actorq.vtrace import vtrace
 from quarl.policies.actorq_run import load_actorq_run
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from tests.conftest import run_cli
 
 

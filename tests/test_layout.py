@@ -103,4 +103,4 @@ def test_ray_only_in_the_ray_runners() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             if any(n == "ray" or n.startswith("ray.") for n in names):
                 users.add(name)
-    assert users == {"quarl.actorq.ray_fleet", "quarl.study.ray_runner", "quarl.ray_cluster"}
+    assert users == {"quarl.actorq.ray_fleet", "quarl.study.ray_runner", "quarl.core.ray_cluster"}

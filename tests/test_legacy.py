@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.legacy import read_pickle
 from quarl.policies.sb3 import load_checkpoint
-from quarl.measure import EvalSettings
+from quarl.evaluation.cells import EvalSettings
 from quarl.ptq import run_ptq
 from tests.conftest import ROOT
 

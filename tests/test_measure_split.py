@@ -18,14 +18,14 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.calibration import CALIBRATION_SEED_OFFSET, calibrate_if_needed, calibration_inputs, calibration_returns
-from quarl.cells import Cell, EvalSettings, cell_key, config_identity, evaluate_cells
+from quarl.evaluation.calibration import CALIBRATION_SEED_OFFSET, calibrate_if_needed, calibration_inputs, calibration_returns
+from quarl.evaluation.cells import Cell, EvalSettings, cell_key, config_identity, evaluate_cells
 from quarl.envs import EnvSpec
-from quarl.eval_record import CellRecord, EvalRecord, json_fields, sql_columns
+from quarl.evaluation.record import CellRecord, EvalRecord, json_fields, sql_columns
 from quarl.policies.base import Policy
 from quarl.ptq import run_ptq
 from quarl.quant.config import QuantConfig
-from quarl.records import ResultsLog
+from quarl.core.records import ResultsLog
 
 CARTPOLE = EnvSpec("CartPole-v1")
 HEAVY = ("torch", "gymnasium", "onnxruntime", "numpy")
@@ -42,7 +42,7 @@ def _policy() -> Policy:
 
 def test_the_study_store_and_the_record_schema_load_no_evaluator() -> None:
     """``import quarl.study.store`` used to load torch, gymnasium and ONNX Runtime (1.3 s)."""
-    code = ("import json, sys; import quarl.study.store, quarl.eval_record; "
+    code = ("import json, sys; import quarl.study.store, quarl.evaluation.record; "
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
 from quarl.quant.backends import onnxruntime as ortb
@@ -189,9 +189,9 @@ def test_block_granularity_for_simulated_widths() -> None:
 
 
 def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.calibration as calibration_episodes  # where calibration plays its episodes
-    import quarl.measure as ptq
-    from quarl import parallel
+    import quarl.evaluation.calibration as calibration_episodes  # where calibration plays its episodes
+    import quarl.evaluation.cells as cells
+    from quarl.evaluation import parallel
     from quarl.envs import EnvSpec
 
     seen = []
@@ -205,24 +205,24 @@ def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.Monk
     monkeypatch.setattr(parallel, "evaluate_serial", spy)  # the evaluation (one process or workers)
     net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
     policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
-    settings = ptq.EvalSettings(episodes=5, seed=7, n_envs=2)
-    calibration = ptq.calibration_inputs(policy, EnvSpec("CartPole-v1"))
-    ptq.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), settings, calibration)
+    settings = cells.EvalSettings(episodes=5, seed=7, n_envs=2)
+    calibration = calibration_episodes.calibration_inputs(policy, EnvSpec("CartPole-v1"))
+    cells.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), settings, calibration)
     calibration_seeds, evaluation_seeds = seen[0], seen[-1]
     assert evaluation_seeds == set(range(7, 12)) and not calibration_seeds & evaluation_seeds
     with pytest.raises(QuarlError, match="would reach the calibration seeds 10000..10199"):
-        ptq.EvalSettings(episodes=ptq.CALIBRATION_SEED_OFFSET + 1)
+        cells.EvalSettings(episodes=calibration_episodes.CALIBRATION_SEED_OFFSET + 1)
     with pytest.raises(QuarlError, match="would reach the calibration seeds"):
-        ptq.EvalSettings(episodes=20, seed=10_150)
-    assert ptq.EvalSettings(episodes=20, seed=10_200).seed == 10_200  # above them: allowed
+        cells.EvalSettings(episodes=20, seed=10_150)
+    assert cells.EvalSettings(episodes=20, seed=10_200).seed == 10_200  # above them: allowed
 
 
 def test_every_seed_calibrates_on_the_same_seeds_so_every_command_picks_the_same_mode(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """ptq --seed 0, a study's seed 100000 s and export calibrate on the same fixed seeds."""
-    import quarl.calibration as calibration_episodes  # where calibration plays its episodes
-    import quarl.measure as ptq
-    from quarl import parallel
+    import quarl.evaluation.calibration as calibration_episodes  # where calibration plays its episodes
+    import quarl.evaluation.cells as cells
+    from quarl.evaluation import parallel
     from quarl.envs import EnvSpec
 
     real, calls = calibration_episodes.evaluate, []
@@ -238,9 +238,9 @@ def test_every_seed_calibrates_on_the_same_seeds_so_every_command_picks_the_same
     calibration_by_seed = {}
     for seed in (0, 7, 100_000):
         calls.clear()
-        ptq.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), ptq.EvalSettings(episodes=3, seed=seed,
+        cells.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), cells.EvalSettings(episodes=3, seed=seed,
                                                                                                   max_steps=50))
-        calibration_by_seed[seed] = [c for c in calls if c[0] in ptq.CALIBRATION_SEEDS]
+        calibration_by_seed[seed] = [c for c in calls if c[0] in calibration_episodes.CALIBRATION_SEEDS]
         assert calls[-1] == (seed, 3)  # the evaluation itself
     assert calibration_by_seed[0] == calibration_by_seed[7] == calibration_by_seed[100_000] != []
 
@@ -297,8 +297,7 @@ def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatc
 def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32's episodes are kept for the whole run; a candidate asked for more plays only the
     episodes it has not played (on the next seeds), so the sequential test costs no replays."""
-    import quarl.calibration as calibration_episodes  # where calibration plays its episodes
-    import quarl.measure as ptq
+    import quarl.evaluation.calibration as calibration_episodes  # where calibration plays its episodes
     from quarl.envs import EnvSpec
 
     played = []
@@ -309,9 +308,9 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
                               "lengths": np.full(episodes, 500)})()
 
     monkeypatch.setattr(calibration_episodes, "evaluate", fake_evaluate)
-    returns = ptq.calibration_returns(EnvSpec("CartPole-v1"))
+    returns = calibration_episodes.calibration_returns(EnvSpec("CartPole-v1"))
     fp32, candidate = object(), object()
-    first = ptq.CALIBRATION_SEED_OFFSET + 100
+    first = calibration_episodes.CALIBRATION_SEED_OFFSET + 100
     assert list(returns(fp32, 4)) == [first, first + 1, first + 2, first + 3]
     assert list(returns(candidate, 4)) == list(returns(fp32, 4))  # the same seeds for every policy
     assert list(returns(candidate, 8))[4:] == [first + 4, first + 5, first + 6, first + 7]

@@ -12,7 +12,7 @@ import torch
 
 import tests.multi_target_envs  # noqa: F401  (registers MultiTarget-v0 and BinaryTarget-v0)
 from quarl.envs import EnvSpec
-from quarl.evaluation import acting, evaluate
+from quarl.evaluation.episodes import acting, evaluate
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
@@ -86,7 +86,7 @@ def test_int8_keeps_the_greedy_actions_and_an_export_acts_as_its_source(trained,
     head, _, path = trained
     policy = load_checkpoint(path).policy
     spec = EnvSpec(ENVS[head])
-    from quarl.measure import calibration_inputs
+    from quarl.evaluation.calibration import calibration_inputs
 
     fp32 = evaluate(policy, spec, episodes=10).returns
     quantized = quantize(policy, QuantConfig("int8"), calibration_inputs(policy, spec))
@@ -116,7 +116,7 @@ def test_distillation_losses_of_multi_heads_vanish_at_the_teacher_and_train_towa
 
 
 def test_a_multi_discrete_space_of_absurd_size_is_refused_in_one_line() -> None:
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.policies.sb3 import _space_from_json
 
     entry = {":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[  3  10 200]",
@@ -171,7 +171,7 @@ def test_a_dqn_export_keeps_its_exploration_rate() -> None:
 
 
 def test_quarl_trains_multi_action_envs_with_ppo_and_refuses_dqn(tmp_path: Path) -> None:
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.training.sb3_train import TrainConfig, check_algo_env, train
 
     with pytest.raises(QuarlError, match=r"dqn does not take MultiDiscrete actions \(MultiTarget-v0\): use ppo, a2c "

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.training.guard import NonFiniteTraining, non_finite_loss, non_finite_transition
 from quarl.training.sb3_train import TrainConfig, latest_checkpoint, train
 

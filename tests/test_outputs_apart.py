@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from tests.conftest import run_cli, zoo_run
 
 

@@ -1,4 +1,4 @@
-"""``quarl.play`` (the API) and :mod:`quarl.playback`: videos from a chosen MuJoCo camera at
+"""``quarl.play`` (the API) and :mod:`quarl.evaluation.playback`: videos from a chosen MuJoCo camera at
 a chosen size, progress per episode, and cameras a model lacks refused in one line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import quarl
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def cheetah():
 def test_a_video_from_a_named_camera_at_a_set_size_with_progress(cheetah, tmp_path: Path) -> None:
     import imageio
 
-    from quarl.playback import play
+    from quarl.evaluation.playback import play
 
     seen: list[tuple[int, float]] = []
     checkpoint = quarl.load(cheetah)
@@ -59,7 +59,7 @@ def test_a_video_from_a_named_camera_at_a_set_size_with_progress(cheetah, tmp_pa
 def test_a_camera_the_env_lacks_is_one_line(camera: str, env_id: str, message: str, tmp_path: Path) -> None:
     """MuJoCo aborts the whole process on a fixed camera id out of range: checked first."""
     from quarl.envs import EnvSpec
-    from quarl.playback import play
+    from quarl.evaluation.playback import play
 
     from stable_baselines3 import SAC
 
@@ -71,7 +71,7 @@ def test_a_camera_the_env_lacks_is_one_line(camera: str, env_id: str, message: s
 
 
 def test_a_video_size_out_of_bounds_and_a_camera_without_a_video_are_refused(cheetah, tmp_path: Path) -> None:
-    from quarl.playback import play
+    from quarl.evaluation.playback import play
 
     checkpoint = quarl.load(cheetah)
     with pytest.raises(QuarlError, match=r"video size 8x8000: each side must be 16..4096"):
@@ -108,7 +108,7 @@ def test_a_mujoco_video_follows_the_agent_by_default(cheetah, tmp_path: Path) ->
     what --camera track records; a model with no such camera keeps its default view."""
     import imageio
 
-    from quarl.playback import following_camera, play
+    from quarl.evaluation.playback import following_camera, play
 
     checkpoint = quarl.load(cheetah)
     default = play(checkpoint.policy, checkpoint.env_spec, episodes=1, video=tmp_path / "default", video_size=(64, 48),

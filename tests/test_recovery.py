@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import MODES, BuildRequest, int8_compute
@@ -144,8 +144,9 @@ def test_recovery_restores_the_greedy_actions_that_int4_rounding_flips() -> None
 
 
 def test_distillation_never_plays_an_evaluation_seed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import quarl.calibration as calibration
-    import quarl.measure as measure
+    import quarl.evaluation.calibration as calibration
+    from quarl.evaluation.calibration import CALIBRATION_SEEDS, DISTILLATION_SEEDS
+    from quarl.evaluation.cells import EvalSettings
     import quarl.recovery.dagger as distilling
     import quarl.recovery.judge as judging
 
@@ -161,10 +162,10 @@ def test_distillation_never_plays_an_evaluation_seed(monkeypatch: pytest.MonkeyP
     config = RecoverConfig(precision="int4-block", rounds=2, updates_per_round=20, target_agreement=0.5)
     distill(_near_tied_policy(), CARTPOLE, config, _spec("int4-block", frozenset({0})))
     used = {s for r in seen for s in r}
-    assert used and all(s in measure.DISTILLATION_SEEDS or s in measure.CALIBRATION_SEEDS for s in used)
-    assert any(s in measure.DISTILLATION_SEEDS for s in used)
+    assert used and all(s in DISTILLATION_SEEDS or s in CALIBRATION_SEEDS for s in used)
+    assert any(s in DISTILLATION_SEEDS for s in used)
     with pytest.raises(QuarlError, match="distillation seeds 20000..29999"):
-        measure.EvalSettings(episodes=20, seed=19_990)
+        EvalSettings(episodes=20, seed=19_990)
 
 
 def test_a_broken_run_resumes_after_its_last_round_and_ends_as_an_unbroken_one(tmp_path: Path) -> None:
@@ -211,7 +212,7 @@ def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_
     import quarl
     from stable_baselines3 import DQN
 
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
     from quarl.recovery import load_recovered, run_recover
 
     agent = quarl.load(tiny_dqn, env="CartPole-v1")

@@ -19,10 +19,10 @@ from torch import nn
 
 import quarl
 from quarl import envs
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies import sb3
 from quarl.policies.base import linear_layers
-from quarl.measure import EvalSettings
+from quarl.evaluation.cells import EvalSettings
 from quarl.ptq import run_ptq
 from quarl.quant import modes, precisions
 from quarl.quant.backends.torch_backend import TorchEngine
@@ -282,7 +282,7 @@ def test_a_trainer_is_one_registration(tmp_path: Path) -> None:
     """CONTRIBUTING's training recipe: a trainer registered at run time is trained by
     ``quarl train`` (SB3 defaults where the RL Zoo has no entry for it), its action spaces
     are checked, and without the registration the name is refused in one line."""
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.policies.sb3 import load_checkpoint
     from quarl.training.hyperparams import TRAINERS, Trainer, register_trainer
     from quarl.training.sb3_train import TrainConfig, check_algo_env, train

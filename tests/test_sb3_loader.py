@@ -15,7 +15,7 @@ import stable_baselines3 as sb3
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
 from quarl.policies.sb3 import load_checkpoint
 
@@ -301,7 +301,7 @@ def test_a_run_folder_is_one_policy_and_the_zoo_options_pick_its_zips(tiny_run: 
     --load-last-checkpoint, --load-best; a second final model is refused with both names."""
     import shutil
 
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
     from quarl.policies.sb3 import load_checkpoint, pick_zip
     from tests.conftest import run_cli
 
@@ -319,7 +319,7 @@ def test_a_run_folder_is_one_policy_and_the_zoo_options_pick_its_zips(tiny_run: 
     first = run_cli("play", str(run), "--load-checkpoint", str(steps[0]), "--episodes", "2")
     want = load_checkpoint(run / f"rl_model_{steps[0]}_steps.zip")
     assert first.returncode == 0 and want.policy.fingerprint() != load_checkpoint(run).policy.fingerprint()
-    from quarl.evaluation import evaluate
+    from quarl.evaluation.episodes import evaluate
 
     mean = evaluate(want.policy, want.env_spec, episodes=2, n_envs=1).returns.mean()
     assert f"mean return {mean:.2f} over 2 episodes" in first.stdout

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
-from quarl.evaluation import acting, evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import acting, evaluate
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
@@ -89,8 +89,8 @@ def test_a_dqn_explores_with_its_saved_rate() -> None:
 def test_a_categorical_heads_distance_to_fp32_is_reported_beside_agreement(tiny_run: Path) -> None:
     """KL(fp32 || int mode) per calibration state: near 0 at int8, larger at int4, and in
     the table's KL column; Q-heads and Gaussians have none."""
-    from quarl.measure import calibration_inputs
-    from quarl.reports import quant_columns
+    from quarl.evaluation.calibration import calibration_inputs
+    from quarl.evaluation.reports import quant_columns
 
     agent = load_checkpoint(tiny_run)
     states = calibration_inputs(agent.policy, agent.env_spec)
@@ -201,7 +201,7 @@ def test_play_samples_as_ptq_does(tiny_run: Path) -> None:
 
 def test_demo_samples_when_asked(tiny_run: Path, tmp_path: Path) -> None:
     from quarl.demo import run_demo
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
 
     rows = run_demo([tiny_run], ["fp16"], EvalSettings(episodes=5, n_envs=5), tmp_path, stochastic=True,
                     sticky_actions=0.25)  # CartPole has no sticky actions: it plays as it is
@@ -230,8 +230,8 @@ def test_sampled_agreement_is_one_minus_total_variation_for_two_actions(tiny_run
 def test_a_sampling_policys_int_mode_is_chosen_on_its_sampled_agreement(tiny_run: Path) -> None:
     """The automatic choice of a sampling categorical policy records the sampled agreement
     it was judged by (a choice stored apart from the greedy one) and the table shows it."""
-    from quarl.measure import calibration_inputs
-    from quarl.reports import quant_columns
+    from quarl.evaluation.calibration import calibration_inputs
+    from quarl.evaluation.reports import quant_columns
 
     policy = load_checkpoint(tiny_run).policy
     calibration = calibration_inputs(policy, CARTPOLE)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quarl.errors import QuarlError
-from quarl.records import disagreement
+from quarl.core.errors import QuarlError
+from quarl.core.records import disagreement
 from quarl.study.store import TABLE, StudyStore
 from tests.conftest import run_cli
 

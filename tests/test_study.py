@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.study.grid import StudyConfig, find_agents, run_study
 from quarl.study.report import study_table
 from quarl.study.store import TABLE, StudyStore
@@ -115,7 +115,9 @@ def test_one_eval_record_definition_serves_results_jsonl_and_the_store(tiny_run:
     import dataclasses
     import json
 
-    from quarl.measure import EvalRecord, EvalSettings
+    from quarl.evaluation.cells import EvalSettings
+
+    from quarl.evaluation.record import EvalRecord
     from quarl.policies.sb3 import load_checkpoint
     from quarl.ptq import run_ptq
     from quarl.study.store import TABLE, StudyStore
@@ -213,8 +215,8 @@ def test_log_lines_of_a_many_agent_run_name_their_agent(tiny_run: Path, tmp_path
     import logging
 
     from quarl import demo
-    from quarl.logs import AgentFilter, about
-    from quarl.measure import EvalSettings
+    from quarl.core.logs import AgentFilter, about
+    from quarl.evaluation.cells import EvalSettings
 
     lines: list[str] = []
 

@@ -16,8 +16,8 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from quarl.envs import EnvSpec, make_env
-from quarl.errors import QuarlError
-from quarl.evaluation import evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers

@@ -16,7 +16,7 @@ import pytest
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.safe_load import load_vecnormalize
 from tests.conftest import run_cli
 

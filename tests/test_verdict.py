@@ -234,7 +234,7 @@ def test_replayed_games_add_no_confidence() -> None:
 
 
 def test_the_table_judges_games_where_the_records_say_how_episodes_ended() -> None:
-    from quarl.reports import verdict_columns
+    from quarl.evaluation.reports import verdict_columns
 
     fp32 = [23.0, 12.0, 14.0, 17.0, 19.0, 21.0, 15.0, 18.0] * 20
     base = {"mean": float(np.mean(fp32)), "returns": fp32, "endings": [f"f{r}" for r in fp32]}
@@ -265,10 +265,10 @@ def test_ptq_plays_more_episodes_until_the_verdict_decides_and_a_rerun_reuses_th
     from torch import nn
 
     from quarl.envs import EnvSpec
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
     from quarl.policies.base import Policy
     from quarl.ptq import run_ptq
-    from quarl.reports import ptq_rows
+    from quarl.evaluation.reports import ptq_rows
 
     net = nn.Linear(4, 2)
     with torch.no_grad():  # push right when the pole leans right, on angle and angular velocity

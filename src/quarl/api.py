@@ -17,16 +17,16 @@ from typing import Any
 import numpy as np
 
 from quarl.envs import EnvSpec, check_env_id, make_env
-from quarl.evaluation import EvalResult
-from quarl.evaluation import evaluate as _evaluate
-from quarl.playback import Playback
+from quarl.evaluation.episodes import EvalResult
+from quarl.evaluation.episodes import evaluate as _evaluate
+from quarl.evaluation.playback import Playback
 from quarl.policies.base import Policy
 from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
-from quarl.measure import calibration_inputs, calibration_returns
+from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import QuantConfig
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
@@ -34,7 +34,7 @@ def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = Fa
     model, or an SB3 / sb3-contrib model object as you hold it after ``PPO.load`` or
     ``model.learn`` (its VecNormalize statistics and env id come with it);
     ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a bare zip).
-    Raises :class:`quarl.errors.QuarlError` with one line on bad input."""
+    Raises :class:`quarl.core.errors.QuarlError` with one line on bad input."""
     try:
         return load_checkpoint_and_env(path, env, trust_pickle)
     except QuarlError as exc:  # the CLI's words, said in Python
@@ -70,7 +70,7 @@ def quantize(policy: Policy | Checkpoint | Any, precision: str | QuantConfig, en
     or a :class:`QuantConfig`). ``policy``: a quarl :class:`Policy`, what :func:`load`
     returns, or an SB3 model object (the env then comes from the agent unless given). Modes
     that need calibration (automatic int8 / int4, activation ranges) calibrate on
-    ``env_spec`` with the fixed calibration seeds (``quarl.measure.CALIBRATION_SEEDS``,
+    ``env_spec`` with the fixed calibration seeds (``quarl.evaluation.calibration.CALIBRATION_SEEDS``,
     which evaluation never uses), exactly as every command does, so the same policy gets
     the same mode here and in ``quarl ptq``."""
     policy, env_spec = _policy_and_env(policy, env_spec)
@@ -102,7 +102,7 @@ def _spec(policy: Policy, env: EnvSpec | str) -> EnvSpec:
 def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = None, episodes: int = 20,
              seed: int = 0, n_envs: int = 32, max_steps: int | None = None) -> EvalResult:
     """Returns per episode (greedy, or sampled where ``policy.stochastic``); episode i is
-    reset with seed ``seed + i`` (see :mod:`quarl.evaluation`). ``policy`` as
+    reset with seed ``seed + i`` (see :mod:`quarl.evaluation.episodes`). ``policy`` as
     :func:`quantize` takes it; ``env_spec``: an :class:`EnvSpec` (``quarl.load(...).env_spec``)
     or a gymnasium env id, by default the agent's own."""
     policy, env_spec = _policy_and_env(policy, env_spec)
@@ -120,9 +120,9 @@ def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = Non
     or a name) at ``video_size`` ((width, height) or ``"640x480"``; MuJoCo). ``policy`` and
     ``env_spec`` as :func:`evaluate` takes them (a quantized policy plays at its precision);
     ``stochastic`` as ``--stochastic`` / ``--deterministic`` (None: the RL Zoo's default)."""
-    from quarl import validate
-    from quarl.evaluation import protocol
-    from quarl.playback import play as _play
+    from quarl.core import validate
+    from quarl.evaluation.episodes import protocol
+    from quarl.evaluation.playback import play as _play
     from quarl.workflows import file_label
 
     policy, env_spec = _policy_and_env(policy, env_spec)
@@ -213,7 +213,7 @@ def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", en
         record, records = quarl.recover("../shared/zoo/dqn/CartPole-v1_1", "recovered", "int4")
         print(record["agreement"], [r["mean"] for r in records])
     """
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
     from quarl.outputs import apart_from_inputs
     from quarl.recovery import RecoverConfig, run_recover
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from quarl.errors import QuarlError
-from quarl.measure import EvalSettings, Progress
-from quarl.evaluation import protocol
-from quarl.logs import about
+from quarl.core.errors import QuarlError
+from quarl.evaluation.cells import EvalSettings, Progress
+from quarl.evaluation.episodes import protocol
+from quarl.core.logs import about
 from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
 from quarl.ptq import run_ptq
-from quarl.reports import paper_table, plot_verdicts, write_rows
+from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
 
 DEFAULT_ZOO = Path("../shared/zoo")
 
@@ -50,7 +50,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
     ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
-    see :func:`quarl.evaluation.protocol` (sticky actions only where the env has them)."""
+    see :func:`quarl.evaluation.episodes.protocol` (sticky actions only where the env has them)."""
     per_policy: dict[str, list[dict]] = {}
     modes: dict[str, dict[str, str]] = {}
     cells = list(dict.fromkeys(["fp32", *labels]))

@@ -21,17 +21,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl.atomic import write_all_atomic
-from quarl.provenance import provenance
+from quarl.core.atomic import write_all_atomic
+from quarl.core.provenance import provenance
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant import precisions as registry
 from quarl.quant.config import QuantConfig
 from quarl.quant.choice import Returns
-from quarl.timing import median_us
+from quarl.core.timing import median_us
 
 def _space(space: gym.spaces.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):

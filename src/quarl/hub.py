@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 PREFIX = "hf://"
 _FILES = ["*.zip", "config.yml", "args.yml", "env_kwargs.yml", "vec_normalize.pkl"]

@@ -29,8 +29,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError
 
 RESULTS = Path("results")
 TRAIN_RUNS = Path("runs")

@@ -18,13 +18,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
-from quarl.measure import Cell, EvalSettings, Progress, output_lock, run_cells
+from quarl.evaluation.cells import Cell, EvalSettings, Progress, output_lock, run_cells
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import QuantConfig
-from quarl.records import ResultsLog
-from quarl.reports import plot_sweep, plot_verdicts, ptq_rows, write_rows
+from quarl.core.records import ResultsLog
+from quarl.evaluation.reports import plot_sweep, plot_verdicts, ptq_rows, write_rows
 
 log = logging.getLogger(__name__)
 

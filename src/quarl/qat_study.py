@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.sb3 import load_checkpoint
-from quarl.measure import Cell, EvalSettings, run_cells
+from quarl.evaluation.cells import Cell, EvalSettings, run_cells
 from quarl.quant.config import QATConfig, QuantConfig
-from quarl.records import ResultsLog
-from quarl.reports import relative_error, save_figure, write_rows
+from quarl.core.records import ResultsLog
+from quarl.evaluation.reports import relative_error, save_figure, write_rows
 from quarl.training.sb3_train import TrainConfig, has_checkpoint, resolve_timesteps, train
 
 log = logging.getLogger(__name__)

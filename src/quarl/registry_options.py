@@ -1,17 +1,17 @@
 """Option values checked against quarl's registries and settings classes (precisions and
 their options, ActorQ actor precisions and wire widths, evaluation settings): apart from
-:mod:`quarl.validate`, which the registries themselves import and so must import none of
+:mod:`quarl.core.validate`, which the registries themselves import and so must import none of
 them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from quarl.errors import QuarlError
-from quarl.validate import MAX_N_ENVS, items, positive_ints, seed
+from quarl.core.errors import QuarlError
+from quarl.core.validate import MAX_N_ENVS, items, positive_ints, seed
 
 if TYPE_CHECKING:
-    from quarl.cells import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
 
 
 def precisions(text: str, recovered: bool = False, **options: Any) -> list[str]:
@@ -72,6 +72,6 @@ def eval_settings(episodes: int, seed_value: int, n_envs: int, max_steps: int | 
     if not 1 <= n_envs <= MAX_N_ENVS:
         raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
     seed(seed_value)
-    from quarl.measure import EvalSettings
+    from quarl.evaluation.cells import EvalSettings
 
     return EvalSettings(episodes=episodes, seed=seed_value, n_envs=n_envs, max_steps=max_steps, workers=worker_count)

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from quarl import registry_options, validate
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError
+from quarl import registry_options
+
+from quarl.core import validate
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
     from quarl.envs import EnvSpec
@@ -71,7 +73,7 @@ class TrainedScore:
 def evaluate_trained(run_dir: Path, episodes: int, seed: int) -> TrainedScore:
     """The run folder ``train`` wrote, loaded as any checkpoint is and played for
     ``episodes`` episodes on seeds of its own (:data:`POST_TRAINING_SEED_OFFSET`)."""
-    from quarl.evaluation import evaluate
+    from quarl.evaluation.episodes import evaluate
     from quarl.policies.sb3 import load_checkpoint
 
     ckpt = load_checkpoint(run_dir)
@@ -87,7 +89,7 @@ def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool,
     """What ``ptq`` plays instead of quantizing where ``checkpoint`` is a policy ``quarl
     recover`` wrote: fp32 is the ORIGINAL policy and the recovered precision its real
     kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise."""
-    from quarl.evaluation import acting
+    from quarl.evaluation.episodes import acting
     from quarl.recovery import load_recovered
 
     recovered = load_recovered(checkpoint, trust_pickle)
@@ -110,7 +112,7 @@ def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Pa
     precision but fp32 calibrates on the calibration seeds' states (episodes cut at
     ``max_steps``), and an automatic int mode is judged on the calibration episodes."""
     from quarl.deploy import export_policy
-    from quarl.measure import calibration_inputs, calibration_returns
+    from quarl.evaluation.calibration import calibration_inputs, calibration_returns
     from quarl.policies.onnx_artifact import ARTIFACT_NAME
 
     labels = registry_options.precisions(precision, **options)
@@ -127,7 +129,7 @@ def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[str
     """Latency rows of ``policy`` at each precision (an exported model: as exported, alone),
     timed on the calibration seeds' states; int modes chosen as ``ptq`` chooses them."""
     from quarl.deploy import bench_precisions
-    from quarl.measure import calibration_inputs, calibration_returns
+    from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 
     inputs = calibration_inputs(policy, env_spec)
     if as_exported:
@@ -137,8 +139,8 @@ def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[str
 
 def write_bench(rows: Sequence[dict[str, Any]], out: Path, checkpoint: Path, policy: Policy) -> list[Path]:
     """bench.csv / .md / .json and provenance.json (what was timed, on what) in ``out``."""
-    from quarl.provenance import provenance
-    from quarl.reports import write_rows
+    from quarl.core.provenance import provenance
+    from quarl.evaluation.reports import write_rows
 
     written = write_rows(rows, out, "bench")
     record = {"checkpoint": str(checkpoint), "policy_sha256": policy.fingerprint(), **provenance()}
@@ -149,7 +151,7 @@ def write_bench(rows: Sequence[dict[str, Any]], out: Path, checkpoint: Path, pol
 def write_study_report(records: Sequence[dict[str, Any]], precisions: Sequence[str], out: Path,
                        seeds: int) -> list[dict[str, Any]]:
     """The study's table (table.csv / .md / .json) and study.png in ``out``; returns the rows."""
-    from quarl.reports import write_rows
+    from quarl.evaluation.reports import write_rows
     from quarl.study.report import plot_study, study_table
 
     rows = study_table(records, precisions)

@@ -33,7 +33,7 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import policy_network
 from quarl.actorq.replay import Batch, NStep, Unroll, stack, stack_unrolls
 from quarl.envs import EnvSpec, check_env_id, make_env
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy, unscale_action
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.primitives import FLOAT_DTYPES

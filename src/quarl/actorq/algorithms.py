@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the config imports this module to validate; the rest is built on demand
     from quarl.actorq.config import ActorQConfig

@@ -15,9 +15,9 @@ from quarl.actorq.algorithms import Learner
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.replay import Limiter, Store
 from quarl.actorq.run_state import MAX_COUNT, Count, RunState, check_state
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_record
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, parse_record
 
 RESUME_MAY_CHANGE = frozenset({"max_minutes", "max_env_steps", "target_reward", "eval_every_s", "eval_every_steps",
                                "eval_episodes", "checkpoint_every_s", "out", "local", "address", "learner_device",
@@ -137,7 +137,7 @@ def _load_blob(path: Path) -> dict[str, Any]:
     """The checkpoint's dict of plain tensors and numbers (its size bounded first)."""
     if not path.exists():
         raise QuarlError(f"nothing to resume: {path} does not exist")
-    from quarl.limits import check_file_size, model_file_cap
+    from quarl.core.limits import check_file_size, model_file_cap
 
     check_file_size(path, 2 * model_file_cap(), "an ActorQ checkpoint")  # the learner's weights and its replay
     try:  # tensors, numbers and strings only: nothing in the file can run code

@@ -22,7 +22,7 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.summary import ActorQSummary, running_means
 from quarl.actorq.coordinator import OnProgress
 from quarl.actorq.system import run_actorq
-from quarl.reports import save_figure, write_rows
+from quarl.evaluation.reports import save_figure, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def run_compare(
 def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
     """A finished run is reused only for the configuration it ran (never another target,
     policy or address's result)."""
-    from quarl.errors import QuarlError
+    from quarl.core.errors import QuarlError
 
     from quarl.actorq.actor_precisions import actor_quant
 

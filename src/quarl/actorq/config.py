@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from quarl.errors import QuarlError
-from quarl.validate import digits
-from quarl import validate
-from quarl.limits import check_layer_sizes
+from quarl.core.errors import QuarlError
+from quarl.core.validate import digits
+from quarl.core import validate
+from quarl.core.limits import check_layer_sizes
 from quarl.actorq.actor_precisions import actor_precisions
 
 MAX_ACTORS = 4096

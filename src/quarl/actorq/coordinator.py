@@ -31,7 +31,7 @@ from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.replay import Batch, Limiter, PrioritizedReplay, Store
 from quarl.actorq.run_log import Progress, account, progress, write_evals, write_nodes
 from quarl.actorq.run_state import MISMATCH_KEYS, RunState
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from quarl.actorq.acting import ActorResult, EnvInfo, make_network
 from quarl.actorq.config import ActorQConfig
 from quarl.envs import EnvSpec, make_env
-from quarl.evaluation import evaluate
+from quarl.evaluation.episodes import evaluate
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Fleet(Protocol):
 
 class Evaluator:
     """Runs the learner's fp32 policy without exploration on its own env, through the
-    core's :func:`quarl.evaluation.evaluate` (the policy, action head and seeding ptq uses)."""
+    core's :func:`quarl.evaluation.episodes.evaluate` (the policy, action head and seeding ptq uses)."""
 
     def __init__(self, config: ActorQConfig, info: EnvInfo) -> None:
         torch.set_num_threads(1)

@@ -9,8 +9,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from quarl import outputs, validate
-from quarl.errors import QuarlError
+from quarl import outputs
+
+from quarl.core import validate
+from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the config module loads torch; the CLI imports this one at start
     from quarl.actorq.acting import EnvInfo

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from quarl.actorq.summary import ActorQSummary
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 PAPER_SPEEDUPS = {
     "Cartpole Balance": 3.12, "Walker Stand": 1.63, "Hopper Stand": 1.57, "Reacher Hard": 1.82,
@@ -275,7 +275,7 @@ def plot_scaling(rows: list[dict], path: Path, title: str, validation: list[dict
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from quarl.reports import save_figure
+    from quarl.evaluation.reports import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for precision in dict.fromkeys(r["actor_precision"] for r in rows):
@@ -303,7 +303,7 @@ def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cl
     count, and the validation of every measured run (``validate`` runs predicted from
     ``runs``' costs, or ``runs`` themselves). Writes model.{csv,md,json},
     validation.{csv,md,json} and scaling.png under ``out``."""
-    from quarl.reports import write_rows
+    from quarl.evaluation.reports import write_rows
 
     background = machine_background(runs)
     costs = {p: costs_from_summaries(p, r, background) for p, r in runs.items()}

@@ -25,7 +25,7 @@ from quarl.actorq.algorithms import (MODULES, Algorithm, _queue_limiter, _unroll
                                     validate_unrolls)
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import IMPALALearner
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 def gae(rewards: torch.Tensor, discounts: torch.Tensor, continues: torch.Tensor, values: torch.Tensor,

@@ -1,5 +1,5 @@
 """The fleet on Ray: the only ActorQ module that uses Ray (started or joined by
-:mod:`quarl.ray_cluster`).
+:mod:`quarl.core.ray_cluster`).
 
 One Ray actor per ActorQ actor (one CPU each, spread over the cluster's nodes), one for
 the parameter broadcaster and one for the evaluator. Without ``--address`` a local Ray
@@ -17,8 +17,8 @@ import numpy as np
 from quarl.actorq.acting import Actor, ActorResult, Broadcaster, EnvInfo
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Evaluator
-from quarl.errors import QuarlError
-from quarl.ray_cluster import free_cpus, start_ray
+from quarl.core.errors import QuarlError
+from quarl.core.ray_cluster import free_cpus, start_ray
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from quarl.actorq.acting import ActorResult
 from quarl.actorq.run_state import RunState
 from quarl.actorq.summary import running_means
-from quarl.atomic import write_atomic
+from quarl.core.atomic import write_atomic
 
 
 @dataclass(frozen=True)

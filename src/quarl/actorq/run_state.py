@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, ValidationInfo, field_validator
 
 from quarl.actorq.summary import WINDOW, running_means
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_record
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, parse_record
 
 MISMATCH_KEYS = ("kl", "rho_mean", "rho_std", "rho_clipped", "policy_lag")
 """What impala measures of the actors' policy against the learner's, averaged over the run."""

@@ -10,7 +10,7 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.machine import describe_machine
 from quarl.actorq.run_state import RunState
 from quarl.actorq.summary import ActorQSummary
-from quarl.provenance import provenance
+from quarl.core.provenance import provenance
 
 
 def steady_rate(state: RunState) -> float | None:

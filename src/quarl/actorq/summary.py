@@ -12,9 +12,9 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import ConfigDict, Field, field_validator
 
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_json, parse_record
-from quarl.limits import read_capped
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, parse_json, parse_record
+from quarl.core.limits import read_capped
 
 SUMMARY_CAP = 16 << 20
 """Bytes an ActorQ summary.json may have (quarl writes a few kilobytes)."""
@@ -204,6 +204,6 @@ class ActorQSummary:
         return cls.from_json(data, str(path))
 
     def write(self, path: Path) -> None:
-        from quarl.atomic import write_atomic
+        from quarl.core.atomic import write_atomic
 
         write_atomic(Path(path), json.dumps(self.to_json(), indent=1))

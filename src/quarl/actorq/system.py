@@ -29,8 +29,8 @@ from quarl.actorq.machine import machine_busy_s, start_energy, stop_energy
 from quarl.actorq.run_state import RunState
 from quarl.actorq.summarize import make_summary
 from quarl.actorq.summary import ActorQSummary
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError, StoppedRun
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError, StoppedRun
 
 log = logging.getLogger(__name__)
 

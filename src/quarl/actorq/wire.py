@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import torch
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.quant.primitives import qparams, quantize
 
 Weights = dict[str, np.ndarray]

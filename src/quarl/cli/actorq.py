@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import GymPackagesOpt, OutOpt, SeedOpt, VerboseOpt, with_options
@@ -148,7 +150,7 @@ def actorq_compare(
     validate.repeats(repeats)
     config, out = start(env_id, True, opts)
     from quarl.actorq.compare import run_compare
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
 
     result = run_compare(config, labels, repeats, out,
                          on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
@@ -186,7 +188,7 @@ def actorq_model(
     setup(verbose)
     from quarl.actorq.launch import model_cluster
     from quarl.actorq.model import load_runs, model_report
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
 
     counts = validate.positive_ints(actors, "--actors")
     widths = registry_options.wire_widths(wire_bits)

@@ -19,7 +19,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quarl.errors import QuarlError, StoppedRun
+from quarl.core.errors import QuarlError, StoppedRun
 
 console = Console(stderr=True)
 # files and pipes get whole tables; no markup: what it prints holds users' paths and labels ("[/]" is text)
@@ -82,7 +82,7 @@ def _one_torch_thread() -> None:
 def setup(verbose: bool = False) -> None:
     environment_defaults()
     after_import("torch", _one_torch_thread)
-    from quarl.logs import AgentFilter
+    from quarl.core.logs import AgentFilter
 
     handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
     handler.addFilter(AgentFilter())  # demo / study: each line names the agent it is about
@@ -94,7 +94,7 @@ def setup(verbose: bool = False) -> None:
     )
     logging.getLogger("quarl").setLevel(logging.INFO if verbose else logging.WARNING)
     if not verbose:
-        from quarl import quiet
+        from quarl.core import quiet
 
         quiet.install()
 
@@ -139,7 +139,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                           highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except OSError as exc:
-            from quarl.atomic import DISK_ERRNOS, write_error
+            from quarl.core.atomic import DISK_ERRNOS, write_error
 
             if exc.errno not in DISK_ERRNOS:
                 raise

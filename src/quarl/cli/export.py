@@ -8,11 +8,13 @@ from typing import Any, Optional
 
 import typer
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, OutOpt, TrustOpt,
                                VerboseOpt, is_export, load, load_choice, protocol)
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 @user_errors
@@ -108,7 +110,7 @@ def bench(
     Example: quarl bench ../shared/zoo/dqn/CartPole-v1_1 --precisions fp32,int8
     """
     setup(verbose)
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
     from quarl.workflows import bench_checkpoint, write_bench
 
     exported = is_export(checkpoint)

@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from quarl.cli import help_lists
 from quarl.cli.common import console, print_error
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click import exceptions as _typer_click

@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from quarl.atomic import write_atomic
+from quarl.core.atomic import write_atomic
 from quarl.cli.common import environment_defaults
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 def spoken(items: Sequence[object]) -> str:

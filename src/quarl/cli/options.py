@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
-from quarl import validate
-from quarl.errors import QuarlError
+from quarl.core import validate
+from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:
     from quarl.envs import EnvSpec
@@ -126,7 +126,7 @@ def protocol(policy: Policy, spec: EnvSpec, stochastic: Optional[bool],
              sticky_actions: Optional[float]) -> tuple[EnvSpec, Policy]:
     """The env spec with ``--sticky-actions`` and the policy acting as ``--stochastic`` /
     ``--deterministic`` say (or the RL Zoo's default)."""
-    from quarl.evaluation import protocol as acting_protocol
+    from quarl.evaluation.episodes import protocol as acting_protocol
 
     return acting_protocol(policy, spec, stochastic, sticky_actions)
 

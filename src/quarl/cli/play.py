@@ -7,11 +7,13 @@ from typing import Optional
 
 import typer
 
-from quarl import registry_options, validate
+from quarl import registry_options
+
+from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, is_export, load, load_choice, protocol)
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 @user_errors
@@ -48,8 +50,8 @@ def play(
     """
     setup(verbose)
     from quarl.api import quantize
-    from quarl.playback import play as play_episodes
-    from quarl.reports import print_table
+    from quarl.evaluation.playback import play as play_episodes
+    from quarl.evaluation.reports import print_table
     from quarl.workflows import episode_rows, file_label
 
     options = registry_options.quant_options(int8_weights, block_size)

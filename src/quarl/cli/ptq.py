@@ -7,7 +7,9 @@ from typing import Any, Optional, Sequence
 
 import typer
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, Int8WeightsOpt,
                                MaxStepsOpt, NEnvsOpt, OutOpt, SeedOpt, StickyOpt, StochasticOpt, TrustOpt, VerboseOpt,
@@ -41,7 +43,7 @@ def warm(workers: int) -> None:
     """Start the evaluation workers in the background once the policy has loaded (a bad
     checkpoint fails without starting them), so they are ready when calibration ends."""
     if workers > 1:
-        from quarl import parallel
+        from quarl.evaluation import parallel
 
         parallel.warm_up(workers)
 
@@ -97,7 +99,7 @@ def ptq(
     decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
     from quarl.ptq import run_ptq
-    from quarl.reports import print_table, ptq_rows
+    from quarl.evaluation.reports import print_table, ptq_rows
 
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)

@@ -9,12 +9,14 @@ from typing import Any, Optional
 import typer
 from rich.progress import TaskID
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.ptq import DECIDE_EPISODES, DecideEpisodesOpt, DecideMinutesOpt
 from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
                                SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, is_export, load, load_choice)
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "
                                                  "folder (ppo/CartPole-v1_1)")
@@ -71,7 +73,7 @@ def recover(
     """
     setup(verbose)
     from quarl.recovery import RecoverConfig, preflight, run_recover
-    from quarl.reports import print_table, ptq_rows
+    from quarl.evaluation.reports import print_table, ptq_rows
 
     options = registry_options.quant_options(int8_weights, block_size)
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,

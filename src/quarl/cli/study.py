@@ -8,7 +8,9 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.cli.common import console, log, out_console, progress, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
                                StochasticOpt, TrustOpt, VerboseOpt, WideOpt, WorkersOpt)
@@ -48,7 +50,7 @@ def demo(
     """
     setup(verbose)
     from quarl.demo import demo_agents, run_demo
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
 
     labels = registry_options.precisions(precisions)
     settings = registry_options.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
@@ -106,7 +108,7 @@ def study(
     Example: quarl study ../shared/zoo ../shared/paper-agents --precisions fp32,fp16,int8,int4 --seeds 0,1,2
     """
     setup(verbose)
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
     from quarl.study.grid import StudyConfig, find_agents, run_study
     from quarl.study.grid import cells as study_cells
     from quarl.workflows import write_study_report

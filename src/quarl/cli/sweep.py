@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.cli.common import out_console, progress, say_reused, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, GranularityOpt, MaxStepsOpt,
                                NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, load,
@@ -43,7 +45,7 @@ def sweep(
     setup(verbose)
     from quarl.ptq import run_sweep
     from quarl.quant.config import QuantConfig
-    from quarl.reports import print_table, ptq_rows
+    from quarl.evaluation.reports import print_table, ptq_rows
 
     widths = validate.bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
@@ -88,7 +90,7 @@ def analyze(
     from quarl.ptq import run_analyze
     from quarl.quant.analysis import kl_bins, per_layer_table
     from quarl.quant.config import QuantConfig
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
 
     widths = validate.bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)

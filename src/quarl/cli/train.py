@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, registry_options, validate
+from quarl import outputs, registry_options
+
+from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.options import GymPackagesOpt, EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, VerboseOpt
 
@@ -100,7 +102,7 @@ def qat(
     algo, env_id = validate.algo_and_env(algo, env_id, algo_opt, env_opt)
     from quarl.qat_study import QATStudy, run_qat_study
     from quarl.quant.config import QuantConfig
-    from quarl.reports import print_table
+    from quarl.evaluation.reports import print_table
 
     widths = validate.bit_widths(bits)
     validate.count(timesteps, 1, "--timesteps")

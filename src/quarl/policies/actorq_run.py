@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from quarl.envs import EnvSpec, current_env_id, make_env
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.actorq.summary import ActorQRunConfig, ActorQRunRecord, read_summary_json
-from quarl.file_schema import parse_record
-from quarl.limits import check_file_size, check_tensors, model_file_cap
+from quarl.core.file_schema import parse_record
+from quarl.core.limits import check_file_size, check_tensors, model_file_cap
 from quarl.policies.base import Policy, check_outputs
 from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.quant.backends.torch_backend import TorchEngine
 
 Engine = Callable[[np.ndarray], np.ndarray]

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
-from quarl.limits import check_tensors, model_file_cap, read_capped
+from quarl.core.errors import QuarlError
+from quarl.core.limits import check_tensors, model_file_cap, read_capped
 from quarl.policies.base import ObsNormalizer, Policy
 from quarl.policies.safe_load import AllowListUnpickler, Record, Refused, obs_statistics
 

@@ -17,9 +17,9 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 from torch import nn
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, field_error, parse_json, parse_record
-from quarl.limits import model_file_cap, read_capped
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, field_error, parse_json, parse_record
+from quarl.core.limits import model_file_cap, read_capped
 from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
 from quarl.quant.backends.onnxruntime import OrtEngine
 

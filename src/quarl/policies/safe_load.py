@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from quarl.errors import QuarlError
-from quarl.limits import read_capped
+from quarl.core.errors import QuarlError
+from quarl.core.limits import read_capped
 
 
 class _ZooYamlLoader(yaml.SafeLoader):

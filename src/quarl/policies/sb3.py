@@ -41,11 +41,11 @@ from pydantic import BeforeValidator, ConfigDict
 from torch import nn
 
 from quarl.envs import MAX_FRAME_STACK, EnvSpec, current_env_id, env_spec_for_policy, wrapper_names
-from quarl.errors import QuarlError
-from quarl.file_schema import MAX_JSON_DEPTH, Record, check_depth, parse_record
-from quarl.limits import check_tensors, open_zip, read_zip_entry
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import MAX_JSON_DEPTH, Record, check_depth, parse_record
+from quarl.core.limits import check_tensors, open_zip, read_zip_entry
 from quarl.policies.base import check_outputs
-from quarl.registry import put_first
+from quarl.core.registry import put_first
 from quarl.policies.base import ObsNormalizer, Policy, StateNoise
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
 from quarl.policies.actorq_run import is_actorq_run, load_actorq_run

@@ -10,7 +10,7 @@ import numpy as np
 from scipy import stats
 from torch import nn
 
-from quarl.atomic import write_atomic
+from quarl.core.atomic import write_atomic
 from quarl.policies.base import linear_layers
 from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 

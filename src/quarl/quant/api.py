@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig

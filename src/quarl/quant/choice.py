@@ -38,11 +38,11 @@ from typing import Callable
 import numpy as np
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import BuildRequest, Candidate, IntMode, build_candidate, modes_for, split_calibration
-from quarl.timing import median_us
+from quarl.core.timing import median_us
 from quarl.verdict import sequential_keeps
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ SEQUENTIAL_FIRST = 4
 SEQUENTIAL_CAP = 16
 """The sequential test of a candidate's return starts with 4 calibration episodes and
 doubles them while undecided, up to the cap the returns' ``episode_cap(policy)`` gives
-(:class:`quarl.measure.CalibrationEpisodes`: a step budget), else 16."""
+(:class:`quarl.evaluation.calibration.CalibrationEpisodes`: a step budget), else 16."""
 CLOSED_LOOP_CANDIDATES = 4
 
 SWITCH_MARGIN = 0.05

@@ -11,7 +11,7 @@ episodes) and records what the first choice measured.
 The cache is a folder of small JSON files: ``$QUARL_CACHE`` (default
 ``~/.cache/quarl/int-modes``); ``QUARL_CACHE=off`` chooses afresh every time. A file that
 cannot be read, is not a :class:`ChoiceRecord` (a field of the wrong type, JSON nested past
-:data:`quarl.file_schema.MAX_JSON_DEPTH`) or names a mode that no longer exists, is ignored
+:data:`quarl.core.file_schema.MAX_JSON_DEPTH`) or names a mode that no longer exists, is ignored
 with a warning and replaced: a cache is never a reason to fail.
 """
 
@@ -27,10 +27,10 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, check_depth, parse_record
-from quarl.limits import read_capped
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, check_depth, parse_record
+from quarl.core.limits import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _mode_set() -> list[str]:
 def choice_key(fingerprint: str, options: dict[str, Any], calibration: np.ndarray, returns: object) -> str | None:
     """The key of a choice, or None when it cannot be named: calibration episodes that do not
     say what they play (a caller's own function) make the choice uncacheable."""
-    from quarl.provenance import provenance
+    from quarl.core.provenance import provenance
 
     returns_key = None
     if returns is not None:

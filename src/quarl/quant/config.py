@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from quarl.errors import QuarlError
-from quarl.validate import digits
+from quarl.core.errors import QuarlError
+from quarl.core.validate import digits
 from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 

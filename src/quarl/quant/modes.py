@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits, simulate_qdq

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 PORTABLE_OPSET = 21
 """The first opset with blocked DequantizeLinear and 4-bit tensors."""

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy, categorical, greedy, linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
@@ -218,7 +218,7 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "
-                             "fp32 (quarl.measure.calibration_inputs)")
+                             "fp32 (quarl.evaluation.calibration.calibration_inputs)")
         key = choice_cache.choice_key(policy.fingerprint(), _choice_options(config, sampled), calibration, returns)
         entry = choice_cache.load(key, {m for m in MODES if MODES[m].bits == config.bits},
                                   len(linear_layers(policy.network)))

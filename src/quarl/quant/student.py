@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.quant.primitives import QParams, dequantize, qparams, quantize
 
 STUDENT_MODES = ("block", "weight-only", "dyn-tensor", "dyn-channel")

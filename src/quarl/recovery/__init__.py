@@ -16,8 +16,8 @@ straight-through gradient. The loop, DAgger (Ross, Gordon and Bagnell, 2011)::
                calibration episodes (the automatic choice's sequential test); else go on,
                up to ``rounds``. The best round (held-out agreement) is what is written.
 
-Seeds: distillation episodes reset with :data:`quarl.measure.DISTILLATION_SEEDS`, which no
-evaluation may use (:class:`quarl.measure.EvalSettings` refuses them); VecNormalize
+Seeds: distillation episodes reset with :data:`quarl.evaluation.calibration.DISTILLATION_SEEDS`, which no
+evaluation may use (:class:`quarl.evaluation.cells.EvalSettings` refuses them); VecNormalize
 statistics are the teacher's, frozen. The loss depends on the action head
 (:func:`distill_loss`). A run writes its state after every round and resumes from it.
 

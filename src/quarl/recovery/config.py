@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from quarl.errors import QuarlError
-from quarl.measure import DISTILLATION_SEEDS
+from quarl.core.errors import QuarlError
+from quarl.evaluation.calibration import DISTILLATION_SEEDS
 from quarl.quant.modes import MODES
 from quarl.quant.student import STUDENT_MODES
 

@@ -17,11 +17,11 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from quarl.envs import EnvSpec
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError
-from quarl.evaluation import evaluate
-from quarl.file_schema import Record, parse_record
-from quarl.measure import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import evaluate
+from quarl.core.file_schema import Record, parse_record
+from quarl.evaluation.calibration import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
 from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
 from quarl.quant.modes import MODES, action_agreement, fp32_actions, get_mode, int8_compute
@@ -375,7 +375,7 @@ STATE_CAP = 16 << 30
 def read_state(path: Path) -> dict[str, Any]:
     """A recovery state file, as plain tensors and containers (nothing unpickled): a regular
     file of bounded size holding this format, else one line saying to remove it."""
-    from quarl.limits import check_file_size
+    from quarl.core.limits import check_file_size
 
     if path.is_symlink() or not path.is_file():
         raise QuarlError(f"{path} is not a regular file: remove it to start the recovery afresh")

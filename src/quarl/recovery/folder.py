@@ -16,9 +16,9 @@ import torch
 from pydantic import ConfigDict
 
 from quarl.envs import EnvSpec
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_json, parse_record
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, parse_json, parse_record
 from quarl.policies.base import Policy
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.student import (plain_network, sb3_tensors)
@@ -57,7 +57,7 @@ def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
 def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
     """``source`` with its ``policy.pth`` tensors replaced by ``tensors`` (and the same
     names under a ``*_target`` network, so DQN / TD3 targets match); every other entry copied."""
-    from quarl.limits import open_zip, read_zip_entry
+    from quarl.core.limits import open_zip, read_zip_entry
 
     with open_zip(source, "a Stable-Baselines3 checkpoint") as archive:
         sd = torch.load(io.BytesIO(read_zip_entry(archive, "policy.pth", str(source))), map_location="cpu",
@@ -90,7 +90,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     its zip as ``original.zip`` and ``recovery.json``) and ``export/`` (the real-kernel
     model built from the student's integers, with its sidecar). Returns recovery.json."""
     from quarl.deploy import write_artifact
-    from quarl.provenance import provenance
+    from quarl.core.provenance import provenance
 
     zip_path, config_dir = _zoo_paths(checkpoint)
     # an RL Zoo folder keeps its names; a bare zip's folder is named after its env, as the zoo names ENV.zip
@@ -218,7 +218,7 @@ RECORD_CAP = 4 << 20
 def read_recovery_record(path: Path) -> tuple[dict[str, Any], RecoveryRecord]:
     """(the record as written, its :class:`RecoveryRecord`) of ``recovery.json``, or one
     line naming the file (and the field)."""
-    from quarl.limits import read_capped
+    from quarl.core.limits import read_capped
 
     record = parse_json(read_capped(path, RECORD_CAP, "a recovery record"), path)
     if not isinstance(record, dict) or record.get("format") != RECOVERY_FORMAT:
@@ -235,7 +235,7 @@ def read_recovery_record(path: Path) -> tuple[dict[str, Any], RecoveryRecord]:
 def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
     """The original and the recovered kernel of a folder written by :func:`write_recovered`
     (None for any other checkpoint); a file that does not match its recorded hash is refused."""
-    from quarl.limits import model_file_cap, read_capped
+    from quarl.core.limits import model_file_cap, read_capped
     from quarl.policies.onnx_artifact import load_artifact
     from quarl.policies.sb3 import load_checkpoint
 

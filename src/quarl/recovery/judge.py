@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
-from quarl.evaluation import evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.student import KernelSpec
 from quarl.verdict import TOLERANCE, Sequential, sequential_at_least, sequential_keeps
@@ -33,7 +33,7 @@ class TestEpisodes:
     original fp32 policy and PTQ's model play each episode once for the whole run."""
 
     def __init__(self, env_spec: EnvSpec, max_steps: int | None = None) -> None:
-        from quarl.measure import CALIBRATION_EPISODE_STEPS
+        from quarl.evaluation.calibration import CALIBRATION_EPISODE_STEPS
 
         self.env_spec = env_spec
         self.max_steps = min(max_steps or CALIBRATION_EPISODE_STEPS, CALIBRATION_EPISODE_STEPS)

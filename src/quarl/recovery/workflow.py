@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.modes import fp32_actions
 from quarl.quant.student import (KernelSpec, make_student, real_model)
@@ -43,13 +43,13 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                 decide_seconds: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
-    given ``settings`` (:class:`quarl.measure.EvalSettings`), judge it as ``quarl ptq OUT``
+    given ``settings`` (:class:`quarl.evaluation.cells.EvalSettings`), judge it as ``quarl ptq OUT``
     does: the original fp32 policy against the recovered kernel on the evaluation seeds
     (``OUT/verdict/``), playing on while undecided up to ``decide_episodes`` /
     ``decide_seconds`` (:func:`quarl.ptq.decide`). A finished recovery of the same policy and options in ``OUT`` is
     reused as it is; ``wait``: wait for another run holding ``OUT`` instead of refusing.
     Returns (recovery.json, the verdict's records)."""
-    from quarl.measure import output_lock
+    from quarl.evaluation.cells import output_lock
     from quarl.ptq import run_ptq
 
     preflight(checkpoint, out)

@@ -20,10 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from quarl.cells import EvalSettings, config_identity, evaluate_config
+from quarl.evaluation.cells import EvalSettings, config_identity, evaluate_config
 from quarl.envs import gym_packages, import_gym_packages
-from quarl.errors import QuarlError
-from quarl.evaluation import acting, protocol
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import acting, protocol
 from quarl.quant.config import QuantConfig
 from quarl.study.store import StudyRecord, StudyStore
 
@@ -61,7 +61,7 @@ class StudyConfig:
     its cells hold this many episodes (0: off)."""
     stochastic: bool | None = None
     """Sample actions (True), act greedily (False) or the RL Zoo's default per env (None:
-    stochastic on Atari and MinAtar); see :func:`quarl.evaluation.acting`."""
+    stochastic on Atari and MinAtar); see :func:`quarl.evaluation.episodes.acting`."""
     sticky_actions: float | None = None
     """Atari / MinAtar agents repeat their previous action with this probability; the other
     agents play as they are."""
@@ -126,7 +126,7 @@ def _base_label(label: str) -> str:
 
 
 def config_key(config: QuantConfig, recovered: bool = False, sticky_actions: float | None = None) -> str:
-    """Hash of :func:`quarl.cells.config_identity` (the config as this CPU runs it, the
+    """Hash of :func:`quarl.evaluation.cells.config_identity` (the config as this CPU runs it, the
     result format, and for real int cells the runtime and CPU), the key ptq's cells are
     built on too; a recovered column adds the recovery's format and options, sticky actions
     their probability (absent ones add nothing, so older stores keep their keys)."""
@@ -185,7 +185,7 @@ def _load_cached(checkpoint: str, trust_pickle: bool, _stamp: tuple[tuple[str, i
 def evaluate_cell(cell: StudyCell) -> StudyRecord:
     """Load, quantize and evaluate one cell: the record the store keeps (its log lines
     name the agent and precision)."""
-    from quarl.logs import about
+    from quarl.core.logs import about
 
     ckpt, spec = _load(cell.checkpoint, cell.trust_pickle)
     with about(f"{ckpt.algo} {spec.env_id} {cell.precision}"):

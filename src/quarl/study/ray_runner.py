@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence, TypeVar
 
-from quarl.errors import QuarlError
-from quarl.ray_cluster import start_ray
+from quarl.core.errors import QuarlError
+from quarl.core.ray_cluster import start_ray
 
 log = logging.getLogger(__name__)
 

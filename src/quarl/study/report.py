@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from quarl.reports import layer_indices, paper_table, relative_error, save_figure
+from quarl.evaluation.reports import layer_indices, paper_table, relative_error, save_figure
 
 
 def _labels(records: Sequence[dict[str, Any]]) -> dict[str, str]:

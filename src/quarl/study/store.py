@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
-from quarl.errors import QuarlError
-from quarl.eval_record import EvalRecord, json_fields, sql_columns
-from quarl.file_schema import parse_json, parse_record
-from quarl.records import EvalFields, disagreement
+from quarl.core.errors import QuarlError
+from quarl.evaluation.record import EvalRecord, json_fields, sql_columns
+from quarl.core.file_schema import parse_json, parse_record
+from quarl.core.records import EvalFields, disagreement
 
 log = logging.getLogger("quarl")
 
@@ -36,7 +36,7 @@ _COLUMNS = {
     "max_steps": "INTEGER NOT NULL",  # 0: the env's own limit
     "policy": "TEXT NOT NULL",
     "algo": "TEXT NOT NULL",
-    **sql_columns(),  # what the evaluation measured: quarl.eval_record.EvalRecord, one definition
+    **sql_columns(),  # what the evaluation measured: quarl.evaluation.record.EvalRecord, one definition
     "wall_s": "REAL",
     "host": "TEXT",
     "provenance": "TEXT",  # JSON: package versions, CPU model and flags
@@ -49,7 +49,7 @@ TABLE = "cells_v2"
 
 class StudyRow(EvalFields):
     """A row as the store reads it back (its JSON columns parsed): the key's columns, whose
-    policy it is, what was measured (:class:`quarl.records.EvalFields`), where and when.
+    policy it is, what was measured (:class:`quarl.core.records.EvalFields`), where and when.
     Checked before it becomes a :class:`StudyRecord`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -149,7 +149,7 @@ class StudyStore:
 
     def done(self) -> set[tuple[Any, ...]]:
         """Keys of the cells already stored whose mean and std are those of their own finite
-        returns (:func:`quarl.records.disagreement`): any other row is evaluated again and
+        returns (:func:`quarl.core.records.disagreement`): any other row is evaluated again and
         replaced, never reused as it is."""
         measured = ("mean", "std", "returns", "lengths")
         try:

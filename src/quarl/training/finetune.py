@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
-from quarl.limits import open_zip, read_zip_entry
+from quarl.core.errors import QuarlError
+from quarl.core.limits import open_zip, read_zip_entry
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, raise_if_non_finite
 from quarl.policies.base import Policy, linear_layers
 from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_tensors

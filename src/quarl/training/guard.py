@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 class NonFiniteTraining(QuarlError):

@@ -21,11 +21,11 @@ import numpy as np
 import yaml
 from pydantic import ConfigDict, Field
 
-from quarl import env_wrappers
+from quarl.envs import wrappers as env_wrappers
 from quarl.envs import EnvSpec, env_family, is_atari, wrapper_names
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_record
-from quarl.limits import check_layer_sizes, read_capped
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, parse_record
+from quarl.core.limits import check_layer_sizes, read_capped
 from quarl.policies.safe_load import parse_literal
 
 log = logging.getLogger(__name__)
@@ -418,7 +418,7 @@ def check_buffer_memory(algo: str, setup: "TrainSetup", observation_space: gym.s
     """Refuse in one line a run whose replay or rollout buffer (:func:`buffer_memory`) would
     take more than this machine's memory (``n_steps=1e10`` asked for 1.16 TiB, a
     ``buffer_size=1e10`` replay for 149 GiB), naming the value and the largest that fits."""
-    from quarl.limits import machine_memory
+    from quarl.core.limits import machine_memory
 
     priced = buffer_memory(algo, setup, observation_space, action_space)
     if priced is None:

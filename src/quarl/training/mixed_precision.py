@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 log = logging.getLogger(__name__)
 

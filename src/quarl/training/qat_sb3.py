@@ -25,9 +25,9 @@ from pydantic import Field, model_validator
 from stable_baselines3.common.callbacks import BaseCallback
 from torch import nn
 
-from quarl.errors import QuarlError
-from quarl.file_schema import Record, parse_json, parse_record
-from quarl.limits import read_capped
+from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, parse_json, parse_record
+from quarl.core.limits import read_capped
 from quarl.quant.config import QATConfig
 from quarl.quant.primitives import resolve_granularity
 from quarl.quant.qat import QATLayer, set_quantization, wrap_qat_
@@ -98,7 +98,7 @@ def load_qat_state(policy: nn.Module, state: dict[str, Any]) -> None:
 
 
 def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
-    from quarl.atomic import write_atomic
+    from quarl.core.atomic import write_atomic
 
     write_atomic(path, json.dumps(qat_state(policy, settings), indent=1))
 

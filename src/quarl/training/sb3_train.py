@@ -31,10 +31,10 @@ import yaml
 from pydantic import ConfigDict, Field
 
 from quarl.envs import EnvSpec, check_env_id, make_env
-from quarl.atomic import write_atomic
-from quarl.errors import QuarlError, StoppedRun
-from quarl.file_schema import Record, check_depth, parse_json, parse_record
-from quarl.validate import digits
+from quarl.core.atomic import write_atomic
+from quarl.core.errors import QuarlError, StoppedRun
+from quarl.core.file_schema import Record, check_depth, parse_json, parse_record
+from quarl.core.validate import digits
 from quarl.quant.config import QATConfig
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
 from quarl.training.hyperparams import TRAINERS, TrainSetup, check_buffer_memory, prepare
@@ -194,7 +194,7 @@ def _load_arrays(path: Path) -> dict[str, np.ndarray]:
     :data:`ARRAYS_CAP` all together before any array is allocated."""
     from numpy.lib import format as npy
 
-    from quarl.limits import check_file_size, open_regular
+    from quarl.core.limits import check_file_size, open_regular
 
     check_file_size(path, ARRAYS_CAP, "a checkpoint's arrays")
     try:
@@ -344,7 +344,7 @@ class CheckpointData(Record):
 
 def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tuple[CheckpointData, dict[str, Any]]:
     """(typed record, raw object) of the ``data`` entry of SB3 zip ``path``."""
-    from quarl.limits import open_zip, read_zip_entry
+    from quarl.core.limits import open_zip, read_zip_entry
 
     with open_zip(path, what) as archive:
         if "data" not in archive.namelist():
@@ -538,7 +538,7 @@ def _with_run_settings(config: TrainConfig, run_dir: Path) -> TrainConfig:
     path = run_dir / RUN_SETTINGS
     if not path.is_file():
         return config
-    from quarl.limits import read_capped
+    from quarl.core.limits import read_capped
 
     stored = parse_json(read_capped(path, 1 << 20, "a run's settings"), path)
     if not isinstance(stored, dict) or not isinstance(stored.get("hyperparams", {}), dict):

@@ -27,7 +27,7 @@ t-interval (``benchmarks/bench_verdict_coverage.py``; the table is in docs/ptq.m
 
 Episodes are independent only if they are different games. A deterministic policy on an
 env whose resets converge replays whole games under other seeds. Given each episode's
-ending digest (:func:`quarl.evaluation.ending`), episodes that replay one game on either
+ending digest (:func:`quarl.evaluation.episodes.ending`), episodes that replay one game on either
 side are one *game* (:func:`games_of`), and the interval is built from one mean return per
 game: copies add no confidence.
 """

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 R = TypeVar("R", bound=BaseModel)
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Mapping
 
 from pydantic import ConfigDict, Field
 
-from quarl.file_schema import Record, parse_record
+from quarl.core.file_schema import Record, parse_record
 
 log = logging.getLogger("quarl")
 
@@ -25,7 +25,7 @@ _Cost = Annotated[float, Field(ge=0)]
 
 
 class EvalFields(Record):
-    """What one evaluation measured, as a file holds it (:class:`quarl.eval_record.EvalRecord`'s
+    """What one evaluation measured, as a file holds it (:class:`quarl.evaluation.record.EvalRecord`'s
     fields, typed): a ``results.jsonl`` line and a study store's row are checked with it."""
 
     model_config = ConfigDict(extra="allow")  # the cell's key and identity, matched by equality
@@ -92,7 +92,7 @@ class ResultsLog:
 
     def _records(self) -> list[tuple[int, dict[str, Any]]]:
         """(line number, record) of each line that holds a JSON object."""
-        from quarl.limits import read_capped  # imports numpy and torch: the study store imports this module
+        from quarl.core.limits import read_capped  # imports numpy and torch: the study store imports this module
 
         if not self.path.exists():
             return []
@@ -124,7 +124,7 @@ class ResultsLog:
 
     def append(self, record: dict[str, Any]) -> None:
         """One line, whole or not at all (a full disk cuts the log back and is one line)."""
-        from quarl.atomic import append_line
+        from quarl.core.atomic import append_line
 
         append_line(self.path, json.dumps(record, default=_plain))
 

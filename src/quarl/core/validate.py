@@ -1,5 +1,5 @@
 """One validator per kind of value a command takes, used at the CLI boundary: each returns
-the value (converted) or raises :class:`~quarl.errors.QuarlError` with one line naming the
+the value (converted) or raises :class:`~quarl.core.errors.QuarlError` with one line naming the
 option, the bad value and what is allowed (the CLI exits with status 2). Comma lists,
 precisions, ``--hp`` pairs and evaluation settings are parsed here too, so that a test (or
 another front end) checks them without typer. Imports stay light: what a validator needs
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 
 MAX_SEED = 2**31 - 1 - 200_000
@@ -195,7 +195,7 @@ MAX_BENCH_BUDGET_S = 600.0
 
 def workers(value: int | None) -> int:
     """--workers, else $QUARL_WORKERS, else this machine's cores; checked."""
-    from quarl import parallel
+    from quarl.evaluation import parallel
 
     if value is None:
         raw = os.environ.get("QUARL_WORKERS", "")

@@ -8,8 +8,8 @@ import os
 import socket
 from typing import Any
 
-from quarl.errors import QuarlError
-from quarl.validate import digits
+from quarl.core.errors import QuarlError
+from quarl.core.validate import digits
 
 
 def check_reachable(address: str) -> None:

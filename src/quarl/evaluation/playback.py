@@ -1,6 +1,6 @@
 """Watch a policy play: ``quarl play POLICY --precision int8 --video DIR``.
 
-Episodes are played by :func:`quarl.evaluation.evaluate` on one env, so episode ``i``
+Episodes are played by :func:`quarl.evaluation.episodes.evaluate` on one env, so episode ``i``
 meets seed ``seed + i`` and scores exactly what ``quarl ptq`` scores for it. With a video
 folder, gymnasium's ``RecordVideo`` sits on the bare env (before the RL Zoo's wrappers), so
 a video is a whole game as a person sees it, not the agent's cropped grey frames; it needs
@@ -18,8 +18,8 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from quarl.envs import EnvSpec, make_env
-from quarl.errors import QuarlError
-from quarl.evaluation import EvalResult, evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import EvalResult, evaluate
 from quarl.policies.base import Policy
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Union
 
 import gymnasium as gym
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 Wrapper = Union[str, tuple[str, tuple[tuple[str, Any], ...]]]
 

@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from quarl.envs import EnvSpec, game_score, make_env, restart_game
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def evaluate(
     ``keep_observations`` keeps up to that many preprocessed observations (every env's,
     every ``keep_every`` steps), for calibrating static int8 or activation quantization.
     ``envs``: envs of ``env_spec`` to play on (kept open; their number is ``n_envs``), for a
-    caller that evaluates again and again (ActorQ's evaluator). :func:`quarl.parallel.evaluate`
+    caller that evaluates again and again (ActorQ's evaluator). :func:`quarl.evaluation.parallel.evaluate`
     splits the episodes over worker processes, with every episode's numbers unchanged."""
     if episodes < 1:
         raise QuarlError(f"episodes={episodes} must be at least 1")

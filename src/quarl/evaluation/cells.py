@@ -27,19 +27,19 @@ from typing import Any
 
 import numpy as np
 
-from quarl import parallel
-from quarl.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
+from quarl.evaluation import parallel
+from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
 from quarl.envs import EnvSpec, sticky_probability
-from quarl.errors import QuarlError
-from quarl.eval_record import RESULT_FORMAT, CellRecord, EvalRecord
+from quarl.core.errors import QuarlError
+from quarl.evaluation.record import RESULT_FORMAT, CellRecord, EvalRecord
 from quarl.policies.base import Policy
-from quarl.provenance import provenance
+from quarl.core.provenance import provenance
 from quarl.quant import modes
 from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
-from quarl.records import ResultsLog
-from quarl.timing import median_us
+from quarl.core.records import ResultsLog
+from quarl.core.timing import median_us
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class EvalSettings:
     max_steps: int | None = None
     """Cut episodes longer than this (None: the env's own limit)."""
     workers: int = 1
-    """Processes playing the episodes side by side (:mod:`quarl.parallel`); the returns are
+    """Processes playing the episodes side by side (:mod:`quarl.evaluation.parallel`); the returns are
     those of a serial run, so this is not part of a cell's key."""
 
     def __post_init__(self) -> None:
@@ -101,7 +101,7 @@ class ConfigIdentity:
     config: dict[str, Any]
     """The config resolved for this CPU (``QuantConfig.resolved``), as plain fields."""
     format: int
-    """:data:`quarl.eval_record.RESULT_FORMAT`."""
+    """:data:`quarl.evaluation.record.RESULT_FORMAT`."""
     runtime: dict[str, str] | None
     """A real int config's runtime and CPU (:func:`quarl.quant.modes.runtime_key`): its
     kernels differ from one to another. None for the others."""
@@ -216,7 +216,7 @@ def evaluate_config(
 ) -> EvalRecord:
     """Quantize ``policy`` with ``config`` (or take ``quantized`` as it is) and evaluate
     it. ``calibration`` / ``returns``: a run's calibration states and episodes, computed
-    here where needed and not given (:func:`quarl.calibration.calibrate_if_needed`)."""
+    here where needed and not given (:func:`quarl.evaluation.calibration.calibrate_if_needed`)."""
     started = time.perf_counter()
     if quantized is None:
         calibrated = calibrate_if_needed(policy, env_spec, config, settings.max_steps, calibration, returns)

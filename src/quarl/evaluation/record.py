@@ -51,10 +51,10 @@ class EvalRecord:
     build_s: float | None
     """Seconds to quantize (calibration and the automatic mode choice included)."""
     endings: list[str] | None = None
-    """Per episode, a digest of how it ended (:func:`quarl.evaluation.ending`): equal digests
+    """Per episode, a digest of how it ended (:func:`quarl.evaluation.episodes.ending`): equal digests
     are replays of one game (older records have none)."""
     acting: str | None = None
-    """``sampled`` (the policy drew its actions, :func:`quarl.evaluation.acting`) or
+    """``sampled`` (the policy drew its actions, :func:`quarl.evaluation.episodes.acting`) or
     ``greedy`` (older records have none: greedy)."""
     sticky_actions: float | None = None
     """The env's sticky-action probability where one was set (:func:`quarl.envs.with_sticky_actions`)."""
@@ -97,7 +97,7 @@ def json_fields() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class CellRecord:
     """One ptq / sweep / QAT-study cell: its key (what a stored record must match to be
-    reused, :func:`quarl.cells.cell_key`), whose policy it is, what was measured and where.
+    reused, :func:`quarl.evaluation.cells.cell_key`), whose policy it is, what was measured and where.
     ``reused``: read back from ``results.jsonl`` instead of evaluated (never written)."""
 
     key: dict[str, Any]

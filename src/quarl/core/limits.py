@@ -1,6 +1,6 @@
 """Bounded resources for files a user hands over: a crafted file never decides how much
 memory quarl takes. Every check runs before the memory is taken and fails with one line
-(:class:`~quarl.errors.QuarlError`) naming what was refused and the limit.
+(:class:`~quarl.core.errors.QuarlError`) naming what was refused and the limit.
 
 - zip entries are inflated through a counting stream, against both their declared size and
   a cap (:func:`read_zip_entry`): a 3 MB zip that inflates to 3 GB stops at the cap;
@@ -29,7 +29,7 @@ from typing import BinaryIO, Iterable, Mapping
 
 import torch
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 DEFAULT_MAX_PARAMETERS = 64_000_000
 """256 MB of fp32 weights: 7x the largest policy in the paper (3 x 2048 MLP, 8.4M) and 37x

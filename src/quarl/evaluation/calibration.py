@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from quarl.envs import EnvSpec
-from quarl.errors import QuarlError
-from quarl.evaluation import evaluate
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy, greedy
 from quarl.quant import precisions as registry
 from quarl.quant.config import QuantConfig

@@ -3,7 +3,7 @@
 Each episode is reset with its own seed and the policy is stateless, so an episode's
 return and length do not depend on which process plays it or beside which others: the
 episodes are cut into contiguous chunks (``seed + start .. seed + start + count - 1``),
-each chunk is played by :func:`quarl.evaluation.evaluate` in a worker, and the results are
+each chunk is played by :func:`quarl.evaluation.episodes.evaluate` in a worker, and the results are
 put back in episode order, equal to a serial run's (tested). Each worker reports every
 episode as it ends on a queue it was given at start, so a progress bar moves per episode
 while the chunks run.
@@ -37,9 +37,9 @@ import numpy as np
 from torch import nn
 
 from quarl.envs import EnvSpec, gym_packages, make_env
-from quarl.errors import QuarlError
-from quarl.evaluation import EvalResult
-from quarl.evaluation import evaluate as evaluate_serial
+from quarl.core.errors import QuarlError
+from quarl.evaluation.episodes import EvalResult
+from quarl.evaluation.episodes import evaluate as evaluate_serial
 from quarl.policies.base import Policy
 
 MAX_WORKERS = 256
@@ -99,7 +99,7 @@ def _start_worker(finished: Any, parent: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from quarl import quiet
+    from quarl.core import quiet
 
     quiet.install()
 
@@ -111,7 +111,7 @@ def _executor(workers: int) -> ProcessPoolExecutor:
     if _pool is not None:
         _pool[1].shutdown(cancel_futures=True)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "onnxruntime", "gymnasium", "quarl.parallel"])
+    context.set_forkserver_preload(["torch", "onnxruntime", "gymnasium", "quarl.evaluation.parallel"])
     finished = context.SimpleQueue()
     _pool = (workers, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                           initargs=(finished, os.getpid())), finished)
@@ -210,7 +210,7 @@ def chunks(episodes: int, workers: int, n_envs: int = 32) -> list[tuple[int, int
 def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 32,
              max_steps: int | None = None, on_episode: Callable[[int, float], None] | None = None,
              workers: int = 1) -> EvalResult:
-    """:func:`quarl.evaluation.evaluate` with the episodes split over ``workers`` processes
+    """:func:`quarl.evaluation.episodes.evaluate` with the episodes split over ``workers`` processes
     (one process plays them all when ``workers`` is 1)."""
     if workers <= 1 or episodes <= 1:
         return evaluate_serial(policy, env_spec, episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps,

@@ -24,9 +24,9 @@ from typing import Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from quarl import env_wrappers
-from quarl.errors import QuarlError
-from quarl.registry import put_first
+from quarl.envs import wrappers as env_wrappers
+from quarl.core.errors import QuarlError
+from quarl.core.registry import put_first
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +434,7 @@ def restart_game(env: gym.Env) -> None:
 
 def make_env(spec: EnvSpec, training: bool = False, stack_frames: bool = True,
              on_made: Callable[[gym.Env], gym.Env] = _identity) -> gym.Env:
-    """Build one env (no vectorization; :mod:`quarl.evaluation` batches them) through its
+    """Build one env (no vectorization; :mod:`quarl.evaluation.episodes` batches them) through its
     family, with the zoo's wrappers as training used them. Unless ``training``, wrappers
     whose agent episodes are parts of a game (Atari's lives) get a :class:`GameScore`
     inside them, from which evaluation takes whole games' scores, as the RL Zoo's player

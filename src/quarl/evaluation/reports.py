@@ -15,7 +15,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from quarl.atomic import write_all_atomic, write_atomic
+from quarl.core.atomic import write_all_atomic, write_atomic
 from quarl.verdict import games_of, judge, relative_error
 
 __all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
@@ -189,7 +189,7 @@ def _json_value(value: Any) -> Any:
 def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
     """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, written together through
     temporaries renamed over the old ones (a reader never sees half a table; a full disk
-    leaves the old three, :func:`quarl.atomic.write_all_atomic`)."""
+    leaves the old three, :func:`quarl.core.atomic.write_all_atomic`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     csv_path, md_path, json_path = (out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json"))

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from quarl.errors import QuarlError
+from quarl.core.errors import QuarlError
 
 TEMPORARY_MARK = ".tmp"
 """Part of every temporary's name (``.NAME.PID.THREAD.tmp.SUFFIX``)."""
