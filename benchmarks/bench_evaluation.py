@@ -136,12 +136,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per row, each beside its own env-alone timing")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, one run per row, CartPole only")
     args = parser.parse_args()
-    from quarl.evaluation import parallel
-    from quarl.core import quiet
+    from quarl.core import quiet, validate
 
     quiet.install()  # MuJoCo's settotalmass and gymnasium's out-of-date notices, as the CLI does
 
-    cores = args.workers or parallel.usable_cores()
+    cores = args.workers or validate.usable_cores()
     episodes = 4 if args.quick else args.episodes
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats} must be at least 1")

@@ -788,11 +788,17 @@ def test_two_checkpoints_of_one_name_get_two_default_folders(tiny_run: Path, tmp
     assert outputs.policy_folder("ptq", copied, "CartPole-v1").name == "mine-best_model-CartPole-v1"
 
 
+def _bit_widths(text: str) -> list[int]:
+    from quarl.quant.config import bit_widths
+
+    return bit_widths(text)
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda v: v.items(" , ,", "--bits"), "--bits is empty"),
     (lambda v: v.items(",".join(map(str, range(300))), "--seeds"), "--seeds lists 300 distinct items: at most 256"),
-    (lambda v: v.bit_widths("8,17"), "bits '17' is out of range: allowed integers 2..16"),
-    (lambda v: v.bit_widths("8,²"), "bits '²' is out of range"),
+    (lambda v: _bit_widths("8,17"), "bits '17' is out of range: allowed integers 2..16"),
+    (lambda v: _bit_widths("8,²"), "bits '²' is out of range"),
     (lambda v: v.layer_widths("64,0"), "--policy-layers '64,0' must be positive integers"),
     (lambda v: v.positive_ints("4,x", "--actors"), "--actors: 'x' is not a positive integer"),
     (lambda v: v.seed_list("0,-1"), "--seeds: '-1' is not a non-negative integer"),
@@ -856,7 +862,6 @@ def test_validators_return_the_values_converted() -> None:
 
 
 def test_workers_come_from_the_option_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from quarl.evaluation import parallel
     from quarl.core import validate
     from quarl.core.errors import QuarlError
 
@@ -866,7 +871,7 @@ def test_workers_come_from_the_option_then_the_environment(monkeypatch: pytest.M
     with pytest.raises(QuarlError, match="QUARL_WORKERS='two' is not a whole number"):
         validate.workers(None)
     monkeypatch.delenv("QUARL_WORKERS")
-    assert validate.workers(None) == min(parallel.usable_cores(), parallel.MAX_WORKERS)
+    assert validate.workers(None) == min(validate.usable_cores(), validate.MAX_WORKERS)
 
 
 def test_hp_values_are_literals_in_python_or_yaml_and_the_first_separator_splits() -> None:

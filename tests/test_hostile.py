@@ -429,7 +429,7 @@ def test_a_repeated_or_endless_bits_list_is_one_line(text: str, message: str) ->
     """Ten thousand 8s ran (exit 0) as one sweep, silently: a repeated width, or more widths
     than exist, is refused naming the value and what is allowed (issue 38)."""
     from quarl.core.errors import QuarlError
-    from quarl.core.validate import bit_widths as _parse_bits
+    from quarl.quant.config import bit_widths as _parse_bits
 
     with pytest.raises(QuarlError) as caught:
         _parse_bits(text)

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
+from quarl.core.literals import parse_literal
+from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml
 from quarl.policies.sb3 import load_checkpoint
 
 
@@ -284,7 +285,7 @@ def test_a_zip_inside_a_run_folder_finds_the_statistics_it_was_trained_with(tmp_
 
 def test_the_api_takes_an_env_id_and_the_zoos_schedule_syntax_is_text(tiny_run: Path) -> None:
     import quarl
-    from quarl.policies.safe_load import parse_literal
+    from quarl.core.literals import parse_literal
 
     agent = quarl.load(tiny_run)
     by_id = quarl.evaluate(agent.policy, "CartPole-v1", episodes=3)

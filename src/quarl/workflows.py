@@ -48,7 +48,8 @@ def train_config(algo: str, env_id: str, timesteps: int | None, seed: int, out: 
     total = resolve_timesteps(algo.lower(), env_id, timesteps, overrides)
     qat = None
     if qat_bits is not None:
-        validate.bit_widths(str(qat_bits))
+        from quarl.quant.config import bit_widths
+        bit_widths(str(qat_bits))
         validate.count(quant_delay, 0, "--quant-delay")
         qat = QATConfig(bits=qat_bits, quant_delay=quant_delay if quant_delay is not None else total // 2)
     elif quant_delay is not None:

@@ -170,3 +170,14 @@ def say_reused(records: Sequence[dict[str, Any]], where: Path) -> None:
     if reused:
         out_console.print(f"reused {reused} finished cell{'s' * (reused != 1)} from {where} (same policy content, "
                           "config and settings)")
+
+
+def float_checkpoint(checkpoint: Path, why: str) -> Path:
+    """``checkpoint`` unless it is an exported model, which a command that needs the float
+    policy cannot use (``why`` says what it does with the float weights)."""
+    from quarl.policies.onnx_artifact import is_artifact
+
+    if is_artifact(checkpoint):
+        raise QuarlError(f"{checkpoint} is an exported model: {why}; give the SB3 .zip or RL Zoo folder it was "
+                         "exported from (ptq, play and bench take the export as it is)")
+    return checkpoint

@@ -11,7 +11,7 @@ import typer
 from quarl import outputs, registry_options
 
 from quarl.core import validate
-from quarl.cli.common import out_console, progress, say_reused, setup, user_errors
+from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
 from quarl.cli.options import (GymPackagesOpt, BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, GranularityOpt, MaxStepsOpt,
                                NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, load,
                                load_choice)
@@ -47,10 +47,11 @@ def sweep(
     from quarl.quant.config import QuantConfig
     from quarl.evaluation.reports import print_table, ptq_rows
 
-    widths = validate.bit_widths(bits)
+    from quarl.quant.config import bit_widths
+    widths = bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
-    validate.float_checkpoint(checkpoint, "sweep re-quantizes the float weights")
+    float_checkpoint(checkpoint, "sweep re-quantizes the float weights")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     warm(settings.workers)
     variant = outputs.sweep_variant(scheme, granularity, activations)
@@ -92,9 +93,10 @@ def analyze(
     from quarl.quant.config import QuantConfig
     from quarl.evaluation.reports import print_table
 
-    widths = validate.bit_widths(bits)
+    from quarl.quant.config import bit_widths
+    widths = bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
-    validate.float_checkpoint(checkpoint, "analyze reads the float weights")
+    float_checkpoint(checkpoint, "analyze reads the float weights")
     ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
     out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(
         outputs.analyze_folder(checkpoint), checkpoint)

@@ -104,7 +104,8 @@ def qat(
     from quarl.quant.config import QuantConfig
     from quarl.evaluation.reports import print_table
 
-    widths = validate.bit_widths(bits)
+    from quarl.quant.config import bit_widths
+    widths = bit_widths(bits)
     validate.count(timesteps, 1, "--timesteps")
     validate.count(quant_delay, 0, "--quant-delay")
     settings = registry_options.eval_settings(episodes, seed, n_envs, None)

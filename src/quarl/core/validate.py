@@ -110,28 +110,6 @@ def items(text: str, option: str, unique: bool = True) -> list[str]:
     return found
 
 
-def bit_widths(text: str) -> list[int]:
-    """--bits: widths the quantizer takes (2..16), each at most once: a repeated width, or
-    more widths than exist (10,000 entries ran ten thousand evaluations), is one line."""
-    from quarl.quant.primitives import MAX_BITS, MIN_BITS
-
-    listed = [t.strip() for t in text.split(",") if t.strip()]
-    if not listed:
-        raise QuarlError("--bits is empty: give a comma-separated list")
-    most = MAX_BITS - MIN_BITS + 1
-    if len(listed) > most:
-        raise QuarlError(f"--bits lists {len(listed):,} widths: at most {most} (each of {MIN_BITS}..{MAX_BITS} once)")
-    widths: list[int] = []
-    for item in listed:
-        if not digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
-            raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
-        if int(item) in widths:
-            raise QuarlError(f"--bits lists {int(item)} twice: each width at most once (allowed integers "
-                             f"{MIN_BITS}..{MAX_BITS})")
-        widths.append(int(item))
-    return widths
-
-
 def layer_widths(text: str) -> tuple[int, ...]:
     """--policy-layers: hidden widths, every one kept (2048,2048 is two layers)."""
     widths = items(text, "--policy-layers", unique=False)
@@ -193,18 +171,30 @@ MAX_BENCH_BUDGET_S = 600.0
 """Seconds of timing per bench cell: a larger value (or inf) is a typo, not a wish."""
 
 
+MAX_WORKERS = 256
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: int, option: str = "--workers") -> int:
+    if not 1 <= workers <= MAX_WORKERS:
+        raise QuarlError(f"{option} {workers} must be in 1..{MAX_WORKERS} (this machine has {usable_cores()} cores)")
+    return workers
+
+
 def workers(value: int | None) -> int:
     """--workers, else $QUARL_WORKERS, else this machine's cores; checked."""
-    from quarl.evaluation import parallel
-
     if value is None:
         raw = os.environ.get("QUARL_WORKERS", "")
         if raw and not digits(raw):
             raise QuarlError(f"QUARL_WORKERS={raw!r} is not a whole number")
-        value = int(raw) if raw else parallel.usable_cores()
-    return parallel.check_workers(value)
-
-
+        value = int(raw) if raw else usable_cores()
+    return check_workers(value)
 
 
 MAX_DECIDE_MINUTES = 7 * 24 * 60
@@ -253,17 +243,6 @@ def bandwidth_gbps(value: float | None) -> float | None:
     return value
 
 
-def float_checkpoint(checkpoint: Path, why: str) -> Path:
-    """``checkpoint`` unless it is an exported model, which a command that needs the float
-    policy cannot use (``why`` says what it does with the float weights)."""
-    from quarl.policies.onnx_artifact import is_artifact
-
-    if is_artifact(checkpoint):
-        raise QuarlError(f"{checkpoint} is an exported model: {why}; give the SB3 .zip or RL Zoo folder it was "
-                         "exported from (ptq, play and bench take the export as it is)")
-    return checkpoint
-
-
 # ---------------------------------------------------------------- train
 
 
@@ -273,7 +252,7 @@ def hyperparams(pairs: list[str]) -> dict[str, Any]:
     YAML's (``true``, ``null``)."""
     import yaml
 
-    from quarl.policies.safe_load import parse_literal
+    from quarl.core.literals import parse_literal
 
     def literal(text: str) -> Any:
         value = parse_literal(text)

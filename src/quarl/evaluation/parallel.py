@@ -42,7 +42,6 @@ from quarl.evaluation.episodes import EvalResult
 from quarl.evaluation.episodes import evaluate as evaluate_serial
 from quarl.policies.base import Policy
 
-MAX_WORKERS = 256
 PROGRESS_POLL_S = 0.2
 """How often the caller looks for finished episodes while the workers play."""
 _evaluations = itertools.count()
@@ -53,19 +52,6 @@ _worker_envs: dict[str, list] = {}
 _finished: Any = None
 """In a worker: the queue it reports each finished episode on, ``(evaluation, episode,
 return)``, so the caller's progress bar moves per episode, not per chunk."""
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def check_workers(workers: int, option: str = "--workers") -> int:
-    if not 1 <= workers <= MAX_WORKERS:
-        raise QuarlError(f"{option} {workers} must be in 1..{MAX_WORKERS} (this machine has {usable_cores()} cores)")
-    return workers
 
 
 PARENT_POLL_S = 0.5

@@ -50,7 +50,8 @@ from quarl.policies.base import ObsNormalizer, Policy, StateNoise
 from quarl.policies.legacy import is_legacy_pickle, load_legacy
 from quarl.policies.actorq_run import is_actorq_run, load_actorq_run
 from quarl.policies.onnx_artifact import is_artifact, load_artifact
-from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml, parse_literal
+from quarl.core.literals import parse_literal
+from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml
 from quarl.policies.sb3_layers import _linear, _mlp
 
 log = logging.getLogger(__name__)

@@ -146,3 +146,23 @@ class QATConfig:
             raise QuarlError("QAT rounds weights per tensor or per channel: granularity 'block' is for PTQ")
         if isinstance(self.quant_delay, bool) or not isinstance(self.quant_delay, int) or self.quant_delay < 0:
             raise QuarlError(f"quant delay {self.quant_delay!r} must be an integer >= 0")
+
+
+def bit_widths(text: str) -> list[int]:
+    """--bits: widths the quantizer takes (2..16), each at most once: a repeated width, or
+    more widths than exist (10,000 entries ran ten thousand evaluations), is one line."""
+    listed = [t.strip() for t in text.split(",") if t.strip()]
+    if not listed:
+        raise QuarlError("--bits is empty: give a comma-separated list")
+    most = MAX_BITS - MIN_BITS + 1
+    if len(listed) > most:
+        raise QuarlError(f"--bits lists {len(listed):,} widths: at most {most} (each of {MIN_BITS}..{MAX_BITS} once)")
+    widths: list[int] = []
+    for item in listed:
+        if not digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
+            raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
+        if int(item) in widths:
+            raise QuarlError(f"--bits lists {int(item)} twice: each width at most once (allowed integers "
+                             f"{MIN_BITS}..{MAX_BITS})")
+        widths.append(int(item))
+    return widths

@@ -26,7 +26,7 @@ from quarl.envs import EnvSpec, env_family, is_atari, wrapper_names
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, parse_record
 from quarl.core.limits import check_layer_sizes, read_capped
-from quarl.policies.safe_load import parse_literal
+from quarl.core.literals import parse_literal
 
 log = logging.getLogger(__name__)
 
