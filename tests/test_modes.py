@@ -375,7 +375,7 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     """The choice is keyed by policy content, calibration and options: the second quantize
     builds only the stored mode and says so; another policy, or an unreadable entry, is
     chosen afresh; QUARL_CACHE=off never stores."""
-    from quarl.policies.base import linear_layers
+    from quarl.quant.layers import linear_layers
     from quarl.quant import choice_cache
 
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))

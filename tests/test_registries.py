@@ -21,7 +21,7 @@ import quarl
 from quarl import envs
 from quarl.core.errors import QuarlError
 from quarl.policies import sb3
-from quarl.policies.base import linear_layers
+from quarl.quant.layers import linear_layers
 from quarl.evaluation.cells import EvalSettings
 from quarl.ptq import run_ptq
 from quarl.quant import modes, precisions

@@ -18,7 +18,7 @@ import numpy as np
 from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
-from quarl.policies.base import Policy, greedy
+from quarl.policies.base import Policy
 from quarl.quant import precisions as registry
 from quarl.quant.config import QuantConfig
 
@@ -103,7 +103,7 @@ def calibration_inputs(policy: Policy, env_spec: EnvSpec, max_steps: int | None 
     Greedy rollouts, whether the policy is evaluated greedily or by sampling (the int mode a
     policy gets does not depend on how a command plays it)."""
     result = evaluate(
-        greedy(policy),
+        policy.greedy(),
         env_spec,
         episodes=8,
         seed=CALIBRATION_SEED_OFFSET,

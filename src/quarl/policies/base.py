@@ -252,6 +252,23 @@ class Policy:
             actions = self.sample_rows(self.preprocess(batch), [(stream, int(s)) for s in steps])
         return (actions[0] if single else actions), None
 
+    def greedy(self) -> "Policy":
+        """This policy acting greedily: itself, or for a sampling policy one greedy copy kept
+        with it (calibration episodes know a policy by identity, so every cell of a run must
+        hand them the same copy)."""
+        if not self.stochastic:
+            return self
+        copy_ = self.__dict__.get("_greedy")
+        if copy_ is None:
+            copy_ = self.__dict__["_greedy"] = replace(self, stochastic=False)
+        return cast(Policy, copy_)
+
+    @property
+    def categorical(self) -> bool:
+        """Whether the network outputs a categorical distribution's logits (one categorical:
+        a MultiDiscrete or MultiBinary head's logits are several distributions)."""
+        return self.head == "argmax" and self.algo in LOGIT_ALGOS
+
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""
         return replace(self, network=network, precision=precision, engine=engine, meta=dict(self.meta))
@@ -337,27 +354,9 @@ def check_outputs(policy: Policy, what: str) -> None:
             raise QuarlError(f"{what} outputs NaN or inf for an all-{int(fill)} observation: not a policy, refused")
 
 
-def greedy(policy: Policy) -> Policy:
-    """``policy`` acting greedily: itself, or for a sampling policy one greedy copy kept
-    with it (calibration episodes know a policy by identity, so every cell of a run must
-    hand them the same copy)."""
-    if not policy.stochastic:
-        return policy
-    copy_ = policy.__dict__.get("_greedy")
-    if copy_ is None:
-        copy_ = policy.__dict__["_greedy"] = replace(policy, stochastic=False)
-    return copy_
-
-
 LOGIT_ALGOS = ("a2c", "ppo", "trpo", "ppo_mask")
 """Discrete actor-critics: the network's output is a categorical distribution's logits."""
 Q_VALUE_ALGOS = ("dqn", "qrdqn")
-
-
-def categorical(policy: Policy) -> bool:
-    """Whether the policy's network outputs a categorical distribution's logits (one
-    categorical: a MultiDiscrete or MultiBinary head's logits are several distributions)."""
-    return policy.head == "argmax" and policy.algo in LOGIT_ALGOS
 
 
 DETERMINISTIC_ALGOS = ("td3", "ddpg", "ars")
@@ -451,11 +450,3 @@ def _state_noise_sample(policy: Policy, noise: StateNoise, out: np.ndarray, keys
     actions = np.tanh(gaussian) if noise.squash else gaussian
     return policy.postprocess(actions.astype(np.float32))
 
-
-def linear_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]]:
-    """The weight layers (Linear, Conv2d) of a network, in order, with their names."""
-    layers: list[tuple[str, nn.Linear | nn.Conv2d]] = []
-    for name, module in network.named_modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
-            layers.append((name, module))
-    return layers

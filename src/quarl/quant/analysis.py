@@ -11,7 +11,7 @@ from scipy import stats
 from torch import nn
 
 from quarl.core.atomic import write_atomic
-from quarl.policies.base import linear_layers
+from quarl.quant.layers import linear_layers
 from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 
 KL_BINS = 128

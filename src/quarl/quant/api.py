@@ -6,11 +6,13 @@ The input policy is never modified. Each precision is an entry of
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from quarl.core.errors import QuarlError
-from quarl.policies.base import Policy, linear_layers
+from quarl.quant.layers import linear_layers
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
 from quarl.quant.choice import Returns
@@ -22,6 +24,9 @@ from quarl.quant.precisions import (  # noqa: F401 (quarl.quant.api's public nam
     with_activation_quant,
 )
 from quarl.quant.primitives import ActivationFakeQuant, resolve_granularity  # noqa: F401
+
+if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
+    from quarl.policies.base import Policy
 
 
 def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None = None,

@@ -33,21 +33,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.policies.base import Policy, linear_layers
+from quarl.quant.layers import linear_layers
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import BuildRequest, Candidate, IntMode, build_candidate, modes_for, split_calibration
 from quarl.core.timing import median_us
 from quarl.verdict import sequential_keeps
 
+if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
+    from quarl.policies.base import Policy
+
 log = logging.getLogger(__name__)
 
-Returns = Callable[[Policy, int], np.ndarray]
+Returns = Callable[["Policy", int], np.ndarray]
 """``(policy, n)`` -> the policy's returns on the first ``n`` calibration episodes (seeds
 apart from evaluation's; the same seeds for every policy)."""
 SEQUENTIAL_FIRST = 4

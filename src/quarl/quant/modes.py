@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, cast
+from typing import TYPE_CHECKING, Callable, cast
 
 import gymnasium as gym
 import numpy as np
@@ -56,9 +56,11 @@ import torch
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits, simulate_qdq
+
+if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
+    from quarl.policies.base import Policy
 
 
 @dataclass(frozen=True)
@@ -367,9 +369,9 @@ def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, check:
 def categorical_kl(policy: Policy, states: np.ndarray, out: np.ndarray) -> float:
     """Mean per-state KL(fp32 || quantized) of a categorical head's action distributions
     (softmax of the logits) on ``states``; NaN for heads that are not categorical."""
-    from quarl.policies.base import categorical
 
-    if not categorical(policy):
+
+    if not policy.categorical:
         return float("nan")
     with torch.inference_mode():
         p = torch.log_softmax(policy.network(torch.from_numpy(states)).double(), dim=1)
@@ -388,9 +390,9 @@ def sampled_agreement(policy: Policy, states: np.ndarray, out: np.ndarray) -> fl
     samples, :func:`quarl.policies.base.sample_actions`), averaged over
     :data:`SAMPLED_DRAWS` draws per state from a fixed stream; NaN for heads that are not
     categorical. For two actions it is 1 - the total variation distance, exactly in expectation."""
-    from quarl.policies.base import categorical
 
-    if not categorical(policy) or len(states) == 0:
+
+    if not policy.categorical or len(states) == 0:
         return float("nan")
     with torch.inference_mode():
         p = policy.network(torch.from_numpy(states)).double().numpy()

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.policies.base import Policy, categorical, greedy, linear_layers
+from quarl.quant.layers import linear_layers
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant import choice_cache
@@ -42,12 +42,13 @@ from quarl.quant.choice import Returns, choose
 from quarl.quant.modes import MODES, BuildRequest, Candidate, build_candidate, get_mode, split_calibration
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
-if TYPE_CHECKING:  # config validates against this module; only annotations need it here
+if TYPE_CHECKING:  # config validates against this module, policies builds on it; only annotations need them
+    from quarl.policies.base import Policy
     from quarl.quant.config import QuantConfig
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[[Policy, "QuantConfig", "np.ndarray | None", "Returns | None"], Policy]
+Builder = Callable[["Policy", "QuantConfig", "np.ndarray | None", "Returns | None"], "Policy"]
 """``build(policy, config, calibration, returns) -> new policy`` (the input is never modified)."""
 
 
@@ -213,8 +214,8 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     # calibration episodes play greedily whether a command evaluates greedily or samples (a greedy policy is kept
     # as it is: calibration episodes know it by identity); a sampling categorical policy is judged on its sampled
     # actions' agreement (modes.sampled_agreement), a choice stored apart from the greedy one
-    acting, policy = policy, greedy(policy)
-    sampled = acting.stochastic and categorical(policy)
+    acting, policy = policy, policy.greedy()
+    sampled = acting.stochastic and policy.categorical
     if config.mode == "auto":
         if calibration is None:
             raise QuarlError(f"automatic {config.precision} needs calibration observations to check the modes against "

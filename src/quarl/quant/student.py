@@ -171,7 +171,7 @@ class StudentLinear(nn.Module):
 
 
 def _weight_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]]:
-    from quarl.policies.base import linear_layers
+    from quarl.quant.layers import linear_layers
 
     return linear_layers(network)
 

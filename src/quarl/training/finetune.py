@@ -27,7 +27,8 @@ from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.core.limits import open_zip, read_zip_entry
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, raise_if_non_finite
-from quarl.policies.base import Policy, linear_layers
+from quarl.quant.layers import linear_layers
+from quarl.policies.base import Policy
 from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_tensors
 
 log = logging.getLogger(__name__)
