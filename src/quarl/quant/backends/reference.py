@@ -85,7 +85,7 @@ def simulate_nbits(network: nn.Module, bits: int, block_size: int = 32, compute_
 
 def _replace_linears(network: nn.Module, make: Callable[[nn.Linear], nn.Module], keep: frozenset[int]) -> nn.Module:
     """A copy with Linear layer ``i`` (counting Linear and Conv2d layers in module order,
-    as :func:`quarl.policies.base.linear_layers` does) replaced by ``make(layer)``."""
+    as :func:`quarl.quant.layers.linear_layers` does) replaced by ``make(layer)``."""
     net = copy.deepcopy(network)
     if isinstance(net, nn.Linear):  # the network is one layer: nothing to set it on
         return net.eval() if 0 in keep else make(net).eval()
