@@ -68,7 +68,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
     rows = paper_table(per_policy, cells)
     for row in rows:  # which real kernel each int column ran
-        chosen = modes.get(row["policy"], {})
+        chosen = modes.get(str(row["policy"]), {})
         if chosen:
             row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
     write_rows(rows, out, "table")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl.core.table import Row
 from quarl.core.atomic import write_all_atomic
 from quarl.core.provenance import provenance
 from quarl.envs import EnvSpec
@@ -207,7 +208,7 @@ def bench_precisions(
     budget_s: float = 1.0,
     returns: Returns | None = None,
     as_exported: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """Latency (median us per call) of each precision's engine at each batch size, the
     model's size, next to PyTorch fp32 (the ``fp32`` row) and ONNX Runtime fp32
     (``fp32-ort``). ``inputs`` are network inputs (preprocessed observations from
@@ -216,7 +217,7 @@ def bench_precisions(
     or compare with): its own engine alone, one row, the ``x`` columns against itself.
     (Process memory is not reported: ONNX Runtime's arenas, not the model, set it.)"""
     x_all = inputs
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     base: dict[int, float] = {}
     if as_exported:
         cells: list[tuple[str, Policy | OrtEngine]] = [(policy.precision, policy)]
@@ -232,7 +233,7 @@ def bench_precisions(
         assert engine is not None  # a Policy gets its engine at construction
         size = p.size_bytes() if isinstance(p, Policy) else len(p.model)
         quant = p.meta.get("quant") if isinstance(p, Policy) else None
-        row: dict[str, Any] = {"precision": label, "engine": "onnxruntime" if as_exported else type(engine).__name__,
+        row: Row = {"precision": label, "engine": "onnxruntime" if as_exported else type(engine).__name__,
                                "mode": quant["mode"] if quant else "", "model_bytes": size}
         for b in batches:
             x = np.resize(x_all, (b, *x_all.shape[1:])).astype(np.float32)

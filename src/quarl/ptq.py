@@ -95,7 +95,7 @@ def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: E
     played = settings.episodes
     while played < budget:
         rows = ptq_rows(list(joined.values()))
-        undecided = [r["precision"] for r in rows if str(r.get("verdict", "")).startswith("undecided")
+        undecided = [str(r["precision"]) for r in rows if str(r.get("verdict", "")).startswith("undecided")
                      and len(joined[r["precision"]]["returns"]) == played]
         if not undecided:
             break

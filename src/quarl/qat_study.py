@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from quarl.core.table import Row
 from quarl.core.errors import QuarlError
 from quarl.policies.sb3 import load_checkpoint
 from quarl.evaluation.cells import Cell, EvalSettings, run_cells
@@ -116,14 +117,14 @@ REAL_INT8 = "int8 real"
 """The row of the real int8 kernel (PTQ only: QAT's runs are simulated n-bit)."""
 
 
-def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def study_rows(records: Sequence[Mapping[str, Any]]) -> list[Row]:
     """``bits | PTQ_w | PTQ_wa | QAT_wa`` (and E% of each) with the fp32 and real-int8
     (``int8 real``) rows first; a cell a method has no run for is empty."""
     base = next(r for r in records if r["method"] == "fp32")
     by = {(r["method"], r.get("bits"), r.get("real_int8", False)): r for r in records}
 
-    def row(label: str, cells: dict[str, dict | None]) -> dict[str, Any]:
-        out: dict[str, Any] = {"bits": label}
+    def row(label: str, cells: Mapping[str, Mapping[str, Any] | None]) -> Row:
+        out: Row = {"bits": label}
         for _, col in COLUMNS:
             r = cells.get(col)
             out[col] = round(r["mean"], 2) if r else ""
@@ -141,7 +142,7 @@ def study_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+def plot_qat(records: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     """The paper's QAT figure: x = fp32, int8 real, 8, 7, ... 2; one line for PTQ, one for QAT."""
     import matplotlib
 
@@ -155,7 +156,7 @@ def plot_qat(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     styles = {"PTQ_w": ("o", "PTQ (weights)"), "PTQ_wa": ("^", "PTQ (weights + activations)"),
               "QAT_wa": ("s", "QAT (weights + activations)")}
     for _, col in COLUMNS:
-        pts = [(i, r[col]) for i, r in zip(x, rows) if isinstance(r[col], (int, float))]
+        pts = [(i, float(v)) for i, r in zip(x, rows) if isinstance(v := r[col], (int, float))]
         marker, label = styles[col]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
     ax.set_xticks(x, labels)

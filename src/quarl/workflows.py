@@ -9,10 +9,11 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from quarl import registry_options
 
+from quarl.core.table import Row
 from quarl.core import validate
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
@@ -126,7 +127,7 @@ def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Pa
 
 
 def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[str], batches: Sequence[int],
-                     budget_s: float, as_exported: bool = False) -> list[dict[str, Any]]:
+                     budget_s: float, as_exported: bool = False) -> list[Row]:
     """Latency rows of ``policy`` at each precision (an exported model: as exported, alone),
     timed on the calibration seeds' states; int modes chosen as ``ptq`` chooses them."""
     from quarl.deploy import bench_precisions
@@ -138,7 +139,7 @@ def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[str
     return bench_precisions(policy, inputs, precisions, batches, budget_s, calibration_returns(env_spec))
 
 
-def write_bench(rows: Sequence[dict[str, Any]], out: Path, checkpoint: Path, policy: Policy) -> list[Path]:
+def write_bench(rows: Sequence[Row], out: Path, checkpoint: Path, policy: Policy) -> list[Path]:
     """bench.csv / .md / .json and provenance.json (what was timed, on what) in ``out``."""
     from quarl.core.provenance import provenance
     from quarl.evaluation.reports import write_rows
@@ -149,8 +150,8 @@ def write_bench(rows: Sequence[dict[str, Any]], out: Path, checkpoint: Path, pol
     return [*written, out / "provenance.json"]
 
 
-def write_study_report(records: Sequence[dict[str, Any]], precisions: Sequence[str], out: Path,
-                       seeds: int) -> list[dict[str, Any]]:
+def write_study_report(records: Sequence[Mapping[str, Any]], precisions: Sequence[str], out: Path,
+                       seeds: int) -> list[Row]:
     """The study's table (table.csv / .md / .json) and study.png in ``out``; returns the rows."""
     from quarl.evaluation.reports import write_rows
     from quarl.study.report import plot_study, study_table
@@ -166,7 +167,7 @@ def file_label(precision: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", precision).strip("-")
 
 
-def episode_rows(returns: Iterable[float], lengths: Iterable[int], seed: int) -> list[dict[str, Any]]:
+def episode_rows(returns: Iterable[float], lengths: Iterable[int], seed: int) -> list[Row]:
     """``play``'s table: each episode with the seed it played, its return and length."""
     return [{"episode": i, "seed": seed + i, "return": round(float(r), 2), "length": int(n)}
             for i, (r, n) in enumerate(zip(returns, lengths))]

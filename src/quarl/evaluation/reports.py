@@ -16,20 +16,16 @@ from rich.console import Console
 from rich.table import Table
 
 from quarl.core.atomic import write_all_atomic, write_atomic
-from quarl.verdict import games_of, judge, relative_error
+from quarl.core.table import Cell, Row
+from quarl.verdict import Verdict, games_of, judge, relative_error
 
-__all__ = ["relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
+__all__ = ["Cell", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "plot_verdicts", "save_figure"]
 
 
-def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``E%``, its 95 % interval (``E lo``, ``E hi``) and the verdict (keeps / loses /
-    undecided) of ``record`` against the fp32 record ``base``, paired by episode seed
-    (:mod:`quarl.verdict`). Empty for fp32 itself and where the episodes do not pair."""
-    e = f"E_{prefix}" if prefix else "E"
-    name = f"{prefix} verdict" if prefix else "verdict"
-    if base is None or record is base:
-        return {f"{e}%": 0.0 if record is base else math.nan, f"{e} lo": "", f"{e} hi": "", name: ""}
+def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any]) -> Verdict | None:
+    """The verdict of ``record`` against the fp32 record ``base``, paired by episode seed
+    (:mod:`quarl.verdict`); None where the episodes do not pair."""
     fp32, quant = base.get("returns"), record.get("returns")
     ends = base.get("endings"), record.get("endings")
     if fp32 and quant and len(fp32) > len(quant) and base.get("seed") == record.get("seed"):
@@ -38,12 +34,25 @@ def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], p
         fp32 = fp32[: len(quant)]
         ends = (ends[0][: len(quant)] if isinstance(ends[0], list) else ends[0]), ends[1]
     if not fp32 or not quant or len(fp32) != len(quant):
-        return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
+        return None
     fp32_ends, quant_ends = ends
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
     games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
-    v = judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
-              env_id=record.get("env_id") or base.get("env_id"))
+    return judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
+                 env_id=record.get("env_id") or base.get("env_id"))
+
+
+def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "") -> Row:
+    """``E%``, its 95 % interval (``E lo``, ``E hi``) and the verdict (keeps / loses /
+    undecided) of ``record`` against the fp32 record ``base`` (:func:`paired_verdict`).
+    Empty for fp32 itself and where the episodes do not pair."""
+    e = f"E_{prefix}" if prefix else "E"
+    name = f"{prefix} verdict" if prefix else "verdict"
+    if base is None or record is base:
+        return {f"{e}%": 0.0 if record is base else math.nan, f"{e} lo": "", f"{e} hi": "", name: ""}
+    v = paired_verdict(base, record)
+    if v is None:
+        return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
 
 
@@ -51,7 +60,7 @@ IDENTITY = ("algo", "env_id", "checkpoint", "policy_sha256")
 """Columns that say whose a row is (files carry them, so concatenated runs stay apart)."""
 
 
-def ptq_rows(records: Sequence[dict[str, Any]], identity: bool = True) -> list[dict[str, Any]]:
+def ptq_rows(records: Sequence[Mapping[str, Any]], identity: bool = True) -> list[Row]:
     """``precision | mean | std | E% | E lo | E hi | verdict`` rows; E against the fp32
     record, its interval paired by episode seed; then :data:`IDENTITY` (``identity=False``
     leaves it out: the terminal's title says it)."""
@@ -74,7 +83,7 @@ def ptq_rows(records: Sequence[dict[str, Any]], identity: bool = True) -> list[d
     return rows
 
 
-def quant_columns(record: dict[str, Any]) -> dict[str, Any]:
+def quant_columns(record: Mapping[str, Any]) -> Row:
     """Mode, fp32 layers and agreement with fp32 (calibration states) of a real int cell."""
     quant = record.get("quant")
     if not quant:
@@ -97,7 +106,7 @@ def layer_indices(layers: Sequence[int]) -> str:
     return ",".join(f"#{i}" for i in layers)
 
 
-def mode_summary(records: Sequence[dict[str, Any]]) -> str:
+def mode_summary(records: Sequence[Mapping[str, Any]]) -> str:
     """The int modes that ran, with fp32 layers (by index) and agreement: ``int8: static
     100%, int4: mixed (fp32 #2) 99%``."""
     parts = []
@@ -113,7 +122,7 @@ def mode_summary(records: Sequence[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precisions: Sequence[str]) -> list[dict[str, Any]]:
+def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precisions: Sequence[str]) -> list[Row]:
     """The paper's layout: one row per policy, ``fp32 fp16 E_fp16 int8 E_int8 ...``, each
     E with its 95 % interval and verdict (paired by episode seed where the records carry
     ``returns``)."""
@@ -121,7 +130,7 @@ def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precision
     for name, records in per_policy.items():
         by_precision = {r["precision"]: r for r in records}
         base = by_precision.get("fp32")
-        row: dict[str, Any] = {"policy": name}
+        row: Row = {"policy": name}
         for p in precisions:
             if p not in by_precision:
                 continue
@@ -132,7 +141,7 @@ def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precision
     return rows
 
 
-def print_table(rows: Sequence[dict[str, Any]], title: str | None, console: Console | None = None,
+def print_table(rows: Sequence[Mapping[str, Cell]], title: str | None, console: Console | None = None,
                 wide: bool = False) -> None:
     """``rows`` as one table; where it is wider than the terminal (and not ``wide``), as one
     field | value block per row instead, so nothing is cut or folded into a column of
@@ -186,7 +195,7 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
+def write_rows(rows: Sequence[Mapping[str, Cell]], out_dir: Path, stem: str) -> list[Path]:
     """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, written together through
     temporaries renamed over the old ones (a reader never sees half a table; a full disk
     leaves the old three, :func:`quarl.core.atomic.write_all_atomic`)."""
@@ -205,7 +214,7 @@ def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str) -> list
                              (json_path, json.dumps(plain, indent=2, allow_nan=False) + "\n")])
 
 
-def plot_sweep(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+def plot_sweep(records: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     """Reward (mean +/- std) against bits, with the fp32 reward as a line: the paper's
     "sweet spot" figure."""
     import matplotlib
@@ -265,13 +274,14 @@ def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: P
             by = {r["precision"]: r for r in per_policy[name]}
             if precision not in by or "fp32" not in by:
                 continue
-            v = verdict_columns(by["fp32"], by[precision])
-            if v["E lo"] == "":
+            v = paired_verdict(by["fp32"], by[precision])
+            if v is None:
                 continue
+            e = round(v.e, 2)  # as the tables print it
             ys.append(i + offsets[j])
-            es.append(v["E%"])
-            lows.append(v["E%"] - v["E lo"])
-            highs.append(v["E hi"] - v["E%"])
+            es.append(e)
+            lows.append(e - round(v.low, 2))
+            highs.append(round(v.high, 2) - e)
         ax.errorbar(es, ys, xerr=[lows, highs], fmt="o", capsize=3, label=precision)
     ax.axvspan(-TOLERANCE, TOLERANCE, color="g", alpha=0.08, label=f"within {TOLERANCE:.0f} %")
     ax.axvline(0, color="k", lw=0.8)

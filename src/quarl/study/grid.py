@@ -306,9 +306,9 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecor
         counts: dict[tuple[str, str], int] = {}
         for r in records:
             counts[(r.checkpoint, r.precision)] = counts.get((r.checkpoint, r.precision), 0) + 1
-        undecided = {(by_label[row["policy"]], p) for row in study_table(rows, precisions) for p in precisions
+        undecided = {(by_label[str(row["policy"])], p) for row in study_table(rows, precisions) for p in precisions
                      if str(row.get(f"{p} verdict", "")).startswith("undecided")
-                     and counts.get((by_label[row["policy"]], p)) == len(seeds)}
+                     and counts.get((by_label[str(row["policy"])], p)) == len(seeds)}
         if not undecided:
             break
         if deadline is not None and time.monotonic() > deadline:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from quarl.core.table import Row
 from quarl.evaluation.reports import layer_indices, paper_table, relative_error, save_figure
 
 
-def _labels(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+def _labels(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """checkpoint -> "algo env", with its path's last two parts where two agents share it
     (the zoo's ppo/CartPole-v1_1 and the paper's ppo2/CartPole-v1.pkl)."""
     names = {r["checkpoint"]: r["policy"] for r in records}
@@ -21,7 +22,7 @@ def _labels(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     return {c: n if count[n] == 1 else f"{n} ({Path(c).parent.name}/{Path(c).name})" for c, n in names.items()}
 
 
-def _by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[int, float]]]:
+def _by_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int, float]]]:
     """policy label -> precision -> seed -> mean return."""
     labels = _labels(records)
     out: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -30,7 +31,7 @@ def _by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[in
     return out
 
 
-def _returns_by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+def _returns_by_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[float]]]:
     """policy label -> precision -> every episode's return, in (seed, episode) order, so two
     precisions' lists pair episode by episode (the interval of E is paired by seed)."""
     labels = _labels(records)
@@ -41,7 +42,7 @@ def _returns_by_policy(records: Sequence[dict[str, Any]]) -> dict[str, dict[str,
             for policy, by_precision in cells.items()}
 
 
-def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) -> list[dict[str, Any]]:
+def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str]) -> list[Row]:
     """The paper's layout (``policy fp32 fp16 E_fp16 int8 E_int8 ...``), each return the
     mean over evaluation seeds, plus the number of seeds."""
     grouped = _by_policy(records)
@@ -63,16 +64,17 @@ def study_table(records: Sequence[dict[str, Any]], precisions: Sequence[str]) ->
         if r.get("latency_us") is not None and r.get("model_bytes") is not None:
             costs[labels[r["checkpoint"]]][r["precision"]].append((r["model_bytes"], r["latency_us"]))
     for row in rows:
-        row["seeds"] = len(grouped[row["policy"]]["fp32"])
-        if modes.get(row["policy"]):
-            row["int modes"] = ", ".join(f"{p}: {m}" for p, m in modes[row["policy"]].items())
-        for precision, measured in costs.get(row["policy"], {}).items():  # each engine's size and batch-1 speed
+        policy = str(row["policy"])
+        row["seeds"] = len(grouped[policy]["fp32"])
+        if modes.get(policy):
+            row["int modes"] = ", ".join(f"{p}: {m}" for p, m in modes[policy].items())
+        for precision, measured in costs.get(policy, {}).items():  # each engine's size and batch-1 speed
             row[f"{precision} kB"] = round(float(np.mean([b for b, _ in measured])) / 1000, 1)
             row[f"{precision} us"] = round(float(np.median([us for _, us in measured])), 1)
     return rows
 
 
-def plot_study(records: Sequence[dict[str, Any]], precisions: Sequence[str], path: Path, title: str) -> Path:
+def plot_study(records: Sequence[Mapping[str, Any]], precisions: Sequence[str], path: Path, title: str) -> Path:
     """E% (reward lost against fp32, per seed) for each precision: one marker per policy
     (side by side, not joined: precisions are categories), mean and min..max over seeds."""
     import matplotlib
