@@ -360,10 +360,12 @@ def fp32_arithmetic(onnx: Path, meta: dict[str, Any]) -> Path | None:
 def kernels(meta: dict[str, Any]) -> str:
     """The kernels the model runs, from the sidecar's operators and int mode."""
     ops = {op for names in meta.get("ops", {}).values() for op in names}
-    mode = (meta.get("quant") or {}).get("mode", "")
     if "MatMulNBits" in ops:
-        return ("MatMulNBits, activations rounded to int8 per block" if mode.endswith("block") and "weight-only" not in mode
-                else "MatMulNBits, fp32 activations")
+        from quarl.quant.modes import MODES
+
+        int_mode = MODES.get((meta.get("quant") or {}).get("mode", ""))
+        rounds = int_mode is not None and int_mode.student is not None and int_mode.student.activations == "int8-block"
+        return ("MatMulNBits, activations rounded to int8 per block" if rounds else "MatMulNBits, fp32 activations")
     if "DequantizeLinear" in ops and meta.get("portable"):
         return "DequantizeLinear + MatMul (fused back to MatMulNBits where ORT can)"
     if "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops:

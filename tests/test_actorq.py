@@ -437,6 +437,19 @@ def test_actor_precisions_come_from_the_precision_registry() -> None:
         ActorQConfig("CartPole-v1", actor_precision="int8-alt", local=True)
 
 
+def test_actor_kernels_are_the_int_modes_that_declare_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int precision's actors run the first registered mode of its width that declares
+    ``actor``; a width whose modes declare none has no int actors."""
+    from quarl.actorq.actor_precisions import actor_precisions, onnx_mode
+    from quarl.quant import modes
+
+    assert (onnx_mode("int8"), onnx_mode("int4")) == ("int8-dyn-tensor", "int4-block")
+    monkeypatch.setitem(modes.MODES, "int4-block", replace(modes.MODES["int4-block"], actor=False))
+    assert onnx_mode("int4") == "int4-weight-only"
+    monkeypatch.setitem(modes.MODES, "int8-dyn-tensor", replace(modes.MODES["int8-dyn-tensor"], actor=False))
+    assert onnx_mode("int8") is None and actor_precisions() == ("fp32", "fp16", "bf16", "int4")
+
+
 def test_bad_configs_fail_with_one_line() -> None:
     with pytest.raises(QuarlError, match=r"--actors 0 must be in 1..4096"):
         ActorQConfig("CartPole-v1", actors=0)

@@ -292,6 +292,30 @@ def test_block_int8_compute_is_probed_on_this_cpu(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(modes, "int8_compute", lambda bits: "inexact")
     assert "not exact" in MODES["int8-block"].unsupported(_mlp())
     assert MODES["int8-dyn-channel"].unsupported(_mlp()) is None
+    # where this CPU cannot run a mode, it is run as the fallback it declares
+    assert MODES["int8-block"].runnable(_mlp()) is MODES["int8-weight-only"]
+    assert MODES["int4-block"].runnable(_mlp()) is MODES["int4-weight-only"]
+    assert MODES["int8-dyn-channel"].runnable(_mlp()) is MODES["int8-dyn-channel"]
+    monkeypatch.setattr(modes, "int8_compute", lambda bits: "int8")
+    assert MODES["int8-block"].runnable(_mlp()) is MODES["int8-block"]
+
+
+def test_each_mode_declares_its_student_grid_fallback_and_actor_kernel() -> None:
+    """What recover and ActorQ read from the registry: the student grids (a mode without one
+    is recovered as the first of its width that has one), fallbacks of the same width that
+    are registered, and one actor kernel per width."""
+    from quarl.quant import modes
+
+    grids = {m.label: (m.student.weights, m.student.activations) for m in modes.student_modes() if m.student}
+    assert grids == {"int8-block": ("block", "int8-block"), "int8-dyn-channel": ("channel", "uint8-row"),
+                     "int8-dyn-tensor": ("tensor", "uint8-row"), "int8-weight-only": ("block", "fp32"),
+                     "int4-block": ("block", "int8-block"), "int4-weight-only": ("block", "fp32")}
+    assert modes.student_mode_for(MODES["int8-static"]) is MODES["int8-block"]
+    assert modes.student_mode_for(MODES["int4-mixed"]) is MODES["int4-block"]
+    for mode in MODES.values():
+        if mode.fallback is not None:
+            assert modes.get_mode(mode.fallback).bits == mode.bits and modes.get_mode(mode.fallback).fallback is None
+    assert {bits: m.label for bits, m in modes.actor_modes().items()} == {8: "int8-dyn-tensor", 4: "int4-block"}
 
 
 def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -465,6 +489,10 @@ def test_register_mode_refuses_a_taken_label_a_width_and_a_name_no_label_can_rea
         modes.register_mode(replace(mode, bits=3))
     with pytest.raises(QuarlError, match="int mode name 'Block64': allowed lower-case letters"):
         modes.register_mode(replace(mode, name="Block64"))
+    with pytest.raises(QuarlError, match="fallback 'int4-weight-only' must be another int8 mode"):
+        modes.register_mode(replace(mode, fallback="int4-weight-only"))
+    with pytest.raises(QuarlError, match="fallback 'int8-weight-only-b64' must be another int8 mode"):
+        modes.register_mode(replace(mode, fallback="int8-weight-only-b64"))
     assert "int8-weight-only-b64" not in modes.MODES and "int3-weight-only-b64" not in modes.MODES
 
 

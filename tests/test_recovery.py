@@ -18,12 +18,12 @@ from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
-from quarl.quant.modes import MODES, BuildRequest, int8_compute
-from quarl.quant.student import STUDENT_MODES, KernelSpec, make_student, plain_network, real_model
+from quarl.quant.modes import MODES, BuildRequest, int8_compute, student_modes
+from quarl.quant.student import KernelSpec, make_student, plain_network, real_model
 from quarl.recovery import RecoverConfig, distill
 
 CARTPOLE = EnvSpec("CartPole-v1")
-STUDENT_LABELS = [label for label, mode in MODES.items() if mode.name in STUDENT_MODES]
+STUDENT_LABELS = [mode.label for mode in student_modes()]
 
 
 def _spec(label: str, keep: frozenset[int], weights: str = "asymmetric") -> KernelSpec:

@@ -6,6 +6,7 @@ removed."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import zipfile
 from pathlib import Path
@@ -232,22 +233,32 @@ def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> 
 
 def _weight_only_b64() -> modes.IntMode:
     """A made-up int mode: 8-bit MatMulNBits weights in blocks of 64 inputs whatever block size
-    is asked for, fp32 activations; its reference rounds the same blocks in PyTorch."""
+    is asked for, fp32 activations; its reference rounds the same blocks in PyTorch, and
+    recover's student the same grid. It runs on every CPU (no fallback) and ActorQ's actors
+    cannot refill 8-bit MatMulNBits weights (not an actor kernel)."""
     from quarl.quant.backends import onnxruntime as ortb
     from quarl.quant.backends.reference import simulate_nbits
 
     return modes.IntMode("weight-only-b64", 8, "MatMulNBits, 8-bit weights in blocks of 64, fp32 activations",
                          lambda r: ortb.quantize_nbits(r.model, 8, 64, False, r.excluded_nodes()),
-                         lambda r, _: simulate_nbits(r.network, 8, 64, False, r.keep))
+                         lambda r, _: simulate_nbits(r.network, 8, 64, False, r.keep),
+                         student=modes.StudentGrid("block", "fp32", block_size=64), fallback=None, actor=False)
 
 
 def test_a_made_up_int_mode_is_one_registration(registered: None, tmp_path: Path) -> None:
     """CONTRIBUTING's mode recipe: one ``register_mode(IntMode(...))``; the label parses, ptq
     runs it end to end, it computes what its reference computes (10x closer to it than to
-    fp32), and the automatic int8 choice tries it; once removed, its label is refused."""
+    fp32), and the automatic int8 choice tries it; recover's student of it rounds on the grid
+    it declares (blocks of 64 where 32 are asked for) and the model built from the student's
+    integers computes what the student computes; ActorQ keeps its int8 actor kernel (the
+    mode does not declare one); once removed, its label is refused."""
+    from quarl.actorq.actor_precisions import onnx_mode
     from quarl.policies.base import Policy
     from quarl.quant.api import quantize
     from quarl.quant.backends import onnxruntime as ortb
+    from quarl.quant.student import make_student, real_model
+    from quarl.recovery import RecoverConfig
+    from quarl.recovery.dagger import pick_spec
 
     label = "int8-weight-only-b64"
     modes.register_mode(_weight_only_b64())
@@ -272,6 +283,18 @@ def test_a_made_up_int_mode_is_one_registration(registered: None, tmp_path: Path
 
         tried = quantize(policy, QuantConfig("int8"), states).meta["quant"]["tried"]
         assert label in {t["mode"] for t in tried}
+
+        spec, _ = pick_spec(agent.policy, agent.env_spec, RecoverConfig(precision=label, block_size=32))
+        assert spec.mode == label and spec.blocks == 64
+        spec = dataclasses.replace(spec, keep=frozenset())
+        student = make_student(net, spec)
+        with torch.no_grad():
+            for p in student.parameters():  # a trained student: off the teacher's weights
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+            want = student.eval()(torch.from_numpy(states)).numpy()
+        deployed = ortb.OrtEngine(real_model(student, spec, (6,)))(states)
+        assert np.abs(deployed - want).max() <= 1e-4 * np.abs(want).max()
+        assert onnx_mode("int8") == "int8-dyn-tensor" and label not in {m.label for m in modes.actor_modes().values()}
     finally:
         modes.MODES.pop(label)
     with pytest.raises(QuarlError, match=f"unknown precision '{label}'"):

@@ -189,9 +189,7 @@ class Broadcaster:
         net = make_network(self.config, self.info)
         net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
         request = BuildRequest(net.eval(), export_onnx(net.eval(), (self.info.obs_dim,)), None, keep=INT8_ACTOR_KEEP)
-        mode = get_mode(label)
-        if mode.unsupported(net) is not None:  # a CPU whose MatMulNBits int8 kernels are inexact
-            mode = get_mode(mode.label.replace("-block", "-weight-only"))
+        mode = get_mode(label).runnable(net)  # its fallback on a CPU that cannot run it (inexact int8 kernels)
         model = mode.build(request)
         self.template = ActorModelTemplate(model)  # later versions refill this graph
         return _ONNX_MAGIC + struct.pack("<q", version) + model

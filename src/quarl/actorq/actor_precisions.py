@@ -5,8 +5,11 @@ ActorQ can run shows up in ``--actor-precision`` without a second list.
 An actor reloads its network at every weight version, so it acts only where that is
 cheap: a float precision PyTorch casts to (:data:`~quarl.quant.primitives.FLOAT_DTYPES`:
 the broadcaster sends wire-format weights), or a real integer precision whose width has
-an actor kernel below (the broadcaster sends a ready ONNX Runtime model, refilled per
-version, no calibration to redo)."""
+an actor kernel (the broadcaster sends a ready ONNX Runtime model, refilled per version, no
+calibration to redo). The actor kernel of a width is the first registered int mode that
+declares ``actor`` (:func:`quarl.quant.modes.actor_modes`): ``int8-dyn-tensor``, the
+fastest at batch 1 on the ActorQ policies, and ``int4-block``, MatMulNBits with 4-bit
+block-wise weights (int8 compute), its broadcast model about half the int8 one."""
 
 from __future__ import annotations
 
@@ -15,14 +18,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from quarl.actorq.config import ActorQConfig
 
-INT8_ACTOR_MODE = "int8-dyn-tensor"
-"""The int8 actors' mode (:mod:`quarl.quant.modes`): the fastest at batch 1 on the ActorQ
-policies and with no calibration to redo per weight version."""
-INT4_ACTOR_MODE = "int4-block"
-"""The int4 actors' mode: MatMulNBits with 4-bit block-wise weights (int8 compute), the same
-layer kept fp32; the broadcast model is about half the int8 one."""
-ACTOR_INT_MODES: dict[int, str] = {8: INT8_ACTOR_MODE, 4: INT4_ACTOR_MODE}
-"""The kernel an actor of a real integer precision runs, by the precision's width."""
 INT8_ACTOR_KEEP = frozenset({0})
 """The layer that reads the observations stays fp32, by the core's rule for MLPs
 (:func:`quarl.quant.choice.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
@@ -32,22 +27,26 @@ needed about twice the env steps to reach the target (README, ActorQ results).""
 
 def actor_precisions() -> tuple[str, ...]:
     """Every registered precision an actor can act in, in registration order."""
+    from quarl.quant.modes import actor_modes
     from quarl.quant.precisions import PRECISIONS
     from quarl.quant.primitives import FLOAT_DTYPES
 
+    widths = actor_modes()
     return tuple(p.name for p in PRECISIONS.values()
-                 if p.name in FLOAT_DTYPES or (p.real_int and p.bits in ACTOR_INT_MODES))
+                 if p.name in FLOAT_DTYPES or (p.real_int and p.bits in widths))
 
 
 def onnx_mode(precision: str) -> str | None:
     """The ONNX Runtime mode an actor of ``precision`` runs (its width's kernel), or None
     for a float precision (PyTorch, wire-format weights)."""
+    from quarl.quant.modes import actor_modes
     from quarl.quant.precisions import PRECISIONS
 
     entry = PRECISIONS.get(precision)
     if entry is None or not entry.real_int or entry.bits is None:
         return None
-    return ACTOR_INT_MODES.get(entry.bits)
+    mode = actor_modes().get(entry.bits)
+    return None if mode is None else mode.label
 
 
 def actor_quant(config: ActorQConfig) -> dict[str, Any]:

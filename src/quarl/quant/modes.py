@@ -40,7 +40,10 @@ tried on a machine with a warm cache). ``choose``, ``keep_options`` and ``Return
 still importable from here.
 
 Adding a mode is one :func:`register_mode` call: a builder from the fp32 ONNX model, a
-reference and what it supports.
+reference, what it supports, and what the rest of quarl reads from the entry alone (no mode
+name is compared outside this module): the grid recover's student simulates
+(:class:`StudentGrid`), the mode run instead where this CPU cannot run it (``fallback``)
+and whether ActorQ's actors can run it (``actor``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING, Callable, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -84,6 +87,29 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
+class StudentGrid:
+    """What recover's student (:mod:`quarl.quant.student`) simulates of a mode's kernel: the
+    fake-quant grid it distills into, at the mode's bits. Like torchao's QAT configs, derived
+    from the kernel itself: a mode that declares one is recovered into its own grid."""
+
+    weights: Literal["block", "tensor", "channel"]
+    """A Linear weight's grid: ``block``, affine per block of inputs at the mode's bits
+    (MatMulNBits' layout); ``tensor`` / ``channel``, 8-bit per tensor / per output channel in
+    the request's int8 format, asymmetric uint8 or symmetric int8 (MatMulInteger's)."""
+    activations: Literal["fp32", "int8-block", "uint8-row"]
+    """How the kernel rounds a Linear layer's inputs: not at all; symmetric int8 per row and
+    block where this CPU computes in int8 (:func:`int8_compute`, MatMulNBits at
+    ``accuracy_level`` 4); uint8 over each row's range (DynamicQuantizeLinear at batch 1)."""
+    block_size: int | None = None
+    """Inputs per weight (and activation) block whatever the request asks; None: the
+    request's ``block_size``."""
+
+    def blocks(self, requested: int) -> int:
+        """Inputs per block this grid uses when ``requested`` is asked for."""
+        return self.block_size if self.block_size is not None else requested
+
+
+@dataclass(frozen=True)
 class IntMode:
     name: str
     bits: int
@@ -101,6 +127,18 @@ class IntMode:
     needs_calibration: bool = False
     cpu_unsupported: Callable[[], str | None] = lambda: None
     """Why this CPU cannot run the mode exactly (probed at run time), or None."""
+    fallback: str | None = None
+    """The label of the mode run instead where ``cpu_unsupported`` says this CPU cannot run
+    this one (ActorQ's actors, recover's student); None: none, this mode is run as it is."""
+    student: StudentGrid | None = None
+    """The grid recover's student simulates; None: no student of its own (calibrated
+    activation ranges, quantized convolutions), recover trains the student of the first
+    registered mode of its bits that has one (:func:`student_mode_for`)."""
+    actor: bool = False
+    """ActorQ's actors can run it: its model is refilled per weight version without rebuilding
+    (:class:`quarl.actorq.acting.ActorModelTemplate` refills MatMulInteger per-tensor uint8
+    and 4-bit MatMulNBits weights; no calibration to redo). The first registered such mode
+    of a width is the actor kernel of the real int precisions of that width."""
 
     @property
     def label(self) -> str:
@@ -111,6 +149,12 @@ class IntMode:
         if self.needs_conv and not ortb.has_conv(network):
             return f"{self.label} mixes convolution and Linear kernels: this network has no convolutions"
         return self.cpu_unsupported()
+
+    def runnable(self, network: nn.Module) -> IntMode:
+        """This mode, or its :attr:`fallback` where it cannot run ``network`` on this CPU."""
+        if self.fallback is None or self.unsupported(network) is None:
+            return self
+        return get_mode(self.fallback)
 
     def request_for(self, request: "BuildRequest") -> "BuildRequest":
         """``request`` with a CNN's convolutions kept in fp32 when this mode does not quantize them."""
@@ -236,29 +280,40 @@ def register_mode(mode: IntMode) -> IntMode:
         raise QuarlError(f"int mode name {mode.name!r}: allowed lower-case letters, digits and '-'")
     if mode.label in MODES:
         raise QuarlError(f"int mode {mode.label!r} is registered already: allowed a new name")
+    if mode.fallback is not None and (mode.fallback == mode.label or not mode.fallback.startswith(f"int{mode.bits}-")):
+        # it may be registered after this mode (registry order is preference): checked where it is run
+        raise QuarlError(f"int mode {mode.label!r}: fallback {mode.fallback!r} must be another int{mode.bits} mode")
+    if mode.student is not None and mode.student.block_size is not None and mode.student.block_size <= 0:
+        raise QuarlError(f"int mode {mode.label!r}: student block size {mode.student.block_size} must be positive")
     MODES[mode.label] = mode
     return mode
 
 
+_BLOCK = StudentGrid("block", "int8-block")
+_WEIGHT_ONLY = StudentGrid("block", "fp32")
+
 register_mode(IntMode("block", 8, "MatMulNBits, weights and activations int8 per block", _nbits(8, True),
-                      _block_reference(8), cpu_unsupported=_block_cpu(8)))
+                      _block_reference(8), cpu_unsupported=_block_cpu(8), fallback="int8-weight-only",
+                      student=_BLOCK))
 register_mode(IntMode("dyn-channel", 8, "MatMulInteger, weights per output channel, activations uint8 per call",
                       _dynamic(True), lambda r, _: simulate_dynamic_int8(r.network, r.weights, True, r.keep),
-                      per_row=True))
+                      per_row=True, student=StudentGrid("channel", "uint8-row")))
 register_mode(IntMode("dyn-tensor", 8, "MatMulInteger, weights per tensor, activations uint8 per call",
                       _dynamic(False), lambda r, _: simulate_dynamic_int8(r.network, r.weights, False, r.keep),
-                      per_row=True))
+                      per_row=True, student=StudentGrid("tensor", "uint8-row"), actor=True))
 register_mode(IntMode("weight-only", 8, "MatMulNBits, 8-bit block weights, fp32 activations", _nbits(8, False),
-                      lambda r, _: simulate_nbits(r.network, 8, r.block_size, False, r.keep)))
+                      lambda r, _: simulate_nbits(r.network, 8, r.block_size, False, r.keep), student=_WEIGHT_ONLY))
 register_mode(IntMode("static", 8, "QDQ, weights per channel, calibrated activation ranges", _static,
                       lambda r, model: simulate_qdq(r.network, model), convolutions=True, needs_calibration=True))
 register_mode(IntMode("mixed", 4, "convolutions QDQ int8, Linear layers MatMulNBits 4-bit block", _mixed(4),
                       _mixed_reference(4), convolutions=True, needs_calibration=True, needs_conv=True,
                       cpu_unsupported=_block_cpu(4)))
 register_mode(IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations int8 per block", _nbits(4, True),
-                      _block_reference(4), cpu_unsupported=_block_cpu(4)))
+                      _block_reference(4), cpu_unsupported=_block_cpu(4), fallback="int4-weight-only",
+                      student=_BLOCK, actor=True))
 register_mode(IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
-                      lambda r, _: simulate_nbits(r.network, 4, r.block_size, False, r.keep)))
+                      lambda r, _: simulate_nbits(r.network, 4, r.block_size, False, r.keep), student=_WEIGHT_ONLY,
+                      actor=True))
 
 
 def modes_for(bits: int) -> list[IntMode]:
@@ -269,6 +324,33 @@ def get_mode(label: str) -> IntMode:
     if label not in MODES:
         raise QuarlError(f"unknown int mode {label!r}: allowed {', '.join(MODES)}")
     return MODES[label]
+
+
+def student_modes() -> list[IntMode]:
+    """The modes recover's student reproduces (those that declare a :class:`StudentGrid`)."""
+    return [m for m in MODES.values() if m.student is not None]
+
+
+def student_mode_for(mode: IntMode) -> IntMode:
+    """``mode`` where it has a student, else the first registered mode of its bits that has
+    one (the most preferred: ``int8-static`` -> ``int8-block``, ``int4-mixed`` -> ``int4-block``)."""
+    if mode.student is not None:
+        return mode
+    stand_in = next((m for m in student_modes() if m.bits == mode.bits), None)
+    if stand_in is None:
+        raise QuarlError(f"{mode.label} has no student and no int{mode.bits} mode has one: allowed "
+                         f"{', '.join(m.label for m in student_modes())}")
+    return stand_in
+
+
+def actor_modes() -> dict[int, IntMode]:
+    """ActorQ's actor kernel by width: the first registered mode of each width that declares
+    ``actor`` (:mod:`quarl.actorq.actor_precisions`)."""
+    kernels: dict[int, IntMode] = {}
+    for mode in MODES.values():
+        if mode.actor:
+            kernels.setdefault(mode.bits, mode)
+    return kernels
 
 
 @dataclass

@@ -24,15 +24,17 @@ int8-dyn-tensor     uint8 affine (or int8 symmetric) per tensor  uint8 per row (
 int8-dyn-channel    ... per output channel                       uint8 per row
 ==================  ==========================================  ===========================
 
-``int8-static`` and ``int4-mixed`` (calibrated activation grids, quantized convolutions)
-have no student yet: :func:`student_mode` names the MatMul mode used instead.
+Each mode declares its grid (:class:`quarl.quant.modes.StudentGrid`, the ``student`` of its
+registration); this module reads the grid and names no mode. ``int8-static`` and
+``int4-mixed`` (calibrated activation grids, quantized convolutions) declare none:
+:func:`student_mode` names the mode used instead.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -41,8 +43,8 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.quant.primitives import QParams, dequantize, qparams, quantize
 
-STUDENT_MODES = ("block", "weight-only", "dyn-tensor", "dyn-channel")
-"""Mode names (without ``intN-``) a student can reproduce."""
+if TYPE_CHECKING:  # imported where used: quarl.quant.modes loads ONNX Runtime
+    from quarl.quant.modes import IntMode, StudentGrid
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class KernelSpec:
     """Which real kernel a student reproduces."""
 
     mode: str
-    """A label of :data:`quarl.quant.modes.MODES` whose name is in :data:`STUDENT_MODES`."""
+    """A label of :data:`quarl.quant.modes.MODES` whose mode declares a student grid."""
     keep: frozenset[int]
     """Weight layers (Linear / Conv2d in module order) left in fp32 (a CNN's convolutions included)."""
     block_size: int = 32
@@ -61,28 +63,51 @@ class KernelSpec:
     (:func:`quarl.quant.modes.int8_compute`); fp32 arithmetic where it does not."""
 
     @property
-    def bits(self) -> int:
-        return int(self.mode[3])
+    def kernel(self) -> IntMode:
+        """The registered mode of :attr:`mode`."""
+        from quarl.quant.modes import get_mode
+
+        return get_mode(self.mode)
 
     @property
-    def name(self) -> str:
-        return self.mode.split("-", 1)[1]
+    def bits(self) -> int:
+        return self.kernel.bits
 
-    def to_dict(self) -> dict:
+    @property
+    def grid(self) -> StudentGrid:
+        """The grid the student simulates (the mode's own)."""
+        grid = self.kernel.student
+        if grid is None:
+            raise _no_student(self.mode)
+        return grid
+
+    @property
+    def blocks(self) -> int:
+        """Inputs per block of the grid (the mode's own, else :attr:`block_size`)."""
+        return self.grid.blocks(self.block_size)
+
+    def to_dict(self) -> dict[str, Any]:  # JSON: recover's state and folder
         return {"mode": self.mode, "keep": sorted(self.keep), "block_size": self.block_size,
                 "int8_weights": self.int8_weights, "compute_int8": self.compute_int8}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KernelSpec":
+    def from_dict(cls, d: dict[str, Any]) -> "KernelSpec":
         return cls(str(d["mode"]), frozenset(int(i) for i in d["keep"]), int(d["block_size"]), str(d["int8_weights"]),
                    bool(d["compute_int8"]))
 
 
+def _no_student(label: str) -> QuarlError:
+    from quarl.quant.modes import student_modes
+
+    return QuarlError(f"{label} has no student: allowed modes {', '.join(m.label for m in student_modes())}")
+
+
 def student_mode(label: str) -> str:
-    """``label`` where a student reproduces it, else the MatMul mode of its bits that does
-    (``int8-static`` -> ``int8-block``, ``int4-mixed`` -> ``int4-block``)."""
-    bits, _, name = label.partition("-")
-    return label if name in STUDENT_MODES else f"{bits}-block"
+    """``label`` where a student reproduces it, else the mode of its bits whose student is
+    used instead (:func:`quarl.quant.modes.student_mode_for`)."""
+    from quarl.quant.modes import get_mode, student_mode_for
+
+    return student_mode_for(get_mode(label)).label
 
 
 def _ste(x: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
@@ -106,18 +131,19 @@ def block_qparams(w: torch.Tensor, bits: int, block_size: int) -> QParams:
 
 def weight_qparams(w: torch.Tensor, spec: KernelSpec) -> QParams:
     """The grid the kernel puts a Linear weight (N, K) on."""
-    if spec.name in ("block", "weight-only"):
-        return block_qparams(w, spec.bits, spec.block_size)
+    weights = spec.grid.weights
+    if weights == "block":
+        return block_qparams(w, spec.bits, spec.blocks)
     scheme = "affine" if spec.int8_weights == "asymmetric" else "symmetric"
-    return qparams(w.detach(), 8, scheme, "channel" if spec.name == "dyn-channel" else "tensor", 0)
+    return qparams(w.detach(), 8, scheme, weights, 0)
 
 
 def weight_on_grid(w: torch.Tensor, spec: KernelSpec) -> torch.Tensor:
     """``w`` rounded onto its kernel grid, the gradient passed straight through."""
     qp = weight_qparams(w, spec)
-    if spec.name in ("block", "weight-only"):
+    if spec.grid.weights == "block":
         n, k = w.shape
-        rounded = dequantize(quantize(_blocks(w, spec.block_size), qp), qp)
+        rounded = dequantize(quantize(_blocks(w, spec.blocks), qp), qp)
         rounded = rounded.reshape(n, -1)[:, :k]
     else:
         rounded = dequantize(quantize(w, qp), qp)
@@ -147,9 +173,12 @@ def uint8_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def activation_rounding(spec: KernelSpec) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    if spec.name == "block" and spec.compute_int8:
-        return lambda x: int8_blocks(x, spec.block_size)
-    if spec.name.startswith("dyn-"):
+    """How the kernel rounds a layer's inputs (None: fp32)."""
+    activations = spec.grid.activations
+    if activations == "int8-block" and spec.compute_int8:
+        blocks = spec.blocks
+        return lambda x: int8_blocks(x, blocks)
+    if activations == "uint8-row":
         return uint8_rows
     return None
 
@@ -179,8 +208,8 @@ def _weight_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]
 def make_student(network: nn.Module, spec: KernelSpec) -> nn.Module:
     """A trainable copy of ``network`` with each Linear layer not in ``spec.keep`` a
     :class:`StudentLinear` (the copy's parameters require grad; ``network`` is untouched)."""
-    if spec.name not in STUDENT_MODES:
-        raise QuarlError(f"{spec.mode} has no student: allowed modes {', '.join(STUDENT_MODES)}")
+    if spec.kernel.student is None:
+        raise _no_student(spec.mode)
     net = copy.deepcopy(network)
     if isinstance(net, nn.Linear):
         net = nn.Sequential(net)
@@ -258,7 +287,7 @@ def matmul_integer_initializers(w: torch.Tensor, spec: KernelSpec) -> tuple[np.n
     (scalars per tensor, (N,) per channel); uint8 asymmetric or int8 symmetric."""
     qp = weight_qparams(w, spec)
     codes = quantize(w.detach(), qp).numpy()
-    per_channel = spec.name == "dyn-channel"
+    per_channel = spec.grid.weights == "channel"
     dtype = np.uint8 if spec.int8_weights == "asymmetric" else np.int8
     scale = qp.scale.numpy().astype(np.float32).reshape(-1 if per_channel else ())
     zero = qp.zero_point.numpy().reshape(-1 if per_channel else ()).astype(dtype)
@@ -297,7 +326,7 @@ def real_model(student: nn.Module, spec: KernelSpec, input_shape: tuple[int, ...
         if id(original) not in students:
             continue  # fp32: the builder copied the student's values
         if node.op_type == "MatMulNBits":
-            b, scales, zeros = nbits_initializers(weight, spec.bits, spec.block_size)
+            b, scales, zeros = nbits_initializers(weight, spec.bits, spec.blocks)
             put(node.input[1], b)
             put(node.input[2], scales)
             put(node.input[3], zeros)

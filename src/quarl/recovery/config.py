@@ -9,8 +9,7 @@ import numpy as np
 
 from quarl.core.errors import QuarlError
 from quarl.evaluation.calibration import DISTILLATION_SEEDS
-from quarl.quant.modes import MODES
-from quarl.quant.student import STUDENT_MODES
+from quarl.quant.modes import student_modes
 
 if TYPE_CHECKING:
     from quarl.quant.config import QuantConfig
@@ -131,7 +130,7 @@ class RecoverConfig:
                                    min_agreement=self.min_agreement, action_tolerance=self.action_tolerance)
         if config.precision not in ("int8", "int4"):
             raise QuarlError(f"recover precision {self.precision!r} is not a real int precision: allowed int8, int4 "
-                             f"or a mode ({', '.join(m for m in MODES if m.split('-', 1)[1] in STUDENT_MODES)})")
+                             f"or a mode ({', '.join(m.label for m in student_modes())})")
 
     @property
     def total_rounds(self) -> int:

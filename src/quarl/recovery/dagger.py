@@ -88,7 +88,8 @@ Progress = Callable[[RoundStats], None]
 
 def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple[KernelSpec, dict[str, Any] | None]:
     """The kernel the student reproduces: a named mode, or the automatic choice's (what
-    ``quarl ptq`` would run), replaced by the block mode where it has no student."""
+    ``quarl ptq`` would run), replaced by the mode whose student stands in where it has none
+    (:func:`quarl.quant.modes.student_mode_for`), and by its fallback where this CPU cannot run it."""
     from quarl.quant.api import quantize
     from quarl.quant.backends import onnxruntime as ortb
     from quarl.quant.choice import keep_options
@@ -106,10 +107,7 @@ def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple
     if mode_label != label:
         log.warning("%s has no student (its activation ranges are calibrated, not computed): recovering %s instead",
                     label, mode_label)
-    mode = get_mode(mode_label)
-    reason = mode.unsupported(policy.network)
-    if reason is not None:
-        mode = get_mode(mode_label.replace("-block", "-weight-only"))
+    mode = get_mode(mode_label).runnable(policy.network)  # its fallback where this CPU cannot run it
     keep = keep | ortb.conv_layers(policy.network) if not mode.convolutions else keep
     spec = KernelSpec(mode.label, frozenset(keep), qconfig.block_size, qconfig.int8_weights,
                       int8_compute(mode.bits) == "int8")
