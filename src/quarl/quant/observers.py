@@ -9,6 +9,9 @@ from torch import nn
 class MinMaxObserver(nn.Module):
     """Running min / max of everything seen (weights: their current range)."""
 
+    min_val: torch.Tensor  # buffers (state dicts carry them)
+    max_val: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("min_val", torch.tensor(float("inf")))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, TypedDict
 
 import numpy as np
 import torch
@@ -24,9 +24,9 @@ def _direct(module: nn.Module) -> Step:
         weight, bias = module.weight, module.bias
         return lambda h: F.linear(h, weight, bias)
     if type(module) is nn.Conv2d and module.padding_mode == "zeros" and not isinstance(module.padding, str):
-        weight, bias = module.weight, module.bias
+        kernel, kernel_bias = module.weight, module.bias
         stride, padding, dilation, groups = module.stride, module.padding, module.dilation, module.groups
-        return lambda h: F.conv2d(h, weight, bias, stride, padding, dilation, groups)
+        return lambda h: F.conv2d(h, kernel, kernel_bias, stride, padding, dilation, groups)
     if type(module) is nn.Tanh:
         return torch.tanh
     if type(module) is nn.ReLU and not module.inplace:
@@ -78,6 +78,25 @@ def _through(steps: list[Step], h: torch.Tensor) -> torch.Tensor:
     return h
 
 
+PlanStep = Callable[[torch.Tensor, bool], torch.Tensor]
+"""One step of a fused MLP: ``(rows, fresh) -> rows``, ``fresh`` when the rows are the output
+of the step before (the caller's input is never written in place)."""
+
+
+def _broadcast_linear(module: nn.Linear, n: int) -> PlanStep:
+    w = module.weight.t().expand(n, module.weight.shape[1], module.weight.shape[0])  # views: in-place
+    b = None if module.bias is None else module.bias.expand(n, 1, module.bias.shape[0])  # updates are seen
+    return lambda h, fresh: torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
+
+
+def _linear_per_row(step: Step) -> PlanStep:
+    return lambda h, fresh: per_row(step, h.squeeze(1)).unsqueeze(1)
+
+
+def _elementwise(in_place: Step, step: Step) -> PlanStep:
+    return lambda h, fresh: in_place(h) if fresh else step(h)
+
+
 def _fused_mlp(layers: list[nn.Module], steps: list[Step], batched: list[bool], n: int) -> Step | None:
     """The batched form of a run of Linear layers and activations at ``n`` rows as one
     function, for :class:`RowVerdicts` to check against the layers row by row; ``None`` for
@@ -88,17 +107,12 @@ def _fused_mlp(layers: list[nn.Module], steps: list[Step], batched: list[bool], 
     weight broadcast over the batch (as :func:`_batched`) and each activation in place on the
     product it follows: the same kernels as the layer-by-layer form, without its reshapes and
     allocations (measured on PPO CartPole's 4-64-64 tanh MLP at 32 rows: 50-64 us against 70-100)."""
-    plan: list[Callable[[torch.Tensor, bool], torch.Tensor]] = []
+    plan: list[PlanStep] = []
     for module, step, exact in zip(layers, steps, batched):
-        if type(module) is nn.Linear and exact:
-            w = module.weight.t().expand(n, module.weight.shape[1], module.weight.shape[0])  # views: in-place
-            b = None if module.bias is None else module.bias.expand(n, 1, module.bias.shape[0])  # updates are seen
-            plan.append(lambda h, fresh, w=w, b=b: torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w))
-        elif type(module) is nn.Linear:
-            plan.append(lambda h, fresh, step=step: per_row(step, h.squeeze(1)).unsqueeze(1))
+        if isinstance(module, nn.Linear) and type(module) is nn.Linear:
+            plan.append(_broadcast_linear(module, n) if exact else _linear_per_row(step))
         elif type(module) in ELEMENTWISE and not getattr(module, "inplace", False):
-            in_place, step_ = ELEMENTWISE[type(module)], step
-            plan.append(lambda h, fresh, in_place=in_place, step=step_: in_place(h) if fresh else step(h))
+            plan.append(_elementwise(ELEMENTWISE[type(module)], step))
         elif type(module) is not nn.Identity:
             return None
     if not plan:
@@ -128,17 +142,19 @@ class TorchEngine:
     def __init__(self, network: nn.Module, dtype: torch.dtype = torch.float32) -> None:
         self.network = network.eval()
         self.dtype = dtype
+        self._layers: list[nn.Module] = []
         self._steps: list[Step] | None = None
         self._batched: list[Step | None] = []
         self._verdicts = RowVerdicts()
         self._argmax: CertifiedArgmax | None = None
         if type(network) is nn.Sequential and not any(p.requires_grad for p in network.parameters()):
-            self._steps = [_direct(m) for m in network]
-            self._batched = [_batched(m, step) for m, step in zip(network, self._steps)]
+            self._layers = list(network)
+            self._steps = [_direct(m) for m in self._layers]
+            self._batched = [_batched(m, step) for m, step in zip(self._layers, self._steps)]
         self._plans: dict[tuple[int, int], list[Step]] = {}
-        last = network[-1] if self._steps else None
-        self._last_linear = last if type(last) is nn.Linear and dtype == torch.float32 and \
-            last.weight.dtype == torch.float32 else None
+        last = self._layers[-1] if self._steps else None
+        self._last_linear = last if isinstance(last, nn.Linear) and type(last) is nn.Linear and \
+            dtype == torch.float32 and last.weight.dtype == torch.float32 else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = self._tensor(x)
@@ -156,7 +172,8 @@ class TorchEngine:
 
     def _whole(self, h: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.network(h)
+            out: torch.Tensor = self.network(h)
+        return out
 
     def _rows_through(self, h: torch.Tensor, stop: int) -> torch.Tensor:
         """Steps ``[0, stop)`` on every row as if alone; once every step's verdict for this
@@ -177,9 +194,11 @@ class TorchEngine:
         known = self._verdicts.known()
         if n > 1 and all(self._batched[i] is None or (i, n) in known for i in range(stop)):
             exact = [self._batched[i] is not None and known[(i, n)] for i in range(stop)]
-            self._plans[(stop, n)] = [self._batched[i] if exact[i] else functools.partial(per_row, step)
-                                      for i, step in enumerate(self._steps[:stop])]
-            fused = _fused_mlp(list(self.network)[:stop], self._steps[:stop], exact, n)
+            fixed: list[Step] = []
+            for step, batched_step, verified in zip(self._steps[:stop], self._batched[:stop], exact):
+                fixed.append(batched_step if verified and batched_step is not None else functools.partial(per_row, step))
+            self._plans[(stop, n)] = fixed
+            fused = _fused_mlp(self._layers[:stop], self._steps[:stop], exact, n)
             if fused is not None:  # checked as a whole, as every batched form is
                 self._verdicts.run(("fused", stop), x, fused, functools.partial(self._alone, stop=stop))
                 if self._verdicts.verdict(("fused", stop), n):
@@ -208,19 +227,27 @@ class TorchEngine:
         the rounding bound
         (:class:`~quarl.quant.backends.batching.CertifiedArgmax`).
         ``None`` where that does not apply (not an fp32 Sequential ending in a Linear)."""
-        if self._last_linear is None:
+        steps = self._steps
+        if self._last_linear is None or steps is None:
             return None
         if self._argmax is None:
-            self._argmax = CertifiedArgmax(self._last_linear.weight, self._last_linear.bias, self._steps[-1])
-        return self._argmax(self._rows_through(self._tensor(x), len(self._steps) - 1))
+            self._argmax = CertifiedArgmax(self._last_linear.weight, self._last_linear.bias, steps[-1])
+        return self._argmax(self._rows_through(self._tensor(x), len(steps) - 1))
 
     @property
     def rows_alone(self) -> int:
         """Rows :meth:`argmax_rows` computed alone (their lead within the rounding bound)."""
         return 0 if self._argmax is None else self._argmax.rows_alone
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> _EngineState:
         return {"network": self.network, "dtype": self.dtype}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["network"], state["dtype"])
+    def __setstate__(self, state: _EngineState) -> None:
+        TorchEngine.__init__(self, state["network"], state["dtype"])
+
+
+class _EngineState(TypedDict):
+    """What a pickled :class:`TorchEngine` holds (its plans are rebuilt)."""
+
+    network: nn.Module
+    dtype: torch.dtype
