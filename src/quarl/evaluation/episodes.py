@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from quarl.envs import EnvSpec, game_score, make_env, restart_game
+from quarl.envs import EnvSpec, GameScore, game_score, make_env, restart_game
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 
@@ -94,30 +94,19 @@ def evaluate(
     ``envs``: envs of ``env_spec`` to play on (kept open; their number is ``n_envs``), for a
     caller that evaluates again and again (ActorQ's evaluator). :func:`quarl.evaluation.parallel.evaluate`
     splits the episodes over worker processes, with every episode's numbers unchanged."""
-    if episodes < 1:
-        raise QuarlError(f"episodes={episodes} must be at least 1")
-    if max_steps is not None and max_steps < 1:
-        raise QuarlError(f"max_steps={max_steps} must be at least 1 (or None: the env's own time limit)")
+    _check_counts(episodes, max_steps)
     owned = envs is None
-    if envs is None:
-        envs = [make_env(env_spec) for _ in range(max(1, min(n_envs, episodes)))]
-    envs = list(envs[:episodes])
+    envs = list(envs[:episodes]) if envs is not None else [make_env(env_spec) for _ in range(max(1, min(n_envs, episodes)))]
     n_envs = len(envs)
     policy.check_env(envs[0])
     games = [game_score(env) for env in envs]
     # Python lists: the loop below runs once per env step, where numpy scalars cost more
     # than the arithmetic (the sums are the same doubles)
-    returns = [0.0] * episodes
-    lengths = [0] * episodes
-    endings = [""] * episodes
-    kept: list[np.ndarray] = []
-    n_kept = 0
+    returns, lengths, endings = [0.0] * episodes, [0] * episodes, [""] * episodes
+    kept = _Sample(keep_observations, keep_every)
     slot_episode = list(range(n_envs))
     next_episode = n_envs
-    for env, game in zip(envs, games):
-        if game is not None:
-            restart_game(env)  # envs handed in may stop mid-game
-    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+    obs = _first_observations(envs, games, seed)
     active = list(range(n_envs))
     # the envs this call made step beneath their pass-through wrappers, the time limit kept here
     steppers, limits = zip(*[_stepper(env) if owned and game is None else (env.step, -1)
@@ -128,16 +117,9 @@ def evaluate(
     try:
         while active:
             x = policy.preprocess(np.stack([obs[i] for i in active]))
-            if keep_observations and step % keep_every == 0 and n_kept < keep_observations:
-                kept.append(x[: keep_observations - n_kept].copy())
-                n_kept += len(kept[-1])
-            # each env's action as a deployed policy computes it alone: a plain batched matmul
-            # rounds differently from a batch of one, and a chaotic episode (MuJoCo) amplifies
-            # that into another return; act_rows keeps every n_envs on SB3's own numbers
-            if policy.stochastic:  # each env's noise from its episode's seed and step alone (common random numbers)
-                actions = policy.sample_rows(x, [(seed + slot_episode[i], lengths[slot_episode[i]]) for i in active])
-            else:
-                actions = policy.act_rows(x)
+            kept.offer(step, x)
+            actions = _actions(policy, x, [(seed + slot_episode[i], lengths[slot_episode[i]]) for i in active]
+                               if policy.stochastic else None)
             step += 1
             still = []
             for j, i in enumerate(active):
@@ -159,14 +141,10 @@ def evaluate(
                     endings[ep] = ending(o, length, returns[ep])
                     if on_episode is not None:
                         on_episode(ep, returns[ep])
-                    if next_episode < episodes:
-                        slot_episode[i] = next_episode
-                        if game is not None and not game.over:
-                            restart_game(envs[i])  # cut mid-game: the seeded reset must start a new one
-                        o, _ = envs[i].reset(seed=seed + next_episode)
-                        next_episode += 1
-                    else:
+                    if next_episode == episodes:
                         continue
+                    o = _next_episode(envs[i], game, seed + next_episode)
+                    slot_episode[i], next_episode = next_episode, next_episode + 1
                 obs[i] = o
                 still.append(i)
             active = still
@@ -174,8 +152,54 @@ def evaluate(
         for env in envs if owned else ():
             env.close()
     wall = time.perf_counter() - start
-    observations = np.concatenate(kept) if kept else None
-    return EvalResult(np.array(returns), np.array(lengths, dtype=np.int64), wall, observations, endings)
+    return EvalResult(np.array(returns), np.array(lengths, dtype=np.int64), wall, kept.array(), endings)
+
+
+def _check_counts(episodes: int, max_steps: int | None) -> None:
+    if episodes < 1:
+        raise QuarlError(f"episodes={episodes} must be at least 1")
+    if max_steps is not None and max_steps < 1:
+        raise QuarlError(f"max_steps={max_steps} must be at least 1 (or None: the env's own time limit)")
+
+
+def _first_observations(envs: Sequence[gym.Env], games: Sequence[object | None], seed: int) -> list[np.ndarray]:
+    """Env i reset with seed ``seed + i``, a game first restarted (envs handed in may stop mid-game)."""
+    for env, game in zip(envs, games):
+        if game is not None:
+            restart_game(env)
+    return [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+
+
+def _next_episode(env: gym.Env, game: GameScore | None, seed: int) -> np.ndarray:
+    """The first observation of the episode reset with ``seed`` (a game cut mid-way first
+    restarted: the seeded reset must start a new one)."""
+    if game is not None and not game.over:
+        restart_game(env)
+    return env.reset(seed=seed)[0]
+
+
+class _Sample:
+    """Up to ``limit`` preprocessed observations, every env's, every ``every`` steps."""
+
+    def __init__(self, limit: int, every: int) -> None:
+        self.limit, self.every, self.n = limit, every, 0
+        self.parts: list[np.ndarray] = []
+
+    def offer(self, step: int, x: np.ndarray) -> None:
+        if self.n < self.limit and step % self.every == 0:
+            self.parts.append(x[: self.limit - self.n].copy())
+            self.n += len(self.parts[-1])
+
+    def array(self) -> np.ndarray | None:
+        return np.concatenate(self.parts) if self.parts else None
+
+
+def _actions(policy: Policy, x: np.ndarray, noise_keys: list[tuple[int, int]] | None) -> np.ndarray:
+    """Each env's action as a deployed policy computes it alone: a plain batched matmul rounds
+    differently from a batch of one, and a chaotic episode (MuJoCo) amplifies that into
+    another return; ``act_rows`` keeps every n_envs on SB3's own numbers. A sampling policy
+    draws each env's noise from its ``(episode seed, step)`` key alone (common random numbers)."""
+    return policy.act_rows(x) if noise_keys is None else policy.sample_rows(x, noise_keys)
 
 
 PASS_THROUGH = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
