@@ -19,7 +19,11 @@ KL_BINS = 128
 KL_EPS = 1e-10
 
 
-def weight_stats(network: nn.Module) -> list[dict[str, Any]]:
+TableRow = dict[str, Any]
+"""A row of a table written as CSV, Markdown and JSON (``weights.*``, ``kl.*``) and printed."""
+
+
+def weight_stats(network: nn.Module) -> list[TableRow]:
     """min, max, range, mean, std, excess kurtosis of each Linear / Conv2d weight."""
     rows = []
     for name, layer in linear_layers(network):
@@ -62,16 +66,17 @@ def sqnr_db(reference: np.ndarray, quantized: np.ndarray) -> float:
 
 def kl_bins(bits: Sequence[int]) -> int:
     """Bins of the KL histograms for a sweep over ``bits``: max(KL_BINS, 2^max(bits))."""
-    return max(KL_BINS, 2 ** max(bits, default=0))
+    return max(KL_BINS, int(2 ** max(bits, default=0)))
 
 
-def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", granularity: str = "auto") -> list[dict]:
+def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl",
+               granularity: str = "auto") -> list[TableRow]:
     """One row per layer and bit width: the signal-to-quantization-noise ratio (dB, no
     binning: ``10 log10(sum w^2 / sum (w - w_q)^2)``, ~6 dB per bit for a uniform grid),
     the mean squared and mean absolute rounding error, and the KL divergence of the n-bit
     weights' histogram from fp32's on one grid of :func:`kl_bins` bins for every width (at
     least 2^n for the widest n, so no n-bit grid is coarser than the histogram)."""
-    rows = []
+    rows: list[TableRow] = []
     grid = kl_bins(bits)
     for name, layer in linear_layers(network):
         w = layer.weight.detach().float()
@@ -91,7 +96,7 @@ def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl", g
     return rows
 
 
-def per_layer_table(rows: Sequence[dict]) -> list[dict[str, Any]]:
+def per_layer_table(rows: Sequence[TableRow]) -> list[TableRow]:
     """:func:`kl_by_bits` rows as one row per layer: ``sqnr@N`` (dB) and ``kl@N`` columns."""
     return [
         {"layer": layer, **{f"sqnr@{r['bits']}": round(r["sqnr_db"], 1) for r in rows if r["layer"] == layer},
@@ -129,7 +134,7 @@ def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) 
     return path
 
 
-def plot_kl(rows: Sequence[dict], path: Path, title: str) -> Path:
+def plot_kl(rows: Sequence[TableRow], path: Path, title: str) -> Path:
     """KL divergence against bits, one line per layer (log scale)."""
     import matplotlib
 

@@ -6,7 +6,7 @@ The input policy is never modified. Each precision is an entry of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
     return get(config.precision).build(policy, config, calibration, returns)
 
 
-def from_qat_state(policy: Policy, state: dict) -> Policy:
+def from_qat_state(policy: Policy, state: dict[str, Any]) -> Policy:  # JSON: qat_state.json as read
     """The quantized policy a QAT run computed, from its fp32 master weights: each layer's
     weights on the n-bit grid and its output fake-quantized within the monitored range,
     exactly what the fake-quantized training network did.

@@ -51,7 +51,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Literal, cast
+from typing import TYPE_CHECKING, Callable, Literal, TypedDict, cast
 
 import gymnasium as gym
 import numpy as np
@@ -353,6 +353,22 @@ def actor_modes() -> dict[int, IntMode]:
     return kernels
 
 
+class CandidateSummary(TypedDict):
+    """A built mode as records, ``quarl -v`` and the choice cache hold it (JSON: NaN as None)."""
+
+    mode: str
+    fp32_layers: list[int]
+    agreement: float | None
+    kl: float | None
+    sampled_agreement: float | None
+    latency_us: float | None
+    fp32_ort_latency_us: float | None
+    model_bytes: int
+    calibration_return: float | None
+    calibration_episodes: int
+    calibration_verdict: str
+
+
 @dataclass
 class Candidate:
     """One mode built and checked on the calibration states."""
@@ -387,7 +403,7 @@ class Candidate:
         return self.sampled_agreement if sampled and self.sampled_agreement == self.sampled_agreement \
             else self.agreement
 
-    def summary(self) -> dict:
+    def summary(self) -> CandidateSummary:
         def num(x: float, digits: int) -> float | None:  # JSON has no NaN: unmeasured is null
             return None if x != x else round(x, digits)
 

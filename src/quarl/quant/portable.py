@@ -15,9 +15,14 @@ the pair back into MatMulNBits when it loads the model (its DQ + MatMul fusion).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:
+    from onnx import NodeProto, TensorProto
 
 PORTABLE_OPSET = 21
 """The first opset with blocked DequantizeLinear and 4-bit tensors."""
@@ -37,7 +42,7 @@ def _pack_int4(arr: np.ndarray) -> bytes:
     return ((flat[0::2] & 0x0F) | ((flat[1::2] & 0x0F) << 4)).astype(np.uint8).tobytes()
 
 
-def _tensor(name: str, arr: np.ndarray, bits: int):
+def _tensor(name: str, arr: np.ndarray, bits: int) -> TensorProto:
     from onnx import TensorProto, helper, numpy_helper
 
     if bits == 4:
@@ -55,9 +60,9 @@ def portable_model(model: bytes) -> bytes:
     proto = onnx.load_from_string(model)
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
-    new_nodes: list = []
+    new_nodes: list[NodeProto] = []
     dropped: set[str] = set()
-    added: list = []
+    added: list[TensorProto] = []
     for node in graph.node:
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             if node.domain not in ("", "ai.onnx"):
@@ -103,4 +108,5 @@ def portable_model(model: bytes) -> bytes:
     proto.opset_import.extend([helper.make_opsetid("", PORTABLE_OPSET), *opsets])
     proto.ir_version = max(proto.ir_version, 10)
     onnx.checker.check_model(proto)
-    return proto.SerializeToString()
+    serialized: bytes = proto.SerializeToString()
+    return serialized

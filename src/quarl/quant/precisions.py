@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -39,7 +39,8 @@ from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant import choice_cache
 from quarl.quant.choice import Returns, choose
-from quarl.quant.modes import MODES, BuildRequest, Candidate, build_candidate, get_mode, split_calibration
+from quarl.quant.modes import (MODES, BuildRequest, Candidate, CandidateSummary, build_candidate, get_mode,
+                              split_calibration)
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
 if TYPE_CHECKING:  # config validates against this module, policies builds on it; only annotations need them
@@ -115,7 +116,7 @@ def calibrate_ranges(network: nn.Module, calibration: np.ndarray) -> dict[str, t
     ranges: dict[str, tuple[float, float]] = {}
     hooks = []
     for name, layer in linear_layers(network):
-        def hook(_m, _inp, out, name=name):
+        def hook(_m: nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor, name: str = name) -> None:
             ranges[name] = (float(out.min()), float(out.max()))
         hooks.append(layer.register_forward_hook(hook))
     with torch.inference_mode():
@@ -161,7 +162,7 @@ def _nbit(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
     return policy.with_network(rounded, config.label, OrtEngine(export_onnx(rounded, policy.input_shape)))
 
 
-def _explain(label: str, chosen: dict, tried: list[dict], cached: bool) -> None:
+def _explain(label: str, chosen: CandidateSummary, tried: list[CandidateSummary], cached: bool) -> None:
     """What the automatic choice tried and why it chose (``quarl -v`` shows it); summaries
     as :meth:`Candidate.summary` gives them."""
     def pct(x: float | None) -> str:
@@ -179,13 +180,13 @@ def _explain(label: str, chosen: dict, tried: list[dict], cached: bool) -> None:
              if cached else "")
 
 
-def _choice_options(config: "QuantConfig", sampled: bool = False) -> dict:
-    options = {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
+def _choice_options(config: "QuantConfig", sampled: bool = False) -> dict[str, int | float | str | bool]:
+    options: dict[str, int | float | str | bool] = {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
                "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
     return {**options, "sampled": True} if sampled else options  # a greedy choice keeps its older key
 
 
-def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: dict) -> Candidate:
+def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: dict[str, Any]) -> Candidate:
     """The stored choice, built again (the only mode built on a cache hit); what the first
     choice measured on episodes comes with it."""
     mode = get_mode(entry["mode"])

@@ -26,7 +26,7 @@ round-half-to-even everywhere (``torch.round``), as in ONNX Runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -148,7 +148,7 @@ class _RoundSTE(torch.autograd.Function):
     and is zero where the value was clamped (straight-through estimator)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, qp: QParams) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, qp: QParams) -> torch.Tensor:  # ctx: autograd's FunctionCtx
         out = dequantize(quantize(x, qp), qp).to(x.dtype)
         if qp.qmin is None or qp.qmax is None:
             ctx.save_for_backward(torch.ones_like(x, dtype=torch.bool))
@@ -158,14 +158,15 @@ class _RoundSTE(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (inside,) = ctx.saved_tensors
         return grad * inside, None
 
 
 def fake_quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
     """``dequantize(quantize(x))`` with a straight-through gradient."""
-    return _RoundSTE.apply(x, qp)
+    out: torch.Tensor = _RoundSTE.apply(x, qp)
+    return out
 
 
 def quantize_dequantize(

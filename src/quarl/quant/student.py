@@ -265,7 +265,8 @@ def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
     as MatMulNBits stores 4-bit weights and zero points (an odd count padded with 0)."""
     if codes.shape[-1] % 2:
         codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), codes.dtype)], axis=-1)
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    packed: np.ndarray = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return packed
 
 
 def nbits_initializers(w: torch.Tensor, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -339,4 +340,5 @@ def real_model(student: nn.Module, spec: KernelSpec, input_shape: tuple[int, ...
         else:
             raise QuarlError(f"layer {getattr(layer, 'sb3_name', '?')} is quantized in the student but {node.op_type} "
                              f"(fp32) in the {spec.mode} model")
-    return proto.SerializeToString()
+    serialized: bytes = proto.SerializeToString()
+    return serialized

@@ -124,7 +124,7 @@ class CertifiedArgmax:
 
     def __call__(self, h: torch.Tensor) -> np.ndarray:
         if h.shape[0] == 1:
-            return self.alone(h).float().numpy().argmax(axis=1)
+            return np.asarray(self.alone(h).float().numpy().argmax(axis=1))
         self._constants()
         # numpy's float32 product (any order, FMA or not) is within the bound as the
         # batch-1 one is, and costs a third of a torch call on a small batch
@@ -132,7 +132,7 @@ class CertifiedArgmax:
         out = hn @ self._weight_t
         if self._bias is not None:
             out += self._bias
-        top = out.argmax(axis=1)
+        top = np.asarray(out.argmax(axis=1))
         if out.shape[1] == 1:
             return top
         if out.shape[1] == 2:

@@ -24,7 +24,7 @@ import logging
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence, TypedDict
 
 import numpy as np
 import onnxruntime as ort
@@ -74,7 +74,7 @@ def export_onnx(network: nn.Module, input_shape: tuple[int, ...]) -> bytes:
 
 
 @contextlib.contextmanager
-def _quiet_quantizer():
+def _quiet_quantizer() -> Iterator[None]:
     """ONNX Runtime's quantizers log advice at WARNING and progress at INFO, through the
     root logger and handlers of their own."""
     previous = logging.root.manager.disable
@@ -124,7 +124,7 @@ def quantize_static_int8(model: bytes, calibration: np.ndarray, weights: str = "
         def __init__(self) -> None:
             self.rows = iter(calibration.astype(np.float32))
 
-        def get_next(self) -> dict | None:
+        def get_next(self) -> dict[str, np.ndarray] | None:
             row = next(self.rows, None)
             return None if row is None else {INPUT: row[None]}
 
@@ -174,10 +174,11 @@ def gemm_to_matmul(model: bytes) -> bytes:
             nodes.append(helper.make_node("MatMul", [node.input[0], node.input[1]], [node.output[0]], name=node.name))
     del graph.node[:]
     graph.node.extend(nodes)
-    return proto.SerializeToString()
+    serialized: bytes = proto.SerializeToString()
+    return serialized
 
 
-def _nbits_quantizer() -> type:
+def _nbits_quantizer() -> Any:
     """ONNX Runtime's MatMulNBitsQuantizer. Its module calls ``logging.basicConfig(level=INFO)``
     on import, which would make every library's INFO lines (quarl's included) appear in a
     user's program: the root logger is put back as it was."""
@@ -207,7 +208,8 @@ def quantize_nbits(model: bytes, bits: int, block_size: int = 32, compute_int8: 
                                          block_size=block_size, is_symmetric=False,
                                          accuracy_level=4 if compute_int8 else None, nodes_to_exclude=list(exclude))
         quantizer.process()
-        return quantizer.model.model.SerializeToString()
+        serialized: bytes = quantizer.model.model.SerializeToString()
+        return serialized
 
 
 def weight_node_names(model: bytes) -> list[str]:
@@ -275,7 +277,16 @@ def row_scan_model(model: bytes) -> bytes:
     wrapped = helper.make_model(outer, opset_imports=list(source.opset_import))
     wrapped.ir_version = source.ir_version
     wrapped.functions.extend(source.functions)
-    return wrapped.SerializeToString()
+    serialized: bytes = wrapped.SerializeToString()
+    return serialized
+
+
+class _EngineState(TypedDict):
+    """What a pickled :class:`OrtEngine` holds (its sessions are built again)."""
+
+    model: bytes
+    per_row: bool
+    options: tuple[int, bool]
 
 
 class OrtEngine:
@@ -290,18 +301,19 @@ class OrtEngine:
         self._scan: ort.InferenceSession | None = None
         self._scan_failed = False
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> _EngineState:
         """Pickled as its model (evaluation workers): the session is built again on arrival."""
         return {"model": self.model, "per_row": self.per_row, "options": self._options}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: _EngineState) -> None:
         OrtEngine.__init__(self, state["model"], state["per_row"], *state["options"])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.per_row and x.shape[0] > 1:
             return self._one_by_one(x)
-        return self.session.run(None, {INPUT: x})[0]
+        out: np.ndarray = self.session.run(None, {INPUT: x})[0]
+        return out
 
     def _one_by_one(self, x: np.ndarray) -> np.ndarray:
         run = self.session.run
