@@ -12,7 +12,7 @@ print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
 from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import ParseOptions, QuantConfig
 from quarl.core.errors import QuarlError
 
 
@@ -65,7 +65,7 @@ def load_checkpoint_and_env(path: str | Path | Any, env: str | None = None, trus
 
 
 def quantize(policy: Policy | Checkpoint | Any, precision: str | QuantConfig, env_spec: EnvSpec | str | None = None,
-             **options: object) -> Policy:
+             **options: Unpack[ParseOptions]) -> Policy:
     """``policy`` at ``precision`` (a label such as ``"int8"``, ``"int4-block"``, ``"sim6"``,
     or a :class:`QuantConfig`). ``policy``: a quarl :class:`Policy`, what :func:`load`
     returns, or an SB3 model object (the env then comes from the agent unless given). Modes

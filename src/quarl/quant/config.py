@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypedDict, Unpack
 
 from quarl.core.errors import QuarlError
 from quarl.core.validate import digits
@@ -10,6 +11,18 @@ from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 
 INT8_WEIGHTS: tuple[str, ...] = ("auto", "asymmetric", "symmetric")
+
+
+class ParseOptions(TypedDict, total=False):
+    """The :class:`QuantConfig` fields a label leaves to its caller (:meth:`QuantConfig.parse`)."""
+
+    scheme: str
+    granularity: str
+    block_size: int
+    int8_weights: str
+    activations: bool
+    min_agreement: float
+    action_tolerance: float
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,7 @@ class QuantConfig:
             raise QuarlError(f"action tolerance {self.action_tolerance!r} must be >= 0")
 
     @classmethod
-    def parse(cls, label: str, **kwargs: object) -> "QuantConfig":
+    def parse(cls, label: str, **kwargs: Unpack[ParseOptions]) -> "QuantConfig":
         """Build from a label as the CLI writes it: ``fp32``, ``fp16``, ``bf16``, ``int8`` /
         ``int4`` (real kernels, mode chosen automatically), ``int8-MODE`` / ``int4-MODE``
         (one mode), or ``sim2`` .. ``sim16`` (simulated n-bit weights, the paper's sweep)."""
@@ -86,12 +99,12 @@ class QuantConfig:
 
         text = label.strip().lower()
         if text in registry.PRECISIONS and text != "nbit":
-            return cls(precision=text, **kwargs)  # type: ignore[arg-type]
+            return cls(precision=text, **kwargs)
         if text in MODES:
-            precision, mode = text.split("-", 1)
-            return cls(precision=precision, mode=mode, **kwargs)  # type: ignore[arg-type]
+            mode = MODES[text]
+            return cls(precision=f"int{mode.bits}", mode=mode.name, **kwargs)
         if text.startswith("sim") and digits(text[3:]) and MIN_BITS <= int(text[3:]) <= MAX_BITS:
-            return cls(precision="nbit", bits=int(text[3:]), **kwargs)  # type: ignore[arg-type]
+            return cls(precision="nbit", bits=int(text[3:]), **kwargs)
         hint = ""
         if text.startswith("int") and digits(text[3:]):
             hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)"
