@@ -70,7 +70,8 @@ def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     """The agent's run folder, trained (or resumed) if it has no final model yet."""
     import shutil
 
-    from quarl.training.sb3_train import TrainConfig, has_checkpoint, latest_checkpoint, train as train_run
+    from quarl.training.checkpoints import has_checkpoint, latest_checkpoint
+    from quarl.training.sb3_train import TrainConfig, train as train_run
 
     algo, env_id, steps, overrides, _ = AGENTS[name]
     steps = min(steps, steps_cap or steps)

@@ -29,8 +29,8 @@ from quarl.core.limits import check_tensors, open_zip, read_capped, read_zip_ent
 from quarl.quant.config import QATConfig
 from quarl.training.hyperparams import ZooEntry
 from quarl.training.qat_sb3 import QATStateRecord, read_qat_state
-from quarl.training.sb3_train import (ARRAYS_CAP, CheckpointData, ReplayPosition, _load_arrays, load_replay,
-                                      replay_arrays)
+from quarl.training.checkpoint_arrays import ARRAYS_CAP, ReplayPosition, load_arrays, load_replay, replay_arrays
+from quarl.training.checkpoints import CheckpointData
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -259,7 +259,7 @@ def test_a_replay_checkpoint_restores_a_buffer_that_means_something_or_is_one_li
     path.write_bytes(blob)
     buffer = _buffer()
     try:
-        load_replay(buffer, _load_arrays(path), path)
+        load_replay(buffer, load_arrays(path), path)
     except QuarlError as exc:
         _one_line(exc, str(path))
         return
@@ -306,12 +306,12 @@ import sys, zipfile
 from pathlib import Path
 from quarl.core.errors import QuarlError
 from quarl.core.limits import open_zip, read_zip_entry
-from quarl.training.sb3_train import _load_arrays
+from quarl.training.checkpoint_arrays import load_arrays
 for name in sys.argv[1:]:
     path = Path(name)
     try:
         if path.suffix == ".npz":
-            _load_arrays(path)
+            load_arrays(path)
         else:
             with open_zip(path, "a checkpoint") as archive:
                 read_zip_entry(archive, "data", name)
@@ -458,7 +458,7 @@ def test_a_zip_whose_data_nests_deep_is_one_line(tmp_path: Path, depth: int) -> 
     import stable_baselines3 as sb3
 
     from quarl.policies.sb3 import load_checkpoint
-    from quarl.training.sb3_train import read_checkpoint_data
+    from quarl.training.checkpoints import read_checkpoint_data
 
     good = tmp_path / "ppo.zip"
     sb3.PPO("MlpPolicy", "CartPole-v1", seed=0, device="cpu", n_steps=64).save(good)

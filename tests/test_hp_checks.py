@@ -11,7 +11,9 @@ import gymnasium as gym
 import pytest
 
 from quarl.core.errors import QuarlError
-from quarl.training.hyperparams import buffer_memory, check_buffer_memory, check_overrides, prepare
+from quarl.training.buffer_memory import buffer_memory, check_buffer_memory
+from quarl.training.hp_checks import check_overrides
+from quarl.training.train_setup import prepare
 from tests.conftest import run_cli
 from tests.test_crafted_files import PEAK_LIMIT_MB, _one_line, _popen_peak
 

@@ -21,10 +21,11 @@ from quarl.evaluation.episodes import evaluate
 from quarl.policies.sb3 import load_checkpoint
 from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers
-from quarl.training.hyperparams import TRAINERS, prepare
+from quarl.training.hyperparams import TRAINERS
 from quarl.training.mixed_precision import LossScale, enable_mixed_precision, fp32_outputs
 from quarl.training.qat_sb3 import QATCallback, load_qat_state, qat_targets, wrap_policy, wrapped_layers
 from quarl.training.sb3_train import TrainConfig, train
+from quarl.training.train_setup import prepare
 
 # Small, fast settings per algorithm (the zoo's values otherwise).
 TINY = {
@@ -613,7 +614,7 @@ def test_resume_refuses_a_nan_range_in_the_checkpoint_qat_state(tmp_path: Path) 
 
 
 def test_resume_refuses_normalization_statistics_that_mean_nothing(tmp_path: Path) -> None:
-    from quarl.training.sb3_train import load_vecnormalize_arrays, vecnormalize_arrays
+    from quarl.training.checkpoint_arrays import load_vecnormalize_arrays, vecnormalize_arrays
 
     class Rms:
         def __init__(self, shape: tuple[int, ...]) -> None:

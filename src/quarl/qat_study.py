@@ -22,7 +22,8 @@ from quarl.evaluation.cells import Cell, EvalSettings, run_cells
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.core.records import ResultsLog
 from quarl.evaluation.reports import relative_error, save_figure, write_rows
-from quarl.training.sb3_train import TrainConfig, has_checkpoint, resolve_timesteps, train
+from quarl.training.checkpoints import has_checkpoint
+from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
 
 log = logging.getLogger(__name__)
 

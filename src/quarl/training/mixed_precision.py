@@ -38,13 +38,16 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +118,7 @@ class LossScale:
         return result
 
 
-def optimizers(model: Any) -> list[torch.optim.Optimizer]:
+def optimizers(model: BaseAlgorithm) -> list[torch.optim.Optimizer]:
     """Every optimizer an SB3 algorithm steps (policy, actor, critic, entropy coefficient)."""
     found: dict[int, torch.optim.Optimizer] = {}
     for owner in (model, *model.policy.modules()):
@@ -125,7 +128,7 @@ def optimizers(model: Any) -> list[torch.optim.Optimizer]:
     return list(found.values())
 
 
-def enable_mixed_precision(model: Any, precision: str, channels_last: bool = True,
+def enable_mixed_precision(model: BaseAlgorithm, precision: str, channels_last: bool = True,
                            loss_scale: LossScale | None = None) -> LossScale | None:
     """Run ``model``'s gradient updates at ``precision`` (fp32: unchanged). Returns the
     loss scale for fp16 (``loss_scale``, or a new one with GradScaler's defaults), None
@@ -141,8 +144,9 @@ def enable_mixed_precision(model: Any, precision: str, channels_last: bool = Tru
     for layer in output_layers(model.policy):
         _fp32_forward(layer, device_type)
     if channels_last and any(isinstance(m, nn.Conv2d) for m in model.policy.modules()):
-        model.policy.to(memory_format=torch.channels_last)  # in place: the optimizers keep their parameters
-    train = model.train
+        # in place: the optimizers keep their parameters (torch's stub of Module.to omits memory_format)
+        model.policy.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    train: Callable[..., None] = getattr(model, "train")  # declared by SB3's on- and off-policy bases, not BaseAlgorithm
     scaler = (loss_scale or LossScale(model.device)) if precision == "fp16" else None
     plain_backward = torch.Tensor.backward
     plain_clip = torch.nn.utils.clip_grad_norm_
@@ -183,7 +187,7 @@ def enable_mixed_precision(model: Any, precision: str, channels_last: bool = Tru
     return scaler
 
 
-def pinned_batches(model: Any) -> bool:
+def pinned_batches(model: BaseAlgorithm) -> bool:
     """On CUDA, make ``model``'s replay / rollout buffer copy each sampled batch to the GPU
     from pinned memory without blocking (SB3 copies from pageable memory, waiting on each
     array). Returns whether it did (False on other devices). The buffer still pickles."""
@@ -233,12 +237,13 @@ def _fp32_forward(layer: nn.Module, device_type: str) -> None:
     @functools.wraps(forward)
     def fp32(x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type, enabled=False):
-            return forward(x.float())
+            out: torch.Tensor = forward(x.float())  # a Linear's forward (nn.Module types it as returning Any)
+            return out
 
     layer.forward = fp32
 
 
-def _install(model: Any, train: Any) -> None:
+def _install(model: BaseAlgorithm, train: Callable[..., None]) -> None:
     """Replace ``model.train``, keeping the replacement out of ``model.save`` (SB3 saves
     the instance's attributes; a closure over the model cannot be pickled)."""
     excluded = model._excluded_save_params
@@ -246,8 +251,9 @@ def _install(model: Any, train: Any) -> None:
     def excluded_save_params() -> list[str]:
         return [*excluded(), "train", "_excluded_save_params"]
 
-    model.train = train
-    model._excluded_save_params = excluded_save_params
+    # instance attributes shadowing SB3's methods (mypy refuses assigning to a method)
+    setattr(model, "train", train)
+    setattr(model, "_excluded_save_params", excluded_save_params)
 
 
 def _guard_step(opt: torch.optim.Optimizer, scaler: LossScale) -> None:

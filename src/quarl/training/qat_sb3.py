@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
+import torch
 from pydantic import Field, model_validator
 from stable_baselines3.common.callbacks import BaseCallback
 from torch import nn
@@ -36,21 +37,20 @@ log = logging.getLogger(__name__)
 
 def qat_targets(policy: nn.Module, critic: bool = False) -> dict[str, nn.Module]:
     """Name -> module of an SB3 policy's networks to fake-quantize."""
+    def part(name: str) -> nn.Module:
+        return policy.get_submodule(name)
+
     if hasattr(policy, "q_net"):
-        return {"q_net": policy.q_net}
+        return {"q_net": part("q_net")}
     if hasattr(policy, "quantile_net"):
-        return {"quantile_net": policy.quantile_net}
+        return {"quantile_net": part("quantile_net")}
     if hasattr(policy, "actor"):
-        return {"actor": policy.actor, **({"critic": policy.critic} if critic else {})}
+        return {"actor": part("actor"), **({"critic": part("critic")} if critic else {})}
     if hasattr(policy, "action_net"):
-        out = {"pi_features_extractor": policy.pi_features_extractor,
-               "mlp_extractor.policy_net": policy.mlp_extractor.policy_net,
-               "action_net": policy.action_net}
+        names = ["pi_features_extractor", "mlp_extractor.policy_net", "action_net"]
         if critic:
-            out.update({"vf_features_extractor": policy.vf_features_extractor,
-                        "mlp_extractor.value_net": policy.mlp_extractor.value_net,
-                        "value_net": policy.value_net})
-        return out
+            names += ["vf_features_extractor", "mlp_extractor.value_net", "value_net"]
+        return {name: part(name) for name in names}
     raise QuarlError(f"quarl cannot find the acting network of a {type(policy).__name__}")
 
 
@@ -70,31 +70,41 @@ def wrap_policy(policy: nn.Module, settings: QATConfig) -> None:
             wrap_qat_(module, settings.bits, settings.scheme, settings.granularity)
 
 
+def _range(layer: QATLayer, observer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (min, max) buffers of one of ``layer``'s observers."""
+    module = layer.get_submodule(observer)
+    return module.get_buffer("min_val"), module.get_buffer("max_val")
+
+
+_OBSERVED = (("output_observer", "out_min", "out_max"), ("weight_observer", "w_min", "w_max"))
+"""Each observer of a QAT layer and the keys its range is saved under."""
+
+
 def qat_state(policy: nn.Module, settings: QATConfig) -> dict[str, Any]:
-    """Everything needed to restore the wrappers or to rebuild the quantized policy."""
-    layers = {}
+    """Everything needed to restore the wrappers or to rebuild the quantized policy (the
+    JSON object ``qat.json`` holds, a :class:`QATStateRecord`)."""
+    layers: dict[str, dict[str, bool | float]] = {}
     for name, layer in wrapped_layers(policy).items():
-        obs = layer.output_observer
-        layers[name] = {
-            "quantize": layer.quantize,
-            "out_min": float(obs.min_val),
-            "out_max": float(obs.max_val),
-            "w_min": float(layer.weight_observer.min_val),
-            "w_max": float(layer.weight_observer.max_val),
-        }
+        saved: dict[str, bool | float] = {"quantize": layer.quantize}
+        for observer, lo, hi in _OBSERVED:
+            low, high = _range(layer, observer)
+            saved |= {lo: float(low), hi: float(high)}
+        layers[name] = saved
     enabled = any(v["quantize"] for v in layers.values())
     return {"config": asdict(settings), "enabled": enabled, "layers": layers}
 
 
 def load_qat_state(policy: nn.Module, state: dict[str, Any]) -> None:
+    """Restore the wrappers of ``policy`` from :func:`read_qat_state`'s object."""
     for name, layer in wrapped_layers(policy).items():
         saved = state["layers"].get(name)
         if saved is None:
             raise QuarlError(f"the saved QAT state has no layer {name!r}: it belongs to another network")
         layer.quantize = bool(saved["quantize"])
-        for obs, lo, hi in ((layer.output_observer, "out_min", "out_max"), (layer.weight_observer, "w_min", "w_max")):
-            obs.min_val.fill_(saved[lo])
-            obs.max_val.fill_(saved[hi])
+        for observer, lo, hi in _OBSERVED:
+            low, high = _range(layer, observer)
+            low.fill_(saved[lo])
+            high.fill_(saved[hi])
 
 
 def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
@@ -204,5 +214,5 @@ class QATCallback(BaseCallback):
         return True
 
 
-def _granularity(config: QATConfig, layer: nn.Module) -> str:
+def _granularity(config: QATConfig, layer: nn.Linear | nn.Conv2d) -> str:
     return resolve_granularity(config.granularity, layer.weight.dim())
