@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from quarl.core.errors import QuarlError
-from quarl.training.hyperparams import TRAINERS
+from quarl.training.hyperparams import TRAINERS, Hyperparams
 from quarl.training.train_setup import TrainSetup
 
 
@@ -61,7 +61,7 @@ def buffer_memory(algo: str, setup: TrainSetup, observation_space: gym.spaces.Sp
 
 
 def check_buffer_memory(algo: str, setup: TrainSetup, observation_space: gym.spaces.Space[Any],
-                        action_space: gym.spaces.Space[Any], overrides: dict[str, Any] | None = None) -> None:
+                        action_space: gym.spaces.Space[Any], overrides: Hyperparams | None = None) -> None:
     """Refuse in one line a run whose replay or rollout buffer (:func:`buffer_memory`) would
     take more than this machine's memory (``n_steps=1e10`` asked for 1.16 TiB, a
     ``buffer_size=1e10`` replay for 149 GiB), naming the value and the largest that fits."""

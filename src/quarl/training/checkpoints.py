@@ -86,6 +86,10 @@ class Checkpointer:
         return Path(f"{stem}.zip")
 
 
+SB3Data = dict[str, Any]
+"""The JSON object of an SB3 zip's ``data`` entry, as SB3 wrote it."""
+
+
 class CheckpointData(Record):
     """The fields of an SB3 zip's ``data`` entry that resuming and fine-tuning read (SB3
     saves dozens more, left as they are)."""
@@ -95,8 +99,8 @@ class CheckpointData(Record):
     policy_class: dict[str, Any] | None = None
 
 
-def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tuple[CheckpointData, dict[str, Any]]:
-    """(typed record, raw object) of the ``data`` entry of SB3 zip ``path`` (the raw JSON
+def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tuple[CheckpointData, SB3Data]:
+    """(typed record, raw JSON object) of the ``data`` entry of SB3 zip ``path`` (the raw
     object for the fields the record leaves as SB3 wrote them)."""
     from quarl.core.limits import open_zip, read_zip_entry
 
@@ -111,7 +115,7 @@ def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tup
 _POLICY_MODULE = re.compile(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies")
 
 
-def saved_algorithm(data: dict[str, Any]) -> str | None:
+def saved_algorithm(data: SB3Data) -> str | None:
     """The algorithm whose ``save`` wrote this ``data`` entry, from its policy class's module
     and the hyperparameters it keeps (PPO's clip range, TRPO's conjugate-gradient steps), or
     None where the policy class is not one of SB3's or sb3-contrib's."""
@@ -125,7 +129,7 @@ def saved_algorithm(data: dict[str, Any]) -> str | None:
     return _algo_from_data(data, "ppo" if match.group(1) == "common" else match.group(1))
 
 
-def check_algorithm(path: Path, data: dict[str, Any], algo: str, doing: str) -> None:
+def check_algorithm(path: Path, data: SB3Data, algo: str, doing: str) -> None:
     """One line when the zip at ``path`` was saved by another algorithm than ``algo`` (an
     A2C zip resumed as PPO loaded RMSprop's state into Adam: KeyError 'betas' mid-run)."""
     saved = saved_algorithm(data)

@@ -37,7 +37,7 @@ from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_ten
 from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, raise_if_non_finite
 from quarl.training.hp_checks import check_net_arch
-from quarl.training.hyperparams import TRAINERS
+from quarl.training.hyperparams import TRAINERS, SB3Kwargs
 from quarl.training.train_setup import TrainSetup, prepare
 from quarl.training.vec_env import training_vec_env
 
@@ -66,7 +66,7 @@ def _read_tensors(zip_path: Path, entry: str) -> dict[str, object] | None:
     return loaded
 
 
-def _data_policy_kwargs(zip_path: Path, policy: Policy) -> dict[str, Any]:
+def _data_policy_kwargs(zip_path: Path, policy: Policy) -> SB3Kwargs:
     """The architecture the checkpoint was built with: its plain policy_kwargs (net_arch,
     n_quantiles, log_std_init, use_sde...) and the activation the loaded network uses; the
     zip must be one of ``policy.algo``'s (an A2C zip in a ppo folder fine-tuned as PPO)."""
@@ -155,7 +155,7 @@ def _check_rewards(algo: str, env_id: str, setup: TrainSetup) -> None:
                          "read: fine-tune it with the RL Zoo, or recover it by distillation alone")
 
 
-def _model_kwargs(zip_path: Path, policy: Policy, setup: TrainSetup) -> tuple[dict[str, Any], dict[str, Any]]:
+def _model_kwargs(zip_path: Path, policy: Policy, setup: TrainSetup) -> tuple[SB3Kwargs, SB3Kwargs]:
     """(the algorithm's kwargs, its policy's kwargs): the zoo's, with the architecture the
     checkpoint was built with, priced before anything is built."""
     kwargs = dict(setup.model_kwargs)

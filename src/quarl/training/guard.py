@@ -12,13 +12,16 @@ writer checks again (:func:`non_finite_state`): a checkpoint on disk is never Na
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import torch
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
 
 class NonFiniteTraining(QuarlError):
@@ -47,7 +50,7 @@ def non_finite_transition(rewards: Any, observations: Any) -> str | None:
     return None
 
 
-def _tensors(model: Any) -> Iterable[tuple[str, torch.Tensor]]:
+def _tensors(model: BaseAlgorithm) -> Iterable[tuple[str, torch.Tensor]]:
     """The model's parameters, its QAT observers' ranges and the variables SB3 saves beside
     them (SAC's log_ent_coef)."""
     yield from model.policy.named_parameters()
@@ -58,7 +61,7 @@ def _tensors(model: Any) -> Iterable[tuple[str, torch.Tensor]]:
             yield name, value
 
 
-def non_finite_weight(model: Any) -> str | None:
+def non_finite_weight(model: BaseAlgorithm) -> str | None:
     """The first weight holding NaN or inf (observer ranges: NaN only, an unobserved range
     is +-inf by design), or None."""
     for name, tensor in _tensors(model):
@@ -77,7 +80,7 @@ def non_finite_loss(logged: dict[str, Any]) -> str | None:
     return None
 
 
-def non_finite_state(model: Any) -> str | None:
+def non_finite_state(model: BaseAlgorithm) -> str | None:
     """What a checkpoint of ``model`` would hold that is not finite: weights, optimizer
     state, normalization statistics (None: all finite)."""
     found = non_finite_weight(model)
@@ -128,7 +131,7 @@ class NonFiniteGuard(CallbackList):
         super()._on_training_end()
 
 
-def raise_if_non_finite(model: Any, exc: BaseException) -> None:
+def raise_if_non_finite(model: BaseAlgorithm, exc: BaseException) -> None:
     """For an error SB3 or torch raised inside ``learn`` (PPO's next minibatch after a NaN
     update fails in its distribution's argument check): :class:`NonFiniteTraining` when the
     weights went non-finite, so the run ends in one line naming the step."""

@@ -11,7 +11,7 @@ import numpy as np
 from quarl.core.errors import QuarlError
 from quarl.core.limits import check_layer_sizes
 from quarl.core.literals import parse_literal
-from quarl.training.hyperparams import OWN_KEYS, TRAINERS
+from quarl.training.hyperparams import OWN_KEYS, TRAINERS, Hyperparams
 
 _SET_BY_QUARL = {
     "seed": "use --seed", "verbose": "quarl sets it (use -v)", "device": "quarl trains on the CPU",
@@ -81,7 +81,7 @@ def _describe(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def check_overrides(algo: str, overrides: dict[str, Any]) -> None:
+def check_overrides(algo: str, overrides: Hyperparams) -> None:
     """Every override names a constructor argument of the SB3 algorithm (or a key quarl
     handles) that quarl does not set itself, of the type SB3 declares for it (a whole number
     where it wants an int, one of its policy names for ``policy``...), within its range:

@@ -82,8 +82,17 @@ def register_trainer(trainer: Trainer) -> Trainer:
     return trainer
 
 
+Hyperparams = dict[str, Any]
+"""A zoo entry or ``--hp`` overrides by key: values as the zoo's YAML or ``--hp``'s literals give
+them (numbers, strings, lists, dicts), checked by :mod:`quarl.training.hp_checks` and bound
+for SB3's constructor, which types each argument itself."""
+SB3Kwargs = dict[str, Any]
+"""Keyword arguments of a Stable-Baselines3 constructor (the algorithm's, its policy's or
+VecNormalize's), with schedules, classes and noise objects built."""
+
+
 _MINATAR_POLICY = "dict(features_extractor_class='SmallCNN', net_arch=[])"
-OWN_HYPERPARAMS: dict[str, dict[str, dict[str, Any]]] = {  # entries as the zoo's YAML gives them
+OWN_HYPERPARAMS: dict[str, dict[str, Hyperparams]] = {
     # MinAtar is not in the RL Zoo: settings after the MinAtar paper's (DQN) and CleanRL's
     # Atari PPO, scaled to 10x10 games; the small CNN is MinAtar's own network
     "minatar": {
@@ -154,7 +163,7 @@ def missing_statistics(algo: str, env_id: str, zip_name: str) -> str | None:
             "pass the run folder instead, or expect returns far from the trained agent's")
 
 
-def zoo_hyperparams(algo: str, env_id: str) -> tuple[dict[str, Any], str | None]:
+def zoo_hyperparams(algo: str, env_id: str) -> tuple[Hyperparams, str | None]:
     """(raw zoo entry, the key it was found under) for ``algo`` on ``env_id``: the exact id,
     else the same env at another version, else the zoo's ``atari`` entry for Atari games.
     ``({}, None)`` when the zoo has none (SB3 defaults apply). The entry is checked as a

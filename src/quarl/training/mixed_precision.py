@@ -48,6 +48,7 @@ from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.buffers import BaseBuffer
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def pinned_batches(model: BaseAlgorithm) -> bool:
     return done
 
 
-def _pinned_to_torch(buffer: Any, array: np.ndarray, copy: bool = True) -> torch.Tensor:
+def _pinned_to_torch(buffer: BaseBuffer, array: np.ndarray[Any, Any], copy: bool = True) -> torch.Tensor:
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     if buffer.device.type != "cuda":  # a buffer loaded elsewhere
         return tensor.clone().to(buffer.device) if copy else tensor.to(buffer.device)

@@ -35,6 +35,11 @@ from quarl.quant.qat import QATLayer, set_quantization, wrap_qat_
 
 log = logging.getLogger(__name__)
 
+QATState = dict[str, Any]
+"""The JSON object ``qat.json`` holds (see :class:`QATStateRecord`): what
+:func:`load_qat_state` and :func:`quarl.quant.api.from_qat_state` take."""
+
+
 def qat_targets(policy: nn.Module, critic: bool = False) -> dict[str, nn.Module]:
     """Name -> module of an SB3 policy's networks to fake-quantize."""
     def part(name: str) -> nn.Module:
@@ -80,7 +85,7 @@ _OBSERVED = (("output_observer", "out_min", "out_max"), ("weight_observer", "w_m
 """Each observer of a QAT layer and the keys its range is saved under."""
 
 
-def qat_state(policy: nn.Module, settings: QATConfig) -> dict[str, Any]:
+def qat_state(policy: nn.Module, settings: QATConfig) -> QATState:
     """Everything needed to restore the wrappers or to rebuild the quantized policy (the
     JSON object ``qat.json`` holds, a :class:`QATStateRecord`)."""
     layers: dict[str, dict[str, bool | float]] = {}
@@ -94,7 +99,7 @@ def qat_state(policy: nn.Module, settings: QATConfig) -> dict[str, Any]:
     return {"config": asdict(settings), "enabled": enabled, "layers": layers}
 
 
-def load_qat_state(policy: nn.Module, state: dict[str, Any]) -> None:
+def load_qat_state(policy: nn.Module, state: QATState) -> None:
     """Restore the wrappers of ``policy`` from :func:`read_qat_state`'s object."""
     for name, layer in wrapped_layers(policy).items():
         saved = state["layers"].get(name)
@@ -162,7 +167,7 @@ class QATStateRecord(Record):
     layers: dict[str, QATLayerRecord]
 
 
-def read_qat_state(path: Path, expected: QATConfig | None = None) -> dict[str, Any]:
+def read_qat_state(path: Path, expected: QATConfig | None = None) -> QATState:
     """A ``qat.json`` (the final one or a checkpoint's) read and validated as a
     :class:`QATStateRecord`, as the plain dict :func:`load_qat_state` and
     :func:`quarl.quant.api.from_qat_state` take. With ``expected``, its settings must be
@@ -186,7 +191,7 @@ class QATCallback(BaseCallback):
     """Wraps the acting networks at the start of training and switches fake quantization
     on once ``num_timesteps >= quant_delay`` (logged as ``qat/enabled``)."""
 
-    def __init__(self, settings: QATConfig, restore: dict[str, Any] | None = None) -> None:
+    def __init__(self, settings: QATConfig, restore: QATState | None = None) -> None:
         super().__init__()
         self.settings = settings
         self.restore = restore

@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
@@ -16,6 +16,7 @@ from quarl.core.file_schema import parse_json
 from quarl.core.limits import read_capped
 from quarl.training.checkpoint_arrays import load_arrays, load_replay, load_vecnormalize_arrays, vecnormalize_arrays
 from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
+from quarl.training.hyperparams import Hyperparams
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -32,7 +33,7 @@ RUN_SETTINGS_CAP = 1 << 20
 class RunSettings:
     """What a run started with (:data:`RUN_SETTINGS` in its folder)."""
 
-    hyperparams: dict[str, Any]
+    hyperparams: Hyperparams
     """Its --hp, as JSON keeps them (values of other types written as strings)."""
     timesteps: int | None = None
     """Its budget in env steps."""
@@ -55,7 +56,7 @@ class RunSettings:
                    timesteps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
 
 
-def resumed_hyperparams(given: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def resumed_hyperparams(given: Hyperparams, run_dir: Path) -> Hyperparams:
     """The --hp a resumed run trains with: its own where none are given (one line where
     other ones are: a resumed run keeps the settings it started with); runs from before the
     settings file existed resume with ``given``."""

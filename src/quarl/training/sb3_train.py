@@ -36,9 +36,9 @@ from quarl.training.buffer_memory import check_buffer_memory
 from quarl.training.callbacks import REWARD_LINES, CheckpointEvery, RollingReward
 from quarl.training.checkpoints import Checkpointer, latest_checkpoint, run_checkpoints
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
-from quarl.training.hyperparams import TRAINERS
+from quarl.training.hyperparams import TRAINERS, Hyperparams
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
-from quarl.training.qat_sb3 import QATCallback, read_qat_state, write_qat_state
+from quarl.training.qat_sb3 import QATCallback, QATState, read_qat_state, write_qat_state
 from quarl.training.resume import RunSettings, check_checkpoint_step, resume_from, resumed_hyperparams
 from quarl.training.train_setup import TrainSetup, prepare
 from quarl.training.vec_env import training_vec_env
@@ -67,7 +67,7 @@ class TrainConfig:
     """Gradient updates in fp32, bf16 or fp16 (autocast, fp32 master weights)."""
     qat: QATConfig | None = None
     """Quantization-aware training, or None for plain training."""
-    hyperparams: dict[str, Any] = field(default_factory=dict)
+    hyperparams: Hyperparams = field(default_factory=dict)
     """Overrides of the zoo's entry (e.g. {"n_envs": 4}): literals, as ``--hp`` parses them."""
     eval_freq: int = 10_000
     """Evaluate every this many env steps (0: never)."""
@@ -137,7 +137,7 @@ def _total(algo: str, env_id: str, timesteps: int | None, setup: TrainSetup) -> 
     return int(total)
 
 
-def resolve_timesteps(algo: str, env_id: str, timesteps: int | None, overrides: dict[str, Any] | None = None) -> int:
+def resolve_timesteps(algo: str, env_id: str, timesteps: int | None, overrides: Hyperparams | None = None) -> int:
     """The training length: ``timesteps`` or the zoo's budget (validating algo and env)."""
     setup = prepare(algo, env_id, check_algo_env(algo, env_id), overrides)
     return _total(algo, env_id, timesteps, setup)
@@ -203,7 +203,7 @@ def _open_env(config: TrainConfig, setup: TrainSetup) -> VecEnv:
 
 
 def _build_model(config: TrainConfig, setup: TrainSetup, env: VecEnv, run_dir: Path, start: tuple[int, Path] | None
-                 ) -> tuple[BaseAlgorithm, int, dict[str, Any] | None]:
+                 ) -> tuple[BaseAlgorithm, int, QATState | None]:
     """(model, env steps done, the QAT state to restore) of a new run, or of one resumed
     from checkpoint ``start``."""
     algo_cls = TRAINERS[config.algo].algo_class()
@@ -221,7 +221,7 @@ def _build_model(config: TrainConfig, setup: TrainSetup, env: VecEnv, run_dir: P
 
 
 def _callbacks(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int, checkpointer: Checkpointer,
-               qat_restore: dict[str, Any] | None) -> list[BaseCallback]:
+               qat_restore: QATState | None) -> list[BaseCallback]:
     callbacks: list[BaseCallback] = []
     if config.qat is not None:
         callbacks.append(QATCallback(config.qat, restore=qat_restore))

@@ -18,7 +18,7 @@ from quarl.core.literals import parse_literal
 from quarl.envs import EnvSpec, wrapper_names
 from quarl.envs import wrappers as env_wrappers
 from quarl.training.hp_checks import check_overrides, check_policy_name
-from quarl.training.hyperparams import OWN_KEYS, TRAINERS, zoo_hyperparams
+from quarl.training.hyperparams import OWN_KEYS, TRAINERS, Hyperparams, SB3Kwargs, zoo_hyperparams
 
 if TYPE_CHECKING:
     from stable_baselines3.common.noise import ActionNoise
@@ -49,14 +49,14 @@ _NOTED: set[tuple[str, str]] = set()
 class TrainSetup:
     """What the zoo entry (plus the user's overrides) says about one training run."""
 
-    raw: dict[str, Any]
+    raw: Hyperparams
     """The entry as written (saved as the run's config.yml)."""
-    model_kwargs: dict[str, Any]
+    model_kwargs: SB3Kwargs
     """Keyword arguments of the SB3 algorithm (schedules and noise objects built)."""
     policy: str = "MlpPolicy"
     n_envs: int = 1
     n_timesteps: int | None = None
-    normalize: dict[str, Any] | None = None
+    normalize: SB3Kwargs | None = None
     """VecNormalize kwargs, or None for no normalization."""
     env_spec: EnvSpec = field(default_factory=lambda: EnvSpec("CartPole-v1"))
 
@@ -88,7 +88,7 @@ def _schedule(key: str, value: object) -> object:
 
 
 
-def _whole_numbers(algo: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _whole_numbers(algo: str, kwargs: Hyperparams) -> Hyperparams:
     """``kwargs`` with a whole float (``1e6``) made an int where SB3 declares an int."""
     import inspect
 
@@ -112,7 +112,7 @@ def _note_source(algo: str, env_id: str, key: str | None) -> None:
         log.warning("note: using the RL Zoo's %s hyperparameters of %s for %s", algo, key, env_id)
 
 
-def _model_kwargs(algo: str, env_id: str, raw: dict[str, Any]) -> dict[str, Any]:
+def _model_kwargs(algo: str, env_id: str, raw: Hyperparams) -> SB3Kwargs:
     """The algorithm's constructor kwargs of the entry ``raw``: whole numbers as ints,
     schedules and allow-listed classes built from their literals."""
     kwargs = _whole_numbers(algo, {k: v for k, v in raw.items() if k not in OWN_KEYS})
@@ -133,20 +133,20 @@ def _model_kwargs(algo: str, env_id: str, raw: dict[str, Any]) -> dict[str, Any]
     return kwargs
 
 
-def _normalize_kwargs(raw: dict[str, Any]) -> dict[str, Any] | None:
+def _normalize_kwargs(raw: Hyperparams) -> SB3Kwargs | None:
     """VecNormalize's kwargs of the entry's ``normalize`` (its gamma, the algorithm's), or
     None for no normalization."""
     normalize = raw.get("normalize")
     if not normalize:
         return None
     parsed = parse_literal(normalize) if isinstance(normalize, str) else {}
-    norm_kwargs: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    norm_kwargs: SB3Kwargs = parsed if isinstance(parsed, dict) else {}
     if "gamma" in raw:
         norm_kwargs["gamma"] = raw["gamma"]
     return norm_kwargs
 
 
-def _action_noise(raw: dict[str, Any], env_id: str, action_space: gym.spaces.Space[Any]) -> ActionNoise | None:
+def _action_noise(raw: Hyperparams, env_id: str, action_space: gym.spaces.Space[Any]) -> ActionNoise | None:
     """The exploration noise the entry's ``noise_type`` / ``noise_std`` name, or None."""
     noise_type = raw.get("noise_type")
     if not noise_type:
@@ -166,7 +166,7 @@ def _action_noise(raw: dict[str, Any], env_id: str, action_space: gym.spaces.Spa
 
 
 def prepare(
-    algo: str, env_id: str, action_space: gym.spaces.Space[Any], overrides: dict[str, Any] | None = None
+    algo: str, env_id: str, action_space: gym.spaces.Space[Any], overrides: Hyperparams | None = None
 ) -> TrainSetup:
     """The zoo's entry for ``algo`` / ``env_id`` with ``overrides`` on top, ready for SB3."""
     raw, key = zoo_hyperparams(algo, env_id)
