@@ -109,8 +109,6 @@ def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space[Any]:
     return space
 
 
-
-
 def run_folder(config: TrainConfig, resume: bool) -> Path:
     """OUT/ALGO/ENV_N: the next free N for a new run, the latest unfinished one to resume."""
     if config.run_dir is not None:
@@ -125,7 +123,6 @@ def run_folder(config: TrainConfig, resume: bool) -> Path:
                              f"{config.out}")
         return base / f"{name}_{with_checkpoint[-1]}"
     return base / f"{name}_{(ids[-1] if ids else 0) + 1}"
-
 
 
 def _total(algo: str, env_id: str, timesteps: int | None, setup: TrainSetup) -> int:
@@ -151,7 +148,6 @@ class TrainResult:
     """Env steps already done when this call started (0 for a fresh run)."""
     model: BaseAlgorithm | None = field(default=None, repr=False)
     """The trained SB3 model (QAT wrappers still in place; its envs are closed)."""
-
 
 
 def _plan(config: TrainConfig, resume: bool) -> tuple[TrainConfig, TrainSetup, int]:

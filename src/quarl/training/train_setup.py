@@ -44,7 +44,6 @@ _NOTED: set[tuple[str, str]] = set()
 """(algo, env) pairs whose hyperparameter source was noted in this process."""
 
 
-
 @dataclass
 class TrainSetup:
     """What the zoo entry (plus the user's overrides) says about one training run."""
@@ -59,7 +58,6 @@ class TrainSetup:
     normalize: SB3Kwargs | None = None
     """VecNormalize kwargs, or None for no normalization."""
     env_spec: EnvSpec = field(default_factory=lambda: EnvSpec("CartPole-v1"))
-
 
 
 def _classes(value: Any, where: str) -> Any:
@@ -87,7 +85,6 @@ def _schedule(key: str, value: object) -> object:
     return value
 
 
-
 def _whole_numbers(algo: str, kwargs: Hyperparams) -> Hyperparams:
     """``kwargs`` with a whole float (``1e6``) made an int where SB3 declares an int."""
     import inspect
@@ -95,7 +92,6 @@ def _whole_numbers(algo: str, kwargs: Hyperparams) -> Hyperparams:
     params = inspect.signature(TRAINERS[algo].algo_class()).parameters
     return {k: int(v) if isinstance(v, float) and v.is_integer() and k in params
             and params[k].annotation in (int, int | None) else v for k, v in kwargs.items()}
-
 
 
 def _note_source(algo: str, env_id: str, key: str | None) -> None:
