@@ -14,13 +14,15 @@ from quarl.actorq import wire
 from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info, make_network
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.algorithms import make_learner
+from quarl.actorq.options import DQNOptions
 from quarl.actorq.learners import D4PGLearner, DQNLearner
 from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.core.errors import QuarlError
 from tests.conftest import actorq_summary
 
-SMALL = dict(policy_layers=(64, 64), critic_layers=(64, 64), batch_size=32, min_replay=100, eval_episodes=2)
+SMALL = dict(policy_layers=(64, 64), batch_size=32, min_replay=100, eval_episodes=2)
+D4PG_SMALL = dict(SMALL, critic_layers=(64, 64))
 
 # A configuration that learns CartPole in well under a minute on 2 cores.
 CARTPOLE = dict(algo="dqn", actors=2, actor_precision="int8", policy_layers=(256, 256), learning_rate=1e-3,
@@ -40,8 +42,9 @@ def _batch(rng: np.random.Generator, n: int, obs_dim: int, action: np.ndarray) -
 @pytest.mark.parametrize("algo", ["dqn", "d4pg"])
 def test_learner_loss_decreases_on_a_fixed_batch(algo: str) -> None:
     rng = np.random.default_rng(0)
-    config = ActorQConfig("CartPole-v1" if algo == "dqn" else "Pendulum-v1", algo=algo, learning_rate=1e-3,
-                          target_update_period=10_000, **{k: v for k, v in SMALL.items() if k != "batch_size"})
+    small = SMALL if algo == "dqn" else D4PG_SMALL
+    config = ActorQConfig.flat("CartPole-v1" if algo == "dqn" else "Pendulum-v1", algo=algo, learning_rate=1e-3,
+                               target_update_period=10_000, **{k: v for k, v in small.items() if k != "batch_size"})
     if algo == "dqn":
         learner = DQNLearner(config, 4, 2)
         batch = _batch(rng, 64, 4, rng.integers(0, 2, 64))
@@ -62,7 +65,7 @@ def test_learner_loss_decreases_on_a_fixed_batch(algo: str) -> None:
 
 
 def test_d4pg_projection_keeps_mass_and_moves_atoms() -> None:
-    config = ActorQConfig("Pendulum-v1", algo="d4pg", v_min=-10, v_max=10, n_atoms=21, **SMALL)
+    config = ActorQConfig.flat("Pendulum-v1", algo="d4pg", v_min=-10, v_max=10, n_atoms=21, **D4PG_SMALL)
     learner = D4PGLearner(config, 3, 1)
     probs = torch.softmax(torch.randn(5, 21), 1)
     same = learner.project(torch.zeros(5), torch.ones(5), probs)
@@ -122,7 +125,7 @@ def test_wire_packing_matches_a_word_by_word_reference(bits: int, n: int) -> Non
 
 
 def test_int8_actor_policy_acts_like_fp32() -> None:
-    config = ActorQConfig("CartPole-v1", actor_precision="int8", **SMALL)
+    config = ActorQConfig.flat("CartPole-v1", actor_precision="int8", **SMALL)
     info = env_info(config)
     learner = DQNLearner(config, info.obs_dim, info.act_dim)
     weights = learner.weights()
@@ -143,7 +146,7 @@ def test_int8_actor_policy_acts_like_fp32() -> None:
 
 
 def test_actor_loads_only_when_the_version_moves() -> None:
-    config = ActorQConfig("CartPole-v1", actor_precision="fp32", update_period=10, **SMALL)
+    config = ActorQConfig.flat("CartPole-v1", actor_precision="fp32", update_period=10, **SMALL)
     info = env_info(config)
     learner = DQNLearner(config, info.obs_dim, info.act_dim)
     b = Broadcaster(config, info)
@@ -163,8 +166,8 @@ def test_actor_loads_only_when_the_version_moves() -> None:
 
 
 def test_exploration_is_spread_over_actors() -> None:
-    config = ActorQConfig("CartPole-v1", actors=4, max_exploration=0.2)
-    assert [round(config.exploration(i), 3) for i in range(4)] == [0.05, 0.1, 0.15, 0.2]
+    options = DQNOptions(max_exploration=0.2)
+    assert [round(options.exploration(i, 4), 3) for i in range(4)] == [0.05, 0.1, 0.15, 0.2]
 
 
 # ---------------------------------------------------------------------------- replay
@@ -244,7 +247,8 @@ def test_prioritized_replay_samples_by_priority_with_importance_weights() -> Non
 @pytest.mark.parametrize("algo", ["dqn", "d4pg"])
 def test_learners_weight_losses_and_report_priorities(algo: str) -> None:
     rng = np.random.default_rng(1)
-    config = ActorQConfig("CartPole-v1" if algo == "dqn" else "Pendulum-v1", algo=algo, **SMALL)
+    config = ActorQConfig.flat("CartPole-v1" if algo == "dqn" else "Pendulum-v1", algo=algo,
+                               **(SMALL if algo == "dqn" else D4PG_SMALL))
     action = rng.integers(0, 2, 32) if algo == "dqn" else rng.uniform(-1, 1, (32, 1)).astype(np.float32)
     batch = _batch(rng, 32, 4 if algo == "dqn" else 3, action)
     make = (lambda: DQNLearner(config, 4, 2)) if algo == "dqn" else (lambda: D4PGLearner(config, 3, 1))
@@ -289,7 +293,7 @@ def test_rate_limiter_blocks_and_releases() -> None:
 def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     """In one process, with prioritized replay checkpointed along with the learner (the
     Ray run below uses uniform replay)."""
-    config = ActorQConfig("CartPole-v1", local=True, max_minutes=4.0, out=tmp_path / "run", replay="prioritized",
+    config = ActorQConfig.flat("CartPole-v1", local=True, max_minutes=4.0, out=tmp_path / "run", replay="prioritized",
                           checkpoint_replay=True, **CARTPOLE)
     summary = run_actorq(config)
     assert summary.reached, summary.evals[-5:]
@@ -307,7 +311,7 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert saved["learner_steps"] == summary.learner_steps
 
     blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)  # plain tensors and numbers
-    assert config.min_replay < blob["replay"]["size"] <= summary.env_steps  # pending n-step windows: fewer
+    assert DQNOptions.of(config).min_replay < blob["replay"]["size"] <= summary.env_steps  # pending n-step windows: fewer
     assert blob["replay"]["max_priority"] > 1.0  # learner's TD errors went back into the tree
 
     resumed = run_actorq(replace(config, max_minutes=summary.elapsed_s / 60 + 0.1, target_reward=1e9), resume=True)
@@ -326,7 +330,7 @@ def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
     """--eval-freq: each evaluation snapshots the learner once N more env steps
     have been inserted (give or take the chunks that arrive in one coordinator pass)."""
     every = 1500
-    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=6500,
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=6500,
                           out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6, **SMALL)
     summary = run_actorq(config)  # ends on steps, whatever this machine's speed
     steps = [e[3] for e in summary.evals]
@@ -363,7 +367,7 @@ def test_a_busy_evaluator_delays_step_spaced_evaluations_without_copying_weights
 
     monkeypatch.setattr(system, "make_fleet", lambda config, info: BusyEveryOtherPass(config, info))
     every = 1500
-    config = ActorQConfig("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=5000,
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=5000,
                           out=tmp_path / "run", eval_every_steps=every, **SMALL)
     summary = run_actorq(config)  # ends on steps: a loaded machine made the 12 s budget hold only two evaluations
     steps = [e[3] for e in summary.evals]
@@ -380,7 +384,7 @@ def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
     out = tmp_path / "run"
     out.mkdir()
     torch.save({"learner": _Payload()}, out / "checkpoint.pt")
-    config = ActorQConfig("CartPole-v1", local=True, max_minutes=0.2, out=out, **CARTPOLE)
+    config = ActorQConfig.flat("CartPole-v1", local=True, max_minutes=0.2, out=out, **CARTPOLE)
     with pytest.raises(QuarlError, match="not an ActorQ checkpoint of plain tensors"):
         run_actorq(config, resume=True)
     assert not (tmp_path / "PWNED").exists()
@@ -407,7 +411,7 @@ def test_ray_run_with_int8_actors_survives_a_killed_actor(tmp_path: Path) -> Non
             steps_at_kill.append(state.actor_steps.get(0, 0))
         return bool(killed) and state.env_steps >= 16_000 and state.actor_steps.get(0, 0) > steps_at_kill[0] + 1_000
 
-    config = ActorQConfig("CartPole-v1", max_minutes=30.0, out=tmp_path / "ray",
+    config = ActorQConfig.flat("CartPole-v1", max_minutes=30.0, out=tmp_path / "ray",
                           **{**CARTPOLE, "target_reward": 1e9, "eval_every_s": 1e6}, eval_every_steps=4_000,
                           max_env_steps=400_000)
     summary = run_actorq(config, on_tick=kill_once)
@@ -456,13 +460,13 @@ def test_bad_configs_fail_with_one_line() -> None:
     with pytest.raises(QuarlError, match="--wire-bits 12 is not supported"):
         ActorQConfig("CartPole-v1", wire_bits=12)
     with pytest.raises(QuarlError, match="unknown --replay 'reverb'"):
-        ActorQConfig("CartPole-v1", replay="reverb")
+        ActorQConfig.flat("CartPole-v1", replay="reverb")
     with pytest.raises(QuarlError, match=r"priority_exponent=1.5 must be in \[0, 1\]"):
-        ActorQConfig("CartPole-v1", replay="prioritized", priority_exponent=1.5)
+        ActorQConfig.flat("CartPole-v1", replay="prioritized", priority_exponent=1.5)
     with pytest.raises(QuarlError, match="unknown --algo 'r2d2': allowed dqn, d4pg, impala, ppo"):
         ActorQConfig("CartPole-v1", algo="r2d2")
     with pytest.raises(QuarlError, match=r"--clip-range 1.5 must be in \(0, 1\)"):
-        ActorQConfig("CartPole-v1", algo="ppo", clip_range=1.5)
+        ActorQConfig.flat("CartPole-v1", algo="ppo", clip_range=1.5)
     with pytest.raises(QuarlError, match="d4pg needs continuous actions"):
         env_info(ActorQConfig("CartPole-v1", algo="d4pg"))
     with pytest.raises(QuarlError, match="dqn needs discrete actions"):
@@ -471,7 +475,7 @@ def test_bad_configs_fail_with_one_line() -> None:
 
 def test_d4pg_actor_on_the_control_suite() -> None:
     """DeepMind Control Suite through gymnasium (shimmy): dict observations are flattened."""
-    config = ActorQConfig("dm_control/cartpole-balance-v0", algo="d4pg", actor_precision="int8", **SMALL)
+    config = ActorQConfig.flat("dm_control/cartpole-balance-v0", algo="d4pg", actor_precision="int8", **D4PG_SMALL)
     info = env_info(config)
     assert (info.obs_dim, info.act_dim, info.discrete) == (5, 1, False)
     learner = D4PGLearner(config, info.obs_dim, info.act_dim)
@@ -566,7 +570,7 @@ def test_actorq_output_loads_as_a_policy(tmp_path: Path, algo: str, env_id: str)
 def test_a_target_the_untrained_policy_meets_is_refused(tmp_path: Path) -> None:
     """CartPole's untrained policy scores ~9: a target of 5 would be 'reached' before any
     learning, so the run stops with one line instead of reporting a time to reward."""
-    config = ActorQConfig("CartPole-v1", local=True, actors=1, target_reward=5.0, max_minutes=1.0,
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=1, target_reward=5.0, max_minutes=1.0,
                           out=tmp_path / "run", eval_every_s=0.5, **SMALL)
     with pytest.raises(QuarlError, match=r"--target-reward 5 is met by the untrained policy \(its first evaluation"):
         run_actorq(config)
@@ -609,7 +613,7 @@ def test_ctrl_c_in_the_first_second_leaves_a_run_that_resumes(tmp_path: Path) ->
         if state.learner_steps >= 5:
             raise KeyboardInterrupt
 
-    config = ActorQConfig("CartPole-v1", max_minutes=5.0, out=tmp_path / "run", **{
+    config = ActorQConfig.flat("CartPole-v1", max_minutes=5.0, out=tmp_path / "run", **{
         **CARTPOLE, "target_reward": 1e9, "actors": 1, "min_replay": 100, "policy_layers": (64, 64)},
         max_env_steps=600)
     with pytest.raises(KeyboardInterrupt):
@@ -634,8 +638,8 @@ def test_resume_refuses_another_config_and_a_crafted_state(tmp_path: Path) -> No
     in one line naming the first one (a budget may change), and so are counters no run has."""
     import torch
 
-    config = ActorQConfig("CartPole-v1", local=True, max_minutes=3.0, out=tmp_path / "run", actors=1,
-                          policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=400)
+    config = ActorQConfig.flat("CartPole-v1", local=True, max_minutes=3.0, out=tmp_path / "run", actors=1,
+                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=400)
     first = run_actorq(config)
     with pytest.raises(QuarlError, match=r"learning_rate=0.0001, this one has 0.001: resume with the same options"):
         run_actorq(replace(config, learning_rate=1e-3), resume=True)
@@ -664,8 +668,8 @@ def test_an_actor_that_always_dies_stops_the_run_after_a_capped_number_of_restar
         raise RuntimeError("env exploded")
 
     monkeypatch.setattr(acting.Actor, "run", broken)
-    config = ActorQConfig("CartPole-v1", local=True, max_minutes=5.0, out=tmp_path / "run", actors=1,
-                          policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2)
+    config = ActorQConfig.flat("CartPole-v1", local=True, max_minutes=5.0, out=tmp_path / "run", actors=1,
+                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2)
     with pytest.raises(QuarlError, match=rf"actors died {max_restarts(config) + 1} times.*env exploded"):
         run_actorq(config)
     assert (tmp_path / "run" / "checkpoint.pt").is_file()

@@ -912,11 +912,14 @@ def test_play_table_and_file_names() -> None:
 
 
 def _actorq_defaults() -> dict[str, Any]:
+    """What ``actorq run`` passes on when given nothing but the env (its own --resume and
+    --gym-packages aside): the shared options' defaults, and None for every algorithm's."""
     import inspect
 
-    from quarl.cli.actorq import actorq_options
+    from quarl.cli.actorq import actorq_run
 
-    return {name: p.default.default for name, p in inspect.signature(actorq_options).parameters.items()}
+    return {name: p.default.default for name, p in inspect.signature(actorq_run).parameters.items()
+            if name not in ("env_id", "resume", "gym_packages")}
 
 
 def test_every_actorq_option_reaches_the_config_by_name(tmp_path: Path) -> None:
@@ -925,14 +928,24 @@ def test_every_actorq_option_reaches_the_config_by_name(tmp_path: Path) -> None:
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.launch import config_from_options
 
-    options = {**_actorq_defaults(), "algo": "impala", "eval_seconds": 3.5, "eval_freq": 800, "no_correction": True,
-               "policy_layers": "64,64", "learning_rate": 3e-4, "actors": 3, "wire_bits": 8, "ppo_epochs": 2}
+    from quarl.actorq.options import IMPALAOptions
+    from quarl.core.errors import QuarlError
+
+    options = {**_actorq_defaults(), "algo": "impala", "eval_seconds": 3.5, "eval_freq": 800, "correction": False,
+               "policy_layers": "64,64", "learning_rate": 3e-4, "actors": 3, "wire_bits": 8, "rho_bar": 2.0,
+               "critic_layers": "32,16"}
     config = config_from_options("CartPole-v1", options, tmp_path)
-    assert (config.algo, config.eval_every_s, config.eval_every_steps, config.correction, config.policy_layers,
-            config.learning_rate, config.actors, config.wire_bits, config.ppo_epochs, config.out) == \
-        ("impala", 3.5, 800, False, (64, 64), 3e-4, 3, 8, 2, tmp_path)
-    defaults = config_from_options("CartPole-v1", _actorq_defaults(), tmp_path)
-    assert defaults == ActorQConfig("CartPole-v1", out=tmp_path)  # the CLI's defaults are the config's
+    assert (config.algo, config.eval_every_s, config.eval_every_steps, config.options, config.policy_layers,
+            config.learning_rate, config.actors, config.wire_bits, config.out) == \
+        ("impala", 3.5, 800, IMPALAOptions(correction=False, rho_bar=2.0, critic_layers=(32, 16)), (64, 64), 3e-4, 3,
+         8, tmp_path)
+    for algo in ("dqn", "d4pg", "impala", "ppo"):  # the CLI's defaults are the config's, each algorithm's own too
+        assert config_from_options("CartPole-v1", {**_actorq_defaults(), "algo": algo}, tmp_path) == \
+            ActorQConfig("CartPole-v1", algo, out=tmp_path)
+    with pytest.raises(QuarlError, match="--ppo-epochs is an option of --algo ppo, not of impala"):
+        config_from_options("CartPole-v1", {**options, "ppo_epochs": 2}, tmp_path)
+    with pytest.raises(QuarlError, match="--replay is an option of --algo dqn, d4pg, not of ppo"):
+        config_from_options("CartPole-v1", {**_actorq_defaults(), "algo": "ppo", "replay": "prioritized"}, tmp_path)
     with pytest.raises(TypeError, match="option 'new_knob' names no ActorQConfig field"):
         config_from_options("CartPole-v1", {**_actorq_defaults(), "new_knob": 1}, tmp_path)
 
@@ -947,6 +960,9 @@ def test_actorq_run_folder_and_the_model_cluster(tmp_path: Path, monkeypatch: py
     options = {**_actorq_defaults(), "algo": "d4pg", "actor_precision": "fp16"}
     assert run_folder("Pendulum-v1", options, compare=False) == Path("results/actorq/d4pg-Pendulum-v1-fp16")
     assert run_folder("Pendulum-v1", options, compare=True) == Path("results/actorq/compare-d4pg-Pendulum-v1")
+    ablation = {**options, "algo": "impala", "correction": False}  # its options name the folder
+    assert run_folder("Pendulum-v1", ablation, compare=False) == \
+        Path("results/actorq/impala-no-correction-Pendulum-v1-fp16")
     assert run_folder("Pendulum-v1", {**options, "out": tmp_path / "mine"}, compare=False) == tmp_path / "mine"
     assert (tmp_path / "mine").is_dir()  # --out is created (and checked) before the run starts
     cluster = model_cluster(4, 16, 20.0, 10.0)

@@ -108,8 +108,8 @@ def _row(x: np.ndarray) -> torch.Tensor:
 def _dqn() -> DQNLearner:
     """A DQN learner whose target network is not its online one (as between two hard
     updates): another initialization, so the two networks' argmax often differ."""
-    config = ActorQConfig("CartPole-v1", algo="dqn", policy_layers=(32, 32), n_step=N_STEP, gamma=GAMMA,
-                          target_update_period=10_000, learning_rate=1e-3)
+    config = ActorQConfig.flat("CartPole-v1", algo="dqn", policy_layers=(32, 32), n_step=N_STEP, gamma=GAMMA,
+                               target_update_period=10_000, learning_rate=1e-3)
     learner = DQNLearner(config, OBS_DIM, N_ACTIONS)
     torch.manual_seed(1)
     learner.target.load_state_dict(policy_network(config, OBS_DIM, N_ACTIONS).state_dict())
@@ -188,8 +188,8 @@ def test_d4pg_target_is_the_categorical_projection_of_the_target_networks() -> N
     [v_min, v_max], discounts from 0 (a terminal) to 1, and shifts that land on atoms; and
     ``step``'s critic loss is the cross-entropy of the critic to that distribution."""
     v_min, v_max, n_atoms = -5.0, 5.0, 11  # atoms 1 apart
-    config = ActorQConfig("Pendulum-v1", algo="d4pg", policy_layers=(32, 32), critic_layers=(32, 32), v_min=v_min,
-                          v_max=v_max, n_atoms=n_atoms, gamma=GAMMA, n_step=N_STEP, target_update_period=10_000)
+    config = ActorQConfig.flat("Pendulum-v1", algo="d4pg", policy_layers=(32, 32), critic_layers=(32, 32), v_min=v_min,
+                               v_max=v_max, n_atoms=n_atoms, gamma=GAMMA, n_step=N_STEP, target_update_period=10_000)
     obs_dim, act_dim = 3, 2
     learner = D4PGLearner(config, obs_dim, act_dim)
     torch.manual_seed(1)  # target networks apart from the online ones, as between two hard updates

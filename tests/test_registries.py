@@ -20,6 +20,7 @@ from torch import nn
 
 import quarl
 from quarl import envs
+from quarl.actorq.options import DQNOptions
 from quarl.core.errors import QuarlError
 from quarl.policies import sb3
 from quarl.quant.layers import linear_layers
@@ -170,7 +171,7 @@ class PlainDQNLearner:
         loss.backward()
         self.opt.step()
         self.steps += 1
-        if self.steps % self.config.target_update_period == 0:
+        if self.steps % DQNOptions.of(self.config).target_update_period == 0:
             self.target.load_state_dict(self.q.state_dict())
         return {"loss": loss.item()}
 
@@ -210,12 +211,12 @@ def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> 
     dqn = algorithms.get_algorithm("dqn")
     algorithms.register_algorithm(algorithms.Algorithm(
         "plain-dqn", "plain DQN, a made-up learner", "discrete", make_learner, dqn.make_replay, dqn.make_limiter,
-        other="d4pg"))
+        DQNOptions, other="d4pg"))
     try:
         assert "plain-dqn" in algorithms.algorithm_names() and "plain-dqn: plain DQN" in algorithms.algorithms_help()
-        config = ActorQConfig("CartPole-v1", algo="plain-dqn", actors=1, local=True, policy_layers=(32, 32),
-                              batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=600,
-                              out=tmp_path / "run", max_minutes=3.0)
+        config = ActorQConfig.flat("CartPole-v1", algo="plain-dqn", actors=1, local=True, policy_layers=(32, 32),
+                                   batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=600,
+                                   out=tmp_path / "run", max_minutes=3.0)
         summary = run_actorq(config)
         assert len(made) == 1 and made[0].steps == summary.learner_steps > 0
         assert summary.env_steps >= 600 and summary.config["algo"] == "plain-dqn"

@@ -29,6 +29,7 @@ import torch
 
 from quarl.actorq import wire
 from quarl.actorq.actor_precisions import INT8_ACTOR_KEEP, onnx_mode
+from quarl.actorq.options import ReplayOptions, UnrollOptions
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import policy_network
 from quarl.actorq.replay import Batch, NStep, Unroll, stack, stack_unrolls
@@ -296,8 +297,10 @@ class Actor:
         self.env = make_env(EnvSpec(config.env_id))
         self.rng = np.random.default_rng(config.seed + index)
         self.obs, _ = self.env.reset(seed=config.seed + index)
-        self.nstep = NStep(config.n_step, config.gamma)
-        self.exploration = config.exploration(index)
+        if not self.unrolls:  # the entry's options are ReplayOptions (register_algorithm checks)
+            options = ReplayOptions.of(config)
+            self.nstep = NStep(options.n_step, config.gamma)
+            self.exploration = options.exploration(index, config.actors)
         self.since_pull = config.update_period  # pull before the first step
         self.episode_return = 0.0
 
@@ -333,7 +336,7 @@ class Actor:
             action = min(int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")),
                          len(probs) - 1)
             return np.int64(action), out
-        action = out + self.rng.normal(0.0, self.config.policy_sigma, out.shape)
+        action = out + self.rng.normal(0.0, UnrollOptions.of(self.config).policy_sigma, out.shape)
         return action.astype(np.float32), out  # the env gets it clipped to [-1, 1], then scaled
 
     def run(self, steps: int) -> ActorResult:
@@ -359,7 +362,7 @@ class Actor:
                            0.0 if terminated or truncated else 1.0, next_obs, behaviour, self.policy.version))
 
         times, counts, returns, n = self._play(steps, act, keep)
-        return stack_unrolls(played, self.config.unroll_length), times, counts, returns, n
+        return stack_unrolls(played, UnrollOptions.of(self.config).unroll_length), times, counts, returns, n
 
     def _play_transitions(self, steps: int) -> tuple[Batch | None, ActorTimes, dict[str, int], list[float], int]:
         transitions: list[tuple[Any, ...]] = []

@@ -78,6 +78,9 @@ def _plain(value: Any) -> Any:
 def _check_resumed_config(path: Path, saved: Any, config: ActorQConfig) -> None:
     if not isinstance(saved, dict):
         raise QuarlError(f"{path} holds no run config: it was not written by quarl actorq; start afresh (no --resume)")
+    from quarl.actorq.config import current_json
+
+    saved = current_json(saved)  # an older checkpoint held every algorithm's options
     now = config.to_json()
     differ = sorted(k for k in now if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != now[k]
                     and not (isinstance(saved[k], list) and tuple(saved[k]) == tuple(now[k] or ())))

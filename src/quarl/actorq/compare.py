@@ -90,7 +90,10 @@ def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
     if summary.actor_quant and summary.actor_quant != actor_quant(config):  # absent in older summaries
         raise QuarlError(f"{summary_path.parent} holds a run whose actors were quantized otherwise "
                          f"({summary.actor_quant}): use another --out")
+    from quarl.actorq.config import current_json
+
     wanted = config.to_json()
+    stored = current_json(stored)  # an older summary held every algorithm's options
     ignore = {"out", "address", "local", "max_minutes"}  # where and how long, not what
     differ = sorted(k for k in wanted if k not in ignore and json.dumps(stored.get(k)) != json.dumps(wanted[k]))
     if differ:

@@ -1,25 +1,33 @@
-"""ActorQConfig: one distributed actor-learner run, validated when built."""
+"""ActorQConfig: one distributed actor-learner run, validated when built: the fields every
+algorithm shares, and the chosen algorithm's own options (its registry entry's dataclass,
+:mod:`quarl.actorq.algorithms`). Saved as one flat JSON object with a version
+(:meth:`ActorQConfig.to_json`); older flat files, which held every algorithm's options, still
+load (:meth:`ActorQConfig.from_json`)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, get_type_hints
 
 from quarl.core.errors import QuarlError
 from quarl.core.validate import digits
 from quarl.core import validate
-from quarl.core.limits import check_layer_sizes
 from quarl.actorq.actor_precisions import actor_precisions
+from quarl.actorq.algorithms import get_algorithm
+from quarl.actorq.options import AlgorithmOptions
 
 MAX_ACTORS = 4096
 """Actors of one run at most (each takes a CPU of the cluster; Ray would not start with a
 million slots)."""
 MAX_LOCAL_ACTORS = 64
 """Actors in one process (--local): each holds an env and a model."""
-REPLAYS = ("uniform", "prioritized")
 WIRE_BITS = (32, 16, 8, 7, 6, 5, 4, 3, 2)
+CONFIG_VERSION = 2
+"""The version of the flat JSON a config is saved as: 2 holds the shared fields and the
+chosen algorithm's options; 1 (no ``config_version`` key) held every algorithm's options."""
+VERSION_KEY = "config_version"
 
 
 @dataclass(frozen=True)
@@ -28,8 +36,11 @@ class ActorQConfig:
 
     env_id: str
     algo: str = "dqn"
-    """dqn (discrete actions: double DQN), d4pg (continuous: distributional DDPG) or impala
-    (either: an actor-critic learned on the actors' unrolls with V-trace, on-policy)."""
+    """A registered algorithm (:func:`quarl.actorq.algorithms.algorithm_names`): dqn (discrete
+    actions: double DQN), d4pg (continuous: distributional DDPG), impala (either: an
+    actor-critic learned on the actors' unrolls with V-trace, on-policy) or ppo."""
+    options: AlgorithmOptions = AlgorithmOptions()
+    """The algorithm's own options (its entry's dataclass); left out: its defaults."""
     actors: int = 2
     actor_precision: str = "int8"
     """What actors compute in: fp32 / fp16 / bf16 (PyTorch), int8 (ONNX Runtime MatMulInteger)
@@ -43,32 +54,10 @@ class ActorQConfig:
     push_period: int = 100
     """Learner steps between two (asynchronous) weight pushes."""
     policy_layers: tuple[int, ...] = (2048, 2048, 2048)
-    critic_layers: tuple[int, ...] = (512, 512, 512)
-    """D4PG critic (DQN has no critic)."""
-    n_step: int = 3
+    """Hidden widths of the policy network (what the actors run)."""
     gamma: float = 0.99
     batch_size: int = 256
     learning_rate: float = 1e-4
-    target_update_period: int = 100
-    """Learner steps between hard target-network updates."""
-    replay: str = "uniform"
-    """uniform, or prioritized (proportional, Schaul et al. 2016)."""
-    priority_exponent: float = 0.6
-    """Prioritized replay's alpha: 0 samples uniformly, 1 in proportion to priority."""
-    importance_exponent: float = 0.4
-    """Prioritized replay's beta: how much importance weights undo the sampling bias."""
-    replay_size: int = 1_000_000
-    min_replay: int = 1_000
-    """Transitions in replay before learning starts."""
-    samples_per_insert: float = 32.0
-    """Items sampled per item inserted (Reverb's SampleToInsertRatio)."""
-    samples_per_insert_tolerance: float = 0.1
-    """Allowed drift from that ratio, as a fraction of it times ``min_replay``."""
-    max_exploration: float = 0.2
-    """Actor i explores with sigma (d4pg) or epsilon (dqn) = max * (i + 1) / actors."""
-    v_min: float = -150.0
-    v_max: float = 150.0
-    n_atoms: int = 51
     target_reward: float | None = None
     """Stop when the running mean (window 10) of evaluations reaches it; None: the env's
     reward threshold when it has one."""
@@ -83,34 +72,12 @@ class ActorQConfig:
     window then covers the same learning progress whatever the actors' speed, where a
     window in seconds adds the same delay to a fast and a slow fleet's time to reward."""
     eval_episodes: int = 5
-    unroll_length: int = 20
-    """impala: steps per unroll (the V-trace horizon); an actor's chunk is whole unrolls."""
-    rho_bar: float = 1.0
-    """impala: V-trace's clip on the importance ratio pi / mu in the targets and the policy gradient."""
-    c_bar: float = 1.0
-    """impala: V-trace's clip on the traces (how far a correction reaches back), at most rho_bar."""
-    correction: bool = True
-    """impala: False learns from the actors' unrolls as if they were the learner's own
-    (ratios taken as 1: a plain n-step actor-critic), the ablation of V-trace."""
-    entropy_cost: float = 0.01
-    baseline_cost: float = 0.5
-    policy_sigma: float = 0.3
-    """impala and ppo, continuous actions: the Gaussian policy's standard deviation (fixed,
-    in the policy's [-1, 1] action range); the network gives its mean."""
-    clip_range: float = 0.2
-    """ppo: the surrogate's clip on the ratio pi / mu (mu: the actors' quantized policy)."""
-    gae_lambda: float = 0.95
-    """ppo: GAE's lambda."""
-    ppo_epochs: int = 4
-    """ppo: passes over each batch of unrolls."""
-    ppo_minibatches: int = 4
-    """ppo: minibatches (of whole unrolls) per pass."""
     chunk_steps: int = 100
     """Env steps an actor runs per call before handing its transitions over."""
     checkpoint_every_s: float = 60.0
     checkpoint_replay: bool = False
     """Also checkpoint the replay contents (large; without them a resumed run refills
-    replay to ``min_replay`` before learning again)."""
+    replay to its ``min_replay`` before learning again)."""
     seed: int = 0
     out: Path = Path("results/actorq/run")
     local: bool = False
@@ -126,9 +93,15 @@ class ActorQConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 raise QuarlError(f"{f.name.replace('_', '-')}={value} must be a finite number")
         validate.seed(self.seed)
-        from quarl.actorq.algorithms import get_algorithm
-
         algorithm = get_algorithm(self.algo)
+        if type(self.options) is AlgorithmOptions:  # left out: the algorithm's defaults
+            object.__setattr__(self, "options", algorithm.options())
+        elif type(self.options) is not algorithm.options:
+            raise QuarlError(f"options {type(self.options).__name__} are not --algo {self.algo}'s: it takes "
+                             f"{algorithm.options.__name__}")
+        clash = sorted(shared_fields() & {f.name for f in fields(self.options)})
+        if clash:  # the saved JSON is flat
+            raise TypeError(f"{algorithm.options.__name__}.{clash[0]} has the name of a shared ActorQConfig field")
         most = MAX_LOCAL_ACTORS if self.local else MAX_ACTORS
         if not isinstance(self.actors, int) or not 1 <= self.actors <= most:
             raise QuarlError(f"--actors {self.actors} must be in 1..{most}" + (" in one process (--local)" if self.local
@@ -136,22 +109,17 @@ class ActorQConfig:
         allowed = actor_precisions()
         if self.actor_precision not in allowed:
             raise QuarlError(f"unknown --actor-precision {self.actor_precision!r}: allowed {', '.join(allowed)}")
-        if self.replay not in REPLAYS:
-            raise QuarlError(f"unknown --replay {self.replay!r}: allowed {', '.join(REPLAYS)}")
-        for name in ("priority_exponent", "importance_exponent"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise QuarlError(f"{name}={getattr(self, name)} must be in [0, 1]")
         if self.wire_bits not in WIRE_BITS:
             raise QuarlError(f"--wire-bits {self.wire_bits} is not supported: allowed {', '.join(map(str, WIRE_BITS))}")
-        for name in ("update_period", "push_period", "n_step", "batch_size", "target_update_period", "replay_size",
-                     "min_replay", "eval_episodes", "chunk_steps", "n_atoms"):
+        for name in ("update_period", "push_period", "batch_size", "eval_episodes", "chunk_steps"):
             if getattr(self, name) < 1:
                 raise QuarlError(f"{name}={getattr(self, name)} must be at least 1")
         if not self.policy_layers or min(self.policy_layers) < 1:
             raise QuarlError(f"--policy-layers {self.policy_layers} must be positive widths, e.g. 2048,2048,2048")
+        from quarl.core.limits import check_layer_sizes
+
         # priced before any is allocated (the learner holds the policy, its target and Adam's two moments)
         check_layer_sizes((1, *self.policy_layers, 1), f"--policy-layers {','.join(map(str, self.policy_layers))}")
-        check_layer_sizes((1, *self.critic_layers, 1), f"--critic-layers {','.join(map(str, self.critic_layers))}")
         if not 0 < self.gamma <= 1:
             raise QuarlError(f"gamma={self.gamma} must be in (0, 1]")
         for name in ("learning_rate", "eval_every_s", "checkpoint_every_s"):
@@ -160,26 +128,79 @@ class ActorQConfig:
         if self.eval_every_steps is not None and self.eval_every_steps < 1:
             raise QuarlError(f"--eval-freq {self.eval_every_steps} must be at least 1 (or unset: every "
                              "--eval-seconds)")
-        if not self.v_min < self.v_max:
-            raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
-        if self.samples_per_insert <= 0:
-            raise QuarlError(f"samples_per_insert={self.samples_per_insert} must be > 0")
         if self.max_env_steps is not None and self.max_env_steps < 1:
             raise QuarlError(f"--max-env-steps {self.max_env_steps} must be at least 1 (or unset)")
         if not self.max_minutes > 0:
             raise QuarlError(f"--max-minutes {self.max_minutes} must be > 0")
         _check_device(self.learner_device)
-        algorithm.validate(self)
-        if self.min_replay > self.replay_size:
-            raise QuarlError(f"min_replay={self.min_replay} exceeds replay_size={self.replay_size}")
+        self.options.validate(self)
+
+    @classmethod
+    def flat(cls, env_id: str, algo: str = "dqn", **values: Any) -> ActorQConfig:
+        """A config from flat values, as the saved JSON holds them: every shared field and the
+        algorithm's own options by name (a name that is neither is refused in one line)."""
+        options = get_algorithm(algo).options
+        own = {f.name for f in fields(options)}
+        shared = shared_fields()
+        unknown = sorted(set(values) - own - shared)
+        if unknown:
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in sorted(own)) or "none"
+            raise QuarlError(f"--{unknown[0].replace('_', '-')} is not an option of --algo {algo} (its own: {flags})")
+        return cls(env_id, algo, options(**{k: v for k, v in values.items() if k in own}),
+                   **{k: v for k, v in values.items() if k in shared})
+
+    def with_values(self, **values: Any) -> ActorQConfig:
+        """This config with some fields changed by name, shared or the algorithm's options
+        (:func:`dataclasses.replace` changes shared ones only)."""
+        current = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("env_id", "algo", "options")}
+        current.update({f.name: getattr(self.options, f.name) for f in fields(self.options)})
+        return ActorQConfig.flat(self.env_id, self.algo, **{**current, **values})
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["out"] = str(self.out)
+        """One flat JSON object: the version, the shared fields and the algorithm's options."""
+        out: dict[str, Any] = {VERSION_KEY: CONFIG_VERSION}
+        for f in fields(self):
+            if f.name == "options":
+                out.update({o.name: getattr(self.options, o.name) for o in fields(self.options)})
+            else:
+                out[f.name] = str(self.out) if f.name == "out" else getattr(self, f.name)
         return out
 
-    def exploration(self, actor_index: int) -> float:
-        return self.max_exploration * (actor_index + 1) / self.actors
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ActorQConfig:
+        """The config :meth:`to_json` saved (or a version-1 file, every algorithm's options in
+        it), validated as when it was built."""
+        values = current_json(data)
+        values.pop(VERSION_KEY)
+        algo = str(values.pop("algo", "dqn"))
+        hints = {**get_type_hints(cls), **get_type_hints(get_algorithm(algo).options)}
+        for name, value in values.items():
+            if isinstance(value, list) and "tuple" in str(hints.get(name)):
+                values[name] = tuple(value)
+        if "out" in values:
+            values["out"] = Path(values["out"])
+        return cls.flat(values.pop("env_id"), algo, **values)
+
+
+def shared_fields() -> set[str]:
+    """The fields every algorithm shares (the saved JSON's keys but the version and the options)."""
+    return {f.name for f in fields(ActorQConfig)} - {"options"}
+
+
+def current_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved config as this version writes it: a version-1 file (no ``config_version``; it
+    held every algorithm's options) keeps the shared fields and its algorithm's options only.
+    A file of a newer version is refused in one line."""
+    version = data.get(VERSION_KEY, 1)
+    if not isinstance(version, int) or not 1 <= version <= CONFIG_VERSION:
+        raise QuarlError(f"{VERSION_KEY} {version!r} is not one this quarl reads: allowed 1..{CONFIG_VERSION} "
+                         "(a newer quarl wrote it)")
+    if not isinstance(data.get("algo", "dqn"), str) or not isinstance(data.get("env_id"), str):
+        raise QuarlError(f"a saved ActorQ config needs env_id and algo strings, got {data.get('env_id')!r} and "
+                         f"{data.get('algo')!r}")
+    keep = shared_fields() | {f.name for f in fields(get_algorithm(str(data.get("algo", "dqn"))).options)}
+    values = {k: v for k, v in data.items() if k in keep or version > 1 and k != VERSION_KEY}
+    return {VERSION_KEY: CONFIG_VERSION, **values}
 
 
 def _check_device(device: str) -> None:

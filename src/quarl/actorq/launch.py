@@ -1,13 +1,14 @@
 """From a command's options to an ActorQ run: the :class:`~quarl.actorq.config.ActorQConfig`
-built from the options by name (no field copied by hand), its default output folder, the
-checks a run or a comparison makes before anything starts, and the scaling model's cluster."""
+built from the options by name (no field copied by hand; the algorithm's own options taken
+from its registry entry), its default output folder, the checks a run or a comparison makes
+before anything starts, and the scaling model's cluster."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
 
 from quarl import outputs
 
@@ -16,15 +17,44 @@ from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the config module loads torch; the CLI imports this one at start
     from quarl.actorq.acting import EnvInfo
+    from quarl.actorq.algorithms import AlgorithmOptions
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.model import Cluster
 
 RENAMED: dict[str, str] = {"eval_seconds": "eval_every_s", "eval_freq": "eval_every_steps"}
 """Options whose config field has another name (the option is named as ``train``'s is)."""
-NOT_CONFIG = frozenset({"verbose", "out", "no_correction", "policy_layers"})
+NOT_CONFIG = frozenset({"verbose", "out", "policy_layers"})
 """Options that are no config field as they are: the output folder is resolved first
-(:func:`run_folder`), ``--no-correction`` is ``correction`` negated, the layer widths a
-comma list."""
+(:func:`run_folder`), the layer widths a comma list."""
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def algorithm_options(options: Mapping[str, Any]) -> AlgorithmOptions:
+    """The options of ``options["algo"]``'s entry from those given (None: not given, the
+    field's default); an option of another algorithm given is refused in one line, a comma
+    list of widths is parsed."""
+    from quarl.actorq.algorithms import get_algorithm, option_owners
+
+    algo = options["algo"]
+    entry = get_algorithm(algo).options
+    own = {f.name for f in fields(entry)}
+    owners = option_owners()
+    values: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in owners or value is None:
+            continue
+        if name not in own:
+            said = f"{flag(name)}/--no-{flag(name)[2:]}" if isinstance(value, bool) else flag(name)
+            raise QuarlError(f"{said} is an option of --algo {', '.join(owners[name])}, not of {algo}")
+        values[name] = value
+    hints = get_type_hints(entry)
+    for name, value in values.items():
+        if isinstance(value, str) and "tuple" in str(hints[name]):
+            values[name] = validate.layer_widths(value, flag(name))
+    return entry(**values)
 
 
 def run_folder(env_id: str, options: Mapping[str, Any], compare: bool) -> Path:
@@ -32,27 +62,31 @@ def run_folder(env_id: str, options: Mapping[str, Any], compare: bool) -> Path:
     given = validate.out_folder(options["out"])
     if given is not None:
         return given
-    return outputs.actorq_folder(options["algo"], env_id, not options["no_correction"],
-                                 None if compare else options["actor_precision"])
+    name = algorithm_options(options).run_name(options["algo"])  # e.g. impala-no-correction
+    return outputs.actorq_folder(name, env_id, True, None if compare else options["actor_precision"])
 
 
 def config_from_options(env_id: str, options: Mapping[str, Any], out: Path) -> ActorQConfig:
-    """The config of ``actorq run`` / ``compare``: every option that names a config field
-    (or one of :data:`RENAMED`) goes to it; an option that names none is a programming
-    error (a new option must say where it goes), never silently dropped."""
-    from quarl.actorq.config import ActorQConfig
+    """The config of ``actorq run`` / ``compare``: every shared option that names a config
+    field (or one of :data:`RENAMED`) goes to it, the algorithm's own to its entry's options
+    (:func:`algorithm_options`); an option that names none is a programming error (a new
+    option must say where it goes), never silently dropped."""
+    from quarl.actorq.algorithms import option_owners
+    from quarl.actorq.config import ActorQConfig, shared_fields
 
-    names = {f.name for f in fields(ActorQConfig)}
+    names = shared_fields()
+    owners = option_owners()
     values: dict[str, Any] = {}
     for option, value in options.items():
-        if option in NOT_CONFIG:
+        if option in NOT_CONFIG or option in owners:
             continue
         field = RENAMED.get(option, option)
         if field not in names:
             raise TypeError(f"option {option!r} names no ActorQConfig field: add it to RENAMED or NOT_CONFIG")
         values[field] = value
-    return ActorQConfig(env_id, out=out, correction=not options["no_correction"],
-                        policy_layers=validate.layer_widths(options["policy_layers"]), **values)
+    return ActorQConfig(env_id, options=algorithm_options(options), out=out,
+                        policy_layers=validate.layer_widths(options["policy_layers"]),
+                        **{k: v for k, v in values.items() if k != "env_id"})
 
 
 def check_run(config: ActorQConfig, compare: bool) -> EnvInfo:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from quarl.actorq.options import D4PGOptions, IMPALAOptions, ReplayOptions, UnrollOptions
 from quarl.actorq.replay import Batch
 from quarl.actorq.vtrace import vtrace
 
@@ -82,6 +83,7 @@ class DQNLearner:
         torch.manual_seed(config.seed)
         self.config = config
         self.device = torch.device(device)
+        self.options = ReplayOptions.of(config)
         self.q = policy_network(config, obs_dim, n_actions).to(self.device)
         self.target = copy.deepcopy(self.q)
         self.opt = adam(self.q.parameters(), config.learning_rate)
@@ -118,7 +120,7 @@ class DQNLearner:
         nn.utils.clip_grad_norm_(self.q.parameters(), 10.0)
         self.opt.step()
         self.steps += 1
-        if self.steps % self.config.target_update_period == 0:
+        if self.steps % self.options.target_update_period == 0:
             self.target.load_state_dict(self.q.state_dict())
         return with_priority({"loss": loss.item()}, td, batch)
 
@@ -144,11 +146,12 @@ class D4PGLearner:
         torch.manual_seed(config.seed)
         self.config = config
         self.device = torch.device(device)
+        self.options = o = D4PGOptions.of(config)
         self.policy = policy_network(config, obs_dim, act_dim, continuous=True).to(self.device)
-        self.critic = mlp([obs_dim + act_dim, *config.critic_layers, config.n_atoms]).to(self.device)
+        self.critic = mlp([obs_dim + act_dim, *o.critic_layers, o.n_atoms]).to(self.device)
         self.target_policy = copy.deepcopy(self.policy)
         self.target_critic = copy.deepcopy(self.critic)
-        self.atoms = torch.linspace(config.v_min, config.v_max, config.n_atoms, device=self.device)
+        self.atoms = torch.linspace(o.v_min, o.v_max, o.n_atoms, device=self.device)
         self.policy_opt = adam(self.policy.parameters(), config.learning_rate)
         self.critic_opt = adam(self.critic.parameters(), config.learning_rate)
         self.steps = 0
@@ -157,9 +160,9 @@ class D4PGLearner:
         """Categorical projection of the distribution ``reward + discount * z`` (each atom
         z with probability ``probs``) back onto the fixed atoms (C51 / D4PG)."""
         z = self.atoms
-        dz = (self.config.v_max - self.config.v_min) / (self.config.n_atoms - 1)
-        tz = (reward[:, None] + discount[:, None] * z[None, :]).clamp(self.config.v_min, self.config.v_max)
-        pos = (tz - self.config.v_min) / dz
+        dz = (self.options.v_max - self.options.v_min) / (self.options.n_atoms - 1)
+        tz = (reward[:, None] + discount[:, None] * z[None, :]).clamp(self.options.v_min, self.options.v_max)
+        pos = (tz - self.options.v_min) / dz
         lo, hi = pos.floor().long(), pos.ceil().long()
         w_hi = pos - lo.float()
         w_lo = 1.0 - w_hi
@@ -207,7 +210,7 @@ class D4PGLearner:
         self.policy_opt.step()
 
         self.steps += 1
-        if self.steps % self.config.target_update_period == 0:
+        if self.steps % self.options.target_update_period == 0:
             self.target_policy.load_state_dict(self.policy.state_dict())
             self.target_critic.load_state_dict(self.critic.state_dict())
         metrics = {"critic_loss": critic_loss.item(), "critic_kl": critic_kl.item(), "policy_loss": policy_loss.item()}
@@ -243,7 +246,8 @@ class IMPALALearner:
         self.discrete = discrete
         self.device = torch.device(device)
         self.policy = policy_network(config, obs_dim, act_dim, continuous=not discrete).to(self.device)
-        self.value = mlp([obs_dim, *config.critic_layers, 1]).to(self.device)
+        self.options = UnrollOptions.of(config)
+        self.value = mlp([obs_dim, *self.options.critic_layers, 1]).to(self.device)
         self.opt = adam([*self.policy.parameters(), *self.value.parameters()], config.learning_rate)
         self.steps = 0
 
@@ -251,7 +255,7 @@ class IMPALALearner:
         """log pi(a | x) from the network output (logits, or the Gaussian's mean)."""
         if self.discrete:
             return F.log_softmax(out, -1).gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-        sigma = self.config.policy_sigma
+        sigma = self.options.policy_sigma
         return (-0.5 * ((action - out) / sigma) ** 2 - math.log(sigma) - 0.5 * math.log(2 * math.pi)).sum(-1)
 
     def kl(self, behaviour: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -259,10 +263,10 @@ class IMPALALearner:
         if self.discrete:
             log_mu, log_pi = F.log_softmax(behaviour, -1), F.log_softmax(out, -1)
             return (log_mu.exp() * (log_mu - log_pi)).sum(-1)
-        return (((behaviour - out) ** 2) / (2 * self.config.policy_sigma ** 2)).sum(-1)  # equal sigmas
+        return (((behaviour - out) ** 2) / (2 * self.options.policy_sigma ** 2)).sum(-1)  # equal sigmas
 
     def step(self, batch: Any) -> dict[str, Any]:
-        c = self.config
+        c = IMPALAOptions.of(self.config)
         # [B, T, ...] from the queue -> time-major [T, B, ...]
         b = {k: torch.as_tensor(np.swapaxes(getattr(batch, k), 0, 1), device=self.device)
              for k in ("obs", "action", "reward", "discount", "cont", "next_obs", "behaviour")}

@@ -132,9 +132,9 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
 def _env_steps_per_learner_step(config: dict) -> float:
     """Replay algorithms (dqn, d4pg): a batch over the replay ratio; unroll algorithms
     (impala): every step is learned from once, in whole unrolls."""
-    from quarl.actorq.algorithms import ALGORITHMS
+    from quarl.actorq.algorithms import find_algorithm
 
-    algorithm = ALGORITHMS.get(str(config.get("algo")))
+    algorithm = find_algorithm(str(config.get("algo")))
     if algorithm is not None and algorithm.unrolls:
         length = int(config["unroll_length"])
         return float(max(1, int(config["batch_size"]) // length) * length)

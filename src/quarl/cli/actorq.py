@@ -3,8 +3,9 @@ the same run per actor precision (``compare``), and the scaling model (``model``
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, get_type_hints
 
 import typer
 
@@ -13,7 +14,7 @@ from quarl import outputs, registry_options
 from quarl.core import validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import GymPackagesOpt, OutOpt, SeedOpt, VerboseOpt, with_options
+from quarl.cli.options import GymPackagesOpt, OutOpt, SeedOpt, VerboseOpt, field_docs, with_options
 
 if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
     from quarl.actorq.run_log import Progress
@@ -48,36 +49,18 @@ def actorq_options(
     wire_bits: int = typer.Option(32, help="weights sent to float actors at {wire_bits} bits"),
     update_period: int = typer.Option(300, help="actor env steps between weight pulls"),
     push_period: int = typer.Option(100, help="learner steps between weight pushes"),
-    target_update_period: int = typer.Option(100, help="learner steps between target-network updates"),
-    n_step: int = typer.Option(3, help="n-step returns"),
     policy_layers: str = typer.Option("2048,2048,2048", help="hidden widths of the policy"),
     target_reward: Optional[float] = typer.Option(None, help="stop at this running-mean eval return (default: env's threshold)"),
     max_minutes: float = typer.Option(10.0, help="time budget of one run"),
     max_env_steps: Optional[int] = typer.Option(None, help="also stop after this many env steps"),
     learning_rate: float = typer.Option(1e-4, "--lr"),
     batch_size: int = typer.Option(256),
-    min_replay: int = typer.Option(1000, help="transitions before learning starts"),
-    samples_per_insert: float = typer.Option(32.0, help="rate limiter: items sampled per item inserted"),
-    replay: str = typer.Option("uniform", help="uniform or prioritized (proportional)"),
-    priority_exponent: float = typer.Option(0.6, help="prioritized replay: alpha"),
-    importance_exponent: float = typer.Option(0.4, help="prioritized replay: beta"),
     checkpoint_replay: bool = typer.Option(False, "--checkpoint-replay", help="also checkpoint replay (for --resume)"),
     eval_seconds: float = typer.Option(10.0, help="seconds between evaluations (without --eval-freq)"),
     eval_freq: Optional[int] = typer.Option(
         None, help="evaluate every N env steps instead, as train's --eval-freq (fleets of different speeds compared "
                    "at the same learning progress)"),
     eval_episodes: int = typer.Option(5),
-    unroll_length: int = typer.Option(20, help="impala: steps per unroll (the V-trace horizon)"),
-    rho_bar: float = typer.Option(1.0, help="impala: clip of the importance ratios pi / mu"),
-    c_bar: float = typer.Option(1.0, help="impala: clip of the traces, at most --rho-bar"),
-    no_correction: bool = typer.Option(False, "--no-correction", help="impala: learn as if the actors' unrolls were "
-                                                                     "the learner's own (the ablation of V-trace)"),
-    entropy_cost: float = typer.Option(0.01, help="impala, ppo: weight of the policy's entropy bonus"),
-    clip_range: float = typer.Option(0.2, help="ppo: the surrogate's clip on the ratio pi / mu (mu: the actors' "
-                                               "quantized policy)"),
-    gae_lambda: float = typer.Option(0.95, help="ppo: GAE's lambda"),
-    ppo_epochs: int = typer.Option(4, help="ppo: passes over each batch of unrolls"),
-    ppo_minibatches: int = typer.Option(4, help="ppo: minibatches (of whole unrolls) per pass"),
     seed: int = SeedOpt,
     address: Optional[str] = typer.Option(None, help="join this Ray cluster, HOST:PORT (default: start a local one)"),
     local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
@@ -85,7 +68,59 @@ def actorq_options(
     out: Optional[Path] = OutOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """The options ``actorq run`` and ``actorq compare`` share (typer reads this signature)."""
+    """The options ``actorq run`` and ``actorq compare`` share (typer reads this signature);
+    each algorithm's own follow (:func:`algorithm_parameters`)."""
+
+
+ALGORITHM_PANEL = "Options of one algorithm (--algo)"
+
+
+def algorithm_parameters() -> list[inspect.Parameter]:
+    """One option per field of every registered algorithm's options dataclass
+    (:mod:`quarl.actorq.algorithms`), ``--field-name``, its help the field's docstring after
+    the algorithms that take it. Each defaults to None (not given: the field's default, shown
+    in the help), so an option of another algorithm is refused rather than ignored."""
+    from dataclasses import fields
+
+    from quarl.actorq.algorithms import ALGORITHMS, option_owners
+
+    owners = option_owners()
+    docs: dict[str, dict[str, list[str]]] = {}
+    defaults: dict[str, dict[str, list[str]]] = {}
+    kinds: dict[str, Any] = {}
+    for algorithm in ALGORITHMS.values():
+        hints, helps = get_type_hints(algorithm.options), field_docs(algorithm.options)
+        for f in fields(algorithm.options):
+            docs.setdefault(f.name, {}).setdefault(helps.get(f.name, ""), []).append(algorithm.name)
+            shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
+            defaults.setdefault(f.name, {}).setdefault(shown, []).append(algorithm.name)
+            kinds[f.name] = hints[f.name]
+    parameters = []
+    for name in owners:
+        flag = "--" + name.replace("_", "-")
+        kind = kinds[name]
+        names = [f"{flag}/--no-{name.replace('_', '-')}"] if kind is bool else [flag]
+        helped = "; ".join(f"{', '.join(algos)}: {_plain(doc)}" for doc, algos in docs[name].items())
+        shown = next(iter(defaults[name])) if len(defaults[name]) == 1 else \
+            "; ".join(f"{', '.join(algos)}: {value}" for value, algos in defaults[name].items())
+        annotation = Optional[str] if kind not in (bool, int, float, str) else Optional[kind]
+        option = typer.Option(None, *names, help=f"{helped} \\[default: {shown}]", show_default=False,
+                              rich_help_panel=ALGORITHM_PANEL,
+                              metavar="W,W,..." if annotation == Optional[str] and kind is not str else None)
+        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=annotation))
+    return parameters
+
+
+def _plain(doc: str) -> str:
+    """A field's docstring as the other options' help reads: no capital (but in an acronym)
+    and no full stop at the end."""
+    if len(doc) > 1 and doc[1].islower():
+        doc = doc[0].lower() + doc[1:]
+    return doc.removesuffix(".")
+
+
+ALGORITHM_OPTIONS = algorithm_parameters()
 
 
 def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Path]:
@@ -105,7 +140,7 @@ def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Pat
 
 @actorq_app.command("run")
 @user_errors
-@with_options(actorq_options)
+@with_options(actorq_options, ALGORITHM_OPTIONS)
 def actorq_run(
     env_id: str = typer.Argument(..., help="environment id, e.g. CartPole-v1 or dm_control/cartpole-balance-v0"),
     resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
@@ -132,7 +167,7 @@ def actorq_run(
 
 @actorq_app.command("compare")
 @user_errors
-@with_options(actorq_options)
+@with_options(actorq_options, ALGORITHM_OPTIONS)
 def actorq_compare(
     env_id: str = typer.Argument(..., help="environment id"),
     precisions: str = typer.Option("fp32,int8", help="actor precisions, one run each"),

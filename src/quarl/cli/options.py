@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import typer
 
@@ -17,7 +18,7 @@ from quarl.core.errors import QuarlError
 if TYPE_CHECKING:
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
-    from quarl.policies.sb3 import Checkpoint
+    from quarl.policies.checkpoint import Checkpoint
 
 CheckpointArg = typer.Argument(..., help="the policy: an SB3 .zip, an RL Zoo run folder (ppo/CartPole-v1_1), a legacy "
                                          "stable-baselines .pkl, hf://ORG/REPO (Hugging Face Hub), a quarl actorq run "
@@ -64,7 +65,7 @@ BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the Ma
 def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Gives a command rl_zoo3.enjoy's ``--load-best``, ``--load-checkpoint N`` and
     ``--load-last-checkpoint``: which zip of a run folder its CHECKPOINT means
-    (:func:`quarl.policies.sb3.pick_zip`); the zip then finds its folder's statistics."""
+    (:func:`quarl.policies.zoo_folder.pick_zip`); the zip then finds its folder's statistics."""
     extra = [
         inspect.Parameter("load_best", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
             False, "--load-best", help="a run folder's best_model.zip (as rl_zoo3.enjoy --load-best)")),
@@ -82,7 +83,7 @@ def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
             # before any option that needs the registries (torch): a typo answers at once
             raise QuarlError(f"checkpoint {str(checkpoint)!r} does not exist")
         if load_best or load_checkpoint is not None or load_last_checkpoint:
-            from quarl.policies.sb3 import pick_zip
+            from quarl.policies.zoo_folder import pick_zip
 
             kwargs["checkpoint"] = pick_zip(kwargs["checkpoint"], load_best, load_checkpoint, load_last_checkpoint)
         return fn(*args, **kwargs)
@@ -92,17 +93,62 @@ def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def with_options(options: Callable[..., None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Gives a command ``options``' parameters as well as its own, passed in ``**kwargs``."""
+OptionGroup = Union[Callable[..., None], Sequence[inspect.Parameter]]
+"""A group of options declared once: a function whose signature lists them (typer reads it),
+or the parameters themselves (options made from a registry)."""
+
+
+def group_parameters(group: OptionGroup) -> list[inspect.Parameter]:
+    return list(inspect.signature(group).parameters.values()) if callable(group) else list(group)
+
+
+def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Gives a command each group's parameters after its own, passed in ``**kwargs``: a group
+    declared once reaches every command that takes it with one decorator, its help and
+    defaults from that one place."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
-        setattr(fn, "__signature__", inspect.signature(fn).replace(
-            parameters=own + list(inspect.signature(options).parameters.values())))
-        fn.__annotations__ = {**options.__annotations__, **fn.__annotations__}
+        extra = [p for group in groups for p in group_parameters(group)]
+        setattr(fn, "__signature__", inspect.signature(fn).replace(parameters=own + extra))
+        hints: dict[str, Any] = {}
+        for group in groups:
+            hints.update(group.__annotations__ if callable(group) else {p.name: p.annotation for p in group})
+        fn.__annotations__ = {**hints, **fn.__annotations__}
         return fn
 
     return wrap
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass and its bases (CleanRL's style: the
+    field's help), whitespace collapsed and reST's double backquotes dropped."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        node = _class_node(klass.__module__, klass.__qualname__)
+        if node is None:
+            continue
+        for field, after in zip(node.body, node.body[1:]):
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) \
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
+                    and isinstance(after.value.value, str):
+                docs[field.target.id] = " ".join(after.value.value.replace("``", "").split())
+    return docs
+
+
+@functools.lru_cache(maxsize=None)
+def _module_classes(module: str) -> dict[str, ast.ClassDef]:
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return {}
+    tree = ast.parse(Path(spec.origin).read_text())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _class_node(module: str, name: str) -> ast.ClassDef | None:
+    return _module_classes(module).get(name)
 
 
 def load(checkpoint: Path, env: Optional[str], trust_pickle: bool) -> tuple[Checkpoint, EnvSpec]:

@@ -110,11 +110,11 @@ def items(text: str, option: str, unique: bool = True) -> list[str]:
     return found
 
 
-def layer_widths(text: str) -> tuple[int, ...]:
-    """--policy-layers: hidden widths, every one kept (2048,2048 is two layers)."""
-    widths = items(text, "--policy-layers", unique=False)
+def layer_widths(text: str, option: str = "--policy-layers") -> tuple[int, ...]:
+    """--policy-layers (or ``option``): hidden widths, every one kept (2048,2048 is two layers)."""
+    widths = items(text, option, unique=False)
     if not all(digits(w) and int(w) > 0 for w in widths):
-        raise QuarlError(f"--policy-layers {text!r} must be positive integers, e.g. 2048,2048,2048")
+        raise QuarlError(f"{option} {text!r} must be positive integers, e.g. 2048,2048,2048")
     return tuple(int(w) for w in widths)
 
 
