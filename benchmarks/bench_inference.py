@@ -152,7 +152,7 @@ def bench_evaluation(episodes: int) -> None:
 
     zoo = Path(__file__).resolve().parents[1].parent / "shared" / "zoo" / "ppo" / "CartPole-v1_1"
     if zoo.exists():
-        from quarl.policies.sb3 import load_checkpoint
+        from quarl.checkpoints import load_checkpoint
 
         policy, source = load_checkpoint(zoo).policy, "RL Zoo ppo CartPole-v1"
     else:

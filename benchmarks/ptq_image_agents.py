@@ -119,7 +119,7 @@ def main() -> int:
     from quarl.envs import env_family
     from quarl.evaluation.episodes import protocol
     from quarl.evaluation.cells import EvalSettings
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.ptq import run_ptq
     from quarl.core.records import ResultsLog
     from quarl.evaluation.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows

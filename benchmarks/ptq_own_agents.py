@@ -88,7 +88,7 @@ def main() -> int:
             args.out = Path("results/own-agents-quick")
 
     from quarl.envs import EnvSpec
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.evaluation.cells import EvalSettings
     from quarl.ptq import run_ptq
     from quarl.evaluation.reports import mode_summary, paper_table, print_table, write_rows

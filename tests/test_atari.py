@@ -12,7 +12,7 @@ import pytest
 
 from quarl.envs import game_score, make_env
 from quarl.evaluation.episodes import evaluate
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 
 ENV = "BreakoutNoFrameskip-v4"
 

@@ -13,7 +13,7 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize, quantize_weights
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx, has_vnni, quantize_dynamic_int8
 from quarl.quant.backends.reference import simulate_dynamic_int8
@@ -246,7 +246,7 @@ def test_an_fp16_export_holds_fp16_weights_and_computes_as_fp16(tiny_run: Path, 
     import onnx
     import onnxruntime as ort
 
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from tests.conftest import run_cli
 
     out = tmp_path / "f16"

@@ -12,7 +12,7 @@ from torch import nn
 
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.backends.batching import CertifiedArgmax, RowVerdicts, per_row
 from quarl.quant.backends.torch_backend import TorchEngine

@@ -207,7 +207,7 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path, monkeypatch: pytest.M
     import onnxruntime as ort
 
     from quarl.envs import env_spec_for_policy
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.evaluation.calibration import calibration_inputs
 
     r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "60",
@@ -316,7 +316,7 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
     import numpy as np
     import onnxruntime as ort
 
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
 
     r = run_cli("export", str(tiny_run), "--precision", precision, "--out", str(tmp_path / precision))
     assert r.returncode == 0, r.stderr
@@ -677,7 +677,7 @@ def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(t
         model.learn(256)
         model.save(tmp_path / "corridor.zip")
         from quarl.evaluation.episodes import evaluate
-        from quarl.policies.sb3 import load_checkpoint
+        from quarl.checkpoints import load_checkpoint
         from quarl.envs import EnvSpec
 
         want = evaluate(load_checkpoint(tmp_path / "corridor.zip").policy, EnvSpec("QuarlCorridor-v0"), episodes=6,

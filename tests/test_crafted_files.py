@@ -363,8 +363,8 @@ def test_real_vecnormalize_statistics_load_unchanged(tmp_path: Path) -> None:
 
     mean, var = np.array([0.5, -1.0, 0.1, 2.0]), np.array([1.0, 4.0, 0.25, 9.0])
     stats = load_vecnormalize(_vecnormalize(tmp_path, mean=mean, var=var), obs_shape=(4,))
-    assert np.array_equal(stats["mean"], mean) and np.array_equal(stats["var"], var)
-    assert type(stats["mean"]) is np.ndarray  # a plain array, not the checked subclass
+    assert np.array_equal(stats.mean, mean) and np.array_equal(stats.var, var)
+    assert type(stats.mean) is np.ndarray  # a plain array, not the checked subclass
 
 
 def test_a_tiny_pickle_asking_numpy_for_8_gb_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -448,7 +448,7 @@ def test_files_read_whole_are_refused_past_their_cap_before_they_are_read(tmp_pa
 
             load_vecnormalize(_sparse(tmp_path / "vecnormalize.pkl", 64 * 2**20 + 1))
         else:
-            from quarl.policies.actorq_run import load_actorq_run
+            from quarl.actorq.run_loader import load_actorq_run
 
             run = tmp_path / "run"
             (run / "summary.json").parent.mkdir(parents=True)

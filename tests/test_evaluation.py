@@ -11,7 +11,7 @@ from quarl.evaluation import parallel
 from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.calibration import calibration_inputs
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig

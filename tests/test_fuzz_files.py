@@ -457,7 +457,7 @@ def test_a_zip_whose_data_nests_deep_is_one_line(tmp_path: Path, depth: int) -> 
     whatever reads it (loading a policy, or the training checkpoint reader)."""
     import stable_baselines3 as sb3
 
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.training.checkpoints import read_checkpoint_data
 
     good = tmp_path / "ppo.zip"

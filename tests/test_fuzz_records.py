@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from quarl.actorq.summary import ActorQSummary, ActorQSummaryRecord
 from quarl.core.errors import QuarlError
 from quarl.evaluation.record import EvalRecord
-from quarl.policies.actorq_run import read_run_config
+from quarl.actorq.run_loader import read_run_config
 from quarl.policies.onnx_artifact import SidecarRecord, read_sidecar
-from quarl.policies.sb3 import EnvKwargs, ZooArgs, ZooConfig, _zoo_env_spec
+from quarl.policies.zoo_folder import EnvKwargs, ZooArgs, ZooConfig, zoo_env_spec
 from quarl.core.records import EvalFields, ResultsLog, disagreement
 from quarl.recovery import RECOVERY_FORMAT, RoundStats, read_recovery_record, read_state
 from quarl.study.store import StudyRecord, StudyStore
@@ -84,7 +84,7 @@ def test_a_run_folders_env_kwargs_are_what_the_file_says_or_one_line(tmp_path: P
         (tmp_path / "env_kwargs.yml").write_text(yaml.safe_dump(kwargs))
     (tmp_path / "args.yml").write_text(yaml.safe_dump(args))
     try:
-        spec = _zoo_env_spec(tmp_path, "CartPole-v1", ZooConfig())
+        spec = zoo_env_spec(tmp_path, "CartPole-v1", ZooConfig())
     except QuarlError as exc:
         text = _one_line(exc, str(tmp_path / where))
         assert f"field {'env_kwargs.' if where == 'args.yml' else ''}max_episode_steps: max_episode_steps=" in text

@@ -344,7 +344,7 @@ def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(k
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A FIFO where quarl reads a file would block forever, /dev/zero would never end: each
     is refused in one line (or, for a cache entry, ignored) at once."""
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.core.records import ResultsLog
 
     run = tmp_path / "run"

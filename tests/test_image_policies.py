@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from quarl.evaluation.calibration import calibration_inputs
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES

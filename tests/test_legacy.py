@@ -12,7 +12,7 @@ import torch
 
 from quarl.core.errors import QuarlError
 from quarl.policies.legacy import read_pickle
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.cells import EvalSettings
 from quarl.ptq import run_ptq
 from tests.conftest import ROOT

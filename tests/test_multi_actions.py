@@ -13,7 +13,7 @@ import torch
 import tests.multi_target_envs  # noqa: F401  (registers MultiTarget-v0 and BinaryTarget-v0)
 from quarl.envs import EnvSpec
 from quarl.evaluation.episodes import acting, evaluate
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 
@@ -117,23 +117,23 @@ def test_distillation_losses_of_multi_heads_vanish_at_the_teacher_and_train_towa
 
 def test_a_multi_discrete_space_of_absurd_size_is_refused_in_one_line() -> None:
     from quarl.core.errors import QuarlError
-    from quarl.policies.sb3 import _space_from_json
+    from quarl.policies.sb3_spaces import space_from_json
 
     entry = {":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[  3  10 200]",
              "start": "[0 0 0]"}  # numpy pads its text to the widest number
-    assert _space_from_json(entry, "action space") == gym.spaces.MultiDiscrete([3, 10, 200])
+    assert space_from_json(entry, "action space") == gym.spaces.MultiDiscrete([3, 10, 200])
     entry["start"] = "[0 1 0]"
     with pytest.raises(QuarlError, match=r"start '\[0 1 0\]': only 0"):
-        _space_from_json(entry, "action space")
+        space_from_json(entry, "action space")
     entry = {":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[3 0]"}
     with pytest.raises(QuarlError, match=r"nvec .*expected 1 to 1024 whole sizes"):
-        _space_from_json(entry, "action space")
+        space_from_json(entry, "action space")
     entry["nvec"] = "[" + " ".join(["2"] * 5000) + "]"
     with pytest.raises(QuarlError, match="expected 1 to 1024"):
-        _space_from_json(entry, "action space")
+        space_from_json(entry, "action space")
     binary = {":type:": "<class 'gymnasium.spaces.multi_binary.MultiBinary'>", "n": 10**9}
     with pytest.raises(QuarlError, match="allowed 1..1024 bits"):
-        _space_from_json(binary, "action space")
+        space_from_json(binary, "action space")
 
 
 def test_an_export_plays_as_it_was_judged_by_default(trained, tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ gym.register("QuarlTest/NaNRewardAt100-v0", entry_point=BadRewardEnv, kwargs={"b
 def test_fine_tuning_stops_at_a_nan_reward_and_keeps_nothing_of_it(tmp_path: Path) -> None:
     """quarl recover's fine-tuning with the agent's own algorithm: the agent trained 64 clean
     steps; in fine-tuning, its fresh env's 100th step returns NaN: one line naming step 100."""
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.quant.student import KernelSpec
     from quarl.training.finetune import finetune
 

@@ -32,7 +32,7 @@ def test_quarl_scheme_matches_paper_formula(bits: int, shift: float) -> None:
 
 def test_quarl_scheme_on_real_policy_weights() -> None:
     from tests.conftest import zoo_run
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
 
     policy = load_checkpoint(zoo_run("dqn", "CartPole-v1")).policy
     for layer in [m for m in policy.network if isinstance(m, torch.nn.Linear)]:

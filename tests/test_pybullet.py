@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from quarl.envs import EnvSpec, env_family, make_env
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 
 ENV = "HopperBulletEnv-v0"
 

@@ -200,7 +200,7 @@ def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> 
     from quarl.actorq.acting import env_info
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.system import run_actorq
-    from quarl.policies.actorq_run import load_actorq_run
+    from quarl.actorq.run_loader import load_actorq_run
 
     made: list[PlainDQNLearner] = []
 
@@ -307,7 +307,7 @@ def test_a_trainer_is_one_registration(tmp_path: Path) -> None:
     ``quarl train`` (SB3 defaults where the RL Zoo has no entry for it), its action spaces
     are checked, and without the registration the name is refused in one line."""
     from quarl.core.errors import QuarlError
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.training.hyperparams import TRAINERS, Trainer, register_trainer
     from quarl.training.sb3_train import TrainConfig, check_algo_env, train
 

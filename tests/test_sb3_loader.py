@@ -18,7 +18,7 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.core.literals import parse_literal
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 
 
 class ImageEnv(gym.Env):
@@ -181,8 +181,8 @@ def test_vecnormalize_read_with_allow_list_matches_sb3(tmp_path: Path) -> None:
         venv.step(np.array([venv.action_space.sample() for _ in range(2)]))
     venv.save(tmp_path / "vecnormalize.pkl")
     stats = load_vecnormalize(tmp_path / "vecnormalize.pkl")
-    assert np.allclose(stats["mean"], venv.obs_rms.mean) and np.allclose(stats["var"], venv.obs_rms.var)
-    assert stats["clip_obs"] == 7.0
+    assert np.allclose(stats.mean, venv.obs_rms.mean) and np.allclose(stats.var, venv.obs_rms.var)
+    assert stats.clip_obs == 7.0
 
 
 class _Evil:
@@ -245,7 +245,7 @@ def test_predict_has_sb3s_signature_and_numbers(tiny_run: Path) -> None:
     import stable_baselines3 as sb3
 
     from quarl.api import quantize
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
 
     agent = load_checkpoint(tiny_run)
     model = sb3.PPO.load(tiny_run / "CartPole-v1.zip", device="cpu")
@@ -303,7 +303,8 @@ def test_a_run_folder_is_one_policy_and_the_zoo_options_pick_its_zips(tiny_run: 
     import shutil
 
     from quarl.core.errors import QuarlError
-    from quarl.policies.sb3 import load_checkpoint, pick_zip
+    from quarl.checkpoints import load_checkpoint
+    from quarl.policies.zoo_folder import pick_zip
     from tests.conftest import run_cli
 
     run = tmp_path / "ppo" / "CartPole-v1_1"

@@ -12,7 +12,7 @@ import pytest
 from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import acting, evaluate
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 

@@ -118,7 +118,7 @@ def test_one_eval_record_definition_serves_results_jsonl_and_the_store(tiny_run:
     from quarl.evaluation.cells import EvalSettings
 
     from quarl.evaluation.record import EvalRecord
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.ptq import run_ptq
     from quarl.study.store import TABLE, StudyStore
 

@@ -18,7 +18,7 @@ from torch import nn
 from quarl.envs import EnvSpec, make_env
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers
 from quarl.training.hyperparams import TRAINERS

@@ -55,7 +55,7 @@ def test_a_trusted_real_vecnormalize_still_loads(tmp_path: Path) -> None:
     path = tmp_path / "vecnormalize.pkl"
     venv.save(str(path))
     stats = load_vecnormalize(path, trust_pickle=True, obs_shape=(4,))
-    assert np.array_equal(stats["mean"], venv.obs_rms.mean) and stats["norm_obs"] is True
+    assert np.array_equal(stats.mean, venv.obs_rms.mean) and stats.norm_obs is True
 
 
 def test_ptq_on_a_run_folder_with_a_trusted_foreign_pickle_is_one_line(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from quarl.evaluation.episodes import EvalResult
 from quarl.evaluation.episodes import evaluate as _evaluate
 from quarl.evaluation.playback import Playback
 from quarl.policies.base import Policy
-from quarl.policies.sb3 import Checkpoint, load_checkpoint, resolve_env_spec
+from quarl.checkpoints import load_checkpoint
+from quarl.policies.checkpoint import Checkpoint, resolve_env_spec
 from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize

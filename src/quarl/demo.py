@@ -11,7 +11,8 @@ from quarl.core.errors import QuarlError
 from quarl.evaluation.cells import EvalSettings, Progress
 from quarl.evaluation.episodes import protocol
 from quarl.core.logs import about
-from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
+from quarl.checkpoints import load_checkpoint
+from quarl.policies.checkpoint import resolve_env_spec
 from quarl.ptq import run_ptq
 from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
 

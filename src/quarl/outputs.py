@@ -67,7 +67,7 @@ def policy_folder(kind: str, checkpoint: Path, env_id: str) -> Path:
     """``results/KIND/<policy>-<env>``: the policy named by its algorithm folder and file;
     where that folder already holds another checkpoint's results (its
     :data:`SOURCE_FILE`), ``-<8 hex digits of this checkpoint's path>`` is added."""
-    from quarl import hub
+    from quarl.policies import hub
     from quarl.policies.onnx_artifact import is_artifact
 
     if hub.is_hub(checkpoint):  # hf://ORG/REPO
@@ -105,7 +105,7 @@ def _owner(folder: Path) -> str | None:
 def claim(folder: Path, checkpoint: Path) -> Path:
     """Mark a default output folder as holding ``checkpoint``'s results (created if
     needed); returns ``folder``. A sweep's variant folder marks its policy folder."""
-    from quarl import hub
+    from quarl.policies import hub
 
     marked = folder.parent if folder.parent.parent.name == "sweep" else folder
     if hub.is_hub(checkpoint) or _owner(marked) is not None:
@@ -130,7 +130,7 @@ def analyze_folder(checkpoint: Path) -> Path:
 
 def precision_folder(kind: str, checkpoint: Path, env_id: str, precision: str) -> Path:
     """export and recover: one folder per precision (as the user spelled it)."""
-    from quarl import hub
+    from quarl.policies import hub
 
     if hub.is_hub(checkpoint):
         folder = policy_folder(kind, checkpoint, env_id)

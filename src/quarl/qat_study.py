@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from quarl.core.table import Row
 from quarl.core.errors import QuarlError
-from quarl.policies.sb3 import load_checkpoint
+from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.cells import Cell, EvalSettings, run_cells
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.core.records import ResultsLog

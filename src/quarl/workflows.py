@@ -76,7 +76,7 @@ def evaluate_trained(run_dir: Path, episodes: int, seed: int) -> TrainedScore:
     """The run folder ``train`` wrote, loaded as any checkpoint is and played for
     ``episodes`` episodes on seeds of its own (:data:`POST_TRAINING_SEED_OFFSET`)."""
     from quarl.evaluation.episodes import evaluate
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
 
     ckpt = load_checkpoint(run_dir)
     if ckpt.env_spec is None:  # a run folder quarl trained names its env

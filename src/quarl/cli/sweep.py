@@ -87,7 +87,7 @@ def analyze(
     Example: quarl analyze ../shared/zoo/dqn/CartPole-v1_1 --out results/analyze/dqn
     """
     setup(verbose)
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.checkpoints import load_checkpoint
     from quarl.ptq import run_analyze
     from quarl.quant.analysis import kl_bins, per_layer_table
     from quarl.quant.config import QuantConfig

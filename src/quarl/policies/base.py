@@ -38,7 +38,8 @@ class ObsNormalizer:
     epsilon: float = 1e-8
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+        normalized: np.ndarray = np.clip((obs - self.mean) / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+        return normalized
 
 
 GSDE_STREAM = 0x65D3
@@ -72,7 +73,8 @@ class StateNoise:
         import torch
 
         with torch.inference_mode():
-            return self.network(torch.from_numpy(np.ascontiguousarray(x, np.float32))).double().numpy()
+            out: np.ndarray = self.network(torch.from_numpy(np.ascontiguousarray(x, np.float32))).double().numpy()
+        return out
 
     def matrix(self, episode_seed: int) -> np.ndarray:
         """gSDE's noise matrix of an episode, N(0, std) from the seed alone: drawn at its
@@ -101,7 +103,7 @@ def _box(policy: "Policy") -> gym.spaces.Box:
     return cast(gym.spaces.Box, policy.action_space)
 
 
-def action_nvec(space: gym.spaces.Space) -> np.ndarray:
+def action_nvec(space: gym.spaces.Space[Any]) -> np.ndarray:
     """Each sub-action's number of choices of a MultiDiscrete space (the segments of its logits)."""
     return np.asarray(cast(gym.spaces.MultiDiscrete, space).nvec, np.int64).reshape(-1)
 
@@ -141,8 +143,8 @@ class Policy:
 
     network: nn.Module
     """Preprocessed float32 observations -> logits / Q-values / actions in [-1, 1]."""
-    observation_space: gym.spaces.Space
-    action_space: gym.spaces.Space
+    observation_space: gym.spaces.Space[Any]
+    action_space: gym.spaces.Space[Any]
     head: str
     """One of :data:`HEADS`."""
     algo: str = "unknown"
@@ -154,7 +156,7 @@ class Policy:
     """Label of the precision the engine runs at (set by quantize)."""
     engine: Engine | None = field(default=None, repr=False)
     """Runs the network; ``None`` at construction means plain PyTorch fp32."""
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     """What quantization did, under ``"quant"`` (a real int mode's summary: mode, fp32
     layers, agreement with fp32, every mode tried); tables and export sidecars read it."""
     stochastic: bool = False
@@ -221,7 +223,7 @@ class Policy:
         show it gives the same bits (:mod:`quarl.quant.backends.batching`)."""
         engine: Any = self.runs  # an engine may batch rows (rows / argmax_rows); duck-typed
         if self.head == "argmax" and hasattr(engine, "argmax_rows"):
-            top = engine.argmax_rows(x)
+            top: np.ndarray | None = engine.argmax_rows(x)
             if top is not None:
                 return top
         if hasattr(engine, "rows"):
@@ -426,7 +428,8 @@ def sample_actions(policy: Policy, out: np.ndarray, keys: Sequence[tuple[int, in
         return _multi_argmax(policy, logits + gumbel)
     logits = np.asarray(out, np.float64)
     gumbel = np.stack([np.random.default_rng(list(key)).gumbel(size=logits.shape[1]) for key in keys])
-    return (logits + gumbel).argmax(axis=1)
+    chosen: np.ndarray = (logits + gumbel).argmax(axis=1)
+    return chosen
 
 
 TANH_EDGE = 1.0 - 1e-7

@@ -22,4 +22,5 @@ class SmallCNN(BaseFeaturesExtractor):
         self.linear = nn.Sequential(nn.Linear(flat, features_dim), nn.ReLU())
 
     def forward(self, observations: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.cnn(observations))
+        features: torch.Tensor = self.linear(self.cnn(observations))
+        return features

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -36,7 +36,9 @@ from torch import nn
 
 from quarl.core.errors import QuarlError
 from quarl.core.limits import check_tensors, model_file_cap, read_capped
+from quarl.envs import EnvSpec, current_env_id
 from quarl.policies.base import ObsNormalizer, Policy
+from quarl.policies.checkpoint import Checkpoint
 from quarl.policies.safe_load import AllowListUnpickler, Record, Refused, obs_statistics
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ def is_legacy_pickle(path: Path) -> bool:
 # ---------------------------------------------------------------------------- spaces
 
 
-def _space(record: Any, what: str, path: Path) -> gym.spaces.Space:
+def _space(record: Any, what: str, path: Path) -> gym.spaces.Space[Any]:
     kind = type(record).__name__  # stand-in classes carry the pickled class's name
     if kind == "Discrete":
         return gym.spaces.Discrete(int(record.n))
@@ -135,7 +137,7 @@ class _Reader:
             self.fail(f"expected a dense layer from {n_in} inputs, found {weight.shape} and {bias.shape}")
         return _linear(weight, bias)
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str) -> NoReturn:
         raise QuarlError(f"{self.path}: unsupported policy layout ({why}); quarl reads stable-baselines MlpPolicy, "
                          "DQN MLP policies (dueling, layer norm) and DDPG MLP policies")
 
@@ -154,7 +156,8 @@ def _feedforward_stream(reader: _Reader, n_in: int, n_out: int, activation: type
         after = reader.peek()
         if width == n_out and (after is None or after.ndim == 2):
             return nn.Sequential(*layers)
-        if after is not None and after.shape == (width,) and reader.peek(1) is not None and reader.peek(1).shape == (width,):
+        gamma = reader.peek(1)
+        if after is not None and after.shape == (width,) and gamma is not None and gamma.shape == (width,):
             layers.append(_layer_norm(reader.take(), reader.take()))  # beta is created before gamma
         layers.append(activation())
 
@@ -168,7 +171,8 @@ class DuelingQ(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.advantage(x)
-        return self.value(x) + a - a.mean(dim=1, keepdim=True)
+        q: torch.Tensor = self.value(x) + a - a.mean(dim=1, keepdim=True)
+        return q
 
 
 def _actor_critic(reader: _Reader, obs_dim: int, n_out: int, path: Path) -> nn.Sequential:
@@ -196,14 +200,15 @@ def _actor_critic(reader: _Reader, obs_dim: int, n_out: int, path: Path) -> nn.S
     return nn.Sequential(*layers)
 
 
-def build_network(algo: str, params: list[np.ndarray], obs_space: gym.spaces.Space, act_space: gym.spaces.Space,
-                  path: Path) -> tuple[nn.Module, str]:
+def build_network(algo: str, params: list[np.ndarray], obs_space: gym.spaces.Space[Any],
+                  act_space: gym.spaces.Space[Any], path: Path) -> tuple[nn.Module, str]:
     """The acting network and its action head."""
-    if len(obs_space.shape or ()) != 1:
+    obs_shape = obs_space.shape or ()
+    if len(obs_shape) != 1:
         raise QuarlError(f"{path}: observations of shape {obs_space.shape}: only flat (MLP) policies are supported")
-    obs_dim = int(obs_space.shape[0])
+    obs_dim = int(obs_shape[0])
     discrete = isinstance(act_space, gym.spaces.Discrete)
-    n_out = int(act_space.n) if discrete else int(np.prod(act_space.shape))
+    n_out = int(act_space.n) if isinstance(act_space, gym.spaces.Discrete) else int(np.prod(act_space.shape or ()))
     reader = _Reader(params, path)
     if algo == "dqn":
         if not discrete:
@@ -226,7 +231,7 @@ def build_network(algo: str, params: list[np.ndarray], obs_space: gym.spaces.Spa
 # ---------------------------------------------------------------------------- loading
 
 
-def _algo(path: Path, data: dict) -> str:
+def _algo(path: Path, data: dict[str, object]) -> str:
     folder = path.parent.name.lower()
     if folder in ALGOS:
         return folder
@@ -283,3 +288,14 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
         policy.obs_normalizer = ObsNormalizer(mean, var)
     log.info("loaded legacy %s policy (%s) from %s", legacy_algo, policy_class or "?", path)
     return policy, algo, path.stem
+
+
+def detect(path: Path) -> bool:
+    return is_legacy_pickle(path)
+
+
+def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
+    """The legacy pickle's checkpoint, in the env its file name gives (its inert reader
+    needs no ``trust_pickle``)."""
+    policy, algo, env_id = load_legacy(path)
+    return Checkpoint(policy=policy, env_spec=EnvSpec(env_id=current_env_id(env_id)), algo=algo, path=path)

@@ -21,6 +21,7 @@ from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, field_error, parse_json, parse_record
 from quarl.core.limits import model_file_cap, read_capped
 from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
+from quarl.policies.checkpoint import Checkpoint
 from quarl.quant.backends.onnxruntime import OrtEngine
 
 SIDECAR_FORMAT = "quarl-policy/1"
@@ -222,7 +223,7 @@ class OnnxNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.engine(x.detach().float().numpy()))
 
-    def __deepcopy__(self, memo: dict) -> "OnnxNetwork":
+    def __deepcopy__(self, memo: dict[int, object]) -> "OnnxNetwork":
         return self
 
 
@@ -284,7 +285,7 @@ class SpaceRecord(Record):
                     raise ValueError(f"{what} {side} bounds do not match its shape {tuple(self.shape)}")
         return self
 
-    def space(self) -> gym.spaces.Space:
+    def space(self) -> gym.spaces.Space[Any]:
         if self.type == "discrete":
             return gym.spaces.Discrete(int(self.n or 0))
         if self.type == "multi_binary":
@@ -307,7 +308,7 @@ class ActionSpaceRecord(SpaceRecord):
     what: ClassVar[str] = "action space"
 
 
-def _space(entry: Any, what: str) -> gym.spaces.Space:
+def _space(entry: Any, what: str) -> gym.spaces.Space[Any]:
     """The space a sidecar's ``entry`` describes (``what``: ``"action space"`` or
     ``"observation space"``), or one line naming the field."""
     record_type = ActionSpaceRecord if what == "action space" else ObservationSpaceRecord
@@ -444,3 +445,13 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
         except QuarlError as exc:
             raise field_error(meta_path, "env", str(exc)) from None
     return policy, spec
+
+
+def detect(path: Path) -> bool:
+    return path.exists() and is_artifact(path)
+
+
+def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
+    """``quarl export``'s model, evaluated as exported (it holds no pickle)."""
+    policy, spec = load_artifact(path)
+    return Checkpoint(policy=policy, env_spec=spec, algo=policy.algo, path=path)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import io
 import math
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -30,7 +31,7 @@ class _ZooYamlLoader(yaml.SafeLoader):
     pass
 
 
-def _ordered_dict(loader: yaml.Loader, node: yaml.Node) -> dict:
+def _ordered_dict(loader: yaml.Loader, node: yaml.Node) -> dict[Any, Any]:
     pairs = loader.construct_sequence(node, deep=True)
     items = pairs[0] if len(pairs) == 1 and isinstance(pairs[0], list) else pairs
     return {k: v for k, v in items}
@@ -45,7 +46,7 @@ YAML_VALUES = 100_000
 """Values a YAML file may expand to, counting every alias as the copy it stands for."""
 
 
-def load_zoo_yaml(path: Path) -> dict:
+def load_zoo_yaml(path: Path) -> dict[str, Any]:
     """An RL Zoo ``config.yml`` / ``args.yml`` / ``env_kwargs.yml`` as a plain dict: at most
     :data:`YAML_CAP` bytes, expanding to at most :data:`YAML_VALUES` values (ten nested
     aliases of ten would make 10^9)."""
@@ -144,7 +145,7 @@ class ArrayBudget:
         return dims, kind
 
 
-def _checked_array(budget: ArrayBudget) -> type:
+def _checked_array(budget: ArrayBudget) -> type[np.ndarray]:
     """An ndarray subclass that claims its bytes from ``budget`` when built or given state."""
 
     class CheckedArray(np.ndarray):
@@ -166,7 +167,7 @@ def _checked_array(budget: ArrayBudget) -> type:
     return CheckedArray
 
 
-def numpy_globals(budget: ArrayBudget) -> dict[str, Any]:
+def numpy_globals(budget: ArrayBudget) -> dict[str, Callable[..., Any]]:
     """What rebuilds a pickled numpy array, dtype or scalar, within ``budget``."""
     array = _checked_array(budget)
     multiarray = _multiarray()
@@ -180,8 +181,8 @@ def numpy_globals(budget: ArrayBudget) -> dict[str, Any]:
             raise Refused(f"a numpy scalar of dtype {kind} from {type(data).__name__}")
         return multiarray.scalar(kind, data)
 
-    def dtype(*args: Any, **kwargs: Any) -> np.dtype:
-        kind = np.dtype(*args, **kwargs)
+    def dtype(*args: Any, **kwargs: Any) -> np.dtype[Any]:
+        kind: np.dtype[Any] = np.dtype(*args, **kwargs)
         if kind.hasobject:
             raise Refused("a dtype of Python objects")
         return kind
@@ -224,10 +225,23 @@ VECNORMALIZE_CAP = 64 * 2**20
 shape (a stacked 4 x 84 x 84 frame: 0.45 MB)."""
 
 
-def load_vecnormalize(path: Path, trust_pickle: bool = False, obs_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """Observation statistics of a VecNormalize pickle: ``mean``, ``var``, ``clip_obs``,
-    ``epsilon``, ``norm_obs``; checked to be finite, the variances non-negative, and (given
-    ``obs_shape``) of the observation's shape."""
+@dataclass(frozen=True)
+class VecNormalizeStats:
+    """What a VecNormalize pickle says about observations (its return statistics are not
+    needed to act)."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    clip_obs: float
+    epsilon: float
+    norm_obs: bool
+    """Whether observations were normalized at all."""
+
+
+def load_vecnormalize(path: Path, trust_pickle: bool = False,
+                      obs_shape: tuple[int, ...] | None = None) -> VecNormalizeStats:
+    """Observation statistics of a VecNormalize pickle; checked to be finite, the variances
+    non-negative, and (given ``obs_shape``) of the observation's shape."""
     data = read_capped(path, VECNORMALIZE_CAP, "a VecNormalize pickle")
     if trust_pickle:
         try:
@@ -258,7 +272,7 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False, obs_shape: tuple[i
     norm_obs = getattr(obj, "norm_obs", True)
     if not isinstance(norm_obs, (bool, np.bool_)):
         raise QuarlError(f"{path}: norm_obs={_short(norm_obs)} is a {type(norm_obs).__name__}, not true or false")
-    return {"mean": mean, "var": var, "clip_obs": clip_obs, "epsilon": epsilon, "norm_obs": bool(norm_obs)}
+    return VecNormalizeStats(mean=mean, var=var, clip_obs=clip_obs, epsilon=epsilon, norm_obs=bool(norm_obs))
 
 
 def _type_name(obj: Any) -> str:

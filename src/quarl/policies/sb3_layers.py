@@ -9,6 +9,20 @@ import re
 import torch
 from torch import nn
 
+SB3_NAME = "sb3_name"
+"""The attribute a rebuilt layer keeps its state-dict name in (:func:`sb3_name`)."""
+
+
+def sb3_name(layer: nn.Module) -> str | None:
+    """The state-dict name a rebuilt layer came from (None for a layer built otherwise)."""
+    name = getattr(layer, SB3_NAME, None)
+    return name if isinstance(name, str) else None
+
+
+def set_sb3_name(layer: nn.Module, name: str) -> None:
+    """Remember ``name`` on ``layer`` (a plain attribute: not a parameter or buffer)."""
+    setattr(layer, SB3_NAME, name)
+
 
 def _linear(sd: dict[str, torch.Tensor], name: str) -> nn.Linear:
     """The Linear layer stored under ``name`` in the state dict (with or without a bias);
@@ -20,13 +34,18 @@ def _linear(sd: dict[str, torch.Tensor], name: str) -> nn.Linear:
         layer.weight.copy_(weight)
         if bias is not None:
             layer.bias.copy_(bias)
-    layer.sb3_name = name
+    set_sb3_name(layer, name)
     return layer
 
 
 class BatchRenormEval(nn.Module):
     """sb3-contrib's BatchRenorm1d in evaluation mode (CrossQ): its running statistics and
     affine transform, computed in the same order so that fp32 outputs match bit for bit."""
+
+    ra_mean: torch.Tensor
+    ra_var: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor
 
     def __init__(self, mean: torch.Tensor, var: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
                  eps: float) -> None:
@@ -42,7 +61,7 @@ class BatchRenormEval(nn.Module):
         return self.scale * x + self.bias
 
 
-def _mlp(sd: dict, prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3) -> list[nn.Module]:
+def _mlp(sd: dict[str, torch.Tensor], prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3) -> list[nn.Module]:
     """An SB3 ``create_mlp`` Sequential at ``prefix``, rebuilt slot by slot from the state
     dict: Linear layers (with or without bias), Batch Renorm layers (CrossQ), and
     ``activation`` in every slot without parameters (plus one after the last layer when

@@ -46,9 +46,9 @@ def sha256_file(path: Path) -> str:
 
 def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
     """(the agent's zip, its RL Zoo config folder or None)."""
-    from quarl.policies.sb3 import _zoo_files
+    from quarl.policies.zoo_folder import zoo_files
 
-    zip_path, config_dir, _ = _zoo_files(checkpoint)
+    zip_path, config_dir, _ = zoo_files(checkpoint)
     if zip_path.suffix != ".zip":
         raise QuarlError(f"recover takes a Stable-Baselines3 .zip or an RL Zoo run folder, not {checkpoint}")
     return zip_path, config_dir
@@ -237,7 +237,7 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     (None for any other checkpoint); a file that does not match its recorded hash is refused."""
     from quarl.core.limits import model_file_cap, read_capped
     from quarl.policies.onnx_artifact import load_artifact
-    from quarl.policies.sb3 import load_checkpoint
+    from quarl.policies.zoo import load_zoo
 
     path = find_recovery(checkpoint)
     if path is None:
@@ -257,7 +257,7 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
         if not (export / name).is_file():
             raise QuarlError(f"{export / name} is missing: the recovered folder is incomplete; run quarl recover again")
     # the original acts as its own folder did: the same zoo files, its own weights
-    original = load_checkpoint(checkpoint, trust_pickle=trust_pickle, zip_override=original_zip).policy
+    original = load_zoo(checkpoint, trust_pickle=trust_pickle, zip_override=original_zip).policy
     kernel, _ = load_artifact(export)
     digest = hashlib.sha256(read_capped(export / "policy.onnx", model_file_cap(), "an ONNX model")).hexdigest()
     if digest != onnx_sha:

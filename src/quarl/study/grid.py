@@ -176,7 +176,8 @@ def _load(checkpoint: str, trust_pickle: bool = False) -> tuple[Any, Any]:
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(checkpoint: str, trust_pickle: bool, _stamp: tuple[tuple[str, int, int], ...]) -> tuple[Any, Any]:
-    from quarl.policies.sb3 import load_checkpoint, resolve_env_spec
+    from quarl.checkpoints import load_checkpoint
+    from quarl.policies.checkpoint import resolve_env_spec
 
     ckpt = load_checkpoint(Path(checkpoint), trust_pickle=trust_pickle)
     return ckpt, resolve_env_spec(ckpt, None)
@@ -333,7 +334,7 @@ def find_agents(paths: Sequence[Path]) -> list[Path]:
     """Checkpoints named directly, or found in folders of agents: RL Zoo run folders
     (ALGO/ENV_1) and legacy pickles (ALGO/ENV.pkl); ``hf://ORG/REPO`` is fetched (or
     found in the Hub cache) and taken as the run folder it becomes."""
-    from quarl import hub
+    from quarl.policies import hub
 
     found: list[Path] = []
     for path in paths:

@@ -1,8 +1,10 @@
-"""A policy trained by ``quarl actorq`` (``OUT/policy.pt`` + ``OUT/summary.json``) loaded as
-a Policy, so that ActorQ's output goes through ``ptq``, ``export`` and ``bench`` like any
-checkpoint. The weights are read with ``torch.load(weights_only=True)``; the network is
-rebuilt from their shapes (ReLU between layers, tanh after the last for D4PG) and the env
-from the run's own config."""
+"""The ActorQ run format: a policy trained by ``quarl actorq`` (``OUT/policy.pt`` +
+``OUT/summary.json``) loaded as a Policy, so that ActorQ's output goes through ``ptq``,
+``export`` and ``bench`` like any checkpoint. The weights are read with
+``torch.load(weights_only=True)``; the network is rebuilt from their shapes (ReLU between
+layers, the algorithm's head: tanh after the last for D4PG) and the env from the run's own
+config. Importing this module registers the format (``actorq-run``) in
+:data:`quarl.policies.formats.FORMATS`."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from quarl.envs import EnvSpec, current_env_id, make_env
-from quarl.core.errors import QuarlError
+from quarl.actorq.algorithms import get_algorithm
 from quarl.actorq.summary import ActorQRunConfig, ActorQRunRecord, read_summary_json
+from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_record
 from quarl.core.limits import check_file_size, check_tensors, model_file_cap
+from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.policies.base import Policy, check_outputs
+from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
+from quarl.policies.formats import register_format
 from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
 
 POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
@@ -61,8 +66,6 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     env = make_env(spec)
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    from quarl.actorq.algorithms import get_algorithm
-
     algorithm = get_algorithm(algo)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
@@ -74,3 +77,13 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
     policy = Policy(nn.Sequential(*layers), obs_space, act_space, head, algo=algo)
     check_outputs(policy, f"{path / POLICY_FILE} (the {algo} policy of {env_id})")  # shapes that chain, finite outputs
     return policy, spec, algo
+
+
+def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
+    """The run's checkpoint (its files hold no pickle)."""
+    policy, spec, algo = load_actorq_run(path)
+    return Checkpoint(policy=policy, env_spec=spec, algo=algo, path=path)
+
+
+FORMAT = register_format(CheckpointFormat("actorq-run", is_actorq_run, load,
+                                          "quarl actorq's OUT folder (policy.pt + summary.json)"))

@@ -5,9 +5,10 @@ An RL Zoo / SB3 repository (``sb3/ppo-CartPole-v1``) holds ``ALGO-ENV.zip``,
 fetches only those with the installed Hub client into a cache folder
 (``$QUARL_HUB_CACHE``, default ``~/.cache/quarl/hub``, in the Hub's own cache layout),
 lays them out as an RL Zoo run folder beside it and hands that folder to the same safe
-loader as a local one (no pickle is opened unless ``--trust-pickle``). Without a network
-it uses what the cache holds, and fails in one line naming the cache when that is
-nothing.
+loader as a local one (:mod:`quarl.policies.zoo`; no pickle is opened unless
+``--trust-pickle``). Without a network it uses what the cache holds, and fails in one line
+naming the cache when that is nothing. Light to import (``is_hub``, ``parse``): the loader
+and torch come with :func:`load`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:
+    from quarl.policies.checkpoint import Checkpoint
 
 PREFIX = "hf://"
 _FILES = ["*.zip", "config.yml", "args.yml", "env_kwargs.yml", "vec_normalize.pkl"]
@@ -78,3 +83,14 @@ def _zoo_folder(name: str, snapshot: Path, cache: Path) -> Path:
     if not (config / "config.yml").exists():
         shutil.rmtree(config)  # a bare model: the caller passes --env
     return run
+
+
+def detect(path: Path) -> bool:
+    return is_hub(path)
+
+
+def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
+    """The agent of ``hf://ORG/REPO``: fetched, then loaded as the zoo folder it is."""
+    from quarl.policies.zoo import load_zoo
+
+    return load_zoo(fetch(str(path)), trust_pickle)

@@ -1,0 +1,26 @@
+"""Every checkpoint format quarl loads, those registered from above :mod:`quarl.policies`
+included: the ActorQ run (:mod:`quarl.actorq.run_loader`) and the QAT-trained zoo folder
+(:mod:`quarl.training.qat_loader`) register themselves when imported, which this module
+does. The entry points that load a checkpoint (``quarl.load``, the CLI, the workflows)
+load through :func:`load_checkpoint` here; the registry itself is
+:mod:`quarl.policies.formats`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import quarl.actorq.run_loader  # noqa: F401  registers "actorq-run"
+import quarl.training.qat_loader  # noqa: F401  registers "qat"
+from quarl.policies import formats
+from quarl.policies.checkpoint import Checkpoint
+
+
+def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
+    """Load an SB3 ``.zip`` or RL Zoo run folder (``ppo/CartPole-v1_1``; acting with its
+    trained quantizers where QAT wrote it), a legacy stable-baselines pickle of
+    rl-baselines-zoo (``ppo2/CartPole-v1.pkl``), a model written by ``quarl export``
+    (``NAME.onnx`` with its sidecar), a ``quarl actorq`` output folder, or an agent on the
+    Hugging Face Hub (``hf://ORG/REPO``): through the first format of
+    :data:`quarl.policies.formats.FORMATS` that claims it. A path none claims is refused in
+    one line (QuarlError)."""
+    return formats.load_checkpoint(path, trust_pickle)

@@ -1,0 +1,59 @@
+"""The checkpoint formats quarl loads, one registry entry each, asked newest registered
+first (a specific claim before a general one)::
+
+    hub          hf://ORG/REPO, fetched into a cache as a zoo folder  (quarl.policies.hub)
+    onnx         quarl export's NAME.onnx + NAME.json, or its folder  (quarl.policies.onnx_artifact)
+    legacy       stable-baselines (TF) pickles of rl-baselines-zoo    (quarl.policies.legacy)
+    zoo          an SB3 .zip or RL Zoo run folder; any other path     (quarl.policies.zoo)
+
+Formats whose code lives above this package are registered from above, when their module
+is imported: ``actorq-run`` (:mod:`quarl.actorq.run_loader`) and ``qat``
+(:mod:`quarl.training.qat_loader`). :mod:`quarl.checkpoints` imports them all: the entry
+points (``quarl.load``, the CLI) load through it. This module imports nothing above
+:mod:`quarl.policies`.
+
+A format is a :class:`~quarl.policies.checkpoint.CheckpointFormat` (``detect(path)``,
+``load(path, trust_pickle)``); adding one is one :func:`register_format` call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quarl.core.errors import QuarlError
+from quarl.core.registry import put_first
+from quarl.policies import hub, legacy, onnx_artifact, zoo
+from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
+
+FORMATS: dict[str, CheckpointFormat] = {}
+"""name -> format, in the order they are asked."""
+
+
+def register_format(fmt: CheckpointFormat) -> CheckpointFormat:
+    """Add a format, asked before those registered earlier (replacing one of the same
+    name); returns it."""
+    return put_first(FORMATS, fmt.name, fmt)
+
+
+def format_of(path: str | Path) -> CheckpointFormat | None:
+    """The first registered format that claims ``path``, or None."""
+    path = Path(path)
+    return next((fmt for fmt in FORMATS.values() if fmt.detect(path)), None)
+
+
+def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
+    """Load ``path`` through the first registered format that claims it; a path none claims
+    (one that does not exist) is refused in one line. Only the formats registered so far
+    are asked: :func:`quarl.checkpoints.load_checkpoint` has them all."""
+    fmt = format_of(path)
+    if fmt is None:
+        raise QuarlError(f"checkpoint {str(Path(path))!r} does not exist")
+    return fmt.load(Path(path), trust_pickle)
+
+
+# registered first = asked last: the zoo format claims any existing path
+register_format(CheckpointFormat("zoo", zoo.detect, zoo.load, "an SB3 .zip or an RL Zoo run folder"))
+register_format(CheckpointFormat("legacy", legacy.detect, legacy.load, "a stable-baselines (TF) .pkl"))
+register_format(CheckpointFormat("onnx", onnx_artifact.detect, onnx_artifact.load,
+                                 "quarl export's NAME.onnx with its NAME.json, or its folder"))
+register_format(CheckpointFormat("hub", hub.detect, hub.load, "hf://ORG/REPO[@REVISION] on the Hugging Face Hub"))
