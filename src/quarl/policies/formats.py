@@ -12,6 +12,12 @@ is imported: ``actorq-run`` (:mod:`quarl.actorq.run_loader`) and ``qat``
 points (``quarl.load``, the CLI) load through it. This module imports nothing above
 :mod:`quarl.policies`.
 
+A folder ``quarl recover`` wrote is a zoo folder here (its zip holds the student's weights on
+the grid): what makes it a recovered one, its original policy and real kernel, is read by
+:func:`quarl.recovery.load_recovered`, which loads the original through
+:func:`quarl.policies.zoo.load_zoo`'s ``zip_override`` (the folder's zoo files, the
+original's weights).
+
 A format is a :class:`~quarl.policies.checkpoint.CheckpointFormat` (``detect(path)``,
 ``load(path, trust_pickle)``); adding one is one :func:`register_format` call.
 """
