@@ -164,7 +164,8 @@ def algos() -> tuple[str, ...]:
     return tuple(dict.fromkeys(a for layout in reversed(LAYOUTS.values()) for a in (*layout.algos, layout.name)))
 
 
-def _layout(sd: dict[str, torch.Tensor]) -> Layout:
+def layout_of(sd: dict[str, torch.Tensor]) -> Layout:
+    """The first registered layout whose marker the state dict has; recurrent ones refused."""
     keys = set(sd)
     if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in keys):
         raise QuarlError(
@@ -270,7 +271,7 @@ def build_policy(
 ) -> Policy:
     """Rebuild the acting network of an SB3 policy from its state dict (through the
     first :data:`LAYOUTS` entry that matches it)."""
-    layout = _layout(sd)
+    layout = layout_of(sd)
     obs_shape = tuple(observation_space.shape or ())
     continuous = isinstance(action_space, gym.spaces.Box)
     multi = MULTI_HEADS.get(type(action_space))
@@ -316,7 +317,7 @@ def _algo_from_data(data: dict[str, Any], family: str) -> str:
     return algo
 
 
-def _policy_class_name(data: dict[str, Any]) -> str | None:
+def policy_class_name(data: dict[str, Any]) -> str | None:
     """The policy class's name, read from the opcodes of its pickled reference (never
     unpickled): ``ARSLinearPolicy`` and ``ARSPolicy`` differ only in their defaults."""
     blob = (data.get("policy_class") or {}).get(":serialized:")

@@ -23,17 +23,17 @@ from quarl.core.literals import parse_literal
 from quarl.policies.base import ObsNormalizer
 from quarl.policies.checkpoint import Checkpoint
 from quarl.policies.safe_load import load_vecnormalize
-from quarl.policies.sb3 import (MAX_ABS_LOG_STD, PolicyKwargs, _algo_from_data, _layout, _policy_class_name,
+from quarl.policies.sb3 import (MAX_ABS_LOG_STD, PolicyKwargs, _algo_from_data, layout_of, policy_class_name,
                                 build_policy, state_noise)
 from quarl.policies.sb3_spaces import space_from_json
 from quarl.policies.zoo_folder import ZooConfig, read_zoo_config, zoo_env_spec, zoo_files
 
 log = logging.getLogger(__name__)
 
-NAME = "zoo"
 QAT_FILE = "qat.json"
 """Written by quantization-aware training next to config.yml; a folder holding one is the
 QAT format's (registered by :mod:`quarl.training.qat_loader`)."""
+
 
 def _read_zip(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     try:
@@ -108,10 +108,10 @@ def load_zoo(path: Path, trust_pickle: bool = False, zip_override: Path | None =
     obs_space = space_from_json(data.get("observation_space"), "observation space")
     act_space = space_from_json(data.get("action_space"), "action space")
     raw_kwargs = _policy_kwargs(data, config)
-    if _policy_class_name(data) == "ARSLinearPolicy":  # ARS's linear policy clips; its MLP squashes
+    if policy_class_name(data) == "ARSLinearPolicy":  # ARS's linear policy clips; its MLP squashes
         raw_kwargs.setdefault("squash_output", False)
     kwargs = PolicyKwargs.read(raw_kwargs)
-    algo = zoo_algo or _algo_from_data(data, _layout(sd).name)
+    algo = zoo_algo or _algo_from_data(data, layout_of(sd).name)
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
     log_std = sd.get("log_std")
     if policy.head == "clip" and isinstance(log_std, torch.Tensor) and log_std.shape == policy.action_space.shape:
