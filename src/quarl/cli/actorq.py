@@ -14,7 +14,7 @@ from quarl import outputs, registry_options
 from quarl.core import validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import GymPackagesOpt, OutOpt, SeedOpt, VerboseOpt, field_docs, with_options
+from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt, common_options, field_docs, with_options
 
 if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
     from quarl.actorq.run_log import Progress
@@ -66,7 +66,6 @@ def actorq_options(
     local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
     learner_device: str = typer.Option("cpu", help="cpu, or cuda / cuda:N for a GPU learner"),
     out: Optional[Path] = OutOpt,
-    verbose: bool = VerboseOpt,
 ) -> None:
     """The options ``actorq run`` and ``actorq compare`` share (typer reads this signature);
     each algorithm's own follow (:func:`algorithm_parameters`)."""
@@ -140,11 +139,12 @@ def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Pat
 
 @actorq_app.command("run")
 @user_errors
-@with_options(actorq_options, ALGORITHM_OPTIONS)
+@with_options(actorq_options, ALGORITHM_OPTIONS, common_options)
 def actorq_run(
     env_id: str = typer.Argument(..., help="environment id, e.g. CartPole-v1 or dm_control/cartpole-balance-v0"),
+    *,
     resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
-    gym_packages: Optional[str] = GymPackagesOpt,
+    gym_packages: Optional[str],
     **opts: Any,
 ) -> None:
     """Train with a full-precision learner and quantized actors until the target reward.
@@ -167,12 +167,13 @@ def actorq_run(
 
 @actorq_app.command("compare")
 @user_errors
-@with_options(actorq_options, ALGORITHM_OPTIONS)
+@with_options(actorq_options, ALGORITHM_OPTIONS, common_options)
 def actorq_compare(
     env_id: str = typer.Argument(..., help="environment id"),
+    *,
     precisions: str = typer.Option("fp32,int8", help="actor precisions, one run each"),
     repeats: int = typer.Option(3, help="runs per precision (seeds seed, seed+1, ...)"),
-    gym_packages: Optional[str] = GymPackagesOpt,
+    gym_packages: Optional[str],
     **opts: Any,
 ) -> None:
     """The same run once per actor precision and repeat, then the paper's table (time to

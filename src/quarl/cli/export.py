@@ -12,21 +12,23 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, OutOpt, TrustOpt,
-                               VerboseOpt, is_export, load, load_choice, protocol)
+from quarl.cli.options import (CheckpointArg, common_options, EnvOpt, int_mode_options, is_export, load, load_choice,
+                               loading_options, OutOpt, PRECISIONS_HELP, protocol, with_options)
 from quarl.core.errors import QuarlError
 
 
 @user_errors
 @load_choice
+@with_options(int_mode_options, loading_options, common_options)
 def export(
     checkpoint: Path = CheckpointArg,
+    *,
     env: Optional[str] = EnvOpt,
     precision: str = typer.Option("int8", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode "
                                                "(int8-dyn-channel, int4-weight-only...)"),
     out: Optional[Path] = OutOpt,
-    int8_weights: str = Int8WeightsOpt,
-    block_size: int = BlockSizeOpt,
+    int8_weights: str,
+    block_size: int,
     seed: int = typer.Option(0, "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="cut calibration episodes after this many steps"),
     portable: bool = typer.Option(False, "--portable", help="int4 / int8-block: standard ONNX only (blocked "
@@ -36,9 +38,9 @@ def export(
                                               "acts: a sampling categorical policy's int mode must keep its action "
                                               "distributions, a greedy one its argmax; default: the RL Zoo's "
                                               "(stochastic on Atari and MinAtar), as ptq"),
-    trust_pickle: bool = TrustOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    trust_pickle: bool,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Export the acting network as OUT/policy.onnx (fp32 or real int8 / int4) plus
     OUT/policy.json, a sidecar with the observation normalization, the action head and the
@@ -90,8 +92,10 @@ def portable_note(check: dict[str, Any]) -> str:
 
 @user_errors
 @load_choice
+@with_options(loading_options, common_options)
 def bench(
     checkpoint: Path = CheckpointArg,
+    *,
     env: Optional[str] = EnvOpt,
     precisions: Optional[str] = typer.Option(None, help=PRECISIONS_HELP + " (default fp16,bf16,int8,int4; an "
                                              "exported model is timed as exported); PyTorch and ONNX Runtime fp32 "
@@ -99,9 +103,9 @@ def bench(
     batches: str = typer.Option("1,256", help="comma list of batch sizes"),
     budget: float = typer.Option(1.0, help="seconds of timing per cell"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write bench.csv, bench.md, bench.json here"),
-    trust_pickle: bool = TrustOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    trust_pickle: bool,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Latency of the policy at each precision next to PyTorch fp32 (median per call, one
     thread), with the model's size in bytes (process memory is not reported: ONNX Runtime's

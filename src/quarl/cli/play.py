@@ -11,22 +11,24 @@ from quarl import registry_options
 
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, CheckpointArg, EnvOpt, Int8WeightsOpt, MaxStepsOpt, SeedOpt, StickyOpt,
-                               StochasticOpt, TrustOpt, VerboseOpt, is_export, load, load_choice, protocol)
+from quarl.cli.options import (acting_options, CheckpointArg, common_options, EnvOpt, int_mode_options, is_export,
+                               load, load_choice, loading_options, MaxStepsOpt, protocol, SeedOpt, with_options)
 from quarl.core.errors import QuarlError
 
 
 @user_errors
 @load_choice
+@with_options(acting_options, int_mode_options, loading_options, common_options)
 def play(
     checkpoint: Path = CheckpointArg,
+    *,
     env: Optional[str] = EnvOpt,
     precision: str = typer.Option("fp32", help="one precision, as in ptq's --precisions (int8 chooses its mode on the "
                                                "calibration seeds, as ptq does)"),
     episodes: int = typer.Option(3, "--episodes", help="episodes to play (episode i uses seed + i, as in ptq)"),
     seed: int = SeedOpt,
-    sticky_actions: Optional[float] = StickyOpt,
-    stochastic: Optional[bool] = StochasticOpt,
+    sticky_actions: Optional[float],
+    stochastic: Optional[bool],
     video: Optional[Path] = typer.Option(None, "--video", parser=validate.out_option,
                                          help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
                                               "needed)"),
@@ -35,11 +37,11 @@ def play(
     video_size: Optional[str] = typer.Option(None, "--video-size", help="video frame size WIDTHxHEIGHT, e.g. 640x480 "
                                                                         "(MuJoCo; default the env's own)"),
     max_steps: Optional[int] = MaxStepsOpt,
-    int8_weights: str = Int8WeightsOpt,
-    block_size: int = BlockSizeOpt,
-    trust_pickle: bool = TrustOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    int8_weights: str,
+    block_size: int,
+    trust_pickle: bool,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Play a policy at one precision, print each episode's return and length (the same
     numbers ptq gets on those seeds) and, with --video, record each episode.

@@ -11,24 +11,14 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, Int8WeightsOpt,
-                               MaxStepsOpt, NEnvsOpt, OutOpt, SeedOpt, StickyOpt, StochasticOpt, TrustOpt, VerboseOpt,
-                               WideOpt, WorkersOpt, is_export, load, load_choice, protocol)
-
-
-def decide_options(episodes: int, minutes: float) -> tuple[Any, Any]:
-    """--decide-episodes and --decide-minutes with a command's defaults (ptq, demo, study);
-    ``QUARL_DECIDE_EPISODES`` replaces the episodes default (the test suite sets 0)."""
-    return (typer.Option(None, "--decide-episodes", show_default=False,
-                         help="where a verdict is undecided, play more episodes (the next seeds, fp32 too; doubling) "
-                         f"until it decides or a cell has played this many (0: off) [default: {episodes}, or "
-                         "$QUARL_DECIDE_EPISODES]"),
-            typer.Option(minutes, "--decide-minutes", help="start no new round of deciding episodes after this many "
-                         "minutes (0: no limit)"))
+from quarl.cli.options import (acting_options, CheckpointArg, common_options, deciding_options, EnvOpt,
+                               evaluation_options, int_mode_options, is_export, load, load_choice, loading_options,
+                               OutOpt, PRECISIONS_HELP, protocol, WideOpt, with_options)
 
 
 DECIDE_EPISODES = 640
-DecideEpisodesOpt, DecideMinutesOpt = decide_options(DECIDE_EPISODES, 5.0)
+DECIDING = deciding_options(DECIDE_EPISODES, 5.0)
+"""--decide-episodes / --decide-minutes of ptq and recover."""
 
 
 def budget_note(decide_episodes: int, decide_seconds: float | None) -> str:
@@ -66,26 +56,28 @@ DEFAULT_PRECISIONS = "fp32,fp16,bf16,int8,int4"
 
 @user_errors
 @load_choice
+@with_options(evaluation_options, DECIDING, acting_options, int_mode_options, loading_options, common_options)
 def ptq(
     checkpoint: Path = CheckpointArg,
+    *,
     env: Optional[str] = EnvOpt,
     precisions: str = typer.Option(DEFAULT_PRECISIONS, help=PRECISIONS_HELP),
-    episodes: int = EpisodesOpt,
-    decide_episodes: Optional[int] = DecideEpisodesOpt,
-    decide_minutes: float = DecideMinutesOpt,
-    sticky_actions: Optional[float] = StickyOpt,
-    stochastic: Optional[bool] = StochasticOpt,
-    seed: int = SeedOpt,
-    n_envs: int = NEnvsOpt,
-    max_steps: Optional[int] = MaxStepsOpt,
-    workers: Optional[int] = WorkersOpt,
-    int8_weights: str = Int8WeightsOpt,
-    block_size: int = BlockSizeOpt,
+    episodes: int,
+    decide_episodes: Optional[int],
+    decide_minutes: float,
+    sticky_actions: Optional[float],
+    stochastic: Optional[bool],
+    seed: int,
+    n_envs: int,
+    max_steps: Optional[int],
+    workers: Optional[int],
+    int8_weights: str,
+    block_size: int,
     out: Optional[Path] = OutOpt,
-    trust_pickle: bool = TrustOpt,
+    trust_pickle: bool,
     wide: bool = WideOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Evaluate a policy at several precisions and print precision | mean | std | E%.
 

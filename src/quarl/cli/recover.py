@@ -13,9 +13,9 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.ptq import DECIDE_EPISODES, DecideEpisodesOpt, DecideMinutesOpt
-from quarl.cli.options import (GymPackagesOpt, BlockSizeOpt, EnvOpt, EpisodesOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt, OutOpt,
-                               SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, is_export, load, load_choice)
+from quarl.cli.ptq import DECIDE_EPISODES, DECIDING
+from quarl.cli.options import (common_options, EnvOpt, evaluation_options, int_mode_options, is_export, load,
+                               load_choice, loading_options, OutOpt, with_options)
 from quarl.core.errors import QuarlError
 
 RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "
@@ -24,8 +24,10 @@ RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip
 
 @user_errors
 @load_choice
+@with_options(evaluation_options, DECIDING, int_mode_options, loading_options, common_options)
 def recover(
     checkpoint: Path = RecoverCheckpointArg,
+    *,
     env: Optional[str] = EnvOpt,
     precision: str = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: "
                                                "int8-block, int8-dyn-channel, int8-dyn-tensor, int8-weight-only, "
@@ -50,18 +52,18 @@ def recover(
     q_loss: str = typer.Option("rank", "--q-loss", help="DQN / QR-DQN: rank (the greedy action's margin, a hinge on "
                                "every pair of actions weighted by the teacher's action gap, the values' error) or "
                                "margin (without the pairs)"),
-    episodes: int = EpisodesOpt,
-    decide_episodes: Optional[int] = DecideEpisodesOpt,
-    decide_minutes: float = DecideMinutesOpt,
-    seed: int = SeedOpt,
-    n_envs: int = NEnvsOpt,
-    max_steps: Optional[int] = MaxStepsOpt,
-    workers: Optional[int] = WorkersOpt,
-    int8_weights: str = Int8WeightsOpt,
-    block_size: int = BlockSizeOpt,
-    trust_pickle: bool = TrustOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    episodes: int,
+    decide_episodes: Optional[int],
+    decide_minutes: float,
+    seed: int,
+    n_envs: int,
+    max_steps: Optional[int],
+    workers: Optional[int],
+    int8_weights: str,
+    block_size: int,
+    trust_pickle: bool,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Recover what quantization loses: distil the fp32 policy into a student on the real
     int kernel's grid (DAgger on distillation seeds), write OUT as an RL Zoo run folder (its

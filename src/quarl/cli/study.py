@@ -12,35 +12,38 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import console, log, out_console, progress, setup, user_errors
-from quarl.cli.options import (GymPackagesOpt, PRECISIONS_HELP, AgentsStickyOpt, BlockSizeOpt, Int8WeightsOpt, MaxStepsOpt, NEnvsOpt,
-                               StochasticOpt, TrustOpt, VerboseOpt, WideOpt, WorkersOpt)
-from quarl.cli.ptq import budget_note, decide_options, warm
+from quarl.cli.options import (agents_acting_options, common_options, deciding_options, int_mode_options,
+                               loading_options, MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, WideOpt, with_options,
+                               WorkersOpt)
+from quarl.cli.ptq import budget_note, warm
 
 DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
                                                        "100000 × s + i)")
 DEMO_N_ENVS = 8
 DEMO_DECIDE_EPISODES, STUDY_DECIDE_EPISODES = 320, 640
-DemoDecideEpisodesOpt, DemoDecideMinutesOpt = decide_options(DEMO_DECIDE_EPISODES, 1.0)
-StudyDecideEpisodesOpt, StudyDecideMinutesOpt = decide_options(STUDY_DECIDE_EPISODES, 60.0)
+DEMO_DECIDING = deciding_options(DEMO_DECIDE_EPISODES, 1.0)
+STUDY_DECIDING = deciding_options(STUDY_DECIDE_EPISODES, 60.0)
 
 
 @user_errors
+@with_options(DEMO_DECIDING, agents_acting_options, common_options)
 def demo(
     zoo: Optional[Path] = typer.Option(None, help="folder of trained agents: RL Zoo (ALGO/ENV_1/) or legacy "
                                                   "(ALGO/ENV.pkl); default ../shared/zoo, else a PPO CartPole trained here"),
+    *,
     precisions: str = typer.Option("fp32,fp16,int8", help="precisions of the table"),
     episodes: int = DemoEpisodesOpt,
-    decide_episodes: Optional[int] = DemoDecideEpisodesOpt,
-    decide_minutes: float = DemoDecideMinutesOpt,
+    decide_episodes: Optional[int],
+    decide_minutes: float,
     workers: Optional[int] = WorkersOpt,
-    sticky_actions: Optional[float] = AgentsStickyOpt,
-    stochastic: Optional[bool] = StochasticOpt,
+    sticky_actions: Optional[float],
+    stochastic: Optional[bool],
     out: Path = typer.Option(outputs.DEMO, "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
     wide: bool = WideOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """The main job: every zoo agent at each precision, as the paper's table
     (policy | fp32 | fp16 | E_fp16 | int8 | E_int8). Without a zoo folder it first trains
@@ -77,8 +80,10 @@ def demo(
 
 
 @user_errors
+@with_options(STUDY_DECIDING, agents_acting_options, int_mode_options, loading_options, common_options)
 def study(
     agents: list[Path] = typer.Argument(..., help="checkpoints, or folders of agents (RL Zoo ALGO/ENV_1, legacy ALGO/ENV.pkl)"),
+    *,
     precisions: str = typer.Option("fp32,fp16,bf16,int8,int4,sim6", help=PRECISIONS_HELP + "; rec-int8, rec-int4: "
                                    "the agent recovered by quarl recover at that precision (once per agent, under "
                                    "OUT/recovered), its real kernel against the original fp32"),
@@ -86,20 +91,20 @@ def study(
     episodes: int = StudyEpisodesOpt,
     n_envs: int = NEnvsOpt,
     max_steps: Optional[int] = MaxStepsOpt,
-    int8_weights: str = Int8WeightsOpt,
-    block_size: int = BlockSizeOpt,
-    trust_pickle: bool = TrustOpt,
+    int8_weights: str,
+    block_size: int,
+    trust_pickle: bool,
     workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(outputs.STUDY, "--out", parser=validate.out_option,
                              help="folder of study.sqlite, the table and the plot"),
-    decide_episodes: Optional[int] = StudyDecideEpisodesOpt,
-    decide_minutes: float = StudyDecideMinutesOpt,
-    sticky_actions: Optional[float] = AgentsStickyOpt,
-    stochastic: Optional[bool] = StochasticOpt,
+    decide_episodes: Optional[int],
+    decide_minutes: float,
+    sticky_actions: Optional[float],
+    stochastic: Optional[bool],
     wide: bool = WideOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """A grid of (agent, precision, seed) cells stored in OUT/study.sqlite, one row per
     cell as it finishes; a rerun evaluates only the missing cells. Writes the paper's

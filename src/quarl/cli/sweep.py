@@ -12,31 +12,32 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
-from quarl.cli.options import (GymPackagesOpt, BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, EpisodesOpt, GranularityOpt, MaxStepsOpt,
-                               NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, TrustOpt, VerboseOpt, WorkersOpt, load,
-                               load_choice)
+from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, common_options, EnvOpt, evaluation_options,
+                               GranularityOpt, load, load_choice, loading_options, OutOpt, SchemeOpt, with_options)
 from quarl.cli.ptq import warm
 
 
 @user_errors
 @load_choice
+@with_options(evaluation_options, loading_options, common_options)
 def sweep(
     checkpoint: Path = CheckpointArg,
+    *,
     env: Optional[str] = EnvOpt,
     bits: str = BitsOpt,
     scheme: str = SchemeOpt,
     granularity: str = GranularityOpt,
     activations: bool = typer.Option(False, "--activations", help="also quantize layer outputs (calibrated ranges)"),
-    episodes: int = EpisodesOpt,
-    seed: int = SeedOpt,
-    n_envs: int = NEnvsOpt,
-    max_steps: Optional[int] = MaxStepsOpt,
-    workers: Optional[int] = WorkersOpt,
+    episodes: int,
+    seed: int,
+    n_envs: int,
+    max_steps: Optional[int],
+    workers: Optional[int],
     block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
-    trust_pickle: bool = TrustOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    trust_pickle: bool,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Evaluate fp32 and simulated n-bit weights for each width; write a CSV and the reward-vs-bits plot.
 
@@ -72,15 +73,17 @@ def sweep(
 
 
 @user_errors
+@with_options(loading_options, common_options)
 def analyze(
     checkpoint: Path = CheckpointArg,
+    *,
     bits: str = BitsOpt,
     scheme: str = SchemeOpt,
     granularity: str = GranularityOpt,
     out: Optional[Path] = OutOpt,
-    trust_pickle: bool = TrustOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    trust_pickle: bool,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Per-layer weight statistics, histograms, and the KL divergence of n-bit weights.
 

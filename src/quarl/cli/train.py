@@ -12,7 +12,7 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import GymPackagesOpt, EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, VerboseOpt
+from quarl.cli.options import (common_options, EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, with_options)
 
 AlgoArg = typer.Argument(None, help="{train_algorithms}")
 EnvIdArg = typer.Argument(None, help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
@@ -25,8 +25,10 @@ HpOpt = typer.Option([], "--hp", "--hyperparams", help="override a zoo hyperpara
 
 
 @user_errors
+@with_options(common_options)
 def train_cmd(
     algo: Optional[str] = AlgoArg,
+    *,
     env_id: Optional[str] = EnvIdArg,
     algo_opt: Optional[str] = AlgoOpt,
     env_opt: Optional[str] = EnvOptZoo,
@@ -47,8 +49,8 @@ def train_cmd(
                                                                  "steps, and the final one)"),
     trust_pickle: bool = typer.Option(False, "--trust-pickle", help="--resume: allow the replay / normalization "
                                                                     "pickles of an older quarl's checkpoint"),
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Train with Stable-Baselines3 and the RL Zoo's hyperparameters; save an RL Zoo run
     folder (with TensorBoard logs and checkpoints) that ptq / sweep load as is.
@@ -75,8 +77,10 @@ def train_cmd(
 
 
 @user_errors
+@with_options(common_options)
 def qat(
     algo: Optional[str] = AlgoArg,
+    *,
     env_id: Optional[str] = EnvIdArg,
     algo_opt: Optional[str] = AlgoOpt,
     env_opt: Optional[str] = EnvOptZoo,
@@ -89,8 +93,8 @@ def qat(
     episodes: int = EpisodesOpt,
     n_envs: int = NEnvsOpt,
     out: Optional[Path] = OutOpt,
-    gym_packages: Optional[str] = GymPackagesOpt,
-    verbose: bool = VerboseOpt,
+    gym_packages: Optional[str],
+    verbose: bool,
 ) -> None:
     """Quantization-aware training against post-training quantization: trains an fp32
     policy and one QAT policy per width (same budget and seed), evaluates PTQ of the fp32
