@@ -756,9 +756,9 @@ def test_default_output_folders_name_the_policy_its_algorithm_and_env(tmp_path: 
     assert outputs.precision_folder("export", run, "CartPole-v1", "int4-block") == \
         Path("results/export/ppo-CartPole-v1_1-CartPole-v1-int4-block")
     assert outputs.qat_folder("PPO", "ALE/Pong-v5") == Path("results/qat/ppo-ALE_Pong-v5")
-    assert outputs.actorq_folder("impala", "CartPole-v1", False, "int8") == \
+    assert outputs.actorq_folder("impala-no-correction", "CartPole-v1", "int8") == \
         Path("results/actorq/impala-no-correction-CartPole-v1-int8")
-    assert outputs.actorq_folder("dqn", "CartPole-v1", True) == Path("results/actorq/compare-dqn-CartPole-v1")
+    assert outputs.actorq_folder("dqn", "CartPole-v1") == Path("results/actorq/compare-dqn-CartPole-v1")
     assert not Path("results").exists()  # a default is a name: nothing is created before the command runs
 
 

@@ -142,9 +142,10 @@ def qat_folder(algo: str, env_id: str) -> Path:
     return RESULTS / "qat" / f"{algo.lower()}-{env_part(env_id)}"
 
 
-def actorq_folder(algo: str, env_id: str, correction: bool, actor_precision: str | None = None) -> Path:
-    """An ActorQ run's folder (``actor_precision`` given), else a comparison's."""
-    name = f"{algo}{'' if correction else '-no-correction'}-{env_part(env_id)}"
+def actorq_folder(run_name: str, env_id: str, actor_precision: str | None = None) -> Path:
+    """An ActorQ run's folder (``actor_precision`` given), else a comparison's; ``run_name``
+    is the algorithm's, as its options give it (``impala-no-correction``)."""
+    name = f"{run_name}-{env_part(env_id)}"
     return RESULTS / "actorq" / (f"compare-{name}" if actor_precision is None else f"{name}-{actor_precision}")
 
 

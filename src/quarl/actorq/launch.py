@@ -63,7 +63,7 @@ def run_folder(env_id: str, options: Mapping[str, Any], compare: bool) -> Path:
     if given is not None:
         return given
     name = algorithm_options(options).run_name(options["algo"])  # e.g. impala-no-correction
-    return outputs.actorq_folder(name, env_id, True, None if compare else options["actor_precision"])
+    return outputs.actorq_folder(name, env_id, None if compare else options["actor_precision"])
 
 
 def config_from_options(env_id: str, options: Mapping[str, Any], out: Path) -> ActorQConfig:
