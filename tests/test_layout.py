@@ -1,10 +1,13 @@
-"""The package's shape: no import cycles between quarl's modules (found by reading every
-module's imports, top-level and inside functions, not those only for type checkers), and Ray imported only by the two Ray
-runners and the cluster helper."""
+"""The package's shape, read from every module's imports (top-level and inside functions; not
+those only for type checkers): no import cycle between modules or between packages, every
+package in its layer (a layer imports only the layers below it), few loose modules, no file
+over 500 lines, every module type-checked, and Ray imported only by the two Ray runners and
+the cluster helper."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import quarl
@@ -104,3 +107,84 @@ def test_ray_only_in_the_ray_runners() -> None:
             if any(n == "ray" or n.startswith("ray.") for n in names):
                 users.add(name)
     assert users == {"quarl.actorq.ray_fleet", "quarl.study.ray_runner", "quarl.core.ray_cluster"}
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("core", "verdict"),  # errors, atomic writes, typed readers, limits, option checks; E's statistics
+    ("quant", "envs"),  # quantization primitives, modes and precisions; env families
+    ("policies",),  # a Policy, and the checkpoint formats that load one (a registry the layers above fill)
+    ("evaluation", "deploy", "outputs"),  # playing episodes, cells, reports; export; output folders
+    ("training", "ptq"),
+    ("recovery", "actorq"),
+    ("checkpoints",),  # the checkpoint formats registered from above (ActorQ runs, QAT folders)
+    ("study", "qat_study", "registry_options"),
+    ("workflows", "demo"),
+    ("api",),
+    ("cli",),
+)
+"""quarl's layers, bottom first: a package or loose module imports only units of lower layers
+(where a lower layer needs a plug-in from above, a registry is filled from above)."""
+
+
+def _unit(module: str) -> str:
+    """The package (or loose module) right under quarl that ``module`` belongs to."""
+    return module.split(".")[1] if "." in module else module
+
+
+def _unit_graph() -> dict[str, dict[str, list[str]]]:
+    """unit -> unit it imports -> the module-level imports that make the arrow."""
+    modules = _modules()
+    out: dict[str, dict[str, list[str]]] = {}
+    for name, path in modules.items():
+        if name == "quarl":
+            continue
+        arrows = out.setdefault(_unit(name), {})
+        for target in _imports(name, path, modules):
+            if _unit(target) != _unit(name):
+                arrows.setdefault(_unit(target), []).append(f"{name} -> {target}")
+    return out
+
+
+def test_no_package_cycles() -> None:
+    graph = _unit_graph()
+    assert {"core", "quant", "policies", "evaluation", "cli"} <= set(graph)
+    assert _cycles({u: set(arrows) for u, arrows in graph.items()}) == []
+
+
+def _upward(graph: dict[str, dict[str, list[str]]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """The imports that reach the importer's own layer or one above it."""
+    layer = {unit: i for i, units in enumerate(layers) for unit in units}
+    return [arrow for unit, arrows in graph.items() for target, made in arrows.items()
+            if layer[target] >= layer[unit] for arrow in made]
+
+
+def test_every_unit_imports_only_layers_below_it() -> None:
+    graph = _unit_graph()
+    assert set(graph) == {u for units in LAYERS for u in units}, "a new package or loose module: give it a layer"
+    assert _upward(graph, LAYERS) == []
+
+
+def test_layer_check_finds_upward_and_sideways_imports() -> None:
+    graph = {"core": {}, "quant": {"core": ["quarl.quant.a -> quarl.core.b"]},
+             "envs": {"quant": ["quarl.envs -> quarl.quant.c"]},
+             "policies": {"quant": ["ok"], "evaluation": ["quarl.policies.x -> quarl.evaluation.y"]},
+             "evaluation": {"policies": ["ok"]}}
+    layers = (("core",), ("quant", "envs"), ("policies",), ("evaluation",))
+    assert _upward(graph, layers) == ["quarl.envs -> quarl.quant.c", "quarl.policies.x -> quarl.evaluation.y"]
+
+
+def test_few_loose_modules_at_the_top() -> None:
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 12, loose
+
+
+def test_no_file_over_500_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}
+
+
+def test_every_module_is_type_checked() -> None:
+    """mypy's skip list (``ignore_errors``) is empty: every module is checked by ``make test``."""
+    config = tomllib.loads((ROOT.parents[1] / "pyproject.toml").read_text())
+    skipped = [o["module"] for o in config["tool"]["mypy"].get("overrides", []) if o.get("ignore_errors")]
+    assert skipped == []
