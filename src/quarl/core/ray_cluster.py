@@ -50,9 +50,17 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
                 extra["_node_ip_address"] = "127.0.0.1"
             ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR, **extra)
         else:
+            import psutil
+
+            from quarl.core import lifeline
+
+            before = {p.pid for p in psutil.Process().children()}
             # "local": a new Ray of our own even when another one runs on this machine
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
                      logging_level=logging.ERROR)
+            # its GCS and raylet end with this process, but the raylet's agents wait 60 s for
+            # the dead GCS first (measured after kill -9 of quarl study); a reaper ends them at once
+            lifeline.reap_after_exit([p.pid for p in psutil.Process().children() if p.pid not in before])
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError, and Ray's bare Exception on a start timeout
         where = f"--address {address!r}" if address else "a local Ray"
         hint = ""

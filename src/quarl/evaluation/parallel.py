@@ -25,6 +25,7 @@ import itertools
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ import numpy as np
 from torch import nn
 
 from quarl.envs import EnvSpec, gym_packages, make_env
+from quarl.core import lifeline
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import EvalResult
 from quarl.evaluation.episodes import evaluate as evaluate_serial
@@ -60,8 +62,10 @@ PARENT_POLL_S = 0.5
 
 def _die_with(parent: int) -> None:
     """Exit this worker once ``parent`` (the quarl process) is gone: a worker's own parent is
-    the fork server, which outlives a SIGKILLed or crashed quarl (measured: both played on,
-    owned by init, after ``kill -9`` of ``quarl ptq --workers 2``)."""
+    the fork server, not quarl (without this both played on, owned by init, after ``kill -9``
+    of ``quarl ptq --workers 2``; with it, and the fork server's lifeline, nothing quarl
+    started outlives it by more than a second or two, the resource tracker included: it
+    exits, after removing what the dead left, once its last client is gone)."""
     import threading
 
     def watch() -> None:
@@ -80,6 +84,9 @@ def _die_with(parent: int) -> None:
 def _start_worker(finished: Any, parent: int) -> None:
     global _finished
     _finished = finished
+    # the kernel ends a worker with the fork server (which ends with quarl, see
+    # quarl.core.lifeline); polling quarl itself is the guard where that signal is missing
+    lifeline.parent_death_signal(signal.SIGTERM)
     _die_with(parent)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -97,7 +104,13 @@ def _executor(workers: int) -> ProcessPoolExecutor:
     if _pool is not None:
         _pool[1].shutdown(cancel_futures=True)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "onnxruntime", "gymnasium", "quarl.evaluation.parallel"])
+    # the lifeline first: the server ends with quarl even while it imports torch
+    context.set_forkserver_preload(["quarl.core.lifeline", "torch", "onnxruntime", "gymnasium",
+                                    "quarl.evaluation.parallel"])
+    from multiprocessing import forkserver
+
+    with lifeline.spawning_fork_server():  # started here, where this thread is known
+        forkserver.ensure_running()
     finished = context.SimpleQueue()
     _pool = (workers, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                           initargs=(finished, os.getpid())), finished)

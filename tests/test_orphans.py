@@ -1,0 +1,233 @@
+"""Nothing quarl starts outlives a SIGKILL of quarl: the real command runs in a subprocess,
+is killed with ``kill -9`` (no clean-up runs), and every process it had started (the
+evaluation fork server, its workers, multiprocessing's resource tracker) must be gone
+within a generous bound."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+from tests.conftest import ZOO
+
+GONE_WITHIN_S = 30.0
+"""A bound for a loaded machine: the processes end in well under a second (the kernel's
+parent-death signal), or within a poll of their parent (0.5 s) where it is missing."""
+
+
+def _agent(request: pytest.FixtureRequest) -> Path:
+    zoo = ZOO / "ppo" / "CartPole-v1_1"
+    return zoo if zoo.exists() else request.getfixturevalue("tiny_run")
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _survivors(tree: list[psutil.Process], within_s: float) -> list[psutil.Process]:
+    """Wait up to ``within_s`` for ``tree`` and anything they start to end; what is left."""
+    known = {p.pid: p for p in tree}
+    deadline = time.monotonic() + within_s
+    while True:
+        for p in list(known.values()):
+            try:
+                known.update({c.pid: c for c in p.children(recursive=True)})
+            except psutil.NoSuchProcess:
+                pass
+        alive = [p for p in known.values() if not _gone(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _server(tree: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in tree if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+
+
+def _playing(tree: list[psutil.Process]) -> bool:
+    """Two workers (the fork server's children) that have used CPU: episodes are being played."""
+    servers = _server(tree)
+    workers = [w for s in servers for w in s.children()]
+    return len(workers) >= 2 and all(sum(w.cpu_times()[:2]) > 0.3 for w in workers)
+
+
+def _importing(tree: list[psutil.Process]) -> bool:
+    """The fork server exists and has no worker yet: it is importing torch."""
+    servers = _server(tree)
+    return bool(servers) and not any(s.children() for s in servers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["playing", "importing"])
+def test_nothing_ptq_started_outlives_a_sigkill(when: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """``quarl ptq --workers 2`` killed while its workers play episodes, or while its fork
+    server still imports torch (before: the server lived on about 2 s, or 6 s, owned by
+    init, and the resource tracker with it)."""
+    ready: Callable[[list[psutil.Process]], bool] = _playing if when == "playing" else _importing
+    log = tmp_path / "stderr.txt"
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", "ptq", str(_agent(request)), "--precisions",
+                                 "fp32,fp16", "--episodes", "3000", "--workers", "2", "--out", str(tmp_path / "out")],
+                                env={**os.environ, "QUARL_WORKERS": "2"}, stdout=subprocess.DEVNULL, stderr=err)
+    main = psutil.Process(proc.pid)
+    tree: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300  # a loaded machine starts late; the bound is not the point
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                tree = main.children(recursive=True)
+                if ready(tree):
+                    break
+            except psutil.NoSuchProcess:  # a worker or the server between two looks
+                pass
+            time.sleep(0.05)
+        assert proc.poll() is None and ready(tree), f"never {when}: {log.read_text()[-2000:]}"
+        tree = main.children(recursive=True)
+        names = {p.pid: " ".join(p.cmdline())[:80] for p in tree}
+        assert any("resource_tracker" in n for n in names.values()), names  # the tracker is counted too
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        alive = _survivors(tree, GONE_WITHIN_S)
+        assert not alive, [(p.pid, names.get(p.pid)) for p in alive]
+    finally:  # a failed assertion never leaves 3,000 episodes playing under the rest of the suite
+        for p in [*tree, main]:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_lifeline_ends_an_orphan_and_spares_a_child(tmp_path: Path) -> None:
+    """quarl.core.lifeline alone: a grandchild guarded on its parent ends once that parent is
+    SIGKILLed, with the kernel's signal and with only the polling thread (where prctl is
+    missing), and one whose parent lives plays on."""
+    code = r"""
+import os, subprocess, sys, time
+child = '''
+import os, sys, time
+from quarl.core import lifeline
+lifeline.guard(os.getppid(), pdeathsig=sys.argv[1] == "1")
+print("guarded", flush=True)
+time.sleep(600)
+'''
+p = subprocess.Popen([sys.executable, "-c", child, sys.argv[1]], stdout=subprocess.PIPE)
+assert p.stdout.readline() == b"guarded\n"
+print(p.pid, flush=True)
+time.sleep(600)
+"""
+    for pdeathsig in ("1", "0"):
+        parent = subprocess.Popen([sys.executable, "-c", code, pdeathsig], stdout=subprocess.PIPE)
+        try:
+            assert parent.stdout is not None
+            child = psutil.Process(int(parent.stdout.readline()))
+            time.sleep(1.5)  # three polls: a child whose parent lives is not ended
+            assert not _gone(child)
+            parent.kill()
+            parent.wait()
+            assert not _survivors([child], GONE_WITHIN_S), f"pdeathsig={pdeathsig}"
+        finally:
+            parent.kill()
+            parent.wait()
+            parent.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_reaper_ends_what_its_roots_started_once_the_process_that_started_it_is_killed() -> None:
+    """quarl.core.lifeline.reap_after_exit: a root that ignores its parent's death (a shell)
+    and the child it started are ended once the process holding the reaper's pipe is
+    SIGKILLed; while it lives they are left alone."""
+    code = r"""
+import subprocess, sys, time
+from quarl.core import lifeline
+root = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+lifeline.reap_after_exit([root.pid])
+print(root.pid, flush=True)
+time.sleep(600)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    tree: list[psutil.Process] = []
+    try:
+        assert parent.stdout is not None
+        root = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 60
+        while not root.children() and time.monotonic() < deadline:  # the shell starts its sleep
+            time.sleep(0.05)
+        tree = [root, *root.children()]
+        assert len(tree) == 2
+        reaper = [p for p in psutil.Process(parent.pid).children() if "reap()" in " ".join(p.cmdline())]
+        assert len(reaper) == 1
+        time.sleep(1.5)  # three of the reaper's polls: nothing is ended while its parent lives
+        assert not any(_gone(p) for p in tree)
+        parent.kill()
+        parent.wait()
+        assert not _survivors([*tree, *reaper], GONE_WITHIN_S)
+    finally:
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_nothing_a_local_ray_study_started_outlives_a_sigkill(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """``quarl study --workers 2`` (a local Ray of its own) killed while its cells play: Ray's
+    GCS and raylet end with their driver, but the raylet's dashboard and runtime-env agents
+    waited 60 s for the dead GCS (measured: 61 s); quarl's reaper ends them at once."""
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # whatever ~/.ray holds (as tests/test_ray_cluster.py)
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", "study", str(_agent(request)), "--precisions",
+                                 "fp32,fp16", "--seeds", "0,1", "--episodes", "3000", "--workers", "2", "--out",
+                                 str(tmp_path / "out")], env=env, stdout=subprocess.DEVNULL, stderr=err)
+    main = psutil.Process(proc.pid)
+    tree: list[psutil.Process] = []
+
+    def cells_playing(tree: list[psutil.Process]) -> bool:
+        names = {p.pid: p.name() for p in tree}
+        agents = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= set(names.values())
+        cells = [p for p in tree if names[p.pid].startswith("ray::evaluate")]
+        return agents and bool(cells) and all(sum(p.cpu_times()[:2]) > 0.3 for p in cells)
+
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                tree = main.children(recursive=True)
+                if cells_playing(tree):
+                    break
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(0.1)
+        assert proc.poll() is None and cells_playing(tree), f"no cell played: {log.read_text()[-2000:]}"
+        tree = main.children(recursive=True)
+        names = {p.pid: p.name() for p in tree}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        alive = _survivors(tree, GONE_WITHIN_S)
+        assert not alive, [(p.pid, names.get(p.pid)) for p in alive]
+    finally:
+        for p in [*tree, main]:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
