@@ -10,10 +10,10 @@ import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import ConfigDict
+from pydantic import ConfigDict, StringConstraints
 
 from quarl.envs import EnvSpec
 from quarl.core.atomic import write_atomic
@@ -52,6 +52,66 @@ def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
     if zip_path.suffix != ".zip":
         raise QuarlError(f"recover takes a Stable-Baselines3 .zip or an RL Zoo run folder, not {checkpoint}")
     return zip_path, config_dir
+
+
+ZOO_FILES = ("config.yml", "args.yml", "env_kwargs.yml", "vecnormalize.pkl")
+"""The RL Zoo files a recovered folder copies from its original's folder."""
+
+
+def folder_files(out: Path, name: str) -> list[str]:
+    """Every file of the recovered folder ``out`` whose zoo folder is ``name``, relative to
+    ``out`` (``/``-separated): ``NAME.zip``, what ``NAME/`` holds but ``recovery.json`` (the
+    record that lists the others' hashes) and what ``export/`` holds. The verdict, the state
+    of a run in progress (``.recover/``, checked on its own) and the lock are not the folder's."""
+    found = [f"{name}.zip"] if (out / f"{name}.zip").exists() or (out / f"{name}.zip").is_symlink() else []
+    for folder in (out / name, out / EXPORT_DIR):
+        if folder.is_dir():
+            found += [path.relative_to(out).as_posix() for path in folder.rglob("*")
+                      if not path.is_dir() and path != out / name / RECOVERY_FILE]
+    return sorted(found)
+
+
+def _manifest(out: Path, name: str) -> dict[str, str]:
+    """SHA-256 of every file of the recovered folder (:func:`folder_files`)."""
+    return {rel: sha256_file(out / rel) for rel in folder_files(out, name)}
+
+
+def _remove_strays(folder: Path, keep: set[str]) -> None:
+    """Remove what ``folder`` holds besides ``keep`` (an earlier recovery's files, or ones
+    added since): a rebuilt folder's manifest never vouches for a file recovery did not write."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if path.name in keep:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def check_manifest(record_path: Path, files: dict[str, str] | None) -> None:
+    """Every file of the recovered folder that ``record_path`` (its ``recovery.json``)
+    describes is the one recovery wrote: its SHA-256 in ``files``, nothing missing, nothing
+    added; else one line naming the first file that differs."""
+    out, name = record_path.parent.parent, record_path.parent.name
+    again = "run quarl recover again"
+    if files is None:
+        raise QuarlError(f"{record_path} lists no SHA-256 of its folder's files (an older quarl wrote it): {again}")
+    for rel, digest in sorted(files.items()):
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts:
+            raise QuarlError(f"{record_path}: files lists {rel!r}, a path outside the recovered folder")
+        path = out / rel
+        if not path.is_file():
+            raise QuarlError(f"{path} is missing: the recovered folder is incomplete; {again}")
+        if sha256_file(path) != digest:
+            raise QuarlError(f"{path} changed since recovery wrote it (its SHA-256 differs from the one in "
+                             f"{record_path.name}): {again}")
+    for rel in folder_files(out, name):
+        if rel not in files:
+            raise QuarlError(f"{out / rel} is not a file recovery wrote (no SHA-256 in {record_path.name}): remove "
+                             f"it, or {again}")
 
 
 def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -98,8 +158,11 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     out.mkdir(parents=True, exist_ok=True)
     zoo = out / name
     zoo.mkdir(exist_ok=True)
+    copied = {item for item in ZOO_FILES if config_dir is not None and (config_dir / item).is_file()}
+    _remove_strays(zoo, copied | {ORIGINAL_ZIP, RECOVERY_FILE})
+    _remove_strays(out / EXPORT_DIR, set())
     if config_dir is not None:
-        for item in ("config.yml", "args.yml", "env_kwargs.yml", "vecnormalize.pkl"):
+        for item in sorted(copied):
             if (config_dir / item).is_file():
                 write_atomic(zoo / item, (config_dir / item).read_bytes())
     if not (zoo / "args.yml").exists():  # a bare zip: the env it was recovered on, as the zoo writes it
@@ -146,6 +209,8 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "seeds": [min(result.seeds), max(result.seeds)] if result.seeds else [],
         "rounds": [h.to_dict() for h in result.history],
         "provenance": provenance(),
+        # every file of the folder (the sidecar and zoo files too), checked before it is loaded or reused
+        "files": _manifest(out, name),
     }
     write_atomic(zoo / RECOVERY_FILE, json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
     return record
@@ -175,6 +240,10 @@ def find_recovery(checkpoint: Path) -> Path | None:
     try:
         zip_path, config_dir = _zoo_paths(checkpoint)
     except QuarlError:
+        for record in sorted(checkpoint.glob(f"*/{RECOVERY_FILE}")) if checkpoint.is_dir() else []:
+            if not (checkpoint / f"{record.parent.name}.zip").exists():  # the policy is gone, its record stays
+                raise QuarlError(f"{checkpoint / record.parent.name}.zip is missing: the recovered folder is "
+                                 "incomplete; run quarl recover again") from None
         return None
     candidate = zip_path.parent / zip_path.stem / RECOVERY_FILE
     if candidate.is_file():
@@ -209,6 +278,7 @@ class RecoveryRecord(Record):
     env: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     rounds: list[RoundRecord] = []
+    files: dict[str, Annotated[str, StringConstraints(pattern="^[0-9a-f]{64}$")]] | None = None
 
 
 RECORD_CAP = 4 << 20
@@ -243,6 +313,7 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     if path is None:
         return None
     record, typed = read_recovery_record(path)
+    check_manifest(path, typed.files)  # before anything of the folder is read
     original_sha, onnx_sha = typed.original.zip_sha256, typed.recovered.onnx_sha256
     recovered_sha, precision = typed.recovered.zip_sha256, typed.precision
     original_zip = path.parent / ORIGINAL_ZIP

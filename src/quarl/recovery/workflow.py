@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -87,11 +88,14 @@ def preflight(checkpoint: Path, out: Path) -> None:
 
 def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> dict[str, Any] | None:
     """``OUT``'s recovery.json where it records a finished recovery of this very policy
-    (content hash), env and options whose files are all intact, else None."""
+    (content hash), env and options whose files are all intact, else None (a folder whose
+    files differ from its manifest is said in one line, then written again)."""
     for path in sorted(out.glob(f"*/{RECOVERY_FILE}")):
         try:
             recovered = load_recovered(path.parent.parent / f"{path.parent.name}.zip")
-        except QuarlError:
+        except QuarlError as exc:
+            reason = re.sub(r"[:;,] (remove it, or )?run quarl recover again$", "", str(exc))
+            log.warning("%s: recovering again", reason)
             return None
         if recovered is None:
             return None
