@@ -12,7 +12,7 @@ print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import ParseOptions, QuantConfig
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:
+    from quarl.evaluation.record import CellRecord
 
 
 def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
@@ -203,16 +206,18 @@ NO_ENV = ("{what} needs an env and this policy does not know its own: pass env_s
 
 
 def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,
-            episodes: int = 20, trust_pickle: bool = False, **options: object) -> tuple[dict, list[dict]]:
+            episodes: int = 20, trust_pickle: bool = False, **options: object) -> tuple[dict, list[CellRecord]]:
     """``quarl recover``: distil the policy of ``checkpoint`` (an SB3 .zip or RL Zoo run
     folder; ``env`` for a bare zip) onto the real kernel of ``precision`` (``int8``,
     ``int4`` or a mode such as ``int4-block``), write the recovered RL Zoo folder ``out``
     and judge it against the ORIGINAL fp32 policy on ``episodes`` evaluation seeds (0 skips
     the verdict). ``options``: :class:`quarl.recovery.RecoverConfig` fields (``rounds``,
-    ``lr``...). Returns (``ENV/recovery.json`` as a dict, the verdict's records)::
+    ``lr``...). Returns (``ENV/recovery.json`` as a dict, the verdict's records: a
+    :class:`~quarl.evaluation.record.CellRecord` per precision, read by attribute or as the
+    row ``results.jsonl`` holds)::
 
         record, records = quarl.recover("../shared/zoo/dqn/CartPole-v1_1", "recovered", "int4")
-        print(record["agreement"], [r["mean"] for r in records])
+        print(record["agreement"], [r.result.mean for r in records])
     """
     from quarl.evaluation.cells import EvalSettings
     from quarl.outputs import apart_from_inputs

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from quarl.core.errors import QuarlError
+from quarl.evaluation.record import CellRecord
 from quarl.evaluation.cells import EvalSettings, Progress
 from quarl.evaluation.episodes import protocol
 from quarl.core.logs import about
@@ -52,7 +53,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
     ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
     see :func:`quarl.evaluation.episodes.protocol` (sticky actions only where the env has them)."""
-    per_policy: dict[str, list[dict]] = {}
+    per_policy: dict[str, list[CellRecord]] = {}
     modes: dict[str, dict[str, str]] = {}
     cells = list(dict.fromkeys(["fp32", *labels]))
     for run in runs:
@@ -66,7 +67,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
                                        out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
                                        source=str(run), decide_episodes=decide_episodes,
                                        decide_seconds=decide_seconds)
-        modes[name] = {r["precision"]: r["quant"]["mode"] for r in per_policy[name] if r.get("quant")}
+        modes[name] = {r.precision: r.result.quant["mode"] for r in per_policy[name] if r.result.quant}
     rows = paper_table(per_policy, cells)
     for row in rows:  # which real kernel each int column ran
         chosen = modes.get(str(row["policy"]), {})

@@ -4,7 +4,7 @@ over bit widths (``sweep``), and analyse its weights (``analyze``).
 Each evaluated cell is appended to ``OUT/results.jsonl`` as soon as it finishes and is
 reused when the same command runs again, so an interrupted run resumes; the tables and
 plots are rebuilt from those records. How a cell is measured, calibrated and keyed is
-:mod:`quarl.measure`. One run at a time writes to an output folder (a lock).
+:mod:`quarl.evaluation.cells`. One run at a time writes to an output folder (a lock).
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any, Mapping, Sequence
 
 from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
-from quarl.evaluation.cells import Cell, EvalSettings, Progress, output_lock, run_cells
+from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells, output_lock
+from quarl.evaluation.record import CellRecord
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import QuantConfig
 from quarl.core.records import ResultsLog
@@ -41,7 +40,7 @@ def run_ptq(
     decide_episodes: int = 0,
     decide_seconds: float | None = None,
     **options: Any,
-) -> list[dict[str, Any]]:
+) -> list[CellRecord]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
     ``ptq.png`` (E per precision with its interval).
     ``fixed``: policies evaluated as they are under a label instead of quantizing ``policy``
@@ -55,7 +54,7 @@ def run_ptq(
     deadline = None if decide_seconds is None else time.monotonic() + decide_seconds
     with output_lock(out_dir):
         log_file = ResultsLog(out_dir / "results.jsonl")
-        records = run_cells(policy, env_spec, cells, settings, log_file, progress, source)
+        records = evaluate_cells(policy, env_spec, cells, settings, log_file, progress, source)
         if decide_episodes > settings.episodes:
             records = decide(policy, env_spec, cells, settings, log_file, records, decide_episodes, progress, source,
                              deadline)
@@ -66,24 +65,15 @@ def run_ptq(
     return records
 
 
-def episodes_played(records: Sequence[dict[str, Any]], asked: int) -> str:
+def episodes_played(records: Sequence[Mapping[str, Any]], asked: int) -> str:
     """``"20 episodes"``, or ``"20..160 episodes"`` where deciding played more in some cells."""
     counts = sorted({int(r.get("episodes") or asked) for r in records}) or [asked]
     return f"{counts[0]} episodes" if len(counts) == 1 else f"{counts[0]}..{counts[-1]} episodes"
 
 
-def _joined(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """``first``'s episodes followed by ``more``'s (the next seeds): one record."""
-    returns = [*first["returns"], *more["returns"]]
-    endings = (first.get("endings") or []) + (more.get("endings") or []) if first.get("endings") is not None and \
-        more.get("endings") is not None else None
-    return {**first, "returns": returns, "lengths": [*first["lengths"], *more["lengths"]], "endings": endings,
-            "mean": float(np.mean(returns)), "std": float(np.std(returns)), "episodes": len(returns)}
-
-
 def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: EvalSettings, log_file: ResultsLog,
-           records: list[dict[str, Any]], budget: int, progress: Progress | None = None,
-           source: str | None = None, deadline: float | None = None) -> list[dict[str, Any]]:
+           records: list[CellRecord], budget: int, progress: Progress | None = None,
+           source: str | None = None, deadline: float | None = None) -> list[CellRecord]:
     """Verdicts that decide: while a cell's verdict is undecided and it has played fewer
     than ``budget`` episodes, fp32 and the undecided cells play as many episodes again on
     the next seeds (each chunk a stored cell of its own, reused by a rerun); decided cells
@@ -91,12 +81,12 @@ def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: E
     verdict's confidence sequence is valid at every look, so stopping when it decides
     does not inflate its error rate (:mod:`quarl.verdict`). Returns the records joined per precision (a cell's episodes are seeds ``seed``,
     ``seed + 1``..., fp32's first ones pair with every cell)."""
-    joined = {r["precision"]: r for r in records}
+    joined = {r.precision: r for r in records}
     played = settings.episodes
     while played < budget:
         rows = ptq_rows(list(joined.values()))
         undecided = [str(r["precision"]) for r in rows if str(r.get("verdict", "")).startswith("undecided")
-                     and len(joined[r["precision"]]["returns"]) == played]
+                     and joined[str(r["precision"])].episodes == played]
         if not undecided:
             break
         if deadline is not None and time.monotonic() > deadline:
@@ -111,21 +101,22 @@ def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: E
         log.info("%s undecided after %d episodes: %d more on seeds %d..%d", ", ".join(undecided), played, more,
                  chunk.seed, chunk.seed + more - 1)
         offset = played
-        step = run_cells(policy, env_spec, [c for c in cells if c.label in ("fp32", *undecided)], chunk, log_file,
+        step = evaluate_cells(policy, env_spec, [c for c in cells if c.label in ("fp32", *undecided)], chunk, log_file,
                          (lambda c, n: progress(c, offset + n)) if progress else None, source)
         for record in step:
-            joined[record["precision"]] = _joined(joined[record["precision"]], record)
+            joined[record.precision] = joined[record.precision].joined(record)
         played += more
-    return [joined[r["precision"]] for r in records]
+    return [joined[r.precision] for r in records]
 
 
 def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_dir: Path,
-                 progress: Progress | None = None, source: str | None = None) -> list[dict[str, Any]]:
+                 progress: Progress | None = None, source: str | None = None) -> list[CellRecord]:
     """Evaluate an exported model as it is (one cell labelled with its precision, e.g.
     ``int8 (onnx)``); write ``ptq.{csv,md,json}``."""
     cells = [Cell(policy.precision, QuantConfig(), policy=policy)]
     with output_lock(out_dir):
-        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
+        records = evaluate_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress,
+                                 source)
         write_rows(ptq_rows(records), out_dir, "ptq")
     return records
 
@@ -143,7 +134,7 @@ def run_sweep(
     activations: bool = False,
     block_size: int = 32,
     source: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[CellRecord]:
     """Evaluate fp32 and simulated n-bit weights (and layer outputs, when
     ``activations``, with ranges calibrated on fp32 rollouts) for each width; write
     ``sweep.{csv,md,json}`` and ``sweep.png``."""
@@ -154,7 +145,8 @@ def run_sweep(
         key = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
         cells.append(Cell(config.label, config, key))
     with output_lock(out_dir):
-        records = run_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress, source)
+        records = evaluate_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress,
+                                 source)
         rows = ptq_rows(records)
         for row, record in zip(rows, records):
             row["bits"] = record.get("bits", 32)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 from quarl.core.table import Row
 from quarl.core.errors import QuarlError
 from quarl.checkpoints import load_checkpoint
-from quarl.evaluation.cells import Cell, EvalSettings, run_cells
+from quarl.evaluation.cells import Cell, EvalSettings, evaluate_cells
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.core.records import ResultsLog
 from quarl.evaluation.reports import relative_error, save_figure, write_rows
@@ -102,7 +102,7 @@ def run_qat_study(
             raise QuarlError(f"{run_dir} did not train quantized (its quant delay was never reached)")
         cells.append(Cell(f"qat{n}", QuantConfig(), {"method": "qat", "bits": n, "scheme": study.scheme, **common},
                           policy=qat_policy))
-    records = run_cells(base.policy, spec, cells, settings, ResultsLog(out / "results.jsonl"), None)
+    records = evaluate_cells(base.policy, spec, cells, settings, ResultsLog(out / "results.jsonl"), None)
     rows = study_rows(records)
     write_rows(rows, out, "qat")
     plot_qat(records, out / "qat.png", f"{study.algo} {study.env_id}: QAT vs PTQ ({total} steps, delay {delay})")

@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import typer
 from rich.console import Console
@@ -165,7 +165,7 @@ def progress() -> Progress:
     )
 
 
-def say_reused(records: Sequence[dict[str, Any]], where: Path) -> None:
+def say_reused(records: Sequence[Mapping[str, Any]], where: Path) -> None:
     reused = sum(1 for r in records if r.get("reused"))
     if reused:
         out_console.print(f"reused {reused} finished cell{'s' * (reused != 1)} from {where} (same policy content, "

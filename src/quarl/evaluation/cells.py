@@ -190,20 +190,6 @@ def evaluate_cells(
     return records
 
 
-def run_cells(
-    policy: Policy,
-    env_spec: EnvSpec,
-    cells: Sequence[Cell],
-    settings: EvalSettings,
-    log_file: ResultsLog,
-    progress: Progress | None,
-    source: str | None = None,
-) -> list[dict[str, Any]]:
-    """:func:`evaluate_cells` as dicts (a reused one carries ``"reused": True``), for the
-    callers that still read records as dicts."""
-    return [r.to_memory_dict() for r in evaluate_cells(policy, env_spec, cells, settings, log_file, progress, source)]
-
-
 def evaluate_config(
     policy: Policy,
     env_spec: EnvSpec,

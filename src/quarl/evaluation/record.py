@@ -10,8 +10,9 @@ the reports read records without loading an evaluator.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 RESULT_FORMAT = 14
@@ -95,10 +96,14 @@ def json_fields() -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class CellRecord:
+class CellRecord(Mapping[str, Any]):
     """One ptq / sweep / QAT-study cell: its key (what a stored record must match to be
     reused, :func:`quarl.evaluation.cells.cell_key`), whose policy it is, what was measured and where.
-    ``reused``: read back from ``results.jsonl`` instead of evaluated (never written)."""
+    ``reused``: read back from ``results.jsonl`` instead of evaluated (never written).
+
+    Read it by attribute (``record.result.mean``, ``record.precision``); it also reads as
+    the row ``results.jsonl`` holds (``record["mean"]``, with ``"reused": True`` on a reused
+    one), which is what the tables take, from this run or from a file alike."""
 
     key: dict[str, Any]
     algo: str
@@ -112,6 +117,36 @@ class CellRecord:
     @property
     def precision(self) -> str:
         return str(self.key["precision"])
+
+    @property
+    def episodes(self) -> int:
+        """Episodes played (deciding may have joined more than the key's first ones)."""
+        return len(self.result.returns)
+
+    @cached_property
+    def _row(self) -> dict[str, Any]:
+        return self.to_memory_dict()
+
+    def __getitem__(self, name: str) -> Any:
+        return self._row[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def joined(self, more: CellRecord) -> CellRecord:
+        """This cell's episodes followed by ``more``'s (the next seeds): one record, whose
+        mean and std are over both (``decide``: a verdict played on)."""
+        import numpy as np  # here: the schema itself imports nothing heavy
+
+        first, then = self.result, more.result
+        returns = [*first.returns, *then.returns]
+        endings = None if first.endings is None or then.endings is None else [*first.endings, *then.endings]
+        result = dataclasses.replace(first, returns=returns, lengths=[*first.lengths, *then.lengths], endings=endings,
+                                     mean=float(np.mean(returns)), std=float(np.std(returns)))
+        return dataclasses.replace(self, key={**self.key, "episodes": len(returns)}, result=result)
 
     def to_dict(self) -> dict[str, Any]:
         """The line ``results.jsonl`` holds: key, identity, measurements, provenance (in
@@ -131,3 +166,4 @@ class CellRecord:
         run's identity (``algo``, ``checkpoint``)."""
         return cls(dict(key), algo, checkpoint, EvalRecord.from_dict(stored), dict(stored.get("provenance") or {}),
                    reused=True)
+

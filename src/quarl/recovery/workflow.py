@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from quarl.evaluation.record import CellRecord
 from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
@@ -41,7 +42,7 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                 settings: Any = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
                 trust_pickle: bool = False, wait: bool = False, decide_episodes: int = 0,
-                decide_seconds: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                decide_seconds: float | None = None) -> tuple[dict[str, Any], list[CellRecord]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
     given ``settings`` (:class:`quarl.evaluation.cells.EvalSettings`), judge it as ``quarl ptq OUT``
@@ -63,7 +64,7 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
             record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen, report)
         else:
             log.info("%s holds this recovery, finished: reused", out)
-    records: list[dict[str, Any]] = []
+    records: list[CellRecord] = []
     if settings is not None:
         recovered = load_recovered(out, trust_pickle=trust_pickle)
         assert recovered is not None
