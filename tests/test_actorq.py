@@ -454,6 +454,40 @@ def test_actor_kernels_are_the_int_modes_that_declare_them(monkeypatch: pytest.M
     assert onnx_mode("int8") is None and actor_precisions() == ("fp32", "fp16", "bf16", "int4")
 
 
+def test_int_actors_run_the_declared_fallback_where_the_cpu_cannot_run_their_mode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this CPU's MatMulNBits int8 kernels are inexact, int4 actors run int4-block's
+    declared fallback (weight-only: no int8 activations, ``accuracy_level`` 4 gone) and later
+    versions refill that graph; elsewhere they run int4-block itself."""
+    import onnx
+    from onnx import helper
+
+    from quarl.actorq.acting import payload_version
+    from quarl.quant import modes
+
+    def levels(payload: bytes | None) -> list[int]:
+        assert payload is not None
+        model = onnx.load_from_string(payload[12:])
+        return [int(helper.get_attribute_value(a)) if a is not None else 0
+                for node in model.graph.node if node.op_type == "MatMulNBits"
+                for a in [next((a for a in node.attribute if a.name == "accuracy_level"), None)]]
+
+    config = ActorQConfig("CartPole-v1", actor_precision="int4", policy_layers=(64, 64))
+    info = env_info(config)
+    weights = {k: v.detach().numpy() for k, v in make_network(config, info).state_dict().items()}
+    monkeypatch.setattr(modes, "int8_compute", lambda bits: "int8")
+    exact = Broadcaster(config, info)
+    exact.publish(1, weights)
+    assert levels(exact.payload) and set(levels(exact.payload)) == {4}
+    monkeypatch.setattr(modes, "int8_compute", lambda bits: "inexact")
+    fallback = Broadcaster(config, info)
+    fallback.publish(1, weights)
+    assert levels(fallback.payload) and 4 not in levels(fallback.payload)
+    fallback.publish(2, weights)  # refilled: the fallback's graph again
+    assert fallback.template is not None and payload_version(fallback.payload or b"") == 2
+    assert levels(fallback.payload) and 4 not in levels(fallback.payload)
+
+
 def test_bad_configs_fail_with_one_line() -> None:
     with pytest.raises(QuarlError, match=r"--actors 0 must be in 1..4096"):
         ActorQConfig("CartPole-v1", actors=0)
