@@ -354,8 +354,18 @@ def test_a_recovery_state_is_a_resumable_round_or_one_line(tmp_path: Path, key: 
 GOOD_RECOVERY = {"format": RECOVERY_FORMAT, "precision": "int4", "kernel": {"mode": "int4-block"},
                  "original": {"path": "a.zip", "zip_sha256": "1" * 64, "policy_sha256": "2" * 64, "algo": "ppo"},
                  "recovered": {"zip_sha256": "3" * 64, "onnx_sha256": "4" * 64, "export": "export/policy.onnx"},
-                 "env": {"env_id": "CartPole-v1"}, "config": {"rounds": 2}, "stopped": "target",
-                 "rounds": [RoundStats(0, 100, 100, 0.25, 0.9, 30.0, 1.5, "keeps").to_dict()], "wall_s": 1.5}
+                 "env": {"env_id": "CartPole-v1"}, "config": {"rounds": 2}, "shipped": "student",
+                 "shipped_stage": "distill", "stopped": "kept", "distill_stopped": "target",
+                 "against_ptq": {"kept": True, "verdict": "at least as good", "e": 1.5, "low": -2.0, "high": None,
+                                 "episodes": 32, "means": [10.0, 10.5]},
+                 "against_fp32": {"kept": True, "verdict": "keeps", "e": -0.5, "low": -3.0, "high": 2.0,
+                                  "episodes": 128, "means": [500.0, 497.5]},
+                 "stages": [{"stage": "distill", "against_ptq": {"verdict": "at least as good"}}],
+                 "budget": {"rounds": 6, "rounds_played": 1, "finetune_steps": 0, "minutes": 15.0},
+                 "total_s": 2.0, "best_round": 0, "target_agreement": 0.99, "ptq_agreement": 0.8, "agreement": 0.9,
+                 "labelled_states": 100, "heldout_states": 10, "updates": 400,
+                 "rounds": [RoundStats(0, 100, 100, 0.25, 0.9, 30.0, 1.5, "keeps").to_dict()], "wall_s": 1.5,
+                 "files": {"CartPole-v1.zip": "5" * 64}}
 
 
 @FUZZ
@@ -372,3 +382,10 @@ def test_a_recovery_record_names_its_hashes_or_is_one_line(tmp_path: Path, text:
     assert typed.precision in ("int8", "int4")
     assert all(isinstance(h, str) for h in (typed.original.zip_sha256, typed.recovered.zip_sha256,
                                             typed.recovered.onnx_sha256))
+    # what the CLI prints again when the folder is reused: finite, printable, consistent
+    assert all(0 <= x <= 1 for x in (typed.agreement, typed.ptq_agreement, typed.target_agreement))
+    for test in (typed.against_fp32, typed.against_ptq):
+        assert all(x is None or abs(x) <= 1e12 for x in (test.e, test.low, test.high))
+        assert test.means is None or (len(test.means) == 2 and test.episodes)
+    assert -1 <= typed.best_round <= len(typed.rounds) <= typed.budget.rounds_played <= typed.budget.rounds
+    assert typed.shipped == "ptq" or typed.shipped_stage

@@ -47,7 +47,9 @@ def parse_record(record_type: type[R], data: Any, source: str | Path) -> R:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         problem = str(first["msg"]).removeprefix("Value error, ")
-        got = "" if first["type"] in ("missing", "value_error") else f" (got {_SHORT.repr(first.get('input'))})"
+        # one line whatever the value's repr spans (a tensor's takes several)
+        got = "" if first["type"] in ("missing", "value_error") else \
+            f" (got {' '.join(_SHORT.repr(first.get('input')).split())})"
         raise QuarlError(f"{source}: field {_field(tuple(first['loc']))}: {problem}{got}") from None
     except RecursionError:  # a container nested deeper than Python's stack
         raise QuarlError(f"{source}: nested too deeply to be a {record_type.__name__}: refused") from None

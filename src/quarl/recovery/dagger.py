@@ -201,6 +201,9 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
     target = config.target_agreement
     if state_path is not None and state_path.is_file():
         saved = _load_state(state_path, fingerprint, spec, config)
+        from quarl.recovery.resume import check_resume
+
+        check_resume(state_path, saved, policy, student, optimizer, config, max_states)  # before any of it is used
         try:
             student.load_state_dict(saved["student"])
             optimizer.load_state_dict(saved["optimizer"])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import ConfigDict, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from quarl.envs import EnvSpec
 from quarl.core.atomic import write_atomic
@@ -254,6 +254,66 @@ def find_recovery(checkpoint: Path) -> Path | None:
     return None
 
 
+_Share = Annotated[float, Field(ge=0, le=1)]
+_Count = Annotated[int, Field(ge=0, le=10**12)]
+_Seconds = Annotated[float, Field(ge=0, le=1e9)]
+_Number = Annotated[float, Field(ge=-1e12, le=1e12)]
+"""A percentage or a mean return: finite and printable (1e308 is neither a return nor an E)."""
+_Text = Annotated[str, StringConstraints(max_length=2000)]
+
+
+class TestRecord(Record):
+    """A paired test as recovery.json records it (:func:`quarl.recovery.judge._outcome`), or
+    only its verdict where no test ran."""
+
+    model_config = ConfigDict(extra="allow")
+    verdict: _Text
+    kept: bool | None = None
+    same: bool | None = None
+    e: _Number | None = None
+    low: _Number | None = None
+    high: _Number | None = None
+    episodes: _Count | None = None
+    means: Annotated[list[_Number], Field(min_length=2, max_length=2)] | None = None
+
+    @model_validator(mode="after")
+    def _counted(self) -> TestRecord:
+        if self.means is not None and not self.episodes:
+            raise ValueError("means without the episodes they were measured on")
+        return self
+
+
+class StageRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    stage: _Text
+    against_ptq: TestRecord
+
+
+class BudgetRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    rounds: Annotated[int, Field(ge=1, le=1000)]
+    rounds_played: Annotated[int, Field(ge=0, le=1000)]
+    finetune_steps: _Count
+    minutes: _Seconds
+
+    @model_validator(mode="after")
+    def _within(self) -> BudgetRecord:
+        if self.rounds_played > self.rounds:
+            raise ValueError(f"{self.rounds_played} rounds played of a budget of {self.rounds}")
+        return self
+
+
+class FinetuneRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    steps: _Count
+    skipped: _Text | None = None
+
+
+class KernelRecord(Record):
+    model_config = ConfigDict(extra="allow")
+    mode: _Text
+
+
 class OriginalRecord(Record):
     model_config = ConfigDict(extra="allow")
     zip_sha256: str
@@ -279,6 +339,38 @@ class RecoveryRecord(Record):
     config: dict[str, Any] | None = None
     rounds: list[RoundRecord] = []
     files: dict[str, Annotated[str, StringConstraints(pattern="^[0-9a-f]{64}$")]] | None = None
+    # the report the CLI prints again when the folder is reused: typed, finite and consistent
+    kernel: KernelRecord
+    shipped: Literal["ptq", "student"]
+    shipped_stage: _Text | None = None
+    stopped: Literal["kept", "budget"]
+    distill_stopped: Literal["target", "budget"]
+    against_ptq: TestRecord
+    against_fp32: TestRecord
+    stages: list[StageRecord] = []
+    budget: BudgetRecord
+    finetune: FinetuneRecord | None = None
+    total_s: _Seconds
+    best_round: Annotated[int, Field(ge=-1, le=1000)]
+    target_agreement: _Share
+    ptq_agreement: _Share
+    agreement: _Share
+    labelled_states: _Count
+    heldout_states: _Count
+    updates: _Count
+    wall_s: _Seconds
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RecoveryRecord:
+        if self.shipped == "student" and not self.shipped_stage:
+            raise ValueError("a student shipped without the stage that made it")
+        if len(self.rounds) > self.budget.rounds_played:
+            raise ValueError(f"{len(self.rounds)} rounds recorded of {self.budget.rounds_played} played")
+        if [r.round for r in self.rounds] != list(range(len(self.rounds))):
+            raise ValueError("rounds are not numbered 0, 1, ... in order")
+        if self.best_round > len(self.rounds):  # a fine-tuned student is the round after the last
+            raise ValueError(f"best round {self.best_round} of {len(self.rounds)} rounds")
+        return self
 
 
 RECORD_CAP = 4 << 20
