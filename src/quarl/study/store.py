@@ -111,6 +111,25 @@ class StudyRecord:
                    row.get("wall_s"), row.get("host"), row.get("provenance"), row["finished_at"])
 
 
+FULL_BELOW = 1 << 20
+"""Free bytes under which a failed SQLite write is said to be a full disk (SQLite reports
+SQLITE_FULL for its database and WAL, but a disk I/O error for its shared-memory file)."""
+
+
+def _disk_full(exc: sqlite3.DatabaseError, folder: Path) -> str | None:
+    """``the disk is full (N KB free)`` where ``exc`` is SQLite running out of space, else None."""
+    import shutil
+
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if name == "SQLITE_FULL" or (name.startswith("SQLITE_IOERR") and free < FULL_BELOW):
+        return f"the disk is full ({free // 1024:,} KB free)"
+    return None
+
+
 class StudyStore:
     """``results`` table of a study database (created on first use)."""
 
@@ -119,6 +138,7 @@ class StudyStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and not self.path.is_file():
             raise QuarlError(f"{self.path} is not a regular file: refused as a study store")
+        new = not self.path.exists()
         try:
             # a store another study holds is waited for (bounded), never given up on with a computed cell in hand
             self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
@@ -141,6 +161,15 @@ class StudyStore:
             finally:
                 self.db.rollback()
         except sqlite3.DatabaseError as exc:
+            full = _disk_full(exc, self.path.parent)
+            if new:  # a store this call began holds nothing: none of it is left behind
+                if hasattr(self, "db"):
+                    self.db.close()
+                for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                    leftover.unlink(missing_ok=True)
+            if full:
+                raise QuarlError(f"{self.path} cannot be written as a study store: {full}; refused before computing "
+                                 "anything: free space or pass another --out") from None
             if not isinstance(exc, sqlite3.OperationalError):  # "file is not a database", "... is malformed"
                 raise QuarlError(f"{self.path} is not a SQLite study store, or a corrupt one ({exc}): refused before "
                                  "computing anything; move it away or pass another --out") from None
@@ -180,7 +209,11 @@ class StudyStore:
             with self.db:  # one transaction per cell: committed when it returns
                 self.db.execute(f"INSERT OR REPLACE INTO {TABLE} ({names}) VALUES ({', '.join('?' * len(row))})",
                                 list(row.values()))
-        except sqlite3.DatabaseError as exc:  # a store damaged or made read-only while the study ran
+        except sqlite3.DatabaseError as exc:  # a full disk, or a store damaged or made read-only while the study ran
+            full = _disk_full(exc, self.path.parent)
+            if full:  # SQLite rolled the cell back: the store is as it was before it
+                raise QuarlError(f"{self.path} cannot store the cell: {full}; the cells stored before it are kept: "
+                                 "free space and run the study again to continue from them") from None
             raise QuarlError(f"{self.path} cannot store the cell ({exc}): the cells stored before it are kept; fix "
                              "the store or pass another --out") from None
 
