@@ -14,7 +14,7 @@ import pytest
 from quarl.actorq.algorithms import ALGORITHMS, Algorithm, algorithm_names, get_algorithm, register_algorithm
 from quarl.actorq.config import CONFIG_VERSION, ActorQConfig, current_json, shared_fields
 from quarl.actorq.options import AlgorithmOptions, D4PGOptions, DQNOptions, IMPALAOptions, ReplayOptions, UnrollOptions
-from quarl.cli.options import field_docs
+from quarl.cli.actorq_options import field_docs
 from quarl.core.errors import QuarlError
 from tests.conftest import actorq_summary
 

@@ -12,8 +12,8 @@ import pytest
 import typer
 
 from quarl.cli import actorq, export, play, ptq, recover, study, sweep, train
-from quarl.cli.options import (acting_options, agents_acting_options, common_options, evaluation_options,
-                               group_parameters, int_mode_options, loading_options, with_options)
+from quarl.cli.groups import (acting_options, agents_acting_options, common_options, evaluation_options,
+                              group_parameters, int_mode_options, loading_options, with_options)
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "ptq": ptq.ptq, "sweep": sweep.sweep, "analyze": sweep.analyze, "train": train.train_cmd, "qat": train.qat,

@@ -3,9 +3,8 @@ the same run per actor precision (``compare``), and the scaling model (``model``
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, get_type_hints
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -13,8 +12,10 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.actorq.algorithms import algorithms_help
+from quarl.cli.actorq_options import algorithm_parameters
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt, common_options, field_docs, with_options
+from quarl.cli.groups import common_options, with_options
+from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt
 
 if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
     from quarl.actorq.run_log import Progress
@@ -71,55 +72,8 @@ def actorq_options(
     each algorithm's own follow (:func:`algorithm_parameters`)."""
 
 
-ALGORITHM_PANEL = "Options of one algorithm (--algo)"
-
-
-def algorithm_parameters() -> list[inspect.Parameter]:
-    """One option per field of every registered algorithm's options dataclass
-    (:mod:`quarl.actorq.algorithms`), ``--field-name``, its help the field's docstring after
-    the algorithms that take it. Each defaults to None (not given: the field's default, shown
-    in the help), so an option of another algorithm is refused rather than ignored."""
-    from dataclasses import fields
-
-    from quarl.actorq.algorithms import ALGORITHMS, option_owners
-
-    owners = option_owners()
-    docs: dict[str, dict[str, list[str]]] = {}
-    defaults: dict[str, dict[str, list[str]]] = {}
-    kinds: dict[str, Any] = {}
-    for algorithm in ALGORITHMS.values():
-        hints, helps = get_type_hints(algorithm.options), field_docs(algorithm.options)
-        for f in fields(algorithm.options):
-            docs.setdefault(f.name, {}).setdefault(helps.get(f.name, ""), []).append(algorithm.name)
-            shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
-            defaults.setdefault(f.name, {}).setdefault(shown, []).append(algorithm.name)
-            kinds[f.name] = hints[f.name]
-    parameters = []
-    for name in owners:
-        flag = "--" + name.replace("_", "-")
-        kind = kinds[name]
-        names = [f"{flag}/--no-{name.replace('_', '-')}"] if kind is bool else [flag]
-        helped = "; ".join(f"{', '.join(algos)}: {_plain(doc)}" for doc, algos in docs[name].items())
-        shown = next(iter(defaults[name])) if len(defaults[name]) == 1 else \
-            "; ".join(f"{', '.join(algos)}: {value}" for value, algos in defaults[name].items())
-        annotation = Optional[str] if kind not in (bool, int, float, str) else Optional[kind]
-        option = typer.Option(None, *names, help=f"{helped} \\[default: {shown}]", show_default=False,
-                              rich_help_panel=ALGORITHM_PANEL,
-                              metavar="W,W,..." if annotation == Optional[str] and kind is not str else None)
-        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                            annotation=annotation))
-    return parameters
-
-
-def _plain(doc: str) -> str:
-    """A field's docstring as the other options' help reads: no capital (but in an acronym)
-    and no full stop at the end."""
-    if len(doc) > 1 and doc[1].islower():
-        doc = doc[0].lower() + doc[1:]
-    return doc.removesuffix(".")
-
-
 ALGORITHM_OPTIONS = algorithm_parameters()
+"""--algo's own options, one per field of each entry's options (:mod:`quarl.cli.actorq_options`)."""
 
 
 def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Path]:

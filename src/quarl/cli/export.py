@@ -12,8 +12,8 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import (CheckpointArg, common_options, EnvOpt, int_mode_options, is_export, load, load_choice,
-                               loading_options, OutOpt, PRECISIONS_HELP, protocol, with_options)
+from quarl.cli.groups import common_options, int_mode_options, loading_options, with_options
+from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol
 from quarl.core.errors import QuarlError
 
 

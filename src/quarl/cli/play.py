@@ -11,8 +11,8 @@ from quarl import registry_options
 
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.options import (acting_options, CheckpointArg, common_options, EnvOpt, int_mode_options, is_export,
-                               load, load_choice, loading_options, MaxStepsOpt, protocol, SeedOpt, with_options)
+from quarl.cli.groups import acting_options, common_options, int_mode_options, loading_options, with_options
+from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, MaxStepsOpt, protocol, SeedOpt
 from quarl.core.errors import QuarlError
 
 

@@ -11,9 +11,10 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.options import (acting_options, CheckpointArg, common_options, deciding_options, EnvOpt,
-                               evaluation_options, int_mode_options, is_export, load, load_choice, loading_options,
-                               OutOpt, PRECISIONS_HELP, protocol, WideOpt, with_options)
+from quarl.cli.groups import (acting_options, common_options, deciding_options, evaluation_options, int_mode_options,
+                              loading_options, with_options)
+from quarl.cli.options import (CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol,
+                               WideOpt)
 
 
 DECIDE_EPISODES = 640

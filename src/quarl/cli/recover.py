@@ -14,8 +14,8 @@ from quarl import outputs, registry_options
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.ptq import DECIDE_EPISODES, DECIDING
-from quarl.cli.options import (common_options, EnvOpt, evaluation_options, int_mode_options, is_export, load,
-                               load_choice, loading_options, OutOpt, with_options)
+from quarl.cli.groups import common_options, evaluation_options, int_mode_options, loading_options, with_options
+from quarl.cli.options import EnvOpt, is_export, load, load_choice, OutOpt
 from quarl.core.errors import QuarlError
 
 RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "

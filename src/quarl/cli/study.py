@@ -12,9 +12,9 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import console, log, out_console, progress, setup, user_errors
-from quarl.cli.options import (agents_acting_options, common_options, deciding_options, int_mode_options,
-                               loading_options, MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, WideOpt, with_options,
-                               WorkersOpt)
+from quarl.cli.groups import (agents_acting_options, common_options, deciding_options, int_mode_options,
+                              loading_options, with_options)
+from quarl.cli.options import MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, WideOpt, WorkersOpt
 from quarl.cli.ptq import budget_note, warm
 
 DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")

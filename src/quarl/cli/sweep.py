@@ -12,8 +12,9 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
-from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, common_options, EnvOpt, evaluation_options,
-                               GranularityOpt, load, load_choice, loading_options, OutOpt, SchemeOpt, with_options)
+from quarl.cli.groups import common_options, evaluation_options, loading_options, with_options
+from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, GranularityOpt, load, load_choice,
+                               OutOpt, SchemeOpt)
 from quarl.cli.ptq import warm
 
 

@@ -12,7 +12,8 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.options import (common_options, EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt, with_options)
+from quarl.cli.groups import common_options, with_options
+from quarl.cli.options import EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt
 
 AlgoArg = typer.Argument(None, help="{train_algorithms}")
 EnvIdArg = typer.Argument(None, help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
