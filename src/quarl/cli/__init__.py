@@ -5,7 +5,9 @@ One module per command group: :mod:`~quarl.cli.ptq`, :mod:`~quarl.cli.sweep` (sw
 analyze), :mod:`~quarl.cli.train` (train, qat), :mod:`~quarl.cli.actorq`,
 :mod:`~quarl.cli.export` (export, bench), :mod:`~quarl.cli.recover`, :mod:`~quarl.cli.play`,
 :mod:`~quarl.cli.study` (demo, study); what they share is in :mod:`~quarl.cli.common`,
-:mod:`~quarl.cli.options` and :mod:`~quarl.cli.group`."""
+:mod:`~quarl.cli.options` (single options), :mod:`~quarl.cli.groups` (option groups, each declared
+once and attached with ``with_options``) and :mod:`~quarl.cli.group`; ActorQ's per-algorithm
+options are made in :mod:`~quarl.cli.actorq_options`."""
 
 from __future__ import annotations
 
