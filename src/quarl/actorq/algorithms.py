@@ -5,10 +5,11 @@ An entry gives its learner, its replay (or unroll queue) and rate limiter, how i
 act (explore around the greedy action and return n-step transitions, or sample their own
 policy and return whole unrolls), which action spaces it takes, what its policy network
 ends in, and its options: a frozen dataclass of the fields only it reads, each with a
-default and a docstring (its ``--help`` line), and their checks (:mod:`quarl.actorq.options`). The run config
-(:class:`quarl.actorq.config.ActorQConfig`) holds the shared fields and the chosen entry's
-options; ``quarl actorq run`` gets one option per field from here. The coordinator loop
-(:func:`quarl.actorq.system.run_actorq`) asks the entry and never the algorithm's name;
+default and a docstring (its ``--help`` line), and their checks (:mod:`quarl.actorq.options`).
+The run config (:class:`quarl.actorq.config.ActorQConfig`) holds the shared fields and the
+chosen entry's options; ``quarl actorq run`` gets one option per field from here. The
+coordinator loop (:func:`quarl.actorq.system.run_actorq`) asks the entry and never the
+algorithm's name;
 adding an algorithm is one module with its options, a learner and one
 :func:`register_algorithm` call.
 """
@@ -46,6 +47,8 @@ class Learner(Protocol):
 
 
 ACTIONS = ("discrete", "continuous", "either")
+
+
 @dataclass(frozen=True)
 class Algorithm:
     name: str
