@@ -9,8 +9,7 @@ default and a docstring (its ``--help`` line), and their checks (:mod:`quarl.act
 The run config (:class:`quarl.actorq.config.ActorQConfig`) holds the shared fields and the
 chosen entry's options; ``quarl actorq run`` gets one option per field from here. The
 coordinator loop (:func:`quarl.actorq.system.run_actorq`) asks the entry and never the
-algorithm's name;
-adding an algorithm is one module with its options, a learner and one
+algorithm's name; adding an algorithm is one module with its options, a learner and one
 :func:`register_algorithm` call.
 """
 
