@@ -31,6 +31,7 @@ from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:
     from quarl.evaluation.record import CellRecord
+    from quarl.recovery.report import RecoveryJson
 
 
 def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
@@ -206,13 +207,14 @@ NO_ENV = ("{what} needs an env and this policy does not know its own: pass env_s
 
 
 def recover(checkpoint: str | Path, out: str | Path, precision: str = "int4", env: str | None = None,
-            episodes: int = 20, trust_pickle: bool = False, **options: object) -> tuple[dict, list[CellRecord]]:
+            episodes: int = 20, trust_pickle: bool = False, **options: object) -> tuple[RecoveryJson, list[CellRecord]]:
     """``quarl recover``: distil the policy of ``checkpoint`` (an SB3 .zip or RL Zoo run
     folder; ``env`` for a bare zip) onto the real kernel of ``precision`` (``int8``,
     ``int4`` or a mode such as ``int4-block``), write the recovered RL Zoo folder ``out``
     and judge it against the ORIGINAL fp32 policy on ``episodes`` evaluation seeds (0 skips
     the verdict). ``options``: :class:`quarl.recovery.RecoverConfig` fields (``rounds``,
-    ``lr``...). Returns (``ENV/recovery.json`` as a dict, the verdict's records: a
+    ``lr``...). Returns (``ENV/recovery.json`` as a dict, typed
+    :class:`~quarl.recovery.report.RecoveryJson`, the verdict's records: a
     :class:`~quarl.evaluation.record.CellRecord` per precision, read by attribute or as the
     row ``results.jsonl`` holds)::
 

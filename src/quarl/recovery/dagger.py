@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal, cast
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from quarl.recovery.config import RECOVERY_FORMAT
 from quarl.recovery.config import RecoverConfig
 from quarl.recovery.losses import _loss_scale
 from quarl.recovery.losses import distill_loss
+from quarl.recovery.report import RecoveryState, RoundJson
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class RoundStats:
     wall_s: float
     calibration_verdict: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> RoundJson:
+        return {"round": self.round, "states": self.states, "new_states": self.new_states, "loss": self.loss,
+                "agreement": self.agreement, "played_return": self.played_return, "wall_s": self.wall_s,
+                "calibration_verdict": self.calibration_verdict}
 
 
 @dataclass
@@ -78,7 +81,8 @@ class RecoveryResult:
     labelled_states: int = 0
     updates: int = 0
     wall_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    finetune_s: float | None = None
+    """The fine-tune's seconds, where this result is a fine-tuned student (:func:`quarl.recovery.workflow.finetune_stage`)."""
     heldout: np.ndarray | None = field(default=None, repr=False)
     """The held-out states the agreement was measured on."""
 
@@ -322,7 +326,7 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
     """The run after a round, written whole to a temporary file and renamed (a kill never
     leaves half a state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
+    state: RecoveryState = {"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
                 "config": dataclasses.asdict(config), "student": student.state_dict(),
                 "optimizer": optimizer.state_dict(), "states": torch.from_numpy(states),
                 "heldout": torch.from_numpy(heldout), "history": [h.to_dict() for h in history],
@@ -373,7 +377,7 @@ STATE_CAP = 16 << 30
 """Bytes a recovery state may have (its aggregated states are capped at about 2 GiB)."""
 
 
-def read_state(path: Path) -> dict[str, Any]:
+def read_state(path: Path) -> RecoveryState:
     """A recovery state file, as plain tensors and containers (nothing unpickled): a regular
     file of bounded size holding this format, else one line saying to remove it."""
     from quarl.core.limits import check_file_size
@@ -392,10 +396,10 @@ def read_state(path: Path) -> dict[str, Any]:
         parse_record(RecoveryStateRecord, saved, path)
     except QuarlError as exc:
         raise QuarlError(f"{exc}: remove it to start afresh") from None
-    return saved
+    return cast(RecoveryState, saved)  # as torch.load read it, its fields checked by RecoveryStateRecord
 
 
-def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> dict[str, Any]:
+def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> RecoveryState:
     saved = read_state(path)
     if saved.get("teacher") != fingerprint:
         raise QuarlError(f"{path} belongs to another policy (its teacher's content differs): use another --out")

@@ -10,7 +10,7 @@ import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import torch
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
@@ -30,6 +30,7 @@ from quarl.recovery.config import RECOVERY_FORMAT
 from quarl.recovery.config import RecoverConfig
 from quarl.recovery.dagger import RecoveryResult
 from quarl.recovery.dagger import RoundRecord
+from quarl.recovery.report import RecoveryJson, RecoveryReport, Shipped
 
 
 
@@ -144,7 +145,7 @@ def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> 
 
 def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
                     config: RecoverConfig, chosen: dict[str, Any] | None = None,
-                    report: dict[str, Any] | None = None) -> dict[str, Any]:
+                    report: RecoveryReport | None = None) -> RecoveryJson:
     """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
     the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
     its zip as ``original.zip`` and ``recovery.json``) and ``export/`` (the real-kernel
@@ -183,7 +184,9 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "recovered": True}
     precision = f"int{result.spec.bits}"
     sidecar = write_artifact(recovered, precision, out / EXPORT_DIR / "policy", result.model, quant, env_spec)
-    record = {
+    shipped: RecoveryReport | Shipped = report or {"shipped": "ptq" if result.best_round < 0 else "student",
+                                                  "stopped": "budget"}
+    record: RecoveryJson = {
         "format": RECOVERY_FORMAT,
         "precision": precision,
         "kernel": result.spec.to_dict(),
@@ -196,7 +199,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "automatic_choice": None if chosen is None else {k: v for k, v in chosen.items() if k != "tried"},
         # what was written (the student, or PTQ's own model where no student was shown at least as good) and why the
         # run ended (its verdict against the original fp32 kept, or its budget was spent): recover_stages' report
-        **(report or {"shipped": "ptq" if result.best_round < 0 else "student", "stopped": "budget"}),
+        **shipped,
         "distill_stopped": result.stopped,
         "best_round": result.best_round,
         "target_agreement": result.target,
@@ -232,7 +235,8 @@ class Recovered:
     kernel: Policy
     """The recovered policy on its real kernel (the export built from the student's integers)."""
     precision: str
-    record: dict[str, Any]
+    record: RecoveryJson
+    """Its recovery.json, as written (checked: :class:`RecoveryRecord`)."""
 
 
 def find_recovery(checkpoint: Path) -> Path | None:
@@ -377,7 +381,7 @@ RECORD_CAP = 4 << 20
 """Bytes a recovery.json may have (quarl writes a few kilobytes)."""
 
 
-def read_recovery_record(path: Path) -> tuple[dict[str, Any], RecoveryRecord]:
+def read_recovery_record(path: Path) -> tuple[RecoveryJson, RecoveryRecord]:
     """(the record as written, its :class:`RecoveryRecord`) of ``recovery.json``, or one
     line naming the file (and the field)."""
     from quarl.core.limits import read_capped
@@ -391,7 +395,8 @@ def read_recovery_record(path: Path) -> tuple[dict[str, Any], RecoveryRecord]:
         raise QuarlError(f"{path} lacks the original's or the export's hash")
     if record.get("precision") not in ("int8", "int4"):
         raise QuarlError(f"{path}: precision {record.get('precision')!r} is not int8 or int4")
-    return record, parse_record(RecoveryRecord, record, path)
+    typed = parse_record(RecoveryRecord, record, path)
+    return cast(RecoveryJson, record), typed  # the dict as written, its fields checked by RecoveryRecord
 
 
 def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from quarl.envs import EnvSpec
@@ -23,6 +21,7 @@ from quarl.recovery.config import TEST_SEEDS
 from quarl.recovery.config import TEST_STEPS
 from quarl.recovery.dagger import _acting
 from quarl.recovery.dagger import _ptq_model
+from quarl.recovery.report import RecoveryJson, TestOutcome
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _outcome(outcome: Sequential, episodes: TestEpisodes, a: Policy, b: Policy, tolerance: float) -> dict[str, Any]:
+def _outcome(outcome: Sequential, episodes: TestEpisodes, a: Policy, b: Policy, tolerance: float) -> TestOutcome:
     """A sequential test as recovery.json records it (E and its interval in percent; the
     two means over the episodes it played)."""
     v, n = outcome.verdict, outcome.episodes
@@ -86,7 +85,7 @@ class Candidate:
     stage: str
     result: RecoveryResult
     acting: Policy
-    against_ptq: dict[str, Any]
+    against_ptq: TestOutcome
 
 
 class Judge:
@@ -108,9 +107,9 @@ class Judge:
         self.ptq_model = _ptq_model(policy, spec)
         self.ptq = _acting(policy, spec, self.ptq_model)
         self.candidates: list[Candidate] = []
-        self._keeps: dict[int, dict[str, Any]] = {}
+        self._keeps: dict[int, TestOutcome] = {}
 
-    def offer(self, stage: str, result: RecoveryResult) -> dict[str, Any]:
+    def offer(self, stage: str, result: RecoveryResult) -> TestOutcome:
         """Test ``result``'s student against PTQ's model; a candidate where it is at least
         as good. Returns the test's record (``same`` where the student is PTQ's model)."""
         if result.model == self.ptq_model or result.best_round < 0:
@@ -134,7 +133,7 @@ class Judge:
         n = min(c.against_ptq["episodes"] for c in self.candidates)
         return max(reversed(self.candidates), key=lambda c: float(np.mean(self.episodes(c.acting, n))))
 
-    def keeps(self) -> dict[str, Any]:
+    def keeps(self) -> TestOutcome:
         """Does what would be written keep the original fp32 policy's return (strict)?"""
         chosen = self.best()
         acting = self.ptq if chosen is None else chosen.acting
@@ -146,7 +145,7 @@ class Judge:
         return self._keeps[id(acting)]
 
 
-def _test_text(test: dict[str, Any]) -> str:
+def _test_text(test: TestOutcome) -> str:
     if "means" not in test:
         return str(test.get("verdict", ""))
     e = "" if test.get("e") is None else f", E {test['e']:.1f} %"
@@ -156,7 +155,7 @@ def _test_text(test: dict[str, Any]) -> str:
             f"{test['episodes']} test episodes")
 
 
-def shipped_line(record: dict[str, Any]) -> str:
+def shipped_line(record: RecoveryJson) -> str:
     """What recovery.json says was written and why the run ended, in one line."""
     mode = record.get("kernel", {}).get("mode", f"int{record.get('precision', '')}")
     if "shipped" not in record or "against_fp32" not in record:

@@ -16,6 +16,7 @@ from quarl.core.errors import QuarlError
 from quarl.evaluation.calibration import DISTILLATION_SEEDS
 from quarl.policies.base import Policy
 from quarl.recovery.config import RecoverConfig
+from quarl.recovery.report import RecoveryState
 
 
 def _refuse(path: Path, field: str, problem: str) -> QuarlError:
@@ -79,7 +80,7 @@ def _optimizer(path: Path, saved: Any, optimizer: torch.optim.Optimizer, lr: flo
                 raise _refuse(path, f"optimizer.state.{index}.{name}", "holds NaN or infinite values")
 
 
-def check_resume(path: Path, saved: dict[str, Any], policy: Policy, student: nn.Module,
+def check_resume(path: Path, saved: RecoveryState, policy: Policy, student: nn.Module,
                  optimizer: torch.optim.Optimizer, config: RecoverConfig, max_states: int) -> None:
     """Refuse, in one line naming the file and the field, a state whose claims do not fit
     the run it would continue (``saved`` passed :func:`quarl.recovery.dagger.read_state`)."""

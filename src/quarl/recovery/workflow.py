@@ -34,6 +34,7 @@ from quarl.recovery.folder import load_recovered
 from quarl.recovery.dagger import pick_spec
 from quarl.recovery.dagger import read_state
 from quarl.recovery.folder import write_recovered
+from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, StageReport
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                 settings: Any = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
                 trust_pickle: bool = False, wait: bool = False, decide_episodes: int = 0,
-                decide_seconds: float | None = None) -> tuple[dict[str, Any], list[CellRecord]]:
+                decide_seconds: float | None = None) -> tuple[RecoveryJson, list[CellRecord]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
     given ``settings`` (:class:`quarl.evaluation.cells.EvalSettings`), judge it as ``quarl ptq OUT``
@@ -87,7 +88,7 @@ def preflight(checkpoint: Path, out: Path) -> None:
         read_state(state)
 
 
-def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> dict[str, Any] | None:
+def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> RecoveryJson | None:
     """``OUT``'s recovery.json where it records a finished recovery of this very policy
     (content hash), env and options whose files are all intact, else None (a folder whose
     files differ from its manifest is said in one line, then written again)."""
@@ -135,7 +136,7 @@ def recovered_kernel(checkpoint: Path, policy: Policy, env_spec: EnvSpec, precis
 
 def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec,
                    state_path: Path | None = None, progress: Progress | None = None
-                   ) -> tuple[RecoveryResult, dict[str, Any]]:
+                   ) -> tuple[RecoveryResult, RecoveryReport]:
     """Distil, then go on until what would be written keeps the ORIGINAL fp32 policy's
     return on recovery's test episodes or the budget is spent: ``config.rounds`` more DAgger
     rounds at a time up to ``config.total_rounds``, then ``config.finetune_steps`` of the
@@ -151,15 +152,18 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
     started = time.perf_counter()
     deadline = started + 60.0 * config.budget_minutes
     judge = Judge(policy, env_spec, spec)
-    stages: list[dict[str, Any]] = []
+    stages: list[StageReport] = []
 
-    def stage(name: str, result: RecoveryResult, extra: dict[str, Any] | None = None) -> bool:
+    def stage(name: str, result: RecoveryResult, steps: int | None = None) -> bool:
         against_ptq = judge.offer(name, result)
         keeps = judge.keeps()
         best = judge.best()
-        stages.append({"stage": name, "rounds": len(result.history), "agreement": result.agreement,
-                       "against_ptq": against_ptq, "written": "ptq" if best is None else best.stage,
-                       "against_fp32": keeps, "wall_s": round(time.perf_counter() - started, 2), **(extra or {})})
+        report: StageReport = {"stage": name, "rounds": len(result.history), "agreement": result.agreement,
+                               "against_ptq": against_ptq, "written": "ptq" if best is None else best.stage,
+                               "against_fp32": keeps, "wall_s": round(time.perf_counter() - started, 2)}
+        if steps is not None:
+            report["steps"] = steps
+        stages.append(report)
         return bool(keeps["kept"])
 
     limit = config.rounds
@@ -170,7 +174,7 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
         limit = min(limit + config.rounds, config.total_rounds)
         last = distill(policy, env_spec, config, spec, state_path, progress, rounds=limit, keep_going=True)
         kept = stage(f"rounds {limit}", last)
-    finetune_note: dict[str, Any] | None = None
+    finetune_note: FinetuneNote | None = None
     if not kept and config.finetune_steps and time.perf_counter() < deadline:
         chosen = judge.best()
         start = chosen.result if chosen is not None else last
@@ -180,8 +184,8 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
             finetune_note = {"steps": config.finetune_steps, "skipped": str(exc)}
             log.warning("no fine-tune: %s", exc)
         else:
-            kept = stage("finetune", tuned, {"steps": config.finetune_steps})
-            finetune_note = {"steps": config.finetune_steps, "wall_s": tuned.extra.get("finetune_s"),
+            kept = stage("finetune", tuned, config.finetune_steps)
+            finetune_note = {"steps": config.finetune_steps, "wall_s": tuned.finetune_s,
                              "from": "ptq" if start.best_round < 0 else "distilled"}
     best = judge.best()
     if best is not None:
@@ -191,7 +195,7 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
                                       best_round=-1, agreement=last.ptq_agreement)
     written = dataclasses.replace(written, wall_s=last.wall_s)
     against_fp32 = judge.keeps()
-    report = {
+    report: RecoveryReport = {
         "shipped": "ptq" if best is None else "student",
         "shipped_stage": None if best is None else best.stage,
         "stopped": "kept" if kept else "budget",
@@ -201,8 +205,9 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
         "budget": {"rounds": config.total_rounds, "rounds_played": len(last.history),
                    "finetune_steps": config.finetune_steps, "minutes": config.budget_minutes},
         "total_s": round(time.perf_counter() - started, 2),
-        **({"finetune": finetune_note} if finetune_note else {}),
     }
+    if finetune_note:
+        report["finetune"] = finetune_note
     log.info("recovery wrote %s (%s); %s against the original fp32 on %d test episodes: %s",
              report["shipped"], report["shipped_stage"] or "PTQ's own model", report["stopped"],
              against_fp32["episodes"], against_fp32["verdict"])
@@ -228,4 +233,4 @@ def finetune_stage(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
     took = time.perf_counter() - started
     log.info("fine-tuned %d steps in %.0f s: held-out agreement %.1f%%", config.finetune_steps, took, 100 * agreement)
     return dataclasses.replace(result, student=tuned, model=model, agreement=agreement, best_round=len(result.history),
-                               extra={**result.extra, "finetune_s": round(took, 2)})
+                               finetune_s=round(took, 2))
