@@ -35,7 +35,7 @@ from quarl.core.registry import put_first
 from quarl.policies.base import Policy, StateNoise, check_outputs
 from quarl.policies.sb3_layers import _linear, _mlp, set_sb3_name
 
-_ACTIVATIONS: dict[str, type[nn.Module]] = {
+ACTIVATIONS: dict[str, type[nn.Module]] = {
     "ReLU": nn.ReLU,
     "Tanh": nn.Tanh,
     "ELU": nn.ELU,
@@ -253,9 +253,9 @@ def _activation(policy_kwargs: PolicyKwargs, layout: Layout) -> type[nn.Module]:
     if name is None:  # SB3 defaults: tanh for on-policy actor-critic, ReLU elsewhere (ARS too)
         return layout.default_activation
     short = str(name).rsplit(".", 1)[-1]
-    if short not in _ACTIVATIONS:
-        raise QuarlError(f"activation {name!r} is not supported: allowed {', '.join(_ACTIVATIONS)}")
-    return _ACTIVATIONS[short]
+    if short not in ACTIVATIONS:
+        raise QuarlError(f"activation {name!r} is not supported: allowed {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[short]
 
 
 MULTI_HEADS: dict[type[gym.spaces.Space[Any]], str] = {gym.spaces.MultiDiscrete: "multi_argmax", gym.spaces.MultiBinary: "bernoulli"}
@@ -304,7 +304,7 @@ def _check_shapes(policy: Policy) -> None:
     check_outputs(policy, "the checkpoint's network")
 
 
-def _algo_from_data(data: dict[str, Any], family: str) -> str:
+def algo_from_data(data: dict[str, Any], family: str) -> str:
     """The algorithm's name; where several share a policy class, told apart by the
     hyperparameters they save (PPO's clip range; DDPG is TD3 without delay or noise)."""
     module = str((data.get("policy_class") or {}).get("__module__", ""))

@@ -23,7 +23,7 @@ from quarl.core.literals import parse_literal
 from quarl.policies.base import ObsNormalizer
 from quarl.policies.checkpoint import Checkpoint
 from quarl.policies.safe_load import load_vecnormalize
-from quarl.policies.sb3 import (MAX_ABS_LOG_STD, PolicyKwargs, _algo_from_data, layout_of, policy_class_name,
+from quarl.policies.sb3 import (MAX_ABS_LOG_STD, PolicyKwargs, algo_from_data, layout_of, policy_class_name,
                                 build_policy, state_noise)
 from quarl.policies.sb3_spaces import space_from_json
 from quarl.policies.zoo_folder import ZooConfig, read_zoo_config, zoo_env_spec, zoo_files
@@ -111,7 +111,7 @@ def load_zoo(path: Path, trust_pickle: bool = False, zip_override: Path | None =
     if policy_class_name(data) == "ARSLinearPolicy":  # ARS's linear policy clips; its MLP squashes
         raw_kwargs.setdefault("squash_output", False)
     kwargs = PolicyKwargs.read(raw_kwargs)
-    algo = zoo_algo or _algo_from_data(data, layout_of(sd).name)
+    algo = zoo_algo or algo_from_data(data, layout_of(sd).name)
     policy = build_policy(sd, obs_space, act_space, kwargs, algo=algo)
     log_std = sd.get("log_std")
     if policy.head == "clip" and isinstance(log_std, torch.Tensor) and log_std.shape == policy.action_space.shape:

@@ -119,14 +119,14 @@ def saved_algorithm(data: SB3Data) -> str | None:
     """The algorithm whose ``save`` wrote this ``data`` entry, from its policy class's module
     and the hyperparameters it keeps (PPO's clip range, TRPO's conjugate-gradient steps), or
     None where the policy class is not one of SB3's or sb3-contrib's."""
-    from quarl.policies.sb3 import _algo_from_data
+    from quarl.policies.sb3 import algo_from_data
 
     module = (data.get("policy_class") or {}).get("__module__") if isinstance(data.get("policy_class"), dict) else None
     match = _POLICY_MODULE.fullmatch(module) if isinstance(module, str) else None
     if match is None:
         return None
     # A2C, PPO and TRPO share SB3's ActorCriticPolicy (module ...common.policies)
-    return _algo_from_data(data, "ppo" if match.group(1) == "common" else match.group(1))
+    return algo_from_data(data, "ppo" if match.group(1) == "common" else match.group(1))
 
 
 def check_algorithm(path: Path, data: SB3Data, algo: str, doing: str) -> None:

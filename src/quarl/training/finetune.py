@@ -70,7 +70,7 @@ def _data_policy_kwargs(zip_path: Path, policy: Policy) -> SB3Kwargs:
     """The architecture the checkpoint was built with: its plain policy_kwargs (net_arch,
     n_quantiles, log_std_init, use_sde...) and the activation the loaded network uses; the
     zip must be one of ``policy.algo``'s (an A2C zip in a ppo folder fine-tuned as PPO)."""
-    from quarl.policies.sb3 import _ACTIVATIONS
+    from quarl.policies.sb3 import ACTIVATIONS
 
     _, data = read_checkpoint_data(zip_path, "a Stable-Baselines3 checkpoint")
     check_algorithm(zip_path, data, policy.algo, "fine-tune")
@@ -91,7 +91,7 @@ def _data_policy_kwargs(zip_path: Path, policy: Policy) -> SB3Kwargs:
     modules = list(policy.network.modules())[1:]
     first = next((i for i, m in enumerate(modules) if isinstance(m, nn.Linear)), None)
     if first is not None:
-        kwargs["activation_fn"] = next((type(m) for m in modules[first + 1:] if type(m) in _ACTIVATIONS.values()),
+        kwargs["activation_fn"] = next((type(m) for m in modules[first + 1:] if type(m) in ACTIVATIONS.values()),
                                        nn.ReLU)
     return kwargs
 
