@@ -185,6 +185,28 @@ def _ptq_model(policy: Policy, spec: KernelSpec) -> bytes:
     return real_model(make_student(policy.network, spec), spec, policy.input_shape)
 
 
+@dataclass
+class _Run:
+    """What a distillation carries from round to round (and :func:`_save_state` writes)."""
+
+    student: nn.Module
+    optimizer: torch.optim.Optimizer
+    states: np.ndarray
+    """The aggregated states, at most ``max_states``."""
+    heldout: np.ndarray
+    target: float | None
+    """The held-out agreement to reach; None until the first round measures fp16's."""
+    history: list[RoundStats] = field(default_factory=list)
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    """(held-out agreement, round, the student's weights) of the round written."""
+    updates: int = 0
+    seeds: list[int] = field(default_factory=list)
+    labels: torch.Tensor | None = None
+    """The teacher's outputs on ``states``, row for row (None until the first round labels them)."""
+    reference_held: np.ndarray | None = None
+    """The teacher's actions on ``heldout`` as the last round measured them."""
+
+
 def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec | None,
              state_path: Path | None, progress: Progress | None, rounds: int, keep_going: bool) -> RecoveryResult:
     started = time.perf_counter()
@@ -192,131 +214,172 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
         spec, _ = pick_spec(policy, env_spec, config)
     max_states = min(config.max_states, max(10_000, (2 << 30) // _state_bytes(policy)))  # ~2 GiB of states at most
     student = make_student(policy.network, spec)
-    optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=config.lr)
-    per_round = config.episodes_per_round
-    held_first = DISTILLATION_SEEDS.start + 9_000  # held-out episodes: their own seeds
-    history: list[RoundStats] = []
-    states = np.zeros((0, *policy.input_shape), np.float32)
-    heldout = np.zeros((0, *policy.input_shape), np.float32)
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    updates = 0
-    seeds: list[int] = []
+    run = _Run(student, torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=config.lr),
+               np.zeros((0, *policy.input_shape), np.float32), np.zeros((0, *policy.input_shape), np.float32),
+               config.target_agreement)
     fingerprint = policy.fingerprint()
-    target = config.target_agreement
     if state_path is not None and state_path.is_file():
-        saved = _load_state(state_path, fingerprint, spec, config)
-        from quarl.recovery.resume import check_resume
-
-        check_resume(state_path, saved, policy, student, optimizer, config, max_states)  # before any of it is used
-        try:
-            student.load_state_dict(saved["student"])
-            optimizer.load_state_dict(saved["optimizer"])
-            states, heldout = saved["states"].numpy(), saved["heldout"].numpy()
-            history = [RoundStats(**h) for h in saved["history"]]
-            best = (float(saved["best_agreement"]), int(saved["best_round"]), saved["best_student"])
-            updates, seeds = int(saved["updates"]), [int(s) for s in saved["seeds"]]
-            target = float(saved["target"]) if saved["target"] >= 0 else None
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-            raise QuarlError(f"{state_path} is not a complete recovery state ({exc.__class__.__name__}: {exc}): remove "
-                             "it to start afresh") from None
-        if states.shape[1:] != tuple(policy.input_shape) or heldout.shape[1:] != tuple(policy.input_shape) or \
-                not history or best[1] < 0:
-            raise QuarlError(f"{state_path} holds states of another shape or no finished round: remove it to start "
-                             "afresh")
-        started -= sum(h.wall_s for h in history)  # the wall time counts the rounds before the break
-        log.info("resuming recovery at round %d from %s", len(history), state_path)
+        _resume(run, state_path, policy, spec, config, fingerprint, max_states)
+        started -= sum(h.wall_s for h in run.history)  # the wall time counts the rounds before the break
+        log.info("resuming recovery at round %d from %s", len(run.history), state_path)
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
     ptq = _acting(policy, spec, _ptq_model(policy, spec))
-    reference_held = None
-    labels: torch.Tensor | None = None  # the teacher's outputs on ``states``, row for row
-    ptq_agreement = float("nan")
     stop_at_target = config.stop_at_target and not keep_going
-    finished = stop_at_target and bool(history) and history[-1].agreement >= (target or 0.0) and \
-        len(heldout) >= MIN_HELDOUT and (
-        history[-1].calibration_verdict == "keeps" or not config.closed_loop)
-    for r in range(len(history), rounds):
+    finished = stop_at_target and bool(run.history) and _at_target(
+        run.history[-1].agreement, run.history[-1].calibration_verdict, run.target, len(run.heldout), config)
+    for r in range(len(run.history), rounds):
         if finished:
             break
-        t0 = time.perf_counter()
-        rng = np.random.default_rng([config.seed, r])  # per round: a resumed run draws what an unbroken one draws
-        model = real_model(student, spec, policy.input_shape)
-        actor = policy if r == 0 else _acting(policy, spec, model)
-        train_seeds = range(DISTILLATION_SEEDS.start + r * per_round, DISTILLATION_SEEDS.start + (r + 1) * per_round)
-        held_seeds = range(held_first + r, held_first + r + 1)
-        cap = max(1, max_states // max(config.rounds, 1))
-        new, played = _play(actor, env_spec, train_seeds, config.max_episode_steps, cap)
-        held, _ = _play(actor, env_spec, held_seeds, config.max_episode_steps, cap)
-        seeds += [*train_seeds, *held_seeds]
-        # only the new states are labelled (the teacher is fixed); a resumed run labels its saved ones once
-        fresh = _teacher_outputs(policy, new if labels is not None else np.concatenate([states, new]))
-        labels = fresh if labels is None else torch.cat([labels, fresh]) if len(fresh) else labels
-        states = np.concatenate([states, new])[-max_states:]
-        labels = labels[-max_states:]
-        heldout = np.concatenate([heldout, held])[-max_states // 4:]
-        scale = _loss_scale(policy, labels)
-        x_all = torch.from_numpy(states)
-        student.eval()  # no train-mode behaviour (batch renorm) leaks in; gradients still flow
-        losses = []
-        for step in range(config.updates_per_round):
-            # cosine from lr to 0 within each round: at a constant rate the latent weights keep hopping across
-            # rounding steps and the loss stalls (measured on a SAC HalfCheetah at int4: 0.0025 flat, 0.00055
-            # annealed, held-out agreement 21 % -> 39 %); each round's student is evaluated settled
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * 0.5 * (1.0 + math.cos(math.pi * step / config.updates_per_round))
-            idx = torch.from_numpy(rng.integers(0, len(states), size=min(config.batch_size, len(states))))
-            loss = distill_loss(policy, student(x_all[idx]), labels[idx], scale, config.q_loss)
-            if not torch.isfinite(loss):
-                raise QuarlError(f"the distillation loss became {loss.item()} at round {r}: lower --lr")
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        updates += config.updates_per_round
-        model = real_model(student, spec, policy.input_shape)
-        acting = _acting(policy, spec, model)
-        reference_held = fp32_actions(policy, heldout)
-        agreement = _agreement(policy, acting, heldout, reference_held, config.action_tolerance)
-        if target is None:
-            target = min(config.min_agreement, _fp16_agreement(policy, heldout, config.action_tolerance))
-        verdict = ""
-        if agreement >= target and config.closed_loop and len(heldout) >= MIN_HELDOUT:
-            returns = calibration_returns(env_spec)
-            outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n),
-                                       env_id=env_spec.env_id)
-            verdict = outcome.verdict.label() if not outcome.kept else "keeps"
-        stats = RoundStats(r, len(states), len(new), float(np.mean(losses)), agreement, played,
-                           time.perf_counter() - t0, verdict)
-        history.append(stats)
-        if best is None or agreement >= best[0] or verdict == "keeps":  # ties: the later round (more states)
-            best = (agreement, r, copy.deepcopy(student.state_dict()))
-        finished = stop_at_target and agreement >= target and len(heldout) >= MIN_HELDOUT and (
-            verdict == "keeps" or not config.closed_loop)
+        stats = _round(run, r, policy, env_spec, config, spec, max_states)
+        target = run.target
+        assert target is not None  # the round measured it
+        finished = stop_at_target and _at_target(stats.agreement, stats.calibration_verdict, target, len(run.heldout),
+                                                 config)
         if state_path is not None:
-            _save_state(state_path, student, optimizer, states, heldout, history, best, updates, seeds, target,
-                        fingerprint, spec, config)
-        log.info("round %d: %d states, loss %.4g, held-out agreement %.1f%% (target %.1f%%) %s", r, len(states),
-                 stats.loss, 100 * agreement, 100 * target, verdict)
+            _save_state(state_path, run.student, run.optimizer, run.states, run.heldout, run.history, run.best,
+                        run.updates, run.seeds, target, fingerprint, spec, config)
+        log.info("round %d: %d states, loss %.4g, held-out agreement %.1f%% (target %.1f%%) %s", r, len(run.states),
+                 stats.loss, 100 * stats.agreement, 100 * target, stats.calibration_verdict)
         if progress is not None:
             progress(stats)
-    assert best is not None
-    student.load_state_dict(best[2])
+    return _result(run, policy, spec, config, ptq, finished, started)
+
+
+def _at_target(agreement: float, verdict: str, target: float | None, heldout: int, config: RecoverConfig) -> bool:
+    """Has a round reached the target: the held-out agreement, enough held-out states, and
+    (closed loop) the teacher's return kept on calibration episodes?"""
+    return agreement >= (target or 0.0) and heldout >= MIN_HELDOUT and (verdict == "keeps" or not config.closed_loop)
+
+
+def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, config: RecoverConfig, fingerprint: str,
+            max_states: int) -> None:
+    """``run`` as the state at ``state_path`` left it, every claim checked before any of it is used."""
+    saved = _load_state(state_path, fingerprint, spec, config)
+    from quarl.recovery.resume import check_resume
+
+    check_resume(state_path, saved, policy, run.student, run.optimizer, config, max_states)  # before any of it is used
+    try:
+        run.student.load_state_dict(saved["student"])
+        run.optimizer.load_state_dict(saved["optimizer"])
+        run.states, run.heldout = saved["states"].numpy(), saved["heldout"].numpy()
+        run.history = [RoundStats(**h) for h in saved["history"]]
+        run.best = (float(saved["best_agreement"]), int(saved["best_round"]), saved["best_student"])
+        run.updates, run.seeds = int(saved["updates"]), [int(s) for s in saved["seeds"]]
+        run.target = float(saved["target"]) if saved["target"] >= 0 else None
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        raise QuarlError(f"{state_path} is not a complete recovery state ({exc.__class__.__name__}: {exc}): remove "
+                         "it to start afresh") from None
+    if run.states.shape[1:] != tuple(policy.input_shape) or run.heldout.shape[1:] != tuple(policy.input_shape) or \
+            not run.history or run.best[1] < 0:
+        raise QuarlError(f"{state_path} holds states of another shape or no finished round: remove it to start "
+                         "afresh")
+
+
+def _round(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec,
+           max_states: int) -> RoundStats:
+    """Round ``r``: play and label (:func:`_gather`), train (:func:`_train`), then measure
+    the real kernel built from the student on the held-out states (and, at the target, on
+    calibration episodes); the round is recorded in ``run``."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng([config.seed, r])  # per round: a resumed run draws what an unbroken one draws
+    new, played = _gather(run, r, policy, env_spec, config, spec, max_states)
+    losses = _train(run, r, policy, config, rng)
+    run.updates += config.updates_per_round
+    model = real_model(run.student, spec, policy.input_shape)
+    acting = _acting(policy, spec, model)
+    run.reference_held = fp32_actions(policy, run.heldout)
+    agreement = _agreement(policy, acting, run.heldout, run.reference_held, config.action_tolerance)
+    if run.target is None:
+        run.target = min(config.min_agreement, _fp16_agreement(policy, run.heldout, config.action_tolerance))
+    verdict = ""
+    if agreement >= run.target and config.closed_loop and len(run.heldout) >= MIN_HELDOUT:
+        returns = calibration_returns(env_spec)
+        outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n),
+                                   env_id=env_spec.env_id)
+        verdict = outcome.verdict.label() if not outcome.kept else "keeps"
+    stats = RoundStats(r, len(run.states), new, float(np.mean(losses)), agreement, played,
+                       time.perf_counter() - t0, verdict)
+    run.history.append(stats)
+    if run.best is None or agreement >= run.best[0] or verdict == "keeps":  # ties: the later round (more states)
+        run.best = (agreement, r, copy.deepcopy(run.student.state_dict()))
+    return stats
+
+
+def _gather(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec,
+            max_states: int) -> tuple[int, float]:
+    """Round ``r``'s episodes: the teacher (round 0) or the student's real kernel plays its
+    training and held-out seeds; the new states are labelled by the teacher and aggregated.
+    Returns (the new states, the mean return played)."""
+    per_round = config.episodes_per_round
+    held_first = DISTILLATION_SEEDS.start + 9_000  # held-out episodes: their own seeds
+    model = real_model(run.student, spec, policy.input_shape)
+    actor = policy if r == 0 else _acting(policy, spec, model)
+    train_seeds = range(DISTILLATION_SEEDS.start + r * per_round, DISTILLATION_SEEDS.start + (r + 1) * per_round)
+    held_seeds = range(held_first + r, held_first + r + 1)
+    cap = max(1, max_states // max(config.rounds, 1))
+    new, played = _play(actor, env_spec, train_seeds, config.max_episode_steps, cap)
+    held, _ = _play(actor, env_spec, held_seeds, config.max_episode_steps, cap)
+    run.seeds += [*train_seeds, *held_seeds]
+    # only the new states are labelled (the teacher is fixed); a resumed run labels its saved ones once
+    labels = run.labels
+    fresh = _teacher_outputs(policy, new if labels is not None else np.concatenate([run.states, new]))
+    labels = fresh if labels is None else torch.cat([labels, fresh]) if len(fresh) else labels
+    run.states = np.concatenate([run.states, new])[-max_states:]
+    run.labels = labels[-max_states:]
+    run.heldout = np.concatenate([run.heldout, held])[-max_states // 4:]
+    return len(new), played
+
+
+def _train(run: _Run, r: int, policy: Policy, config: RecoverConfig, rng: np.random.Generator) -> list[float]:
+    """One round's Adam updates on minibatches of every state; returns their losses."""
+    labels = run.labels
+    assert labels is not None  # _gather labelled the states
+    states, student, optimizer = run.states, run.student, run.optimizer
+    scale = _loss_scale(policy, labels)
+    x_all = torch.from_numpy(states)
+    student.eval()  # no train-mode behaviour (batch renorm) leaks in; gradients still flow
+    losses = []
+    for step in range(config.updates_per_round):
+        # cosine from lr to 0 within each round: at a constant rate the latent weights keep hopping across
+        # rounding steps and the loss stalls (measured on a SAC HalfCheetah at int4: 0.0025 flat, 0.00055
+        # annealed, held-out agreement 21 % -> 39 %); each round's student is evaluated settled
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * 0.5 * (1.0 + math.cos(math.pi * step / config.updates_per_round))
+        idx = torch.from_numpy(rng.integers(0, len(states), size=min(config.batch_size, len(states))))
+        loss = distill_loss(policy, student(x_all[idx]), labels[idx], scale, config.q_loss)
+        if not torch.isfinite(loss):
+            raise QuarlError(f"the distillation loss became {loss.item()} at round {r}: lower --lr")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _result(run: _Run, policy: Policy, spec: KernelSpec, config: RecoverConfig, ptq: Policy, finished: bool,
+            started: float) -> RecoveryResult:
+    """The best round's student and its real model, or PTQ's own model where distillation
+    made it no better on the held-out states."""
+    assert run.best is not None
+    student = run.student
+    student.load_state_dict(run.best[2])
     model = real_model(student, spec, policy.input_shape)
-    if reference_held is None:
-        reference_held = fp32_actions(policy, heldout)
-    best_round, agreement = best[1], best[0]
-    if len(heldout):
-        ptq_agreement = _agreement(policy, ptq, heldout, reference_held, config.action_tolerance)
-        agreement = _agreement(policy, _acting(policy, spec, model), heldout, reference_held, config.action_tolerance)
+    reference_held = run.reference_held if run.reference_held is not None else fp32_actions(policy, run.heldout)
+    best_round, agreement = run.best[1], run.best[0]
+    ptq_agreement = float("nan")
+    if len(run.heldout):
+        ptq_agreement = _agreement(policy, ptq, run.heldout, reference_held, config.action_tolerance)
+        agreement = _agreement(policy, _acting(policy, spec, model), run.heldout, reference_held,
+                               config.action_tolerance)
         if ptq_agreement > agreement:  # distillation made it no better: PTQ's own model is written
             engine = ptq.engine
             assert isinstance(engine, OrtEngine)  # _acting builds PTQ's model on ONNX Runtime
             student, model, best_round, agreement = make_student(policy.network, spec), engine.model, -1, \
                 ptq_agreement
-    if target is None:
-        target = config.target_agreement or config.min_agreement
-    return RecoveryResult(spec, student, model, history, best_round, agreement, ptq_agreement, float(target), seeds,
-                          "target" if finished else "budget", labelled_states=len(states), updates=updates,
-                          wall_s=time.perf_counter() - started, heldout=heldout)
+    target = run.target if run.target is not None else config.target_agreement or config.min_agreement
+    return RecoveryResult(spec, student, model, run.history, best_round, agreement, ptq_agreement, float(target),
+                          run.seeds, "target" if finished else "budget", labelled_states=len(run.states),
+                          updates=run.updates, wall_s=time.perf_counter() - started, heldout=run.heldout)
 
 
 def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, states: np.ndarray,
