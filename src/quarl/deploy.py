@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, NotRequired, Sequence, TypedDict
 
 import gymnasium as gym
 import numpy as np
@@ -34,7 +34,73 @@ from quarl.quant.config import QuantConfig
 from quarl.quant.choice import Returns
 from quarl.core.timing import median_us
 
-def _space(space: gym.spaces.Space) -> dict[str, Any]:
+
+# ------------------------------------------------------------------ the sidecar OUT.json, as written (JSON objects)
+
+
+class SpaceJson(TypedDict):
+    """An observation or action space: ``n`` (discrete, multi_binary), ``nvec`` (multi_discrete)
+    or ``shape``, ``low`` and ``high`` (box; an unbounded side ``null``)."""
+
+    type: Literal["discrete", "multi_discrete", "multi_binary", "box"]
+    n: NotRequired[int]
+    nvec: NotRequired[list[int]]
+    shape: NotRequired[list[int]]
+    low: NotRequired[list[float | None]]
+    high: NotRequired[list[float | None]]
+
+
+class InputJson(TypedDict):
+    name: str
+    shape: list[int | None]
+    """``None`` first: any batch size."""
+    dtype: str
+
+
+class NormalizerJson(TypedDict):
+    """VecNormalize's observation statistics, applied before the model's float32 input."""
+
+    mean: list[Any]
+    """Nested as the observation (``ndarray.tolist``)."""
+    var: list[Any]
+    clip: float
+    epsilon: float
+    dtype: str
+    formula: str
+
+
+class Sidecar(TypedDict):
+    """How to feed a policy's ONNX model and read its output (:func:`sidecar`)."""
+
+    format: str
+    algo: str
+    precision: str
+    input: InputJson
+    observation_space: SpaceJson
+    action_space: SpaceJson
+    head: str
+    n_quantiles: int
+    scale_images: bool
+    obs_normalizer: NormalizerJson | None
+    exploration_rate: NotRequired[float]
+
+
+class OnnxOps(TypedDict):
+    """The operators an ONNX model uses (:func:`onnx_ops`)."""
+
+    ops: dict[str, list[str]]
+    opsets: dict[str, int]
+    runtimes: str
+
+
+class PortableCheck(TypedDict):
+    """The portable model against the ONNX Runtime one (:func:`_portable_check`)."""
+
+    max_abs_diff: float
+    action_agreement: float
+
+
+def _space(space: gym.spaces.Space) -> SpaceJson:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -46,14 +112,14 @@ def _space(space: gym.spaces.Space) -> dict[str, Any]:
     return {"type": "box", "shape": list(space.shape), "low": _finite(space.low), "high": _finite(space.high)}
 
 
-def _finite(values: np.ndarray) -> list:
+def _finite(values: np.ndarray) -> list[float | None]:
     """Bounds as strict JSON: an unbounded side is ``null`` (JSON has no Infinity)."""
     return [float(v) if np.isfinite(v) else None for v in np.asarray(values, np.float64).ravel()]
 
 
-def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
+def sidecar(policy: Policy, precision: str) -> Sidecar:
     norm = policy.obs_normalizer
-    return {
+    described: Sidecar = {
         "format": "quarl-policy/1",
         "algo": policy.algo,
         "precision": precision,
@@ -70,11 +136,13 @@ def sidecar(policy: Policy, precision: str) -> dict[str, Any]:
                                                      # the model's float32 input
                                                      "dtype": "float64",
                                                      "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
-        **({"exploration_rate": float(policy.meta["exploration_rate"])} if "exploration_rate" in policy.meta else {}),
     }
+    if "exploration_rate" in policy.meta:
+        described["exploration_rate"] = float(policy.meta["exploration_rate"])
+    return described
 
 
-def onnx_ops(model: bytes) -> dict[str, Any]:
+def onnx_ops(model: bytes) -> OnnxOps:
     """The operators an ONNX model uses, by domain (``""``: standard ONNX), its opsets, and
     which runtimes run it: a ``com.microsoft`` operator (MatMulNBits, the int4 modes) runs in
     ONNX Runtime only."""
@@ -158,7 +226,7 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
     return meta
 
 
-def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, Any]:
+def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, PortableCheck]:
     """How the portable model computes against the ONNX Runtime one on ``states``: in fp32
     arithmetic (graph optimizations off, as a runtime without ONNX Runtime's fusion runs
     it) and as ONNX Runtime runs it by default (it fuses DequantizeLinear + MatMul back
@@ -171,7 +239,7 @@ def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, 
     plain = ort.SessionOptions()
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     ref = ort.InferenceSession(contrib, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
-    out: dict[str, Any] = {}
+    out: dict[str, PortableCheck] = {}
     for name, options in (("fp32_arithmetic", plain), ("onnxruntime_default", ort.SessionOptions())):
         got = ort.InferenceSession(portable, options, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
         out[name] = {"max_abs_diff": float(np.abs(got - ref).max()),
@@ -183,11 +251,14 @@ def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, 
 def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: dict[str, Any] | None,
                    env_spec: EnvSpec | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
-    sidecar ``OUT.json``; ``quant``: the int mode's summary."""
+    sidecar ``OUT.json``; ``quant``: the int mode's summary (:data:`quarl.quant` meta), ``extra``:
+    more fields. Returns ``OUT.json`` as written: the :class:`Sidecar`, :class:`OnnxOps`, the
+    hashes, env, provenance, quant and ``extra`` (a JSON object; read back by
+    :func:`quarl.policies.onnx_artifact.read_sidecar`)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
-    meta = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
+    meta: dict[str, Any] = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
             "onnx_sha256": hashlib.sha256(model).hexdigest(),
             "env": None if env_spec is None else dataclasses.asdict(env_spec),
             "policy_sha256": policy.fingerprint(), "provenance": provenance(),
