@@ -8,15 +8,31 @@ import functools
 import os
 import platform
 from importlib import metadata
-from typing import Any
+from typing import Any, TypedDict
 
 PACKAGES = ("quarl", "torch", "onnxruntime", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy", "ray")
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 """The flags that decide which int8 / bf16 kernels a CPU runs."""
 
 
+class Provenance(TypedDict):
+    """What :func:`provenance` returns and result files store (a JSON object)."""
+
+    versions: dict[str, str | None]
+    """Each of :data:`PACKAGES`: its installed version, None where it is not installed."""
+    python: str
+    cpu: str
+    """The CPU model (``/proc/cpuinfo``), else what :mod:`platform` says."""
+    cpu_flags: list[str]
+    """Those of :data:`CPU_FLAGS` the CPU has."""
+    cores: int | None
+    host: str
+
+
 @functools.cache
 def provenance() -> dict[str, Any]:
+    """:class:`Provenance` of this process (typed as a plain dict until every holder of it,
+    ``quarl.actorq.summary.ActorQSummary`` included, is typed :class:`Provenance`)."""
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from quarl.core.errors import QuarlError
+from quarl.core.provenance import Provenance
 from quarl.evaluation.record import EvalRecord, json_fields, sql_columns
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.records import EvalFields, disagreement
@@ -88,7 +89,7 @@ class StudyRecord:
     result: EvalRecord
     wall_s: float | None
     host: str | None
-    provenance: dict[str, Any] | None
+    provenance: Provenance | None
     finished_at: str
     """UTC, ISO 8601 to the second."""
 
