@@ -30,7 +30,8 @@ The package, one module per step: :mod:`~quarl.recovery.config` (what is asked, 
 and files), :mod:`~quarl.recovery.losses` (the loss per action head),
 :mod:`~quarl.recovery.dagger` (the DAgger rounds, resumable), :mod:`~quarl.recovery.folder`
 (writing and reading the recovered folder), :mod:`~quarl.recovery.judge` (what is written,
-and when recovery stops) and :mod:`~quarl.recovery.workflow` (``quarl recover``).
+and when recovery stops), :mod:`~quarl.recovery.report` (what recovery.json and the state
+hold, typed) and :mod:`~quarl.recovery.workflow` (``quarl recover``).
 """
 
 from __future__ import annotations
