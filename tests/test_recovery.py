@@ -220,6 +220,13 @@ def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_
     config = RecoverConfig(precision="int4", rounds=2, updates_per_round=50, closed_loop=False)
     record, records = run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out, EvalSettings(episodes=4, n_envs=4))
     assert record["original"]["policy_sha256"] == agent.policy.fingerprint()
+    # recovery.json holds exactly the fields its type names (the fine-tune's where one was tried)
+    from quarl.recovery.report import RecoveryJson
+
+    assert set(record) - {"finetune"} == set(RecoveryJson.__annotations__) - {"finetune"}
+    import json
+
+    assert set(json.loads((out / "CartPole-v1" / "recovery.json").read_text())) == set(record)
     # SB3 loads the recovered zip, and its Q-network holds the student's weights on the grid
     sb3 = DQN.load(out / "CartPole-v1.zip", device="cpu")  # a bare zip recovered: named after its env, as the zoo names it
     states = _cartpole_states(64)
@@ -511,6 +518,12 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
     # whatever was written plays at least as well as PTQ's model (here both fall at once)
     assert report["shipped"] == "ptq" or report["against_ptq"]["kept"]
     assert "stopped: budget spent (3 of 3 rounds" in shipped_line({"kernel": {"mode": spec.mode}, **report})
+    from quarl.recovery.report import RecoveryReport, StageReport, TestOutcome
+
+    assert set(report) == set(RecoveryReport.__annotations__) - {"finetune"}  # no fine-tune was asked for
+    assert all(set(s) == set(StageReport.__annotations__) - {"steps"} for s in report["stages"])
+    assert all(set(s[t]) <= set(TestOutcome.__annotations__) for s in report["stages"] for t in ("against_ptq",
+                                                                                                  "against_fp32"))
 
 
 def test_the_ranking_loss_asks_the_teachers_order_of_every_action_weighted_by_its_gap() -> None:
