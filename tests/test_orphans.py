@@ -154,21 +154,23 @@ import subprocess, sys, time
 from quarl.core import lifeline
 root = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
 lifeline.reap_after_exit([root.pid])
-print(root.pid, flush=True)
+print(root.pid, lifeline._reapers[-1].pid if lifeline._reapers else 0, flush=True)
 time.sleep(600)
 """
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     tree: list[psutil.Process] = []
     try:
         assert parent.stdout is not None
-        root = psutil.Process(int(parent.stdout.readline()))
+        root_pid, reaper_pid = (int(n) for n in parent.stdout.readline().split())
+        root = psutil.Process(root_pid)
+        assert reaper_pid, "no reaper was started"
         deadline = time.monotonic() + 60
         while not root.children() and time.monotonic() < deadline:  # the shell starts its sleep
             time.sleep(0.05)
         tree = [root, *root.children()]
         assert len(tree) == 2
-        reaper = [p for p in psutil.Process(parent.pid).children() if "reap()" in " ".join(p.cmdline())]
-        assert len(reaper) == 1
+        reaper = [psutil.Process(reaper_pid)]
+        assert not _gone(reaper[0]) and "reap()" in " ".join(reaper[0].cmdline()), "the reaper ended early"
         time.sleep(1.5)  # three of the reaper's polls: nothing is ended while its parent lives
         assert not any(_gone(p) for p in tree)
         parent.kill()

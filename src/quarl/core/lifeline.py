@@ -116,9 +116,12 @@ def reap(argv: list[str] | None = None, poll_s: float = PARENT_POLL_S, grace_s: 
         """Add what the known processes started; forget the ones that ended."""
         children: dict[int, list[tuple[int, float]]] = {}
         started: dict[int, float] = {}
-        for p in psutil.process_iter(["ppid", "create_time"]):
-            started[p.pid] = p.info["create_time"]
-            children.setdefault(p.info["ppid"], []).append((p.pid, p.info["create_time"]))
+        try:
+            for p in psutil.process_iter(["ppid", "create_time"]):
+                started[p.pid] = p.info["create_time"]
+                children.setdefault(p.info["ppid"], []).append((p.pid, p.info["create_time"]))
+        except (psutil.Error, OSError):  # the process table read mid-change: the next poll reads it again
+            return
         for pid in [pid for pid, created in known.items() if started.get(pid) != created]:
             del known[pid]
         todo = list(known)
