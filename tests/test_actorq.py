@@ -290,6 +290,7 @@ def test_rate_limiter_blocks_and_releases() -> None:
 # ---------------------------------------------------------------------------- whole runs
 
 
+@pytest.mark.slow
 def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     """In one process, with prioritized replay checkpointed along with the learner (the
     Ray run below uses uniform replay)."""
@@ -637,6 +638,7 @@ def test_actor_models_after_the_first_are_refilled_exactly_as_onnx_runtime_build
     assert refilled.template is not None
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_first_second_leaves_a_run_that_resumes(tmp_path: Path) -> None:
     """A Ctrl-C long before the first periodic checkpoint (60 s): the interrupted run still
     writes one, and --resume continues from its learner steps."""

@@ -562,6 +562,7 @@ def test_sweep_and_analyze_dqn_cartpole(doc_run: Path) -> None:
         compare_output(block, run_doc_command(line))
 
 
+@pytest.mark.slow
 def test_export_ptq_and_play_lunarlander(doc_run: Path) -> None:
     """README's quick start (export, ptq of the export, play) and deploy.md's export and
     play blocks: the exported file plays ptq's int8 returns."""

@@ -60,6 +60,7 @@ def returns(out: Path) -> dict[str, list[float]]:
     return {rec["precision"]: rec["returns"] for rec in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
 
 
+@pytest.mark.slow
 def test_gym_packages_imports_from_the_current_folder_and_in_every_worker(folder: Path) -> None:
     """Issue 41: ``--gym-packages mygym`` from the folder holding mygym/ (no PYTHONPATH), with
     two evaluation workers that must know the env the package registers."""

@@ -296,6 +296,7 @@ def test_every_command_refuses_bad_values_in_one_line(tiny_run: Path, tmp_path: 
         assert len(lines) == 1 and "Traceback" not in r.output, (args, r.output)
 
 
+@pytest.mark.slow
 def test_evaluation_workers_die_with_a_killed_quarl(tmp_path) -> None:
     """SIGKILL to ``quarl ptq --workers 2`` mid-evaluation: its workers (children of the
     fork server, not of quarl) and the fork server are gone within seconds instead of

@@ -296,6 +296,7 @@ def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(ti
         finetune(tiny_dqn, agent.policy, agent.env_spec, spec, None, steps=0)
 
 
+@pytest.mark.slow
 def test_quarl_recover_killed_mid_run_resumes_after_its_last_round(tiny_dqn: Path, tmp_path: Path) -> None:
     """SIGKILL to a running ``quarl recover`` (no cleanup at all): the rerun continues after
     the last round written to OUT/.recover/state.pt and ends with every round recorded."""

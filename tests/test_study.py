@@ -61,6 +61,7 @@ def test_study_table_averages_seeds_and_tells_agents_apart() -> None:
     assert paper["E_int4%"] == 0.0 and paper["seeds"] == 1
 
 
+@pytest.mark.slow
 def test_killed_study_resumes_from_its_database(tiny_run: Path, tmp_path: Path) -> None:
     args = [sys.executable, "-m", "quarl.cli", "study", str(tiny_run), "--precisions", "fp32,fp16,int8,sim6,int4,sim3",
             "--seeds", "0,1", "--episodes", "3", "--n-envs", "2", "--out", str(tmp_path)]
