@@ -35,6 +35,18 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+def _kill_all(processes: list[psutil.Process], proc: subprocess.Popen) -> None:
+    """End whatever a failed test left running (never the rest of the suite's business)."""
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def _survivors(tree: list[psutil.Process], within_s: float) -> list[psutil.Process]:
     """Wait up to ``within_s`` for ``tree`` and anything they start to end; what is left."""
     known = {p.pid: p for p in tree}
@@ -101,14 +113,7 @@ def test_nothing_ptq_started_outlives_a_sigkill(when: str, request: pytest.Fixtu
         alive = _survivors(tree, GONE_WITHIN_S)
         assert not alive, [(p.pid, names.get(p.pid)) for p in alive]
     finally:  # a failed assertion never leaves 3,000 episodes playing under the rest of the suite
-        for p in [*tree, main]:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill_all([*tree, main], proc)
 
 
 def test_the_lifeline_ends_an_orphan_and_spares_a_child(tmp_path: Path) -> None:
@@ -225,11 +230,4 @@ def test_nothing_a_local_ray_study_started_outlives_a_sigkill(request: pytest.Fi
         alive = _survivors(tree, GONE_WITHIN_S)
         assert not alive, [(p.pid, names.get(p.pid)) for p in alive]
     finally:
-        for p in [*tree, main]:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill_all([*tree, main], proc)
