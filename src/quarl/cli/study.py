@@ -125,6 +125,7 @@ def study(
     validate.out_folder(outputs.apart_from_inputs(out, found))
     labels = registry_options.precisions(precisions, recovered=True, **options)
     registry_options.eval_settings(episodes, 0, n_envs, max_steps)
+    validate.check_workers(workers)  # before a Ray is asked for that many CPUs
     decide_episodes = validate.decide_episodes(decide_episodes, default=STUDY_DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
     config = StudyConfig(found, tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
