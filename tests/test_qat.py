@@ -75,7 +75,8 @@ def test_a_qat_network_runs_at_fp16_and_bf16() -> None:
     import numpy as np
 
     from quarl.policies.base import Policy
-    from quarl.quant.api import quantize, with_activation_quant
+    from quarl.quant.api import quantize
+    from quarl.quant.precisions import with_activation_quant
     from quarl.quant.config import QuantConfig
 
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ The input policy is never modified. Each precision is an entry of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -14,16 +14,10 @@ import torch
 from quarl.core.errors import QuarlError
 from quarl.quant.layers import linear_layers
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import QATState, QuantConfig
 from quarl.quant.choice import Returns
-from quarl.quant.precisions import (  # noqa: F401 (quarl.quant.api's public names)
-    calibrate_ranges,
-    get,
-    quantize_int,
-    quantize_weights,
-    with_activation_quant,
-)
-from quarl.quant.primitives import ActivationFakeQuant, resolve_granularity  # noqa: F401
+from quarl.quant.precisions import get, with_activation_quant
+from quarl.quant.primitives import resolve_granularity
 
 if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
     from quarl.policies.base import Policy
@@ -40,13 +34,13 @@ def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None
     return get(config.precision).build(policy, config, calibration, returns)
 
 
-def from_qat_state(policy: Policy, state: dict[str, Any]) -> Policy:  # JSON: qat_state.json as read
+def from_qat_state(policy: Policy, state: QATState) -> Policy:
     """The quantized policy a QAT run computed, from its fp32 master weights: each layer's
     weights on the n-bit grid and its output fake-quantized within the monitored range,
     exactly what the fake-quantized training network did.
 
-    ``state``: ``{"config": QATConfig fields, "enabled": bool, "layers": {name: {"quantize",
-    "out_min", "out_max"}}}`` keyed by each layer's ``sb3_name`` (set by the SB3 loader)."""
+    ``state``: ``qat.json`` as read (:class:`~quarl.quant.config.QATState`), its layers keyed
+    by each layer's ``sb3_name`` (set by the SB3 loader)."""
     from quarl.quant.config import QATConfig
     from quarl.quant.qat import QATLayer
 
@@ -57,7 +51,7 @@ def from_qat_state(policy: Policy, state: dict[str, Any]) -> Policy:  # JSON: qa
     ranges: dict[str, tuple[float, float]] = {}
     for name, layer in linear_layers(network):
         sb3_name = getattr(layer, "sb3_name", None)
-        saved = state["layers"].get(sb3_name)
+        saved = state["layers"].get(sb3_name) if sb3_name is not None else None
         if saved is None or not saved["quantize"]:
             raise QuarlError(f"the QAT state has no quantized layer for {sb3_name or name!r}")
         wrapper = QATLayer(layer, config.bits, config.scheme, resolve_granularity(config.granularity, layer.weight.dim()))

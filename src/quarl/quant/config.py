@@ -25,6 +25,22 @@ class ParseOptions(TypedDict, total=False):
     action_tolerance: float
 
 
+class QuantConfigJson(TypedDict):
+    """A :class:`QuantConfig` as plain fields (:meth:`QuantConfig.to_json`): part of every stored
+    result's key."""
+
+    precision: str
+    bits: int
+    mode: str
+    scheme: str
+    granularity: str
+    block_size: int
+    int8_weights: str
+    activations: bool
+    min_agreement: float
+    action_tolerance: float
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """How to quantize the network that picks the actions."""
@@ -123,6 +139,13 @@ class QuantConfig:
             return f"{self.precision}-{self.mode}"
         return self.precision
 
+    def to_json(self) -> QuantConfigJson:
+        """The fields in their order (what ``dataclasses.asdict`` gives), as stored keys hold them."""
+        return {"precision": self.precision, "bits": self.bits, "mode": self.mode, "scheme": self.scheme,
+                "granularity": self.granularity, "block_size": self.block_size, "int8_weights": self.int8_weights,
+                "activations": self.activations, "min_agreement": self.min_agreement,
+                "action_tolerance": self.action_tolerance}
+
     def resolved(self) -> "QuantConfig":
         """The config with ``int8_weights="auto"`` replaced by what this CPU runs (the key
         of a stored result must say what was really computed). Symmetric int8 weights on a
@@ -135,6 +158,37 @@ class QuantConfig:
             raise QuarlError("--int8-weights symmetric needs a CPU with VNNI (AVX512-VNNI or AVX-VNNI), which this one "
                              "lacks: its u8 x s8 kernels saturate int16 sums; use asymmetric or auto")
         return self
+
+
+class QATConfigJson(TypedDict):
+    """A :class:`QATConfig` as plain fields (:meth:`QATConfig.to_json`): ``qat.json``'s ``config``."""
+
+    bits: int
+    quant_delay: int
+    scheme: str
+    granularity: str
+    critic: bool
+
+
+class QATLayerState(TypedDict):
+    """One fake-quantized layer in ``qat.json``: whether it quantizes, and its monitored output
+    and weight ranges (``Infinity, -Infinity``: never observed)."""
+
+    quantize: bool
+    out_min: float
+    out_max: float
+    w_min: float
+    w_max: float
+
+
+class QATState(TypedDict):
+    """The JSON object ``qat.json`` holds (checked as ``quarl.training.qat_sb3.QATStateRecord`` when
+    read): what a QAT run's wrappers restore from and :func:`quarl.quant.api.from_qat_state` rebuilds
+    the quantized policy from, layers keyed by name."""
+
+    config: QATConfigJson
+    enabled: bool
+    layers: dict[str, QATLayerState]
 
 
 @dataclass(frozen=True)
@@ -159,6 +213,11 @@ class QATConfig:
             raise QuarlError("QAT rounds weights per tensor or per channel: granularity 'block' is for PTQ")
         if isinstance(self.quant_delay, bool) or not isinstance(self.quant_delay, int) or self.quant_delay < 0:
             raise QuarlError(f"quant delay {self.quant_delay!r} must be an integer >= 0")
+
+    def to_json(self) -> QATConfigJson:
+        """The fields in their order (what ``dataclasses.asdict`` gives)."""
+        return {"bits": self.bits, "quant_delay": self.quant_delay, "scheme": self.scheme,
+                "granularity": self.granularity, "critic": self.critic}
 
 
 def bit_widths(text: str) -> list[int]:

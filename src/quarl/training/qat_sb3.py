@@ -17,9 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import torch
 from pydantic import Field, model_validator
@@ -29,16 +28,11 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, parse_json, parse_record
 from quarl.core.limits import read_capped
-from quarl.quant.config import QATConfig
+from quarl.quant.config import QATConfig, QATLayerState, QATState
 from quarl.quant.primitives import resolve_granularity
 from quarl.quant.qat import QATLayer, set_quantization, wrap_qat_
 
 log = logging.getLogger(__name__)
-
-QATState = dict[str, Any]
-"""The JSON object ``qat.json`` holds (see :class:`QATStateRecord`): what
-:func:`load_qat_state` and :func:`quarl.quant.api.from_qat_state` take."""
-
 
 def qat_targets(policy: nn.Module, critic: bool = False) -> dict[str, nn.Module]:
     """Name -> module of an SB3 policy's networks to fake-quantize."""
@@ -81,22 +75,16 @@ def _range(layer: QATLayer, observer: str) -> tuple[torch.Tensor, torch.Tensor]:
     return module.get_buffer("min_val"), module.get_buffer("max_val")
 
 
-_OBSERVED = (("output_observer", "out_min", "out_max"), ("weight_observer", "w_min", "w_max"))
-"""Each observer of a QAT layer and the keys its range is saved under."""
-
-
 def qat_state(policy: nn.Module, settings: QATConfig) -> QATState:
     """Everything needed to restore the wrappers or to rebuild the quantized policy (the
     JSON object ``qat.json`` holds, a :class:`QATStateRecord`)."""
-    layers: dict[str, dict[str, bool | float]] = {}
+    layers: dict[str, QATLayerState] = {}
     for name, layer in wrapped_layers(policy).items():
-        saved: dict[str, bool | float] = {"quantize": layer.quantize}
-        for observer, lo, hi in _OBSERVED:
-            low, high = _range(layer, observer)
-            saved |= {lo: float(low), hi: float(high)}
-        layers[name] = saved
+        (out_min, out_max), (w_min, w_max) = _range(layer, "output_observer"), _range(layer, "weight_observer")
+        layers[name] = {"quantize": layer.quantize, "out_min": float(out_min), "out_max": float(out_max),
+                        "w_min": float(w_min), "w_max": float(w_max)}
     enabled = any(v["quantize"] for v in layers.values())
-    return {"config": asdict(settings), "enabled": enabled, "layers": layers}
+    return {"config": settings.to_json(), "enabled": enabled, "layers": layers}
 
 
 def load_qat_state(policy: nn.Module, state: QATState) -> None:
@@ -106,10 +94,11 @@ def load_qat_state(policy: nn.Module, state: QATState) -> None:
         if saved is None:
             raise QuarlError(f"the saved QAT state has no layer {name!r}: it belongs to another network")
         layer.quantize = bool(saved["quantize"])
-        for observer, lo, hi in _OBSERVED:
+        for observer, low_value, high_value in (("output_observer", saved["out_min"], saved["out_max"]),
+                                                ("weight_observer", saved["w_min"], saved["w_max"])):
             low, high = _range(layer, observer)
-            low.fill_(saved[lo])
-            high.fill_(saved[hi])
+            low.fill_(low_value)
+            high.fill_(high_value)
 
 
 def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
@@ -169,8 +158,8 @@ class QATStateRecord(Record):
 
 def read_qat_state(path: Path, expected: QATConfig | None = None) -> QATState:
     """A ``qat.json`` (the final one or a checkpoint's) read and validated as a
-    :class:`QATStateRecord`, as the plain dict :func:`load_qat_state` and
-    :func:`quarl.quant.api.from_qat_state` take. With ``expected``, its settings must be
+    :class:`QATStateRecord`, as the :class:`~quarl.quant.config.QATState` :func:`load_qat_state`
+    and :func:`quarl.quant.api.from_qat_state` take. With ``expected``, its settings must be
     those of the run resuming it (another bit width would be another run)."""
     record = parse_record(QATStateRecord, parse_json(read_capped(path, QAT_STATE_CAP, "a QAT state"), path), path)
     try:
@@ -184,7 +173,10 @@ def read_qat_state(path: Path, expected: QATConfig | None = None) -> QATState:
         name = differ[0]
         raise QuarlError(f"{path}: field config.{name}: the run was trained with {name}={getattr(saved, name)!r}, this "
                          f"one asks {getattr(expected, name)!r}: resume with the same QAT options")
-    return record.model_dump()
+    layers: dict[str, QATLayerState] = {
+        name: {"quantize": layer.quantize, "out_min": layer.out_min, "out_max": layer.out_max, "w_min": layer.w_min,
+               "w_max": layer.w_max} for name, layer in record.layers.items()}
+    return {"config": saved.to_json(), "enabled": record.enabled, "layers": layers}
 
 
 class QATCallback(BaseCallback):

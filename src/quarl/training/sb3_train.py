@@ -30,7 +30,7 @@ from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError, StoppedRun
 from quarl.core.validate import digits
 from quarl.envs import EnvSpec, check_env_id, make_env
-from quarl.quant.config import QATConfig
+from quarl.quant.config import QATConfig, QATState
 from quarl.quant.qat import plain_layers
 from quarl.training.buffer_memory import check_buffer_memory
 from quarl.training.callbacks import REWARD_LINES, CheckpointEvery, RollingReward
@@ -38,7 +38,7 @@ from quarl.training.checkpoints import Checkpointer, latest_checkpoint, run_chec
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
 from quarl.training.hyperparams import TRAINERS, Hyperparams
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
-from quarl.training.qat_sb3 import QATCallback, QATState, read_qat_state, write_qat_state
+from quarl.training.qat_sb3 import QATCallback, read_qat_state, write_qat_state
 from quarl.training.resume import RunSettings, check_checkpoint_step, resume_from, resumed_hyperparams
 from quarl.training.train_setup import TrainSetup, prepare
 from quarl.training.vec_env import training_vec_env
