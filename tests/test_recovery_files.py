@@ -1,0 +1,58 @@
+"""Files an earlier quarl wrote (``tests/data/recovery_v1``: a recovered folder and the
+state of its run) are read by this one: the folder loads with its manifest and hashes
+checked, its ``recovery.json`` reads back as written, and the state resumes the run that
+wrote it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import quarl
+from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
+
+DATA = Path(__file__).parent / "data" / "recovery_v1"
+CONFIG = RecoverConfig(precision="int4-block", rounds=2, max_rounds=2, episodes_per_round=2, updates_per_round=20,
+                       finetune_steps=0, closed_loop=False)
+"""The options ``make.py`` recovered with."""
+
+
+def _folder(tmp_path: Path) -> Path:
+    out = tmp_path / "rec"
+    shutil.copytree(DATA / "folder", out)
+    return out
+
+
+def test_a_recovered_folder_written_before_loads(tmp_path: Path) -> None:
+    out = _folder(tmp_path)
+    path = out / "CartPole-v1" / "recovery.json"
+    record, typed = read_recovery_record(path)
+    assert record == json.loads(path.read_text())  # as written
+    assert (typed.precision, typed.kernel.mode, typed.shipped) == ("int4", "int4-block", record["shipped"])
+    assert len(typed.rounds) == typed.budget.rounds_played == 2
+    recovered = load_recovered(out)
+    assert recovered is not None and recovered.precision == "int4" and recovered.record == record
+    states = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    assert recovered.kernel.act_rows(states).shape == recovered.original.act_rows(states).shape == (8,)
+
+
+def test_a_state_written_before_resumes_its_run(tmp_path: Path) -> None:
+    state = tmp_path / "state.pt"
+    shutil.copy(DATA / "state.pt", state)
+    saved = read_state(state)
+    agent = quarl.load(DATA / "folder" / "CartPole-v1" / "original.zip", env="CartPole-v1")
+    assert agent.env_spec is not None and saved["teacher"] == agent.policy.fingerprint()
+    spec, _ = pick_spec(agent.policy, agent.env_spec, CONFIG)
+    played: list[int] = []
+    result = distill(agent.policy, agent.env_spec, CONFIG, spec, state_path=state,
+                     progress=lambda stats: played.append(stats.round))
+    assert played == []  # both rounds were played before: nothing is played again
+    rounds = json.loads((DATA / "folder" / "CartPole-v1" / "recovery.json").read_text())["rounds"]
+    assert [h.to_dict() for h in result.history] == saved["history"] == rounds
+    assert result.updates == saved["updates"] == 2 * CONFIG.updates_per_round
+    assert torch.equal(torch.from_numpy(result.heldout if result.heldout is not None else np.zeros(0)),
+                       saved["heldout"])
