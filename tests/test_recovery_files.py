@@ -5,8 +5,10 @@ wrote it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 
 import quarl
 from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
+from quarl.recovery.report import RoundJson, RoundStats
 
 DATA = Path(__file__).parent / "data" / "recovery_v1"
 CONFIG = RecoverConfig(precision="int4-block", rounds=2, max_rounds=2, episodes_per_round=2, updates_per_round=20,
@@ -33,7 +36,7 @@ def test_a_recovered_folder_written_before_loads(tmp_path: Path) -> None:
     record, typed = read_recovery_record(path)
     assert record == json.loads(path.read_text())  # as written
     assert (typed.precision, typed.kernel.mode, typed.shipped) == ("int4", "int4-block", record["shipped"])
-    assert len(typed.rounds) == typed.budget.rounds_played == 2
+    assert [r["round"] for r in typed.rounds] == [0, 1] and typed.budget.rounds_played == 2
     recovered = load_recovered(out)
     assert recovered is not None and recovered.precision == "int4" and recovered.record == record
     states = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
@@ -56,3 +59,17 @@ def test_a_state_written_before_resumes_its_run(tmp_path: Path) -> None:
     assert result.updates == saved["updates"] == 2 * CONFIG.updates_per_round
     assert torch.equal(torch.from_numpy(result.heldout if result.heldout is not None else np.zeros(0)),
                        saved["heldout"])
+
+
+def test_a_round_in_memory_has_the_fields_of_a_round_in_a_file() -> None:
+    """RoundStats mirrors RoundJson (the definition pydantic checks): the same names in the
+    same order, the same types with the same checks, a default exactly where the file may
+    lack the field."""
+    in_file = typing.get_type_hints(RoundJson, include_extras=True)
+    in_memory = typing.get_type_hints(RoundStats, include_extras=True)
+    assert list(in_memory) == list(in_file)
+    optional = {name for name, hint in in_file.items() if typing.get_origin(hint) is typing.NotRequired}
+    assert {name: in_file[name] for name in in_file if name not in optional} == \
+        {name: in_memory[name] for name in in_file if name not in optional}
+    assert {name: typing.get_args(in_file[name])[0] for name in optional} == {name: in_memory[name] for name in optional}
+    assert {f.name for f in dataclasses.fields(RoundStats) if f.default is not dataclasses.MISSING} == optional

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from quarl.recovery.config import RecoverConfig, Q_ALGOS, RECOVERY_FILE, ORIGINAL_ZIP, EXPORT_DIR, STATE_FILE, RECOVERY_FORMAT, MIN_HELDOUT, TRAIN_SEEDS_END, TEST_SEEDS
 from quarl.recovery.losses import distill_loss
-from quarl.recovery.dagger import RoundStats, RecoveryResult, pick_spec, distill, read_state
+from quarl.recovery.report import RoundStats
+from quarl.recovery.dagger import RecoveryResult, pick_spec, distill, read_state
 from quarl.recovery.folder import write_recovered, Recovered, find_recovery, load_recovered, read_recovery_record, sha256_file
 from quarl.recovery.judge import Judge, shipped_line
 from quarl.recovery.workflow import run_recover, preflight, finished_record, RECOVERED_PREFIX, recovered_precision, recovered_kernel, recover_stages, finetune_stage

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -22,7 +22,8 @@ RECOVERY_FILE = "recovery.json"
 ORIGINAL_ZIP = "original.zip"
 EXPORT_DIR = "export"
 STATE_FILE = "state.pt"
-RECOVERY_FORMAT = 1
+RECOVERY_FORMAT: Final = 1
+"""The format of recovery.json and state.pt (a literal: :class:`~quarl.recovery.report.RecoveryState` holds exactly it)."""
 MIN_HELDOUT = 256
 """Held-out states needed before a round may end the run: one short episode (a failing
 CartPole's 10 steps) agreeing on every state says little."""

@@ -9,18 +9,17 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, cast
+from typing import Callable
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field
 from torch import nn
 
 from quarl.envs import EnvSpec
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
-from quarl.core.file_schema import Record, parse_record
+from quarl.core.file_schema import parse_record
 from quarl.evaluation.calibration import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
 from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
@@ -33,31 +32,9 @@ from quarl.recovery.config import RECOVERY_FORMAT
 from quarl.recovery.config import RecoverConfig
 from quarl.recovery.losses import _loss_scale
 from quarl.recovery.losses import distill_loss
-from quarl.recovery.report import RecoveryState, RoundJson
+from quarl.recovery.report import JsonObject, RecoveryState, RoundStats, StateFile
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RoundStats:
-    """What one round did and measured."""
-
-    round: int
-    states: int
-    """States in the aggregated set after this round."""
-    new_states: int
-    loss: float
-    agreement: float
-    """Held-out agreement of the real kernel built from the student with the teacher."""
-    played_return: float
-    """Mean return of the episodes played this round (the teacher's in round 0)."""
-    wall_s: float
-    calibration_verdict: str = ""
-
-    def to_dict(self) -> RoundJson:
-        return {"round": self.round, "states": self.states, "new_states": self.new_states, "loss": self.loss,
-                "agreement": self.agreement, "played_return": self.played_return, "wall_s": self.wall_s,
-                "calibration_verdict": self.calibration_verdict}
 
 
 @dataclass
@@ -90,7 +67,7 @@ class RecoveryResult:
 Progress = Callable[[RoundStats], None]
 
 
-def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple[KernelSpec, dict[str, Any] | None]:
+def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple[KernelSpec, JsonObject | None]:
     """The kernel the student reproduces: a named mode, or the automatic choice's (what
     ``quarl ptq`` would run), replaced by the mode whose student stands in where it has none
     (:func:`quarl.quant.modes.student_mode_for`), and by its fallback where this CPU cannot run it."""
@@ -99,12 +76,13 @@ def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple
     from quarl.quant.choice import keep_options
 
     qconfig = config.quant_config()
-    chosen: dict[str, Any] | None = None
+    chosen: JsonObject | None = None
     if qconfig.mode == "auto":
         calibration = calibration_inputs(policy, env_spec)
         quantized = quantize(policy, qconfig, calibration=calibration, returns=calibration_returns(env_spec))
-        chosen = quantized.meta.get("quant") or {}
-        label, keep = str(chosen["mode"]), frozenset(int(i) for i in chosen["fp32_layers"])
+        quant = quantized.meta.get("quant") or {}  # the automatic choice's record (precisions.quantize_int)
+        chosen = quant
+        label, keep = str(quant["mode"]), frozenset(int(i) for i in quant["fp32_layers"])
     else:
         label, keep = qconfig.label, keep_options(policy.network)[0]
     mode_label = student_mode(label)
@@ -262,7 +240,7 @@ def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, confi
         run.student.load_state_dict(saved["student"])
         run.optimizer.load_state_dict(saved["optimizer"])
         run.states, run.heldout = saved["states"].numpy(), saved["heldout"].numpy()
-        run.history = [RoundStats(**h) for h in saved["history"]]
+        run.history = [RoundStats.from_dict(h) for h in saved["history"]]
         run.best = (float(saved["best_agreement"]), int(saved["best_round"]), saved["best_student"])
         run.updates, run.seeds = int(saved["updates"]), [int(s) for s in saved["seeds"]]
         run.target = float(saved["target"]) if saved["target"] >= 0 else None
@@ -297,8 +275,9 @@ def _round(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: Recover
         outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n),
                                    env_id=env_spec.env_id)
         verdict = outcome.verdict.label() if not outcome.kept else "keeps"
-    stats = RoundStats(r, len(run.states), new, float(np.mean(losses)), agreement, played,
-                       time.perf_counter() - t0, verdict)
+    stats = RoundStats(round=r, states=len(run.states), new_states=new, loss=float(np.mean(losses)),
+                       agreement=agreement, played_return=played, wall_s=time.perf_counter() - t0,
+                       calibration_verdict=verdict)
     run.history.append(stats)
     if run.best is None or agreement >= run.best[0] or verdict == "keeps":  # ties: the later round (more states)
         run.best = (agreement, r, copy.deepcopy(run.student.state_dict()))
@@ -399,43 +378,6 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
     write_atomic(path, lambda tmp: torch.save(state, tmp))  # a full disk: the last good state stays
 
 
-_Count = Annotated[int, Field(ge=0)]
-
-
-class RoundRecord(Record):
-    """One :class:`RoundStats` as a state or ``recovery.json`` holds it."""
-
-    round: _Count
-    states: _Count
-    new_states: _Count
-    loss: float
-    agreement: Annotated[float, Field(ge=0, le=1)]
-    played_return: Annotated[float, Field(allow_inf_nan=True)]
-    wall_s: Annotated[float, Field(ge=0)]
-    calibration_verdict: str = ""
-
-
-class RecoveryStateRecord(Record):
-    """What :func:`_save_state` writes after each round (tensors and plain containers)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-    format: Literal[1]
-    teacher: str
-    spec: dict[str, Any]
-    config: dict[str, Any]
-    student: dict[str, torch.Tensor]
-    optimizer: dict[str, Any]
-    states: torch.Tensor
-    heldout: torch.Tensor
-    history: list[RoundRecord]
-    best_agreement: float
-    best_round: int = Field(ge=-1)
-    best_student: dict[str, torch.Tensor]
-    updates: _Count
-    seeds: list[int]
-    target: float
-
-
 STATE_CAP = 16 << 30
 """Bytes a recovery state may have (its aggregated states are capped at about 2 GiB)."""
 
@@ -456,10 +398,9 @@ def read_state(path: Path) -> RecoveryState:
     if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
         raise QuarlError(f"{path} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start afresh")
     try:
-        parse_record(RecoveryStateRecord, saved, path)
+        return parse_record(StateFile, saved, path).root  # its fields checked: RecoveryState
     except QuarlError as exc:
         raise QuarlError(f"{exc}: remove it to start afresh") from None
-    return cast(RecoveryState, saved)  # as torch.load read it, its fields checked by RecoveryStateRecord
 
 
 def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> RecoveryState:

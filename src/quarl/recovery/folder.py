@@ -29,8 +29,7 @@ from quarl.recovery.config import RECOVERY_FILE
 from quarl.recovery.config import RECOVERY_FORMAT
 from quarl.recovery.config import RecoverConfig
 from quarl.recovery.dagger import RecoveryResult
-from quarl.recovery.dagger import RoundRecord
-from quarl.recovery.report import RecoveryJson, RecoveryReport, Shipped
+from quarl.recovery.report import JsonObject, RecoveryJson, RecoveryReport, RoundJson, Shipped
 
 
 
@@ -144,7 +143,7 @@ def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> 
 
 
 def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
-                    config: RecoverConfig, chosen: dict[str, Any] | None = None,
+                    config: RecoverConfig, chosen: JsonObject | None = None,
                     report: RecoveryReport | None = None) -> RecoveryJson:
     """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
     the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
@@ -339,9 +338,9 @@ class RecoveryRecord(Record):
     precision: Literal["int8", "int4"]
     original: OriginalRecord
     recovered: RecoveredRecord
-    env: dict[str, Any] | None = None
-    config: dict[str, Any] | None = None
-    rounds: list[RoundRecord] = []
+    env: JsonObject | None = None
+    config: JsonObject | None = None
+    rounds: list[RoundJson] = []
     files: dict[str, Annotated[str, StringConstraints(pattern="^[0-9a-f]{64}$")]] | None = None
     # the report the CLI prints again when the folder is reused: typed, finite and consistent
     kernel: KernelRecord
@@ -370,7 +369,7 @@ class RecoveryRecord(Record):
             raise ValueError("a student shipped without the stage that made it")
         if len(self.rounds) > self.budget.rounds_played:
             raise ValueError(f"{len(self.rounds)} rounds recorded of {self.budget.rounds_played} played")
-        if [r.round for r in self.rounds] != list(range(len(self.rounds))):
+        if [r["round"] for r in self.rounds] != list(range(len(self.rounds))):
             raise ValueError("rounds are not numbered 0, 1, ... in order")
         if self.best_round > len(self.rounds):  # a fine-tuned student is the round after the last
             raise ValueError(f"best round {self.best_round} of {len(self.rounds)} rounds")
