@@ -24,3 +24,19 @@ def test_qat_config_json_is_its_fields_in_order() -> None:
     config = QATConfig(bits=4, quant_delay=100, scheme="affine", critic=True)
     assert list(config.to_json().items()) == list(dataclasses.asdict(config).items())
     assert list(typing.get_type_hints(QATConfigJson)) == [f.name for f in dataclasses.fields(QATConfig)]
+
+
+def test_env_json_is_what_json_made_of_its_fields() -> None:
+    import json
+
+    from quarl.envs import EnvSpec
+    from quarl.evaluation.calibration import CalibrationEpisodes
+
+    spec = EnvSpec("BreakoutNoFrameskip-v4", {"max_episode_steps": 100, "x": [1, 2.5, None]},
+                   ("atari", ("frame_skip", {"skip": 2})), 4)
+    for dump in (dict(sort_keys=True, default=str), dict(indent=1)):  # the choice cache's key, an export's sidecar
+        assert json.dumps(spec.to_json(), **dump) == json.dumps(dataclasses.asdict(spec), **dump)
+    key = CalibrationEpisodes(spec, 500).cache_key()
+    assert json.dumps(key, sort_keys=True) == json.dumps(
+        {"env": dataclasses.asdict(spec), "first_seed": 10_100, "max_steps": 500, "steps": 20_000, "caps": [16, 64]},
+        sort_keys=True)

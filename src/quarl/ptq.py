@@ -19,7 +19,7 @@ from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells, output_lock
-from quarl.evaluation.record import CellRecord
+from quarl.evaluation.record import CellRecord, KeyExtras
 from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import QuantConfig
 from quarl.core.records import ResultsLog
@@ -142,7 +142,7 @@ def run_sweep(
     for n in bits:
         config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations,
                              block_size=block_size)
-        key = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
+        key: KeyExtras = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
         cells.append(Cell(config.label, config, key))
     with output_lock(out_dir):
         records = evaluate_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress,

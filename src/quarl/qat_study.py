@@ -19,6 +19,7 @@ from quarl.core.table import Row
 from quarl.core.errors import QuarlError
 from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.cells import Cell, EvalSettings, evaluate_cells
+from quarl.evaluation.record import KeyExtras
 from quarl.quant.config import QATConfig, QuantConfig
 from quarl.core.records import ResultsLog
 from quarl.evaluation.reports import relative_error, save_figure, write_rows
@@ -66,8 +67,8 @@ def run_qat_study(
     out: Path,
     on_stage: Callable[[str], None] | None = None,
     progress_bar: bool = False,
-) -> list[dict[str, Any]]:
-    """Train what is missing, evaluate, write ``qat.{csv,md,json}`` and ``qat.png``."""
+) -> list[Row]:
+    """Train what is missing, evaluate, write ``qat.{csv,md,json}`` and ``qat.png``; returns the table's rows."""
     total = resolve_timesteps(study.algo, study.env_id, study.timesteps, dict(study.hyperparams))
     delay = study.quant_delay if study.quant_delay is not None else total // 2
     if not 0 <= delay < total:
@@ -87,7 +88,7 @@ def run_qat_study(
     base = load_checkpoint(base_run)
     spec = base.env_spec
     assert spec is not None  # a run folder quarl trained names its env
-    common = {"timesteps": total, "quant_delay": delay, "train_seed": study.seed}
+    common: KeyExtras = {"timesteps": total, "quant_delay": delay, "train_seed": study.seed}
     cells = [Cell("fp32", QuantConfig(), {"method": "fp32", **common}),
              Cell("int8", QuantConfig(precision="int8"), {"method": "ptq", "bits": 8, "real_int8": True, **common})]
     for n in study.bits:

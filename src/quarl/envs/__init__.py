@@ -14,15 +14,18 @@ Old ids that gymnasium no longer makes (MuJoCo ``-v2``/``-v3`` needed mujoco-py,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
+import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypedDict
 
 import gymnasium as gym
 import numpy as np
+from pydantic import JsonValue
 
 from quarl.envs import wrappers as env_wrappers
 from quarl.core.errors import QuarlError
@@ -370,6 +373,16 @@ MAX_FRAME_STACK = 64
 how much memory an observation takes."""
 
 
+class EnvJson(TypedDict):
+    """An :class:`EnvSpec` as JSON (:meth:`EnvSpec.to_json`), as stored keys and export sidecars hold it."""
+
+    env_id: str
+    env_kwargs: dict[str, JsonValue]
+    wrappers: list[str | list[JsonValue]]
+    """A name, or ``[name, [[argument, value], ...]]``."""
+    frame_stack: int
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """How to build the env a policy acts in."""
@@ -385,6 +398,12 @@ class EnvSpec:
         if isinstance(self.frame_stack, bool) or not isinstance(self.frame_stack, int) or \
                 not 1 <= self.frame_stack <= MAX_FRAME_STACK:
             raise QuarlError(f"frame_stack={self.frame_stack!r} must be a whole number in 1..{MAX_FRAME_STACK}")
+
+    def to_json(self) -> EnvJson:
+        """The fields as JSON reads them back (tuples as lists); env kwargs that JSON cannot hold
+        raise ``TypeError``, as writing them always did."""
+        as_json: EnvJson = json.loads(json.dumps(dataclasses.asdict(self)))
+        return as_json
 
 
 class GameScore(gym.Wrapper):

@@ -9,13 +9,12 @@ the states, :func:`calibration_returns` the closed-loop check of the automatic i
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
-from quarl.envs import EnvSpec
+from quarl.envs import EnvJson, EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
@@ -41,6 +40,17 @@ CALIBRATION_STEPS = 20_000
 """The sequential test of a mode plays at most about this many steps per policy: 64
 episodes of a short game, 20 of a 1000-step MuJoCo episode (never fewer than 16)."""
 SEQUENTIAL_CAPS = (16, 64)
+
+
+class CalibrationKey(TypedDict):
+    """What calibration episodes are (:meth:`CalibrationEpisodes.cache_key`): part of a stored int
+    mode choice's key."""
+
+    env: EnvJson
+    first_seed: int
+    max_steps: int
+    steps: int
+    caps: list[int]
 
 
 class CalibrationEpisodes:
@@ -78,9 +88,9 @@ class CalibrationEpisodes:
             lengths.extend(result.lengths.tolist())
         return np.asarray(returns[:n], np.float64)
 
-    def cache_key(self) -> dict[str, Any]:
+    def cache_key(self) -> CalibrationKey:
         """What these episodes are, for the stored int mode choice (:mod:`quarl.quant.choice_cache`)."""
-        return {"env": dataclasses.asdict(self.env_spec), "first_seed": self.first, "max_steps": self.max_steps,
+        return {"env": self.env_spec.to_json(), "first_seed": self.first, "max_steps": self.max_steps,
                 "steps": CALIBRATION_STEPS, "caps": list(SEQUENTIAL_CAPS)}
 
     def episode_cap(self, policy: Policy, first: int = 4) -> int:

@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -31,13 +30,13 @@ from quarl.evaluation import parallel
 from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
 from quarl.envs import EnvSpec, sticky_probability
 from quarl.core.errors import QuarlError
-from quarl.evaluation.record import RESULT_FORMAT, CellRecord, EvalRecord
+from quarl.evaluation.record import RESULT_FORMAT, CellKey, CellRecord, EvalRecord, KeyExtras, SettingsKey
 from quarl.policies.base import Policy
 from quarl.core.provenance import provenance
 from quarl.quant import modes
 from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import QuantConfig, QuantConfigJson
 from quarl.core.records import ResultsLog
 from quarl.core.timing import median_us
 
@@ -79,7 +78,7 @@ class EvalSettings:
         if self.max_steps is not None and not 1 <= self.max_steps <= MAX_EPISODE_STEPS:
             raise QuarlError(f"max steps {self.max_steps} must be in 1..{MAX_EPISODE_STEPS:,} (or unset)")
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> SettingsKey:
         return {"episodes": self.episodes, "seed": self.seed, "max_steps": self.max_steps}
 
 
@@ -89,7 +88,8 @@ class Cell:
 
     label: str
     config: QuantConfig
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: KeyExtras = field(default_factory=lambda: KeyExtras())
+    """More fields of the cell's key (a sweep's width and scheme, the QAT study's method)."""
     policy: Policy | None = None
     """Evaluate this policy as it is (e.g. a QAT-trained one) instead of quantizing."""
 
@@ -98,7 +98,7 @@ class Cell:
 class ConfigIdentity:
     """What a config is as this machine runs it: every stored result is keyed on it."""
 
-    config: dict[str, Any]
+    config: QuantConfigJson
     """The config resolved for this CPU (``QuantConfig.resolved``), as plain fields."""
     format: int
     """:data:`quarl.evaluation.record.RESULT_FORMAT`."""
@@ -110,15 +110,15 @@ class ConfigIdentity:
 def config_identity(config: QuantConfig) -> ConfigIdentity:
     """The part of every cell key that says what ran: see :class:`ConfigIdentity`."""
     runtime = modes.runtime_key() if registry.get(config.precision).real_int else None
-    return ConfigIdentity(dataclasses.asdict(config.resolved()), RESULT_FORMAT, runtime)
+    return ConfigIdentity(config.resolved().to_json(), RESULT_FORMAT, runtime)
 
 
-def cell_key(env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint: str) -> dict[str, Any]:
+def cell_key(env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint: str) -> CellKey:
     """What a stored ptq / sweep record must match to be reused: the cell's label and extra
     fields, the settings, the policy's content (``fingerprint``, or the cell's own policy's),
     :func:`config_identity` and the env, as it reads back from JSON (tuples become lists)."""
     identity = config_identity(cell.config)
-    return dict(json.loads(json.dumps({
+    key: CellKey = json.loads(json.dumps({
         "precision": cell.label,
         **cell.extra,
         **settings.key(),
@@ -127,7 +127,8 @@ def cell_key(env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint:
         "env": dataclasses.asdict(env_spec),
         "format": identity.format,
         **({"runtime": identity.runtime} if identity.runtime is not None else {}),
-    })))
+    }))
+    return key
 
 
 @contextlib.contextmanager

@@ -13,7 +13,14 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+from quarl.core.provenance import Provenance
+
+if TYPE_CHECKING:  # the schema imports nothing heavy: these modules import torch and gymnasium
+    from quarl.envs import EnvJson
+    from quarl.quant.config import QuantConfigJson
+    from quarl.quant.precisions import QuantSummary
 
 RESULT_FORMAT = 14
 """Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
@@ -43,7 +50,7 @@ class EvalRecord:
     returns: list[float]
     """Per-episode returns (rounded to 4 digits), episode i reset with seed ``seed + i``."""
     lengths: list[int]
-    quant: dict[str, Any] | None
+    quant: QuantSummary | None
     """A real int cell's mode, fp32 layers, agreement with fp32 and every mode tried."""
     steps_per_s: float | None
     latency_us: float | None
@@ -60,7 +67,7 @@ class EvalRecord:
     sticky_actions: float | None = None
     """The env's sticky-action probability where one was set (:func:`quarl.envs.with_sticky_actions`)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # JSON: a results.jsonl line's measured fields, a study row's columns
         return dataclasses.asdict(self)
 
     @classmethod
@@ -70,7 +77,9 @@ class EvalRecord:
         return cls(**{f.name: stored[f.name] for f in dataclasses.fields(cls) if f.name in stored})
 
 
-_SQL_TYPES = {"str": "TEXT", "float": "REAL", "int": "INTEGER", "list": "TEXT", "dict": "TEXT"}
+_JSON_TYPES = ("list", "dict", "QuantSummary")
+"""Base types stored as JSON text (a TypedDict is a JSON object)."""
+_SQL_TYPES = {"str": "TEXT", "float": "REAL", "int": "INTEGER", **{name: "TEXT" for name in _JSON_TYPES}}
 """SQLite type of each field's base type: lists and dicts are stored as JSON text."""
 
 
@@ -92,7 +101,43 @@ def sql_columns() -> dict[str, str]:
 
 def json_fields() -> tuple[str, ...]:
     """:class:`EvalRecord` fields stored as JSON text."""
-    return tuple(f.name for f in dataclasses.fields(EvalRecord) if _base_type(f.type)[0] in ("list", "dict"))
+    return tuple(f.name for f in dataclasses.fields(EvalRecord) if _base_type(f.type)[0] in _JSON_TYPES)
+
+
+class SettingsKey(TypedDict):
+    """The evaluation settings a stored cell was played with (``EvalSettings.key``)."""
+
+    episodes: int
+    seed: int
+    max_steps: int | None
+
+
+class KeyExtras(TypedDict, total=False):
+    """Fields a sweep or the QAT study adds to its cells' keys (``Cell.extra``)."""
+
+    bits: int
+    scheme: str
+    granularity: str
+    activations: bool
+    method: str
+    """The QAT study's column: ``fp32``, ``ptq``, ``ptq_act`` or ``qat``."""
+    real_int8: bool
+    timesteps: int
+    quant_delay: int
+    train_seed: int
+
+
+class CellKey(KeyExtras, SettingsKey):
+    """What a stored ptq / sweep record must match to be reused
+    (:func:`quarl.evaluation.cells.cell_key`), as it reads back from JSON."""
+
+    precision: str
+    policy_sha256: str
+    config: QuantConfigJson
+    env: EnvJson
+    format: int
+    runtime: NotRequired[dict[str, str]]
+    """A real int cell's runtime and CPU."""
 
 
 @dataclass(frozen=True)
@@ -105,13 +150,14 @@ class CellRecord(Mapping[str, Any]):
     the row ``results.jsonl`` holds (``record["mean"]``, with ``"reused": True`` on a reused
     one), which is what the tables take, from this run or from a file alike."""
 
-    key: dict[str, Any]
+    key: CellKey
     algo: str
     checkpoint: str | None
     """The policy's path as given (not part of the key: a moved file is the same policy)."""
     result: EvalRecord
-    provenance: dict[str, Any]
-    """Package versions, CPU model and flags of the run that measured it."""
+    provenance: Provenance | None
+    """Package versions, CPU model and flags of the run that measured it (a reused record's as
+    stored; None where it holds none)."""
     reused: bool = False
 
     @property
@@ -125,7 +171,8 @@ class CellRecord(Mapping[str, Any]):
 
     @cached_property
     def _row(self) -> dict[str, Any]:
-        return self.to_memory_dict()
+        """:meth:`to_dict` with ``"reused": True`` on a reused record (never written)."""
+        return {**self.to_dict(), "reused": True} if self.reused else self.to_dict()
 
     def __getitem__(self, name: str) -> Any:
         return self._row[name]
@@ -148,22 +195,16 @@ class CellRecord(Mapping[str, Any]):
                                      mean=float(np.mean(returns)), std=float(np.std(returns)))
         return dataclasses.replace(self, key={**self.key, "episodes": len(returns)}, result=result)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # JSON: the results.jsonl line
         """The line ``results.jsonl`` holds: key, identity, measurements, provenance (in
         that order, as every quarl since format 2 wrote it)."""
         return {**self.key, "algo": self.algo, "checkpoint": self.checkpoint, **self.result.to_dict(),
                 "provenance": self.provenance}
 
-    def to_memory_dict(self) -> dict[str, Any]:
-        """:meth:`to_dict` with ``"reused": True`` on a reused record, as the callers that
-        still take dicts read it (never written)."""
-        return {**self.to_dict(), "reused": True} if self.reused else self.to_dict()
-
     @classmethod
-    def from_stored(cls, key: Mapping[str, Any], stored: Mapping[str, Any], algo: str, checkpoint: str | None,
-                    ) -> CellRecord:
-        """A record read back from ``results.jsonl`` whose fields matched ``key``, with this
-        run's identity (``algo``, ``checkpoint``)."""
-        return cls(dict(key), algo, checkpoint, EvalRecord.from_dict(stored), dict(stored.get("provenance") or {}),
-                   reused=True)
+    def from_stored(cls, key: CellKey, stored: Mapping[str, Any], algo: str, checkpoint: str | None) -> CellRecord:
+        """A record read back from ``results.jsonl`` (checked as a
+        :class:`quarl.core.records.StoredCell`) whose fields matched ``key``, with this run's
+        identity (``algo``, ``checkpoint``)."""
+        return cls(key, algo, checkpoint, EvalRecord.from_dict(stored), stored.get("provenance") or None, reused=True)
 

@@ -21,8 +21,9 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import numpy as np
 from pydantic import Field
@@ -31,6 +32,9 @@ from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, check_depth, parse_record
 from quarl.core.limits import read_capped
+
+if TYPE_CHECKING:  # the modes import torch and ONNX Runtime; only annotations name their summary here
+    from quarl.quant.modes import CandidateSummary
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,24 @@ class ChoiceRecord(Record):
     tried: list[CandidateRecord] = Field(max_length=10_000)
 
 
+class ChoiceEntry(TypedDict):
+    """A stored choice as :func:`load` returns it and :func:`store` writes it (a checked
+    :class:`ChoiceRecord`)."""
+
+    mode: str
+    keep: list[int]
+    chosen: CandidateSummary
+    tried: list[CandidateSummary]
+
+
+def _summary(record: CandidateRecord) -> CandidateSummary:
+    return {"mode": record.mode, "fp32_layers": list(record.fp32_layers), "agreement": record.agreement,
+            "kl": record.kl, "sampled_agreement": record.sampled_agreement, "latency_us": record.latency_us,
+            "fp32_ort_latency_us": record.fp32_ort_latency_us, "model_bytes": record.model_bytes,
+            "calibration_return": record.calibration_return, "calibration_episodes": record.calibration_episodes,
+            "calibration_verdict": record.calibration_verdict}
+
+
 def cache_dir() -> Path | None:
     raw = os.environ.get(CACHE_ENV, "")
     if raw.strip().lower() in ("off", "0", "none", "false"):
@@ -83,7 +105,8 @@ def _mode_set() -> list[str]:
     return sorted(MODES)
 
 
-def choice_key(fingerprint: str, options: dict[str, Any], calibration: np.ndarray, returns: object) -> str | None:
+def choice_key(fingerprint: str, options: Mapping[str, int | float | str | bool], calibration: np.ndarray,
+               returns: object) -> str | None:
     """The key of a choice, or None when it cannot be named: calibration episodes that do not
     say what they play (a caller's own function) make the choice uncacheable."""
     from quarl.core.provenance import provenance
@@ -105,7 +128,7 @@ def choice_key(fingerprint: str, options: dict[str, Any], calibration: np.ndarra
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load(key: str | None, known_modes: set[str], n_layers: int | None = None) -> dict[str, Any] | None:
+def load(key: str | None, known_modes: set[str], n_layers: int | None = None) -> ChoiceEntry | None:
     """The stored choice for ``key``, checked: ``{"mode", "keep", "chosen", "tried"}``, a
     mode of ``known_modes`` keeping some of the ``n_layers`` weight layers in fp32, never all
     of them (an entry that would run the int row in fp32 is ignored with a note)."""
@@ -116,25 +139,27 @@ def load(key: str | None, known_modes: set[str], n_layers: int | None = None) ->
     try:
         if not path.exists():
             return None
-        entry = json.loads(read_capped(path, MAX_ENTRY_BYTES, "an int mode cache entry", within=folder))
-        check_depth(entry, path)
-        entry = parse_record(ChoiceRecord, entry, path).model_dump()
+        raw = json.loads(read_capped(path, MAX_ENTRY_BYTES, "an int mode cache entry", within=folder))
+        check_depth(raw, path)
+        record = parse_record(ChoiceRecord, raw, path)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError, QuarlError) as exc:
         if path.exists() or path.is_symlink():
             why = ("JSON nested too deeply" if isinstance(exc, RecursionError)
                    else (str(exc).splitlines() or [type(exc).__name__])[0].removeprefix(f"{path}: ")[:300])
             log.warning("ignoring the int mode cache entry %s (%s): choosing afresh", path, why)
         return None
-    ok = (entry["mode"] in known_modes and len(set(entry["keep"])) == len(entry["keep"])
-          and (n_layers is None or (all(i < n_layers for i in entry["keep"]) and len(entry["keep"]) < n_layers)))
+    keep = list(record.keep)
+    ok = (record.mode in known_modes and len(set(keep)) == len(keep)
+          and (n_layers is None or (all(i < n_layers for i in keep) and len(keep) < n_layers)))
     if not ok:
         log.warning("ignoring the int mode cache entry %s: it does not fit this policy (mode, fp32 layers); choosing "
                     "afresh", path)
         return None
-    return entry
+    return {"mode": record.mode, "keep": keep, "chosen": _summary(record.chosen),
+            "tried": [_summary(c) for c in record.tried]}
 
 
-def store(key: str | None, entry: dict[str, Any]) -> None:
+def store(key: str | None, entry: ChoiceEntry) -> None:
     """Write the choice atomically (a rename), so concurrent commands never read half a file;
     a cache that cannot be written only costs the next command a new choice."""
     folder = cache_dir()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Required, TypedDict
 
 import numpy as np
 import torch
@@ -69,6 +69,30 @@ class Precision:
     are keyed by the runtime too, and an automatic mode is checked against fp32)."""
     calibrates: Callable[["QuantConfig"], bool] = lambda config: False
     """Whether a config needs calibration observations (fp32 rollout states)."""
+
+
+class QuantSummary(TypedDict, total=False):
+    """``policy.meta["quant"]``: how a real int policy runs (records, tables and export sidecars
+    hold it). :func:`quantize_int` gives every field: the chosen mode's
+    :class:`~quarl.quant.modes.CandidateSummary`, the weight options, whether the choice came
+    from the cache and every mode tried; a recovered kernel gives its mode and fp32 layers; an
+    export's sidecar all but ``tried``."""
+
+    mode: Required[str]
+    fp32_layers: list[int]
+    agreement: float | None
+    kl: float | None
+    sampled_agreement: float | None
+    latency_us: float | None
+    fp32_ort_latency_us: float | None
+    model_bytes: int
+    calibration_return: float | None
+    calibration_episodes: int
+    calibration_verdict: str
+    int8_weights: str
+    block_size: int
+    chosen_from_cache: bool
+    tried: list[CandidateSummary]
 
 
 PRECISIONS: dict[str, Precision] = {}
@@ -186,7 +210,7 @@ def _choice_options(config: "QuantConfig", sampled: bool = False) -> dict[str, i
     return {**options, "sampled": True} if sampled else options  # a greedy choice keeps its older key
 
 
-def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: dict[str, Any]) -> Candidate:
+def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: choice_cache.ChoiceEntry) -> Candidate:
     """The stored choice, built again (the only mode built on a cache hit); what the first
     choice measured on episodes comes with it."""
     mode = get_mode(entry["mode"])
@@ -195,13 +219,15 @@ def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, ent
                            config.int8_weights, config.block_size, frozenset(entry["keep"]))
     best = build_candidate(policy, mode, request, check, config.action_tolerance)
     chosen = entry["chosen"]
-    best.latency_us = float("nan") if chosen.get("latency_us") is None else float(chosen["latency_us"])
-    best.fp32_ort_latency_us = (float("nan") if chosen.get("fp32_ort_latency_us") is None
-                                else float(chosen["fp32_ort_latency_us"]))
-    best.calibration_return = (float("nan") if chosen.get("calibration_return") is None
-                               else float(chosen["calibration_return"]))
-    best.calibration_episodes = int(chosen.get("calibration_episodes") or 0)
-    best.calibration_verdict = str(chosen.get("calibration_verdict") or "")
+
+    def measured(value: float | None) -> float:  # JSON's null: not measured
+        return float("nan") if value is None else float(value)
+
+    best.latency_us = measured(chosen["latency_us"])
+    best.fp32_ort_latency_us = measured(chosen["fp32_ort_latency_us"])
+    best.calibration_return = measured(chosen["calibration_return"])
+    best.calibration_episodes = chosen["calibration_episodes"]
+    best.calibration_verdict = chosen["calibration_verdict"]
     return best
 
 
@@ -248,8 +274,9 @@ def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray 
     network = best.reference if best.reference is not None else policy.clone_network()
     assert best.engine is not None  # every built candidate has its ONNX Runtime engine
     quantized = acting.with_network(network, config.label, best.engine)
-    quantized.meta["quant"] = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
-                               "chosen_from_cache": cached, "tried": tried}
+    summary: QuantSummary = {**best.summary(), "int8_weights": config.int8_weights, "block_size": config.block_size,
+                             "chosen_from_cache": cached, "tried": tried}
+    quantized.meta["quant"] = summary
     return quantized
 
 
