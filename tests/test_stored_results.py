@@ -55,17 +55,17 @@ def test_ptq_evaluates_again_a_results_line_whose_mean_is_not_its_returns(tiny_r
 
 
 def test_study_evaluates_again_a_row_whose_mean_is_not_its_returns(tiny_run: Path, tmp_path: Path) -> None:
-    from quarl.study.grid import StudyConfig, study_records
+    from quarl.study.grid import StudyConfig, run_study
 
     config = StudyConfig((tiny_run,), ("fp32",), (0,), episodes=2, n_envs=1, out=tmp_path, decide_episodes=0)
-    (first,) = study_records(config)
+    (first,) = run_study(config)
     with sqlite3.connect(tmp_path / "study.sqlite") as db:
         db.execute(f"UPDATE {TABLE} SET mean = 123.45")
     db.close()
     store = StudyStore(tmp_path / "study.sqlite")
     assert store.done() == set() and store.records() == []  # neither reused nor shown
     store.close()
-    (again,) = study_records(config)
+    (again,) = run_study(config)
     assert again.result.mean == pytest.approx(first.result.mean) and again.result.mean != 123.45
     with sqlite3.connect(tmp_path / "study.sqlite") as db:
         assert db.execute(f"SELECT COUNT(*), MAX(mean) FROM {TABLE}").fetchone() == (1, again.result.mean)

@@ -5,16 +5,25 @@ them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from quarl.core.errors import QuarlError
 from quarl.core.validate import MAX_N_ENVS, items, positive_ints, seed
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
+    from quarl.quant.config import ParseOptions
 
 
-def precisions(text: str, recovered: bool = False, **options: Any) -> list[str]:
+class QuantOptions(TypedDict):
+    """The :class:`~quarl.quant.config.QuantConfig` fields every cell of a command shares
+    (``--int8-weights``, ``--block-size``), checked by :func:`quant_options`."""
+
+    int8_weights: str
+    block_size: int
+
+
+def precisions(text: str, recovered: bool = False, **options: Unpack[ParseOptions]) -> list[str]:
     """The labels of --precisions, each checked, lower case; ``recovered``: ``rec-int4`` /
     ``rec-int8`` (a recovered column, quarl study) are allowed too."""
     from quarl.quant.config import QuantConfig
@@ -32,7 +41,7 @@ def precisions(text: str, recovered: bool = False, **options: Any) -> list[str]:
     return [label.lower() for label in labels]
 
 
-def quant_options(int8_weights: str, block_size: int) -> dict[str, Any]:
+def quant_options(int8_weights: str, block_size: int) -> QuantOptions:
     """QuantConfig fields shared by every cell, validated (one line for a bad value)."""
     from quarl.quant.config import QuantConfig
 

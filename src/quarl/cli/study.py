@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import typer
 
@@ -115,6 +115,7 @@ def study(
     setup(verbose)
     from quarl.evaluation.reports import print_table
     from quarl.study.grid import StudyConfig, find_agents, run_study
+    from quarl.study.store import StudyRecord
     from quarl.study.grid import cells as study_cells
     from quarl.workflows import write_study_report
 
@@ -134,9 +135,9 @@ def study(
     with progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 
-        def on_cell(record: dict[str, Any], done: int, total: int) -> None:
+        def on_cell(record: StudyRecord, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)  # deciding verdicts adds cells
-            log.info("%s %s seed %d: %.2f", record["policy"], record["precision"], record["seed"], record["mean"])
+            log.info("%s %s seed %d: %.2f", record.policy, record.precision, record.seed, record.result.mean)
 
         records = run_study(config, on_cell)
         bar.update(task, completed=len(records))

@@ -140,8 +140,26 @@ class CellKey(KeyExtras, SettingsKey):
     """A real int cell's runtime and CPU."""
 
 
+class RowView(Mapping[str, Any]):
+    """A typed record that also reads as the row its file holds (``record["mean"]``), which is
+    what the tables take, from this run or from a file alike: ``_row``, built once."""
+
+    @cached_property
+    def _row(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> Any:
+        return self._row[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
 @dataclass(frozen=True)
-class CellRecord(Mapping[str, Any]):
+class CellRecord(RowView):
     """One ptq / sweep / QAT-study cell: its key (what a stored record must match to be
     reused, :func:`quarl.evaluation.cells.cell_key`), whose policy it is, what was measured and where.
     ``reused``: read back from ``results.jsonl`` instead of evaluated (never written).
@@ -173,15 +191,6 @@ class CellRecord(Mapping[str, Any]):
     def _row(self) -> dict[str, Any]:
         """:meth:`to_dict` with ``"reused": True`` on a reused record (never written)."""
         return {**self.to_dict(), "reused": True} if self.reused else self.to_dict()
-
-    def __getitem__(self, name: str) -> Any:
-        return self._row[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._row)
-
-    def __len__(self) -> int:
-        return len(self._row)
 
     def joined(self, more: CellRecord) -> CellRecord:
         """This cell's episodes followed by ``more``'s (the next seeds): one record, whose

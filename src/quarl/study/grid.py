@@ -235,19 +235,7 @@ OnCell = Callable[[StudyRecord, int, int], None]
 """Called with (record, cells done, cells wanted) as each cell is stored."""
 
 
-def run_study(config: StudyConfig, on_cell: Callable[[dict[str, Any], int, int], None] | None = None
-              ) -> list[dict[str, Any]]:
-    """:func:`study_records` as dicts (the rows as stored), for the callers that still read
-    records as dicts; ``on_cell`` gets each record as a dict too."""
-    typed_on_cell: OnCell | None = None
-    if on_cell is not None:
-        def typed_on_cell(record: StudyRecord, done: int, total: int) -> None:
-            on_cell(record.to_dict(), done, total)
-
-    return [r.to_dict() for r in study_records(config, typed_on_cell)]
-
-
-def study_records(config: StudyConfig, on_cell: OnCell | None = None) -> list[StudyRecord]:
+def run_study(config: StudyConfig, on_cell: OnCell | None = None) -> list[StudyRecord]:
     """Evaluate the missing cells, storing each as it finishes; return every record of
     the study's cells. ``on_cell(record, done, total)`` reports progress. With
     ``config.decide_episodes``, undecided verdicts get more seeds (:func:`_decide`)."""
@@ -301,13 +289,12 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecor
     seeds = list(config.seeds)
     deadline = None if config.decide_seconds is None else time.monotonic() + config.decide_seconds
     while len(seeds) * config.episodes < config.decide_episodes:
-        rows = [r.to_dict() for r in records]  # the tables read records as stored
-        labels = _labels(rows)
+        labels = _labels(records)
         by_label = {label: checkpoint for checkpoint, label in labels.items()}
         counts: dict[tuple[str, str], int] = {}
         for r in records:
             counts[(r.checkpoint, r.precision)] = counts.get((r.checkpoint, r.precision), 0) + 1
-        undecided = {(by_label[str(row["policy"])], p) for row in study_table(rows, precisions) for p in precisions
+        undecided = {(by_label[str(row["policy"])], p) for row in study_table(records, precisions) for p in precisions
                      if str(row.get(f"{p} verdict", "")).startswith("undecided")
                      and counts.get((by_label[str(row["policy"])], p)) == len(seeds)}
         if not undecided:

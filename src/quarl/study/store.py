@@ -8,6 +8,7 @@ import json
 import logging
 import sqlite3
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +16,7 @@ from pydantic import ConfigDict, Field
 
 from quarl.core.errors import QuarlError
 from quarl.core.provenance import Provenance
-from quarl.evaluation.record import EvalRecord, json_fields, sql_columns
+from quarl.evaluation.record import EvalRecord, RowView, json_fields, sql_columns
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.records import EvalFields, disagreement
 
@@ -70,9 +71,10 @@ class StudyRow(EvalFields):
 
 
 @dataclass(frozen=True)
-class StudyRecord:
+class StudyRecord(RowView):
     """One study cell as its row holds it: the cell's key (:data:`KEY`), whose policy it is,
-    what was measured, where and when."""
+    what was measured, where and when. Read it by attribute (``record.result.mean``); it also
+    reads as its row (``record["mean"]``), as the tables take it."""
 
     checkpoint: str
     policy_sha256: str
@@ -97,7 +99,11 @@ class StudyRecord:
         return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
                 self.max_steps)
 
-    def to_dict(self) -> dict[str, Any]:
+    @cached_property
+    def _row(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def to_dict(self) -> dict[str, Any]:  # JSON (SQLite): the row
         """The row as a dict, in the table's column order."""
         return {"checkpoint": self.checkpoint, "policy_sha256": self.policy_sha256, "precision": self.precision,
                 "config_key": self.config_key, "seed": self.seed, "episodes": self.episodes,
@@ -106,7 +112,7 @@ class StudyRecord:
                 "finished_at": self.finished_at}
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> StudyRecord:
+    def from_dict(cls, row: dict[str, Any]) -> StudyRecord:  # JSON (SQLite): a row checked as a StudyRow
         return cls(row["checkpoint"], row["policy_sha256"], row["precision"], row["config_key"], row["seed"],
                    row["episodes"], row["max_steps"], row["policy"], row["algo"], EvalRecord.from_dict(row),
                    row.get("wall_s"), row.get("host"), row.get("provenance"), row["finished_at"])
