@@ -5,9 +5,10 @@ int column ran. Without agents it first trains PPO on CartPole-v1."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from quarl.core.errors import QuarlError
+from quarl.core.table import Row
 from quarl.evaluation.record import CellRecord
 from quarl.evaluation.cells import EvalSettings, Progress
 from quarl.evaluation.episodes import protocol
@@ -46,7 +47,7 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
 def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
              on_policy: Callable[[str, list[str]], Progress] | None = None,
              decide_episodes: int = 0, stochastic: bool | None = None,
-             sticky_actions: float | None = None, decide_seconds: float | None = None) -> list[dict[str, Any]]:
+             sticky_actions: float | None = None, decide_seconds: float | None = None) -> list[Row]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.

@@ -10,7 +10,6 @@ normalization (mean, var, clip), whether images are divided by 255, and the acti
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -23,8 +22,8 @@ from torch import nn
 
 from quarl.core.table import Row
 from quarl.core.atomic import write_all_atomic
-from quarl.core.provenance import provenance
-from quarl.envs import EnvSpec
+from quarl.core.provenance import Provenance, provenance
+from quarl.envs import EnvJson, EnvSpec
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
@@ -98,6 +97,26 @@ class PortableCheck(TypedDict):
 
     max_abs_diff: float
     action_agreement: float
+
+
+class ExportJson(Sidecar, OnnxOps):
+    """``OUT.json`` as written (:func:`write_artifact`): the :class:`Sidecar`, the model file and
+    its :class:`OnnxOps`, the hashes, env, provenance, how the int mode was judged, the mode's
+    summary (without the modes tried) and, with ``--portable``, its check (read back by
+    :func:`quarl.policies.onnx_artifact.read_sidecar`)."""
+
+    onnx: str
+    onnx_bytes: int
+    onnx_sha256: str
+    env: EnvJson | None
+    policy_sha256: str
+    provenance: Provenance
+    acting: Literal["sampled", "greedy"]
+    portable: NotRequired[dict[str, PortableCheck]]
+    """Per way of running it (``fp32_arithmetic``, ``onnxruntime_default``); empty where nothing was checked."""
+    quant: NotRequired[dict[str, Any]]
+    """The int mode's summary (a :class:`quarl.quant.precisions.QuantSummary` but ``tried``; the
+    recovered folder's adds ``recovered``)."""
 
 
 def _space(space: gym.spaces.Space) -> SpaceJson:
@@ -206,7 +225,7 @@ def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | No
 
 def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None,
                   env_spec: EnvSpec | None = None, returns: Returns | None = None, portable: bool = False,
-                  **options: Any) -> dict[str, Any]:
+                  **options: Any) -> ExportJson:
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file.
     ``portable``: MatMulNBits rewritten as standard ONNX (:mod:`quarl.quant.portable`),
@@ -222,8 +241,7 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
 
         contrib, model = model, portable_model(model)
         check = _portable_check(contrib, model, calibration, policy)
-    meta = write_artifact(policy, precision, out, model, quant, env_spec, extra={"portable": check} if portable else {})
-    return meta
+    return write_artifact(policy, precision, out, model, quant, env_spec, check)
 
 
 def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, PortableCheck]:
@@ -249,21 +267,21 @@ def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, 
 
 
 def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: dict[str, Any] | None,
-                   env_spec: EnvSpec | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   env_spec: EnvSpec | None = None, portable: dict[str, PortableCheck] | None = None) -> ExportJson:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
-    sidecar ``OUT.json``; ``quant``: the int mode's summary (:data:`quarl.quant` meta), ``extra``:
-    more fields. Returns ``OUT.json`` as written: the :class:`Sidecar`, :class:`OnnxOps`, the
-    hashes, env, provenance, quant and ``extra`` (a JSON object; read back by
-    :func:`quarl.policies.onnx_artifact.read_sidecar`)."""
+    sidecar ``OUT.json``; ``quant``: the int mode's summary (``policy.meta["quant"]``),
+    ``portable``: the check of a ``--portable`` model. Returns ``OUT.json`` as written."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
-    meta: dict[str, Any] = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
+    meta: ExportJson = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
             "onnx_sha256": hashlib.sha256(model).hexdigest(),
-            "env": None if env_spec is None else dataclasses.asdict(env_spec),
+            "env": None if env_spec is None else env_spec.to_json(),
             "policy_sha256": policy.fingerprint(), "provenance": provenance(),
             # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.modes.sampled_agreement)
-            "acting": "sampled" if policy.stochastic else "greedy", **(extra or {})}
+            "acting": "sampled" if policy.stochastic else "greedy"}
+    if portable is not None:
+        meta["portable"] = portable
     if quant is not None:
         meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
     # the model and its sidecar together: a full disk never leaves a new model beside an old sidecar

@@ -19,6 +19,7 @@ from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
+    from quarl.deploy import ExportJson
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
     from quarl.training.sb3_train import TrainConfig
@@ -87,7 +88,7 @@ def evaluate_trained(run_dir: Path, episodes: int, seed: int) -> TrainedScore:
 
 
 def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool,
-                    trust_pickle: bool) -> tuple[dict[str, Any], str | None]:
+                    trust_pickle: bool) -> tuple[dict[str, Policy], str | None]:
     """What ``ptq`` plays instead of quantizing where ``checkpoint`` is a policy ``quarl
     recover`` wrote: fp32 is the ORIGINAL policy and the recovered precision its real
     kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise."""
@@ -105,7 +106,8 @@ def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool,
 class Exported:
     onnx: Path
     sidecar: Path
-    meta: dict[str, Any]
+    meta: ExportJson
+    """The sidecar as written."""
 
 
 def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Path, max_steps: int | None = None,

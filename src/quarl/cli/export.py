@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -15,6 +16,9 @@ from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:  # the CLI imports deploy (torch) only when a command runs
+    from quarl.deploy import PortableCheck
 
 
 @user_errors
@@ -71,23 +75,21 @@ def export(
     mode = f", mode {exported.meta['quant']['mode']}" if "quant" in exported.meta else ""
     out_console.print(f"wrote {exported.onnx} ({exported.meta['onnx_bytes']:,} bytes{mode}) and {exported.sidecar}",
                       soft_wrap=True)
-    inexact = portable_note(exported.meta.get("portable") or {})
+    inexact = portable_note(exported.meta.get("portable", {}))
     if inexact:
         out_console.print(inexact, soft_wrap=True, highlight=False)
 
 
-def portable_note(check: dict[str, Any]) -> str:
+def portable_note(check: Mapping[str, PortableCheck]) -> str:
     """The line that says where a --portable file does not compute what the contrib kernel
     computes under ONNX Runtime ('' where it does, or nothing was checked)."""
-    runtime = check.get("onnxruntime_default") or {}
-    diff = runtime.get("max_abs_diff")
-    if not isinstance(diff, (int, float)) or diff == 0:
+    runtime = check.get("onnxruntime_default")
+    if runtime is None or runtime["max_abs_diff"] == 0:
         return ""
-    agree = runtime.get("action_agreement")
+    diff, agree = runtime["max_abs_diff"], runtime["action_agreement"]
     return (f"note: under ONNX Runtime the portable file is not the contrib kernel's arithmetic here (largest output "
-            f"difference {diff:.3g}" + (f", identical actions on {100 * agree:.1f}% of 512 calibration states"
-                                        if isinstance(agree, (int, float)) else "")
-            + "; sidecar 'portable'): ptq of the export folder judges the file as it runs")
+            f"difference {diff:.3g}, identical actions on {100 * agree:.1f}% of 512 calibration states; sidecar "
+            "'portable'): ptq of the export folder judges the file as it runs")
 
 
 @user_errors
