@@ -8,12 +8,18 @@ import ast
 import functools
 import inspect
 from pathlib import Path
-from typing import Any, Optional, get_type_hints
+from typing import Optional, get_type_hints
 
 import typer
 
 
 ALGORITHM_PANEL = "Options of one algorithm (--algo)"
+SWITCH_PANEL = "Switches of one algorithm (--algo)"
+"""The on / off options (``--x/--no-x``): in a panel of their own, since their ``--no-x``
+column would squeeze the names beside it (``--samples-per-insert-tolerance`` cut to 21
+characters at 80 columns)."""
+SCALARS: tuple[type, ...] = (bool, int, float, str)
+"""Field types an option takes as they are; any other (a tuple of widths) is a comma list."""
 
 
 def algorithm_parameters() -> list[inspect.Parameter]:
@@ -28,14 +34,16 @@ def algorithm_parameters() -> list[inspect.Parameter]:
     owners = option_owners()
     docs: dict[str, dict[str, list[str]]] = {}
     defaults: dict[str, dict[str, list[str]]] = {}
-    kinds: dict[str, Any] = {}
+    kinds: dict[str, type | None] = {}
+    """The field's type where it is one of :data:`SCALARS`; None: a comma list."""
     for algorithm in ALGORITHMS.values():
         hints, helps = get_type_hints(algorithm.options), field_docs(algorithm.options)
         for f in fields(algorithm.options):
             docs.setdefault(f.name, {}).setdefault(helps.get(f.name, ""), []).append(algorithm.name)
             shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
             defaults.setdefault(f.name, {}).setdefault(shown, []).append(algorithm.name)
-            kinds[f.name] = hints[f.name]
+            hint = hints[f.name]
+            kinds[f.name] = hint if hint in SCALARS else None
     parameters = []
     for name in owners:
         flag = "--" + name.replace("_", "-")
@@ -44,10 +52,10 @@ def algorithm_parameters() -> list[inspect.Parameter]:
         helped = "; ".join(f"{', '.join(algos)}: {_plain(doc)}" for doc, algos in docs[name].items())
         shown = next(iter(defaults[name])) if len(defaults[name]) == 1 else \
             "; ".join(f"{', '.join(algos)}: {value}" for value, algos in defaults[name].items())
-        annotation = Optional[str] if kind not in (bool, int, float, str) else Optional[kind]
+        annotation: object = Optional[kind or str]  # what typer reads: the value given, or None
         option = typer.Option(None, *names, help=f"{helped} \\[default: {shown}]", show_default=False,
-                              rich_help_panel=ALGORITHM_PANEL,
-                              metavar="W,W,..." if annotation == Optional[str] and kind is not str else None)
+                              rich_help_panel=SWITCH_PANEL if kind is bool else ALGORITHM_PANEL,
+                              metavar="W,W,..." if kind is None else None)
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                             annotation=annotation))
     return parameters
