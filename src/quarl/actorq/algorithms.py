@@ -16,15 +16,27 @@ algorithm's name; adding an algorithm is one module with its options, a learner 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias
 
 from quarl.actorq.options import (AlgorithmOptions, D4PGOptions, DQNOptions, IMPALAOptions, ReplayOptions,
                                   UnrollOptions)
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the config imports this module; the rest is built on demand
+    import numpy as np
+    import torch
+    from torch.optim.optimizer import StateDict
+
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.replay import Limiter, Store
+
+Metrics: TypeAlias = "dict[str, float | np.ndarray]"
+"""What a learner step reports: numbers by name (losses, impala's mismatch); with
+prioritized replay also ``priority``, each sampled row's new priority."""
+LearnerState: TypeAlias = "dict[str, dict[str, torch.Tensor] | StateDict | int]"
+"""A learner's checkpoint: its networks' state dicts, its optimizers' (torch's
+``Optimizer.state_dict()``) and its step count, by name (``torch.load(weights_only=True)``
+reads it back)."""
 
 
 class Learner(Protocol):
@@ -32,17 +44,22 @@ class Learner(Protocol):
 
     steps: int
 
-    def step(self, batch: Any, /) -> dict[str, Any]:
+    def step(self, batch: Any, /) -> Metrics:
         """One update from a sample of the replay (a ``Batch``) or of the queue (an ``Unroll``)."""
         ...
 
-    def weights(self) -> dict[str, Any]: ...
+    def weights(self) -> dict[str, np.ndarray]:
+        """The policy network's state as named arrays (what actors load)."""
+        ...
 
     def policy_network(self) -> Any: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> LearnerState: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: LearnerState) -> None:
+        """Back to a :meth:`state_dict` read from a checkpoint (a part of the wrong kind
+        raises TypeError, a missing one KeyError)."""
+        ...
 
 
 ACTIONS = ("discrete", "continuous", "either")

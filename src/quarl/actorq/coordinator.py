@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from quarl.actorq.acting import ActorResult
-from quarl.actorq.algorithms import Algorithm, Learner
+from quarl.actorq.algorithms import Algorithm, Learner, Metrics
 from quarl.actorq.checkpoint import non_finite_metric, save_checkpoint
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
@@ -88,6 +88,18 @@ class Parts:
         save_checkpoint(self.checkpoint_path, self.learner, self.replay, self.limiter, self.state, self.config)
 
 
+def split_metrics(metrics: Metrics) -> tuple[dict[str, float], np.ndarray | None]:
+    """A learner step's numbers, and the new priorities of its rows (prioritized replay) or None."""
+    numbers: dict[str, float] = {}
+    priority = None
+    for name, value in metrics.items():
+        if name == "priority":
+            priority = np.asarray(value)
+        else:
+            numbers[name] = float(value)
+    return numbers, priority
+
+
 class Coordinator:
     """One run's loop over its :class:`Parts` and fleet, TensorBoard writer ``tb`` and clock."""
 
@@ -98,7 +110,8 @@ class Coordinator:
         self.on_progress, self.on_tick = on_progress, on_tick
         self.learner_s = 0.0
         """Seconds spent in learner steps (the summary's learner share)."""
-        self.metrics: dict[str, Any] = {}
+        self.metrics: dict[str, float] = {}
+        """The last learner step's numbers (its losses; impala's mismatch and policy lag)."""
         self.untrained: int | None = None
         self.in_flight: dict[int, int] = {}
         self.idle_since: dict[int, float] = {}
@@ -210,12 +223,12 @@ class Coordinator:
 
         parts, state, unrolls = self.parts, self.state, self.parts.algorithm.unrolls
         batch = parts.replay.sample(self.config.batch_size)
-        metrics = parts.learner.step(batch)
-        bad = non_finite_metric(metrics)
+        reported = parts.learner.step(batch)
+        bad = non_finite_metric(reported)
         if bad:  # stop before the weights reach the actors or a checkpoint (training's guard)
             raise NonFiniteTraining(state.env_steps, f"{bad} at learner step {state.learner_steps + 1:,}")
-        if "priority" in metrics:
-            priority = metrics.pop("priority")
+        metrics, priority = split_metrics(reported)
+        if priority is not None:
             if isinstance(parts.replay, PrioritizedReplay) and isinstance(batch, Batch) and batch.index is not None:
                 parts.replay.update_priorities(batch.index, priority)
         if unrolls:  # how old the actors' weights were, in versions

@@ -27,12 +27,14 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.optim.optimizer import StateDict
 
 from quarl.actorq.options import D4PGOptions, IMPALAOptions, ReplayOptions, UnrollOptions
 from quarl.actorq.replay import Batch
 from quarl.actorq.vtrace import vtrace
 
 if TYPE_CHECKING:  # the config validates through the algorithm registry, which builds these learners
+    from quarl.actorq.algorithms import LearnerState, Metrics
     from quarl.actorq.config import ActorQConfig
 
 
@@ -67,11 +69,35 @@ def weighted_mean(per_sample: torch.Tensor, batch: Batch) -> torch.Tensor:
     return (torch.as_tensor(batch.weight, device=per_sample.device) * per_sample).mean()
 
 
-def with_priority(metrics: dict[str, Any], priority: torch.Tensor, batch: Batch) -> dict[str, Any]:
+def with_priority(metrics: dict[str, float], priority: torch.Tensor, batch: Batch) -> Metrics:
     """Adds the per-sample ``priority`` array for a batch from prioritized replay."""
-    if batch.index is not None:
-        metrics["priority"] = priority.cpu().numpy()
-    return metrics
+    if batch.index is None:
+        return {**metrics}
+    return {**metrics, "priority": priority.cpu().numpy()}
+
+
+def module_state(state: LearnerState, name: str) -> dict[str, torch.Tensor]:
+    """A network's state dict in a learner's checkpoint (TypeError where it is something else)."""
+    part = state[name]
+    if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+        raise TypeError(f"{name} is not a network's state dict")
+    return part
+
+
+def optimizer_state(state: LearnerState, name: str) -> StateDict:
+    """An optimizer's state dict in a learner's checkpoint (TypeError where it is something else)."""
+    part = state[name]
+    if not isinstance(part, dict) or not {"state", "param_groups"} <= set(part):
+        raise TypeError(f"{name} is not an optimizer's state dict")
+    return part
+
+
+def step_count(state: LearnerState) -> int:
+    """The learner steps a checkpoint's learner had taken."""
+    steps = state["steps"]
+    if isinstance(steps, dict):
+        raise TypeError("steps is not a count")
+    return int(steps)
 
 
 def to_numpy(module: nn.Module) -> dict[str, np.ndarray]:
@@ -112,7 +138,7 @@ class DQNLearner:
         target = self._targets(b)  # the batch moved to the device once
         return F.smooth_l1_loss(q, target, reduction="none"), (q - target).detach().abs()
 
-    def step(self, batch: Batch) -> dict[str, Any]:
+    def step(self, batch: Batch) -> Metrics:
         per_sample, td = self.losses(batch)
         loss = weighted_mean(per_sample, batch)
         self.opt.zero_grad()
@@ -130,15 +156,15 @@ class DQNLearner:
     def policy_network(self) -> nn.Module:
         return self.q
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LearnerState:
         return {"q": self.q.state_dict(), "target": self.target.state_dict(), "opt": self.opt.state_dict(),
                 "steps": self.steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        self.opt.load_state_dict(state["opt"])
-        self.steps = int(state["steps"])
+    def load_state_dict(self, state: LearnerState) -> None:
+        self.q.load_state_dict(module_state(state, "q"))
+        self.target.load_state_dict(module_state(state, "target"))
+        self.opt.load_state_dict(optimizer_state(state, "opt"))
+        self.steps = step_count(state)
 
 
 class D4PGLearner:
@@ -189,7 +215,7 @@ class D4PGLearner:
             next_probs = F.softmax(self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"])), 1)
             return self.project(b["reward"], b["discount"], next_probs)
 
-    def step(self, batch: Batch) -> dict[str, Any]:
+    def step(self, batch: Batch) -> Metrics:
         b = self._tensors(batch)
         action = b["action"].float().view(len(b["reward"]), -1)
         target = self._targets(b)  # the batch moved to the device once
@@ -222,14 +248,19 @@ class D4PGLearner:
     def policy_network(self) -> nn.Module:
         return self.policy
 
-    def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k).state_dict() for k in
-                ("policy", "critic", "target_policy", "target_critic", "policy_opt", "critic_opt")} | {"steps": self.steps}
+    def state_dict(self) -> LearnerState:
+        return {"policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
+                "target_policy": self.target_policy.state_dict(), "target_critic": self.target_critic.state_dict(),
+                "policy_opt": self.policy_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
+                "steps": self.steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k in ("policy", "critic", "target_policy", "target_critic", "policy_opt", "critic_opt"):
-            getattr(self, k).load_state_dict(state[k])
-        self.steps = int(state["steps"])
+    def load_state_dict(self, state: LearnerState) -> None:
+        for name, network in (("policy", self.policy), ("critic", self.critic), ("target_policy", self.target_policy),
+                              ("target_critic", self.target_critic)):
+            network.load_state_dict(module_state(state, name))
+        self.policy_opt.load_state_dict(optimizer_state(state, "policy_opt"))
+        self.critic_opt.load_state_dict(optimizer_state(state, "critic_opt"))
+        self.steps = step_count(state)
 
 
 class IMPALALearner:
@@ -265,7 +296,7 @@ class IMPALALearner:
             return (log_mu.exp() * (log_mu - log_pi)).sum(-1)
         return (((behaviour - out) ** 2) / (2 * self.options.policy_sigma ** 2)).sum(-1)  # equal sigmas
 
-    def step(self, batch: Any) -> dict[str, Any]:
+    def step(self, batch: Any) -> Metrics:
         c = IMPALAOptions.of(self.config)
         # [B, T, ...] from the queue -> time-major [T, B, ...]
         b = {k: torch.as_tensor(np.swapaxes(getattr(batch, k), 0, 1), device=self.device)
@@ -305,13 +336,13 @@ class IMPALALearner:
     def policy_network(self) -> nn.Module:
         return self.policy
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LearnerState:
         return {"policy": self.policy.state_dict(), "value": self.value.state_dict(), "opt": self.opt.state_dict(),
                 "steps": self.steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.value.load_state_dict(state["value"])
-        self.opt.load_state_dict(state["opt"])
-        self.steps = int(state["steps"])
+    def load_state_dict(self, state: LearnerState) -> None:
+        self.policy.load_state_dict(module_state(state, "policy"))
+        self.value.load_state_dict(module_state(state, "value"))
+        self.opt.load_state_dict(optimizer_state(state, "opt"))
+        self.steps = step_count(state)
 

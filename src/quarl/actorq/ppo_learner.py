@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from quarl.actorq.learners import IMPALALearner
 
 if TYPE_CHECKING:  # the entry (quarl.actorq.ppo) imports this module when it builds a learner
+    from quarl.actorq.algorithms import Metrics
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.ppo import PPOOptions
 
@@ -43,7 +44,7 @@ class PPOLearner(IMPALALearner):
         super().__init__(config, obs_dim, act_dim, device, discrete)
         self.ppo = options
 
-    def step(self, batch: Any) -> dict[str, Any]:
+    def step(self, batch: Any) -> Metrics:
         c, o = self.config, self.ppo
         b = {k: torch.as_tensor(np.swapaxes(getattr(batch, k), 0, 1), device=self.device)
              for k in ("obs", "action", "reward", "discount", "cont", "next_obs", "behaviour")}

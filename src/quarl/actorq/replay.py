@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from typing_extensions import NotRequired, TypedDict
 
 @dataclass(frozen=True)
 class Batch:
@@ -81,6 +82,22 @@ def stack(transitions: list[tuple]) -> Batch:
     )
 
 
+class ReplayState(TypedDict):
+    """What a store keeps in a checkpoint (:meth:`Store.state`): tensors and numbers only, so
+    that ``torch.load(weights_only=True)`` reads it back."""
+
+    size: int
+    """Items held (an unroll queue keeps none: 0)."""
+    data: NotRequired[dict[str, torch.Tensor] | None]
+    """A replay's arrays by transition field, ``capacity`` rows each; None while empty."""
+    cursor: NotRequired[int]
+    """A replay's next slot to write."""
+    tree: NotRequired[torch.Tensor]
+    """Prioritized replay's sum tree of priorities."""
+    max_priority: NotRequired[float]
+    """Prioritized replay's largest priority so far (new items get it)."""
+
+
 class Replay:
     """Uniform replay over a fixed-size ring of transitions."""
 
@@ -110,12 +127,12 @@ class Replay:
         idx = self.rng.integers(0, self.size, batch_size)
         return Batch(**{k: v[idx] for k, v in self.data.items()})
 
-    def state(self) -> dict:
+    def state(self) -> ReplayState:
         """Tensors and numbers only: a checkpoint loads with ``torch.load(weights_only=True)``."""
         data = None if self.data is None else {k: torch.from_numpy(v) for k, v in self.data.items()}
         return {"data": data, "size": self.size, "cursor": self.cursor}
 
-    def load_state(self, state: dict) -> None:
+    def load_state(self, state: ReplayState) -> None:
         data = state["data"]
         self.data = None if data is None else {k: v.numpy() for k, v in data.items()}
         self.size, self.cursor = int(state["size"]), int(state["cursor"])
@@ -193,10 +210,12 @@ class PrioritizedReplay(Replay):
         self.max_priority = max(self.max_priority, float(p.max()))
         self.tree.set(idx, p**self.alpha)
 
-    def state(self) -> dict:
-        return super().state() | {"tree": torch.from_numpy(self.tree.tree), "max_priority": float(self.max_priority)}
+    def state(self) -> ReplayState:
+        state = super().state()
+        state["tree"], state["max_priority"] = torch.from_numpy(self.tree.tree), float(self.max_priority)
+        return state
 
-    def load_state(self, state: dict) -> None:
+    def load_state(self, state: ReplayState) -> None:
         super().load_state(state)
         self.tree.tree, self.max_priority = state["tree"].numpy(), float(state["max_priority"])
 
@@ -322,11 +341,11 @@ class UnrollQueue:
         self.size -= sum(len(u) for u in taken)
         return Unroll(**{k: np.concatenate([getattr(u, k) for u in taken]) for k in Unroll.__dataclass_fields__})
 
-    def state(self) -> dict:
+    def state(self) -> ReplayState:
         """Nothing kept across a resume: queued unrolls were played by weights that are gone."""
         return {"size": 0}
 
-    def load_state(self, state: dict) -> None:
+    def load_state(self, state: ReplayState) -> None:
         self.items.clear()
         self.size = 0
 
@@ -365,9 +384,9 @@ class Store(Protocol):
 
     def sample(self, batch_size: int, /) -> Batch | Unroll: ...
 
-    def state(self) -> dict[str, Any]: ...
+    def state(self) -> ReplayState: ...
 
-    def load_state(self, state: dict[str, Any], /) -> None: ...
+    def load_state(self, state: ReplayState, /) -> None: ...
 
 
 class Limiter(Protocol):

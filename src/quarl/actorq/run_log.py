@@ -9,7 +9,7 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from quarl.actorq.acting import ActorResult
 from quarl.actorq.run_state import RunState
@@ -35,7 +35,7 @@ class Progress:
     """The learner's last step (losses, and impala's mismatch)."""
 
 
-def progress(state: RunState, at_s: float, metrics: dict[str, Any], target: float | None) -> Progress:
+def progress(state: RunState, at_s: float, metrics: Mapping[str, float], target: float | None) -> Progress:
     return Progress(
         t_s=round(at_s, 1),
         env_steps=state.env_steps,
