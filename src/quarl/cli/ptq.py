@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import typer
 
@@ -15,6 +16,14 @@ from quarl.cli.groups import (acting_options, common_options, deciding_options, 
                               loading_options, with_options)
 from quarl.cli.options import (CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol,
                                WideOpt)
+from quarl.core.table import Row
+
+if TYPE_CHECKING:
+    from quarl.envs import EnvSpec
+    from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.record import CellRecord
+    from quarl.policies.base import Policy
+    from quarl.policies.checkpoint import Checkpoint
 
 
 DECIDE_EPISODES = 640
@@ -30,6 +39,24 @@ def budget_note(decide_episodes: int, decide_seconds: float | None) -> str:
         f" / {decide_seconds / 60:g} min" if decide_seconds else "")
 
 
+@dataclass(frozen=True)
+class Deciding:
+    """--decide-episodes / --decide-minutes of ptq and recover, checked."""
+
+    episodes: int
+    """The episodes a cell may play while its verdict is undecided (0: off)."""
+    seconds: float | None
+    """The wall-clock budget for deciding (None: no limit)."""
+
+    @classmethod
+    def parse(cls, episodes: Optional[int], minutes: float) -> Deciding:
+        return cls(validate.decide_episodes(episodes, default=DECIDE_EPISODES), validate.decide_minutes(minutes))
+
+    def note(self, episodes: int) -> str:
+        """:func:`budget_note` for a title where deciding may play past ``episodes``, else ''."""
+        return budget_note(self.episodes, self.seconds) if self.episodes > episodes else ""
+
+
 def warm(workers: int) -> None:
     """Start the evaluation workers in the background once the policy has loaded (a bad
     checkpoint fails without starting them), so they are ready when calibration ends."""
@@ -39,7 +66,7 @@ def warm(workers: int) -> None:
         parallel.warm_up(workers)
 
 
-def recover_hint(rows: Sequence[dict[str, Any]], checkpoint: Path, recovered: bool) -> None:
+def recover_hint(rows: Sequence[Row], checkpoint: Path, recovered: bool) -> None:
     """Where an int precision loses or is undecided, the command that repairs it."""
     for row in rows:
         label, verdict = str(row.get("precision", "")), str(row.get("verdict", "")).split(" ")[0]
@@ -89,51 +116,77 @@ def ptq(
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     options = registry_options.quant_options(int8_weights, block_size)
     labels = registry_options.precisions(precisions, **options)
-    decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
-    decide_seconds = validate.decide_minutes(decide_minutes)
-    from quarl.ptq import run_ptq
-    from quarl.evaluation.reports import print_table, ptq_rows
-
+    deciding = Deciding.parse(decide_episodes, decide_minutes)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     warm(settings.workers)
     out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(outputs.policy_folder(
         "ptq", checkpoint, spec.env_id), checkpoint)
     if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
-        from quarl.ptq import run_artifact
-
-        if precisions != DEFAULT_PRECISIONS:  # asked for rows an export cannot give
-            say(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), --precisions "
-                "does not apply (ptq the checkpoint it came from for the other rows)")
-        with progress() as bar:
-            task = bar.add_task(ckpt.policy.precision, total=episodes)
-            records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
-                                   source=str(checkpoint))
-        print_table(ptq_rows(records, identity=False), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), {episodes} "
-                    "episodes", out_console, wide)
-        say_reused(records, out / "results.jsonl")
-        out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
+        ptq_export(checkpoint, ckpt, spec, settings, out, wide, precisions != DEFAULT_PRECISIONS)
         return
     from quarl.workflows import recovered_cells
 
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
-    budget = budget_note(decide_episodes, decide_seconds) if decide_episodes > episodes else ""
-    title = f"{ckpt.algo} {spec.env_id}, {{played}}" + (f" ({budget})" if budget else "") + (
+    title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
+    records = play_cells(ckpt.policy, spec, labels, settings, out, deciding, str(checkpoint), fixed, **options)
+    report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide)
+
+
+def ptq_export(checkpoint: Path, ckpt: Checkpoint, spec: EnvSpec, settings: EvalSettings, out: Path, wide: bool,
+               other_precisions: bool) -> None:
+    """``quarl ptq`` of an exported model: its one row, evaluated as exported (``other_precisions``:
+    --precisions asked for rows an export cannot give)."""
+    from quarl.evaluation.reports import print_table, ptq_rows
+    from quarl.ptq import run_artifact
+
+    if other_precisions:
+        say(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), --precisions "
+            "does not apply (ptq the checkpoint it came from for the other rows)")
+    with progress() as bar:
+        task = bar.add_task(ckpt.policy.precision, total=settings.episodes)
+        records = run_artifact(ckpt.policy, spec, settings, out, lambda c, n: bar.update(task, completed=n),
+                               source=str(checkpoint))
+    print_table(ptq_rows(records, identity=False), f"{checkpoint.name} ({ckpt.algo} {spec.env_id}), "
+                f"{settings.episodes} episodes", out_console, wide)
+    say_reused(records, out / "results.jsonl")
+    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json")
+
+
+def ptq_title(ckpt: Checkpoint, env_id: str, recovered: str | None, budget: str) -> str:
+    """The table's title (``{played}``: the episodes the cells played, known once they ran);
+    ``recovered``: the precision of a folder ``quarl recover`` wrote; ``budget``: :meth:`Deciding.note`."""
+    title = f"{ckpt.algo} {env_id}, {{played}}" + (f" ({budget})" if budget else "") + (
         ", stochastic" if ckpt.policy.stochastic else "")
     if recovered is not None:  # fp32 is the ORIGINAL policy, the recovered precision its real kernel
         title += f" (recovered {recovered}: fp32 is the original policy)"
     elif ckpt.policy.precision.startswith("qat"):  # a QAT run: every row starts from its fake-quantized network
         title += f" (a {ckpt.policy.precision} QAT net: fp32 is that net in fp32 arithmetic, not an fp32-trained agent)"
+    return title
+
+
+def play_cells(policy: Policy, spec: EnvSpec, labels: list[str], settings: EvalSettings, out: Path,
+               deciding: Deciding, source: str, fixed: dict[str, Policy], **options: Any) -> list[CellRecord]:
+    """fp32's and each precision's episodes (:func:`quarl.ptq.run_ptq`; ``fixed``: cells
+    played as they are, a recovered folder's), a progress bar per cell."""
+    from quarl.ptq import run_ptq
+
     cells = list(dict.fromkeys(["fp32", *labels]))
     with progress() as bar:
-        limit = f" (≤{decide_episodes})" if decide_episodes > episodes else ""
-        tasks = {c: bar.add_task(f"{c:>5}{limit}", total=episodes) for c in cells}
+        limit = f" (≤{deciding.episodes})" if deciding.episodes > settings.episodes else ""
+        tasks = {c: bar.add_task(f"{c:>5}{limit}", total=settings.episodes) for c in cells}
 
         def on_episodes(cell: str, n: int) -> None:  # --decide-episodes: a bar grows with its cell's episodes
             bar.update(tasks[cell], completed=n, total=max(n, bar.tasks[tasks[cell]].total or 0))
 
-        records = run_ptq(ckpt.policy, spec, labels, settings, out, progress=on_episodes, source=str(checkpoint),
-                          fixed=fixed, decide_episodes=decide_episodes, decide_seconds=decide_seconds, **options)
+        return run_ptq(policy, spec, labels, settings, out, progress=on_episodes, source=source, fixed=fixed,
+                       decide_episodes=deciding.episodes, decide_seconds=deciding.seconds, **options)
+
+
+def report_cells(records: list[CellRecord], title: str, episodes: int, out: Path, checkpoint: Path, recovered: bool,
+                 wide: bool) -> None:
+    """The table, what its E pairs, how to recover a losing int precision, the files written."""
+    from quarl.evaluation.reports import print_table, ptq_rows
     from quarl.ptq import episodes_played
 
     rows = ptq_rows(records, identity=False)
@@ -141,6 +194,6 @@ def ptq(
     if len({r["episodes"] for r in rows}) > 1:  # deciding stopped some cells early: say what E pairs
         say("E of each row pairs its episodes with fp32's first ones of the same seeds (its episodes column); "
             "fp32's mean is over all of its own")
-    recover_hint(rows, checkpoint, recovered is not None)
+    recover_hint(rows, checkpoint, recovered)
     say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))

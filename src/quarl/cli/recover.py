@@ -4,7 +4,7 @@ then judge the recovered kernel against the original."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.progress import TaskID
@@ -13,13 +13,41 @@ from quarl import outputs, registry_options
 
 from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.ptq import DECIDE_EPISODES, DECIDING
+from quarl.cli.ptq import DECIDING, Deciding
 from quarl.cli.groups import common_options, evaluation_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import EnvOpt, is_export, load, load_choice, OutOpt
 from quarl.core.errors import QuarlError
 
+if TYPE_CHECKING:
+    from quarl.envs import EnvSpec
+    from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.record import CellRecord
+    from quarl.policies.base import Policy
+    from quarl.policies.checkpoint import Checkpoint
+    from quarl.recovery import RecoverConfig
+    from quarl.recovery.report import RecoveryJson, RoundStats
+
 RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "
                                                  "folder (ppo/CartPole-v1_1)")
+PrecisionOpt = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: int8-block, "
+                                         "int8-dyn-channel, int8-dyn-tensor, int8-weight-only, int4-block, "
+                                         "int4-weight-only")
+RoundsOpt = typer.Option(12, "--rounds", help="DAgger rounds at most (round 0 plays the teacher)")
+UpdatesOpt = typer.Option(400, "--updates", help="student updates (Adam steps) per round")
+EpisodesPerRoundOpt = typer.Option(4, "--episodes-per-round", help="distillation episodes per round")
+LrOpt = typer.Option(5e-4, "--lr", help="the student's learning rate")
+TargetAgreementOpt = typer.Option(None, "--target-agreement", help="held-out agreement with the teacher that ends the "
+                                  "run (default: the teacher's fp16 copy's, at most 0.99)")
+FinetuneStepsOpt = typer.Option(20_000, "--finetune-steps", help="where the rounds end without keeping fp32's return, "
+                                "fine-tune this many env steps with the agent's own algorithm, fake quantization on "
+                                "(the RL Zoo's hyperparameters, a tenth of its learning rate; 0: never)")
+MaxRoundsOpt = typer.Option(None, "--max-rounds", help="DAgger rounds in all: where --rounds end without keeping "
+                            "fp32's return, go on --rounds more at a time up to this (default: 3 x --rounds)")
+BudgetMinutesOpt = typer.Option(15.0, "--budget-minutes", help="no new stage (more rounds, the fine-tune) starts after "
+                                "this many minutes")
+QLossOpt = typer.Option("rank", "--q-loss", help="DQN / QR-DQN: rank (the greedy action's margin, a hinge on every "
+                        "pair of actions weighted by the teacher's action gap, the values' error) or margin (without "
+                        "the pairs)")
 
 
 @user_errors
@@ -29,29 +57,17 @@ def recover(
     checkpoint: Path = RecoverCheckpointArg,
     *,
     env: Optional[str] = EnvOpt,
-    precision: str = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: "
-                                               "int8-block, int8-dyn-channel, int8-dyn-tensor, int8-weight-only, "
-                                               "int4-block, int4-weight-only"),
+    precision: str = PrecisionOpt,
     out: Optional[Path] = OutOpt,
-    rounds: int = typer.Option(12, "--rounds", help="DAgger rounds at most (round 0 plays the teacher)"),
-    updates: int = typer.Option(400, "--updates", help="student updates (Adam steps) per round"),
-    episodes_per_round: int = typer.Option(4, "--episodes-per-round", help="distillation episodes per round"),
-    lr: float = typer.Option(5e-4, "--lr", help="the student's learning rate"),
-    target_agreement: Optional[float] = typer.Option(None, "--target-agreement", help="held-out agreement with the "
-                                                     "teacher that ends the run (default: the teacher's fp16 copy's, "
-                                                     "at most 0.99)"),
-    finetune_steps: int = typer.Option(20_000, "--finetune-steps", help="where the rounds end without keeping fp32's "
-                                       "return, fine-tune this many env steps with the agent's own algorithm, fake "
-                                       "quantization on (the RL Zoo's hyperparameters, a tenth of its learning rate; "
-                                       "0: never)"),
-    max_rounds: Optional[int] = typer.Option(None, "--max-rounds", help="DAgger rounds in all: where --rounds end "
-                                             "without keeping fp32's return, go on --rounds more at a time up to this "
-                                             "(default: 3 x --rounds)"),
-    budget_minutes: float = typer.Option(15.0, "--budget-minutes", help="no new stage (more rounds, the fine-tune) "
-                                         "starts after this many minutes"),
-    q_loss: str = typer.Option("rank", "--q-loss", help="DQN / QR-DQN: rank (the greedy action's margin, a hinge on "
-                               "every pair of actions weighted by the teacher's action gap, the values' error) or "
-                               "margin (without the pairs)"),
+    rounds: int = RoundsOpt,
+    updates: int = UpdatesOpt,
+    episodes_per_round: int = EpisodesPerRoundOpt,
+    lr: float = LrOpt,
+    target_agreement: Optional[float] = TargetAgreementOpt,
+    finetune_steps: int = FinetuneStepsOpt,
+    max_rounds: Optional[int] = MaxRoundsOpt,
+    budget_minutes: float = BudgetMinutesOpt,
+    q_loss: str = QLossOpt,
     episodes: int,
     decide_episodes: Optional[int],
     decide_minutes: float,
@@ -74,8 +90,7 @@ def recover(
     Example: quarl recover ../shared/zoo/dqn/CartPole-v1_1 --precision int4 --out results/recover/dqn-cartpole-int4
     """
     setup(verbose)
-    from quarl.recovery import RecoverConfig, preflight, run_recover
-    from quarl.evaluation.reports import print_table, ptq_rows
+    from quarl.recovery import RecoverConfig
 
     options = registry_options.quant_options(int8_weights, block_size)
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
@@ -83,39 +98,71 @@ def recover(
                            finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
                            q_loss=q_loss.lower(), **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
-    decide_episodes = validate.decide_episodes(decide_episodes, default=DECIDE_EPISODES)
-    decide_seconds = validate.decide_minutes(decide_minutes)
+    deciding = Deciding.parse(decide_episodes, decide_minutes)
+    ckpt, spec, out = policy_and_folder(checkpoint, env, trust_pickle, out, precision)
+    record, records = distil_and_judge(checkpoint, ckpt.policy, spec, config, out, settings, deciding, trust_pickle)
+    print_verdict(record, records, f"{ckpt.algo} {spec.env_id}", episodes, deciding)
+    print_recovery(record, out)
+
+
+def policy_and_folder(checkpoint: Path, env: Optional[str], trust_pickle: bool, out: Optional[Path],
+                      precision: str) -> tuple[Checkpoint, EnvSpec, Path]:
+    """The checkpoint loaded (an exported model refused) and the folder its recovery writes
+    (--out, else results/recover/...), refused in one line before any progress bar where
+    recovery would refuse it later."""
+    from quarl.recovery import preflight
+
     if is_export(checkpoint):
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
                          "Zoo folder)")
     ckpt, spec = load(checkpoint, env, trust_pickle)
-    out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.precision_folder(
+    folder = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.precision_folder(
         "recover", checkpoint, spec.env_id, precision)
-    preflight(checkpoint, out)  # one line before any progress bar
+    preflight(checkpoint, folder)  # one line before any progress bar
+    return ckpt, spec, folder
+
+
+def distil_and_judge(checkpoint: Path, policy: Policy, spec: EnvSpec, config: RecoverConfig, out: Path,
+                     settings: EvalSettings, deciding: Deciding,
+                     trust_pickle: bool) -> tuple[RecoveryJson, list[CellRecord]]:
+    """:func:`quarl.recovery.run_recover` under progress bars: the rounds (their held-out
+    agreement), then each verdict cell's episodes."""
+    from quarl.recovery import run_recover
+
     with progress() as bar:
         task = bar.add_task("distil", total=config.total_rounds)
         evals: dict[str, TaskID] = {}
 
-        def on_round(stats: Any) -> None:
+        def on_round(stats: RoundStats) -> None:
             bar.update(task, completed=stats.round + 1, description=f"distil: agreement {100 * stats.agreement:.1f}%")
 
         def on_episode(label: str, n: int) -> None:
             if label not in evals:
-                evals[label] = bar.add_task(f"{label:>5}", total=episodes)
+                evals[label] = bar.add_task(f"{label:>5}", total=settings.episodes)
             bar.update(evals[label], completed=n, total=max(n, bar.tasks[evals[label]].total or 0))
 
-        record, records = run_recover(checkpoint, spec, ckpt.policy, config, out, settings, on_round, on_episode,
-                                      trust_pickle, decide_episodes=decide_episodes, decide_seconds=decide_seconds)
-    rows = ptq_rows(records, identity=False)
-    from quarl.cli.ptq import budget_note
+        return run_recover(checkpoint, spec, policy, config, out, settings, on_round, on_episode, trust_pickle,
+                           decide_episodes=deciding.episodes, decide_seconds=deciding.seconds)
+
+
+def print_verdict(record: RecoveryJson, records: list[CellRecord], agent: str, episodes: int,
+                  deciding: Deciding) -> None:
+    """The verdict's table: the recovered kernel against the original fp32 policy."""
+    from quarl.evaluation.reports import print_table, ptq_rows
     from quarl.ptq import episodes_played
 
-    budget = budget_note(decide_episodes, decide_seconds) if decide_episodes > episodes else ""
-    print_table(rows, f"{ckpt.algo} {spec.env_id}: recovered {record['kernel']['mode']} against the original fp32 "
-                      f"policy, {episodes_played(records, episodes)}" + (f" ({budget})" if budget else ""), out_console)
-    kept = "the fine-tuned model's" if record.get("shipped_stage") == "finetune" else "the written model's"
-    from quarl.recovery import MIN_HELDOUT
+    budget = deciding.note(episodes)
+    print_table(ptq_rows(records, identity=False), f"{agent}: recovered {record['kernel']['mode']} against the "
+                f"original fp32 policy, {episodes_played(records, episodes)}" + (f" ({budget})" if budget else ""),
+                out_console)
 
+
+def print_recovery(record: RecoveryJson, out: Path) -> None:
+    """What distillation reached and why it stopped, what was written and why the run ended,
+    and the files."""
+    from quarl.recovery import MIN_HELDOUT, shipped_line
+
+    kept = "the fine-tuned model's" if record.get("shipped_stage") == "finetune" else "the written model's"
     distilled = record.get("distill_stopped", record["stopped"])
     stopped = "target reached" if distilled == "target" else "round budget spent"
     if distilled != "target" and record.get("heldout_states", MIN_HELDOUT) < MIN_HELDOUT:
@@ -126,8 +173,6 @@ def recover(
                       f"{100 * record['agreement']:.1f}% (PTQ {100 * record['ptq_agreement']:.1f}%, target "
                       f"{100 * record['target_agreement']:.1f}%); {record['labelled_states']:,} states labelled, "
                       f"{record['updates']:,} updates, {record['wall_s']:.0f} s ({stopped})", highlight=False)
-    from quarl.recovery import shipped_line
-
     out_console.print(shipped_line(record), highlight=False, soft_wrap=True)
     out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv; "
                       f"quarl ptq {out} --precisions fp32,{record['precision']} judges it again", soft_wrap=True,
