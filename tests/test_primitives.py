@@ -163,6 +163,6 @@ def test_kl_grid_has_at_least_two_to_the_bits_bins_for_every_width() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(256, 256))
     rows = kl_by_bits(net, [8, 6, 4, 2])
-    kl = {r["bits"]: r["kl"] for r in rows}
+    kl = {r.bits: r.kl for r in rows}
     assert kl[8] < 0.05 < kl[6] < kl[4] < kl[2]
-    assert kl_by_bits(net, [8])[0]["kl"] == kl[8]  # the grid depends on the widest width alone
+    assert kl_by_bits(net, [8])[0].kl == kl[8]  # the grid depends on the widest width alone

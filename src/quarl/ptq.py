@@ -20,7 +20,7 @@ from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells, output_lock
 from quarl.evaluation.record import CellRecord, KeyExtras
-from quarl.quant.analysis import kl_by_bits, plot_histograms, plot_kl, weight_stats
+from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import QuantConfig
 from quarl.core.records import ResultsLog
 from quarl.evaluation.reports import plot_sweep, plot_verdicts, ptq_rows, write_rows
@@ -157,18 +157,14 @@ def run_sweep(
 
 def run_analyze(
     policy: Policy, bits: Sequence[int], out_dir: Path, scheme: str = "quarl", granularity: str = "auto", title: str = ""
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[WeightStats], list[RoundingError]]:
     """Write ``weights.{csv,md,json}``, ``kl.{csv,md,json}``, ``histograms.png``, ``kl.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stats_rows = weight_stats(policy.network)
     kl_rows = kl_by_bits(policy.network, bits, scheme, granularity)
-    write_rows([{k: _round(v) for k, v in r.items()} for r in stats_rows], out_dir, "weights")
-    write_rows([{k: _round(v, 6) for k, v in r.items()} for r in kl_rows], out_dir, "kl")
+    write_rows([r.row(4) for r in stats_rows], out_dir, "weights")
+    write_rows([r.row(6) for r in kl_rows], out_dir, "kl")
     title = title or policy.algo
     plot_histograms(policy.network, out_dir / "histograms.png", f"{title}: weight distributions")
     plot_kl(kl_rows, out_dir / "kl.png", f"{title}: KL divergence of n-bit weights ({scheme})")
     return stats_rows, kl_rows
-
-
-def _round(value: Any, digits: int = 4) -> Any:
-    return round(value, digits) if isinstance(value, float) else value

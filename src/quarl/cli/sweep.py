@@ -106,7 +106,7 @@ def analyze(
         outputs.analyze_folder(checkpoint), checkpoint)
     stats, kl = run_analyze(ckpt.policy, widths, out, scheme, granularity, title=f"{ckpt.algo} {checkpoint.name}")
     print_table(
-        [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in stats],
+        [r.row(4) for r in stats],
         f"{ckpt.algo} {checkpoint.name}: weights",
         out_console,
     )

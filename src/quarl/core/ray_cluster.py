@@ -45,10 +45,10 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
                 if threading.current_thread() is threading.main_thread() else {})
     try:
         if address:
-            extra: dict[str, Any] = {}
-            if _is_loopback(address):  # else the driver registers under this machine's LAN address
-                extra["_node_ip_address"] = "127.0.0.1"
-            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR, **extra)
+            # a loopback cluster: else the driver registers under this machine's LAN address (None: Ray's own)
+            node_ip = "127.0.0.1" if _is_loopback(address) else None
+            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR,
+                     _node_ip_address=node_ip)
         else:
             import psutil
 

@@ -141,8 +141,7 @@ def _main_module_hidden() -> Iterator[None]:
     user's script without an ``if __name__ == "__main__"`` guard would otherwise run again
     in every worker (multiprocessing's spawn / forkserver re-import it)."""
     main = sys.modules.get("__main__")
-    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__")
-                             if main is not None and k in main.__dict__}
+    saved = [(k, main.__dict__[k]) for k in ("__file__", "__spec__") if main is not None and k in main.__dict__]
     if main is not None:
         main.__dict__.pop("__file__", None)
         main.__dict__["__spec__"] = None

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, TypedDict
 
 import gymnasium as gym
 
@@ -77,11 +77,20 @@ MAX_VIDEO_SIDE = 4096
 """A video frame's width or height at most (pixels)."""
 
 
-def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] | None = None) -> dict[str, Any]:
+class RenderKwargs(TypedDict, total=False):
+    """The env kwargs of a MuJoCo env's renderer (:func:`render_kwargs`)."""
+
+    camera_id: int
+    camera_name: str
+    width: int
+    height: int
+
+
+def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] | None = None) -> RenderKwargs:
     """The env kwargs that set a MuJoCo env's camera (a camera id such as ``"0"`` or a name
     such as ``"track"``, as gymnasium's MuJoCo envs take them) and its frame size (width,
     height); other envs take neither, and asking is refused in one line."""
-    out: dict[str, Any] = {}
+    out: RenderKwargs = {}
     if camera is None and size is None:
         return out
     try:
@@ -103,7 +112,7 @@ def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] 
         width, height = size
         if not (16 <= width <= MAX_VIDEO_SIDE and 16 <= height <= MAX_VIDEO_SIDE):
             raise QuarlError(f"video size {width}x{height}: each side must be 16..{MAX_VIDEO_SIDE} pixels")
-        out.update(width=int(width), height=int(height))
+        out["width"], out["height"] = int(width), int(height)
     return out
 
 

@@ -3,14 +3,17 @@ weight distributions: the wider the distribution, the larger the rounding error)
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy import stats
 from torch import nn
 
 from quarl.core.atomic import write_atomic
+from quarl.core.table import Cell, Row
 from quarl.quant.layers import linear_layers
 from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 
@@ -19,28 +22,63 @@ KL_BINS = 128
 KL_EPS = 1e-10
 
 
-TableRow = dict[str, Any]
-"""A row of a table written as CSV, Markdown and JSON (``weights.*``, ``kl.*``) and printed."""
+def _rounded(value: Cell, digits: int | None) -> Cell:
+    return round(value, digits) if digits is not None and isinstance(value, float) else value
 
 
-def weight_stats(network: nn.Module) -> list[TableRow]:
+class _TableRecord:
+    """A dataclass that is a row of a table written as CSV, Markdown and JSON and printed."""
+
+    def row(self, digits: int | None = None) -> Row:
+        """The fields as a table row, in their order (floats rounded to ``digits``)."""
+        assert dataclasses.is_dataclass(self)
+        return {f.name: _rounded(getattr(self, f.name), digits) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class WeightStats(_TableRecord):
+    """One Linear / Conv2d weight's distribution (a row of ``weights.*``)."""
+
+    layer: str
+    shape: str
+    params: int
+    min: float
+    max: float
+    range: float
+    mean: float
+    std: float
+    kurtosis: float
+    """Excess kurtosis (NaN under 4 weights)."""
+
+
+@dataclass(frozen=True)
+class RoundingError(_TableRecord):
+    """One layer's weights rounded to ``bits`` against fp32's (a row of ``kl.*``)."""
+
+    layer: str
+    bits: int
+    sqnr_db: float
+    mse: float
+    mean_abs_error: float
+    kl: float
+
+
+def weight_stats(network: nn.Module) -> list[WeightStats]:
     """min, max, range, mean, std, excess kurtosis of each Linear / Conv2d weight."""
     rows = []
     for name, layer in linear_layers(network):
         w = layer.weight.detach().float().numpy().ravel()
-        rows.append(
-            {
-                "layer": name,
-                "shape": "x".join(str(d) for d in layer.weight.shape),
-                "params": int(w.size),
-                "min": float(w.min()),
-                "max": float(w.max()),
-                "range": float(w.max() - w.min()),
-                "mean": float(w.mean()),
-                "std": float(w.std()),
-                "kurtosis": float(stats.kurtosis(w)) if w.size > 3 else float("nan"),
-            }
-        )
+        rows.append(WeightStats(
+            layer=name,
+            shape="x".join(str(d) for d in layer.weight.shape),
+            params=int(w.size),
+            min=float(w.min()),
+            max=float(w.max()),
+            range=float(w.max() - w.min()),
+            mean=float(w.mean()),
+            std=float(w.std()),
+            kurtosis=float(stats.kurtosis(w)) if w.size > 3 else float("nan"),
+        ))
     return rows
 
 
@@ -70,38 +108,30 @@ def kl_bins(bits: Sequence[int]) -> int:
 
 
 def kl_by_bits(network: nn.Module, bits: Sequence[int], scheme: str = "quarl",
-               granularity: str = "auto") -> list[TableRow]:
+               granularity: str = "auto") -> list[RoundingError]:
     """One row per layer and bit width: the signal-to-quantization-noise ratio (dB, no
     binning: ``10 log10(sum w^2 / sum (w - w_q)^2)``, ~6 dB per bit for a uniform grid),
     the mean squared and mean absolute rounding error, and the KL divergence of the n-bit
     weights' histogram from fp32's on one grid of :func:`kl_bins` bins for every width (at
     least 2^n for the widest n, so no n-bit grid is coarser than the histogram)."""
-    rows: list[TableRow] = []
+    rows: list[RoundingError] = []
     grid = kl_bins(bits)
     for name, layer in linear_layers(network):
         w = layer.weight.detach().float()
         for n in bits:
             wq = quantize_dequantize(w, n, scheme, resolve_granularity(granularity, w.dim()))
             ref, q = w.numpy().ravel(), wq.numpy().ravel()
-            rows.append(
-                {
-                    "layer": name,
-                    "bits": n,
-                    "sqnr_db": sqnr_db(ref, q),
-                    "mse": float(np.mean((ref - q) ** 2)),
-                    "mean_abs_error": float(np.abs(ref - q).mean()),
-                    "kl": kl_divergence(ref, q, grid),
-                }
-            )
+            rows.append(RoundingError(name, n, sqnr_db(ref, q), float(np.mean((ref - q) ** 2)),
+                                      float(np.abs(ref - q).mean()), kl_divergence(ref, q, grid)))
     return rows
 
 
-def per_layer_table(rows: Sequence[TableRow]) -> list[TableRow]:
+def per_layer_table(rows: Sequence[RoundingError]) -> list[Row]:
     """:func:`kl_by_bits` rows as one row per layer: ``sqnr@N`` (dB) and ``kl@N`` columns."""
     return [
-        {"layer": layer, **{f"sqnr@{r['bits']}": round(r["sqnr_db"], 1) for r in rows if r["layer"] == layer},
-         **{f"kl@{r['bits']}": round(r["kl"], 4) for r in rows if r["layer"] == layer}}
-        for layer in dict.fromkeys(r["layer"] for r in rows)
+        {"layer": layer, **{f"sqnr@{r.bits}": round(r.sqnr_db, 1) for r in rows if r.layer == layer},
+         **{f"kl@{r.bits}": round(r.kl, 4) for r in rows if r.layer == layer}}
+        for layer in dict.fromkeys(r.layer for r in rows)
     ]
 
 
@@ -134,7 +164,7 @@ def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) 
     return path
 
 
-def plot_kl(rows: Sequence[TableRow], path: Path, title: str) -> Path:
+def plot_kl(rows: Sequence[RoundingError], path: Path, title: str) -> Path:
     """KL divergence against bits, one line per layer (log scale)."""
     import matplotlib
 
@@ -142,8 +172,8 @@ def plot_kl(rows: Sequence[TableRow], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for layer in dict.fromkeys(r["layer"] for r in rows):
-        pts = sorted((r["bits"], r["kl"]) for r in rows if r["layer"] == layer)
+    for layer in dict.fromkeys(r.layer for r in rows):
+        pts = sorted((r.bits, r.kl) for r in rows if r.layer == layer)
         ax.plot([b for b, _ in pts], [max(k, 1e-12) for _, k in pts], marker="o", label=layer)
     ax.set_yscale("log")
     ax.set_xlabel("bits")

@@ -12,7 +12,7 @@ writer checks again (:func:`non_finite_state`): a checkpoint on disk is never Na
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -72,8 +72,9 @@ def non_finite_weight(model: BaseAlgorithm) -> str | None:
     return None
 
 
-def non_finite_loss(logged: dict[str, Any]) -> str | None:
-    """The first logged loss (``train/*loss*``) that is NaN or inf, or None."""
+def non_finite_loss(logged: Mapping[str, float]) -> str | None:
+    """The first logged loss (``train/*loss*``) that is NaN or inf, or None (``logged``: SB3's
+    logger's values of this iteration)."""
     for key, value in logged.items():
         if "loss" in key and isinstance(value, (int, float, np.floating)) and not np.isfinite(value):
             return f"the loss {key} ({float(value)!r})"
