@@ -13,10 +13,11 @@ block-wise weights (int8 compute), its broadcast model about half the int8 one."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from quarl.actorq.config import ActorQConfig
+    from quarl.actorq.summary import ActorQuant
 
 INT8_ACTOR_KEEP = frozenset({0})
 """The layer that reads the observations stays fp32, by the core's rule for MLPs
@@ -49,7 +50,7 @@ def onnx_mode(precision: str) -> str | None:
     return None if mode is None else mode.label
 
 
-def actor_quant(config: ActorQConfig) -> dict[str, Any]:
+def actor_quant(config: ActorQConfig) -> ActorQuant:
     """How the actors' network was quantized (part of what a stored run is; JSON)."""
     mode = onnx_mode(config.actor_precision)
     if mode is None:

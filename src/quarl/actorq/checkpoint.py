@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
-from quarl.actorq.algorithms import Learner
-from quarl.actorq.config import ActorQConfig
-from quarl.actorq.replay import Limiter, Store
+from quarl.actorq.algorithms import Learner, LearnerState, Metrics
+from quarl.actorq.config import ActorQConfig, ConfigValue
+from quarl.actorq.replay import Limiter, ReplayState, Store
 from quarl.actorq.run_state import MAX_COUNT, Count, RunState, check_state
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
@@ -41,7 +41,7 @@ def non_finite_tensor(value: Any, name: str) -> str | None:
     return None
 
 
-def non_finite_metric(metrics: dict[str, Any]) -> str | None:
+def non_finite_metric(metrics: Metrics) -> str | None:
     """The first loss a learner step reported that is NaN or inf, or None."""
     for key, value in metrics.items():
         if "loss" in key and isinstance(value, (int, float, np.floating)) and not np.isfinite(value):
@@ -75,6 +75,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _differs(saved: ConfigValue, now: ConfigValue) -> bool:
+    """A saved config value is not the run's (a list read back equals the tuple it was)."""
+    if saved == now:
+        return False
+    if isinstance(saved, list) and (isinstance(now, tuple) or not now):
+        return tuple(saved) != (now or ())
+    return True
+
+
 def _check_resumed_config(path: Path, saved: Any, config: ActorQConfig) -> None:
     if not isinstance(saved, dict):
         raise QuarlError(f"{path} holds no run config: it was not written by quarl actorq; start afresh (no --resume)")
@@ -82,8 +91,7 @@ def _check_resumed_config(path: Path, saved: Any, config: ActorQConfig) -> None:
 
     saved = current_json(saved)  # an older checkpoint held every algorithm's options
     now = config.to_json()
-    differ = sorted(k for k in now if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != now[k]
-                    and not (isinstance(saved[k], list) and tuple(saved[k]) == tuple(now[k] or ())))
+    differ = sorted(k for k in now if k not in RESUME_MAY_CHANGE and k in saved and _differs(saved[k], now[k]))
     if differ:
         k = differ[0]
         raise QuarlError(f"{path} was written by a run with {k}={saved[k]!r}, this one has {now[k]!r}"
@@ -113,23 +121,22 @@ def _non_finite_row(path: Path, saved: ReplayStateRecord) -> None:
                              "it (start afresh without --resume)")
 
 
-def _restore_replay(path: Path, blob: dict[str, Any], replay: Store, limiter: Limiter) -> None:
-    """The saved replay and rate limiter, checked before either is touched: a size within
-    the replay's capacity and the arrays it holds, the limiter's two counts."""
-    saved = parse_record(ReplayStateRecord, blob["replay"], f"{path}: replay")
+def _restore_replay(path: Path, stored: ReplayState, counts: object, replay: Store, limiter: Limiter) -> None:
+    """The saved replay and rate limiter (``counts``), checked before either is touched: a
+    size within the replay's capacity and the arrays it holds, the limiter's two counts."""
+    saved = parse_record(ReplayStateRecord, stored, f"{path}: replay")
     capacity = getattr(replay, "capacity", None)
     lengths = {int(t.shape[0]) if t.dim() else 0 for t in (saved.data or {}).values()}
     if saved.data is not None and (len(lengths) != 1 or (capacity is not None and lengths != {capacity})
                                    or saved.size > min(lengths) or saved.cursor >= min(lengths)):
         raise QuarlError(f"{path}: replay: field size: {saved.size} transitions (cursor {saved.cursor}) in arrays of "
                          f"{sorted(lengths)} rows, this run's replay holds {capacity}: refused")
-    counts = blob.get("limiter")
     if not (isinstance(counts, (tuple, list)) and len(counts) == 2
             and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_COUNT for c in counts)):
         raise QuarlError(f"{path}: field limiter: {counts!r:.60} is not two counts (inserts, samples): refused")
     _non_finite_row(path, saved)
     try:
-        replay.load_state(blob["replay"])
+        replay.load_state(stored)
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         raise QuarlError(f"{path}: replay: does not fit this run's replay ({exc.__class__.__name__}): refused") \
             from None
@@ -153,13 +160,15 @@ def _load_blob(path: Path) -> dict[str, Any]:
     return blob
 
 
-def _restore_learner(path: Path, blob: dict[str, Any], learner: Learner) -> None:
-    bad = non_finite_tensor(blob.get("learner"), "learner")
+def _restore_learner(path: Path, saved: LearnerState | None, learner: Learner) -> None:
+    if saved is None:
+        raise QuarlError(f"{path} holds no learner: it was not written by quarl actorq; start afresh (no --resume)")
+    bad = non_finite_tensor(saved, "learner")
     if bad:  # a diverged learner is not a run to continue
         raise QuarlError(f"{path}: {bad} holds NaN or inf: refused (a diverged learner's checkpoint; start afresh "
                          "without --resume)")
     try:
-        learner.load_state_dict(blob["learner"])
+        learner.load_state_dict(saved)
     except (RuntimeError, KeyError, TypeError, ValueError, AssertionError) as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         why = next((line for line in lines if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
@@ -173,9 +182,9 @@ def restore(path: Path, learner: Learner, replay: Store, limiter: Limiter, confi
     time to reward forgotten: a resumed run measures it anew)."""
     blob = _load_blob(path)
     _check_resumed_config(path, blob.get("config"), config)
-    _restore_learner(path, blob, learner)
+    _restore_learner(path, blob.get("learner"), learner)
     state = check_state(path, blob.get("state"))
     if blob.get("replay") is not None:
-        _restore_replay(path, blob, replay, limiter)
+        _restore_replay(path, blob["replay"], blob.get("limiter"), replay, limiter)
     state.time_to_reward_s = state.env_steps_at_target = None
     return state

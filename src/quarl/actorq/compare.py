@@ -22,6 +22,7 @@ from quarl.actorq.config import ActorQConfig
 from quarl.actorq.summary import ActorQSummary, running_means
 from quarl.actorq.coordinator import OnProgress
 from quarl.actorq.system import run_actorq
+from quarl.core.table import Row
 from quarl.evaluation.reports import save_figure, write_rows
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,9 @@ SHARES = (*PARTS, "other", "rate_limit", "dispatch")
 
 
 class Comparison(NamedTuple):
-    table: list[dict[str, Any]]
+    table: list[Row]
     """One row per precision: time to reward, speedup and its spread, throughput, energy."""
-    breakdown: list[dict[str, Any]]
+    breakdown: list[Row]
     """One row per precision: the share of the actors' wall time each part took."""
 
 
@@ -115,12 +116,12 @@ def paired_speedups(base: list[ActorQSummary], runs: list[ActorQSummary]) -> lis
             if b.reached and r.reached and b.time_to_reward_s is not None and r.time_to_reward_s]
 
 
-def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:
+def compare_rows(summaries: dict[str, list[ActorQSummary]]) -> list[Row]:
     """One row per precision: reward, time to reward (mean over the runs that reached the
     target, and over all runs with the others at their whole budget), speedup over the
     first precision and its range over paired repeats (same seed), env steps to the
     target, actor steps/s, bytes per broadcast, energy."""
-    rows = []
+    rows: list[Row] = []
     base_t = base_all = None
     first = next(iter(summaries.values()))
     for precision, runs in summaries.items():
@@ -183,11 +184,11 @@ def _mismatch_columns(runs: list[ActorQSummary]) -> dict[str, float]:
             **{k: float(f"{np.mean([m[k] for m in measured]):.4g}") for k in measured[0]}}
 
 
-def breakdown_rows(summaries: dict[str, list[ActorQSummary]]) -> list[dict[str, Any]]:
+def breakdown_rows(summaries: dict[str, list[ActorQSummary]]) -> list[Row]:
     """One row per precision (means over repeats): actor env steps/s, the share of the
     actors' wall time in each part (env step, inference, pull, deserialize, load, their own
     loop, waiting on the rate limiter, Ray's dispatch) and the learner's busy share."""
-    rows = []
+    rows: list[Row] = []
     for precision, runs in summaries.items():
         rows.append({
             "actor_precision": precision,

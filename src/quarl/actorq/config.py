@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, get_type_hints
+from typing import TYPE_CHECKING, Any, Mapping, TypeAlias, get_type_hints
 
 from quarl.core.errors import QuarlError
 from quarl.core.validate import digits
@@ -28,6 +28,15 @@ CONFIG_VERSION = 2
 """The version of the flat JSON a config is saved as: 2 holds the shared fields and the
 chosen algorithm's options; 1 (no ``config_version`` key) held every algorithm's options."""
 VERSION_KEY = "config_version"
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+ConfigValue: TypeAlias = "JsonValue | tuple[JsonValue, ...]"
+"""A value of a saved config: a JSON value, or a field's tuple (layer widths) before it was
+written as a JSON list."""
+ConfigJSON: TypeAlias = "dict[str, ConfigValue]"
+"""A config as :meth:`ActorQConfig.to_json` saves it (a flat JSON object), or as read back."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +165,9 @@ class ActorQConfig:
         current.update({f.name: getattr(self.options, f.name) for f in fields(self.options)})
         return ActorQConfig.flat(self.env_id, self.algo, **{**current, **values})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ConfigJSON:
         """One flat JSON object: the version, the shared fields and the algorithm's options."""
-        out: dict[str, Any] = {VERSION_KEY: CONFIG_VERSION}
+        out: ConfigJSON = {VERSION_KEY: CONFIG_VERSION}
         for f in fields(self):
             if f.name == "options":
                 out.update({o.name: getattr(self.options, o.name) for o in fields(self.options)})
@@ -170,16 +179,19 @@ class ActorQConfig:
     def from_json(cls, data: Mapping[str, Any]) -> ActorQConfig:
         """The config :meth:`to_json` saved (or a version-1 file, every algorithm's options in
         it), validated as when it was built."""
-        values = current_json(data)
+        values: dict[str, ConfigValue | Path] = dict(current_json(data))
         values.pop(VERSION_KEY)
         algo = str(values.pop("algo", "dqn"))
         hints = {**get_type_hints(cls), **get_type_hints(get_algorithm(algo).options)}
         for name, value in values.items():
             if isinstance(value, list) and "tuple" in str(hints.get(name)):
                 values[name] = tuple(value)
-        if "out" in values:
-            values["out"] = Path(values["out"])
-        return cls.flat(values.pop("env_id"), algo, **values)
+        out = values.get("out")
+        if isinstance(out, (str, Path)):
+            values["out"] = Path(out)
+        elif "out" in values:
+            raise QuarlError(f"a saved ActorQ config's out {out!r:.60} is not a folder")
+        return cls.flat(str(values.pop("env_id")), algo, **values)  # current_json checked env_id is a string
 
 
 def shared_fields() -> set[str]:
@@ -187,7 +199,7 @@ def shared_fields() -> set[str]:
     return {f.name for f in fields(ActorQConfig)} - {"options"}
 
 
-def current_json(data: Mapping[str, Any]) -> dict[str, Any]:
+def current_json(data: Mapping[str, Any]) -> ConfigJSON:
     """A saved config as this version writes it: a version-1 file (no ``config_version``; it
     held every algorithm's options) keeps the shared fields and its algorithm's options only.
     A file of a newer version is refused in one line."""

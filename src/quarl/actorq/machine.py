@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from quarl.actorq.summary import Energy, MachineInfo
+
 log = logging.getLogger(__name__)
 
 
@@ -29,7 +31,7 @@ def start_energy(out: Path) -> Any:
         return None
 
 
-def stop_energy(tracker: Any) -> dict[str, Any]:
+def stop_energy(tracker: Any) -> Energy:
     """The summary's ``energy`` (JSON): measured or estimated, or ``available: False``."""
     if tracker is None:
         return {"available": False}
@@ -60,7 +62,7 @@ def machine_busy_s() -> float:
     return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
 
 
-def describe_machine() -> dict[str, Any]:
+def describe_machine() -> MachineInfo:
     """The summary's ``machine`` (JSON): CPU model, cores, GPU."""
     import platform
 

@@ -32,12 +32,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from quarl.actorq.summary import ActorQSummary
 from quarl.core.errors import QuarlError
+from quarl.core.table import Row
+
+if TYPE_CHECKING:
+    from quarl.actorq.config import ConfigValue
 
 PAPER_SPEEDUPS = {
     "Cartpole Balance": 3.12, "Walker Stand": 1.63, "Hopper Stand": 1.57, "Reacher Hard": 1.82,
@@ -129,16 +133,37 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     return Prediction(x, regime, limits, ttr)
 
 
-def _env_steps_per_learner_step(config: dict) -> float:
+def _number(config: Mapping[str, ConfigValue], name: str) -> float:
+    """A run's config value ``name`` as a number (KeyError where the config lacks it)."""
+    value = config[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise QuarlError(f"a run's config holds {name} {value!r:.60}: not a number")
+    return float(value)
+
+
+def _actors(s: ActorQSummary) -> int:
+    """The run's actor count (KeyError where its config lacks it)."""
+    return int(_number(s.config, "actors"))
+
+
+def _cores(s: ActorQSummary) -> int:
+    """The cores of the run's machine (KeyError where its summary lacks them)."""
+    cores = s.machine["cores"]
+    if cores is None:
+        raise QuarlError("a run's machine did not know its core count (os.cpu_count() was None): rerun it elsewhere")
+    return cores
+
+
+def _env_steps_per_learner_step(config: Mapping[str, ConfigValue]) -> float:
     """Replay algorithms (dqn, d4pg): a batch over the replay ratio; unroll algorithms
     (impala): every step is learned from once, in whole unrolls."""
     from quarl.actorq.algorithms import find_algorithm
 
     algorithm = find_algorithm(str(config.get("algo")))
     if algorithm is not None and algorithm.unrolls:
-        length = int(config["unroll_length"])
-        return float(max(1, int(config["batch_size"]) // length) * length)
-    return config["batch_size"] / config["samples_per_insert"]
+        length = int(_number(config, "unroll_length"))
+        return float(max(1, int(_number(config, "batch_size")) // length) * length)
+    return _number(config, "batch_size") / _number(config, "samples_per_insert")
 
 
 def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], background: float | None = None) -> Costs:
@@ -173,10 +198,10 @@ def costs_from_summaries(precision: str, summaries: Sequence[ActorQSummary], bac
             build_s_per_version=known((s.broadcast.get("build_s") for s in summaries), "the broadcast's build time"),
             broadcast_bytes=known((s.broadcast.get("bytes") for s in summaries), "the broadcast's bytes"),
             env_steps_per_learner_step=_env_steps_per_learner_step(config),
-            push_period=int(config["push_period"]),
-            update_period=int(config["update_period"]),
+            push_period=int(_number(config, "push_period")),
+            update_period=int(_number(config, "update_period")),
             env_steps_to_target=mean(reached) if reached else None,
-            measured=tuple((int(s.config["actors"]), int(s.machine["cores"]), float(s.env_steps_per_s))
+            measured=tuple((_actors(s), _cores(s), float(s.env_steps_per_s))
                            for s in summaries),
         )
     except KeyError as exc:
@@ -223,16 +248,16 @@ def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:
     return found
 
 
-def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[ActorQSummary]] | None = None) -> list[dict[str, Any]]:
+def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[ActorQSummary]] | None = None) -> list[Row]:
     """Each measured run against the model: costs from ``train`` runs predict the
     throughput of each ``test`` run (its actor count, its machine's cores)."""
-    rows = []
+    rows: list[Row] = []
     for precision, runs in (test or train).items():
         if precision not in train:
             continue
         costs = costs_from_summaries(precision, train[precision], machine_background(train))
         for s in runs:
-            actors, cores = int(s.config["actors"]), int(s.machine["cores"])
+            actors, cores = _actors(s), _cores(s)
             p = predict(costs, Cluster(actors=actors, cores_per_node=cores))
             measured = float(s.env_steps_per_s)
             rows.append({"actor_precision": precision, "actors": actors, "cores": cores, "regime": p.regime,
@@ -241,10 +266,10 @@ def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[
     return rows
 
 
-def scaling_rows(costs: dict[str, Costs], actors: Sequence[int], cluster: Cluster, baseline: str = "fp32") -> list[dict]:
+def scaling_rows(costs: dict[str, Costs], actors: Sequence[int], cluster: Cluster, baseline: str = "fp32") -> list[Row]:
     if baseline not in costs:
         raise QuarlError(f"the runs have no {baseline} actors to compare against (have {', '.join(costs)})")
-    rows = []
+    rows: list[Row] = []
     for n in actors:
         c = Cluster(n, cluster.nodes, cluster.cores_per_node, cluster.learner_speedup, cluster.bandwidth_bytes_per_s)
         base = predict(costs[baseline], c)
@@ -297,8 +322,21 @@ def plot_scaling(rows: list[dict], path: Path, title: str, validation: list[dict
     return save_figure(fig, path)
 
 
+@dataclass(frozen=True)
+class ModelReport:
+    """What :func:`model_report` wrote and the terminal shows."""
+
+    rows: list[Row]
+    """The scaling table: one row per actor count and precision."""
+    validation: list[Row]
+    """Each measured run against the model."""
+    files: list[Path]
+    where: str
+    """The cluster predicted for, in words."""
+
+
 def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cluster: Cluster, out: Path,
-                 validate: dict[str, list[ActorQSummary]] | None = None, wire_bits: Sequence[int] = ()) -> dict[str, Any]:
+                 validate: dict[str, list[ActorQSummary]] | None = None, wire_bits: Sequence[int] = ()) -> ModelReport:
     """The model's whole output: the scaling table and plot for ``cluster`` at each actor
     count, and the validation of every measured run (``validate`` runs predicted from
     ``runs``' costs, or ``runs`` themselves). Writes model.{csv,md,json},
@@ -315,7 +353,7 @@ def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cl
     measured: dict[tuple[int, str], list[float]] = {}
     for summaries in (validate or runs).values():
         for s in summaries:
-            measured.setdefault((int(s.config["actors"]), s.config["actor_precision"]), []).append(
+            measured.setdefault((_actors(s), s.actor_precision), []).append(
                 float(s.env_steps_per_s))
     points = [{"actors": n, "measured_speedup": float(np.mean(v) / np.mean(measured[(n, "fp32")]))}
               for (n, p), v in measured.items() if p != "fp32" and (n, "fp32") in measured]
@@ -325,4 +363,4 @@ def model_report(runs: dict[str, list[ActorQSummary]], actors: Sequence[int], cl
              + ("same machine" if math.isinf(cluster.bandwidth_bytes_per_s)
                 else f"{8 * cluster.bandwidth_bytes_per_s / 1e9:g} Gbit/s"))
     files.append(plot_scaling(rows, out / "scaling.png", f"ActorQ model: {where}", points))
-    return {"rows": rows, "validation": check, "files": files, "where": where}
+    return ModelReport(rows, check, files, where)

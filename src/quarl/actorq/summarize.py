@@ -3,13 +3,11 @@ coordinator counted (:class:`~quarl.actorq.run_state.RunState`) and measured."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from quarl.actorq.actor_precisions import actor_quant
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.machine import describe_machine
 from quarl.actorq.run_state import RunState
-from quarl.actorq.summary import ActorQSummary
+from quarl.actorq.summary import ActorQSummary, Energy
 from quarl.core.provenance import provenance
 
 
@@ -33,31 +31,12 @@ def actor_shares(state: RunState, actors: int) -> dict[str, float]:
     return shares
 
 
-def _rates(config: ActorQConfig, state: RunState, learner_s: float) -> dict[str, Any]:
-    """The summary's rates and costs per step."""
+def make_summary(config: ActorQConfig, target: float | None, state: RunState, broadcast: dict[str, float],
+                 energy: Energy, learner_s: float) -> ActorQSummary:
+    """The run's summary: its identity, what it reached, its counts, rates and costs per step,
+    and energy."""
     steps = max(state.env_steps, 1)
     elapsed = max(state.elapsed_s, 1e-9)
-    return dict(
-        env_steps_per_s=state.env_steps / elapsed,
-        steady_env_steps_per_s=steady_rate(state),
-        learner_steps_per_s=state.learner_steps / elapsed,
-        actor_env_steps_per_s={str(i): n / elapsed for i, n in state.actor_steps.items()},
-        actor_ms_per_step={k: 1000 * v / steps for k, v in state.actor_times.items()},
-        actor_time_share=actor_shares(state, config.actors),
-        actor_busy_ms_per_step=1000 * state.actor_wall_s / steps,
-        # an actor's wall time per step when not held by the rate limiter (Ray's dispatch included)
-        actor_wall_ms_per_step=1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
-        machine_busy_cores=state.machine_busy_s / elapsed,
-        # the coordinator's CPU beyond learner steps (receiving chunks, replay, logging), per env step
-        coordinator_ms_per_step=1000 * max(state.driver_cpu_s - learner_s, 0.0) / steps,
-        learner_ms_per_step=1000 * learner_s / max(state.learner_steps, 1),
-        learner_time_share={"learning": learner_s / elapsed, "waiting": 1 - learner_s / elapsed},
-    )
-
-
-def make_summary(config: ActorQConfig, target: float | None, state: RunState, broadcast: dict[str, float],
-                 energy: dict[str, Any], learner_s: float) -> ActorQSummary:
-    """The run's summary: its identity, what it reached, its counts, rates and energy."""
     return ActorQSummary(
         config=config.to_json(),
         machine=describe_machine(),
@@ -83,5 +62,18 @@ def make_summary(config: ActorQConfig, target: float | None, state: RunState, br
         broadcast=broadcast,
         energy=energy,
         mismatch=state.mismatch(),
-        **_rates(config, state, learner_s),
+        env_steps_per_s=state.env_steps / elapsed,
+        steady_env_steps_per_s=steady_rate(state),
+        learner_steps_per_s=state.learner_steps / elapsed,
+        actor_env_steps_per_s={str(i): n / elapsed for i, n in state.actor_steps.items()},
+        actor_ms_per_step={k: 1000 * v / steps for k, v in state.actor_times.items()},
+        actor_time_share=actor_shares(state, config.actors),
+        actor_busy_ms_per_step=1000 * state.actor_wall_s / steps,
+        # an actor's wall time per step when not held by the rate limiter (Ray's dispatch included)
+        actor_wall_ms_per_step=1000 * max(state.elapsed_s * config.actors - state.actor_wait_s, 0.0) / steps,
+        machine_busy_cores=state.machine_busy_s / elapsed,
+        # the coordinator's CPU beyond learner steps (receiving chunks, replay, logging), per env step
+        coordinator_ms_per_step=1000 * max(state.driver_cpu_s - learner_s, 0.0) / steps,
+        learner_ms_per_step=1000 * learner_s / max(state.learner_steps, 1),
+        learner_time_share={"learning": learner_s / elapsed, "waiting": 1 - learner_s / elapsed},
     )

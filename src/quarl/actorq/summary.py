@@ -7,14 +7,19 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, JsonValue, ValidationError, field_validator, with_config
+from typing_extensions import TypedDict
 
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, parse_json, parse_record
 from quarl.core.limits import read_capped
+from quarl.core.provenance import Provenance
+
+if TYPE_CHECKING:  # the config module reads the algorithm registry; a summary needs only its JSON's type
+    from quarl.actorq.config import ConfigJSON
 
 SUMMARY_CAP = 16 << 20
 """Bytes an ActorQ summary.json may have (quarl writes a few kilobytes)."""
@@ -35,12 +40,77 @@ _Measured = Annotated[float, Field(allow_inf_nan=True)]
 """A return or a ratio as measured: an env's rewards may be infinite, an empty mean NaN."""
 
 
+_PART = ConfigDict(extra="allow", strict=True)
+"""A JSON object inside a summary: its fields typed, and kept where another quarl version
+wrote more of them."""
+
+
+@with_config(_PART)
+class MachineInfo(TypedDict, total=False):
+    """A summary's ``machine`` (:func:`quarl.actorq.machine.describe_machine`)."""
+
+    cpu: str
+    """The CPU model."""
+    cores: int | None
+    """``os.cpu_count()``: None where Python could not tell."""
+    gpu: str | None
+    """The first CUDA device's name; None without one."""
+
+
+@with_config(_PART)
+class Energy(TypedDict, total=False):
+    """A summary's ``energy``: codecarbon's measurement or estimate of the whole run
+    (:func:`quarl.actorq.machine.stop_energy`), or ``available: False`` (and the ``error``)."""
+
+    available: bool
+    energy_kwh: float
+    cpu_energy_kwh: float
+    ram_energy_kwh: float
+    co2_kg: float
+    country: str
+    method: str
+    """``measured (RAPL)`` or how it was estimated."""
+    error: str
+    """Why tracking failed (``available`` False)."""
+
+
+@with_config(_PART)
+class ActorQuant(TypedDict, total=False):
+    """A summary's ``actor_quant``: how the actors' network was quantized
+    (:func:`quarl.actorq.actor_precisions.actor_quant`)."""
+
+    precision: str
+    wire_bits: int
+    """A float precision: the width its weights were sent at."""
+    mode: str
+    """An int precision: the ONNX Runtime mode the actors ran."""
+    fp32_layers: list[int]
+    """An int precision: the layers kept in fp32."""
+
+
+class _ProvenanceRecord(Record):
+    """A stored provenance that is whole (each of :class:`Provenance`'s fields, typed)."""
+
+    provenance: Provenance
+
+
+def whole_provenance(stored: object) -> Provenance | None:
+    """``stored`` (a summary's ``provenance`` as read) where it has every field of
+    :class:`Provenance`, typed; None where it is absent, empty or partial (a summary of a quarl
+    before it was recorded, or one built without it)."""
+    try:
+        return _ProvenanceRecord.model_validate({"provenance": stored}).provenance
+    except ValidationError:
+        return None
+
+
 class ActorQSummaryRecord(Record):
     """``summary.json`` as read back: :class:`ActorQSummary`'s fields, typed (counts whole
     and non-negative, times and rates finite and non-negative; returns as measured)."""
 
-    config: dict[str, Any]
-    machine: dict[str, Any]
+    config: dict[str, _Measured | JsonValue]
+    """The run's config as JSON (an old config's non-finite number included)."""
+    machine: MachineInfo
     target_reward: float | None
     reached: bool
     time_to_reward_s: _Rate | None
@@ -69,9 +139,10 @@ class ActorQSummaryRecord(Record):
     actor_nodes: dict[str, str | list[str]]
     episodes: _Count
     broadcast: dict[str, float | None]
-    energy: dict[str, Any]
-    actor_quant: dict[str, Any] = {}
-    provenance: dict[str, Any] = {}
+    energy: Energy
+    actor_quant: ActorQuant = {}
+    provenance: dict[str, _Measured | JsonValue] = {}
+    """Any JSON object: one that is not a whole :class:`Provenance` is read as None."""
     machine_busy_cores: _Rate | None = None
     steady_env_steps_per_s: _Rate | None = None
     mismatch: dict[str, _Measured] | None = None
@@ -109,9 +180,9 @@ def read_summary_json(path: Path) -> Any:
 class ActorQSummary:
     """One run. Times in seconds; ``*_ms_per_step`` per env step over all actors."""
 
-    config: dict[str, Any]
+    config: ConfigJSON
     """The run's :class:`~quarl.actorq.config.ActorQConfig` as JSON."""
-    machine: dict[str, Any]
+    machine: MachineInfo
     """CPU model, cores, GPU."""
     target_reward: float | None
     reached: bool
@@ -154,11 +225,13 @@ class ActorQSummary:
     episodes: int
     broadcast: dict[str, float]
     """The last broadcast: bytes, build seconds, version."""
-    energy: dict[str, Any]
+    energy: Energy
     """codecarbon's measurement or estimate (``available``, ``energy_kwh``, ``co2_kg``, ``method``)."""
-    actor_quant: dict[str, Any] = field(default_factory=dict)
+    actor_quant: ActorQuant = field(default_factory=lambda: ActorQuant())
     """How the actors' network was quantized (part of what a stored run is; absent before quarl 0.x stored it)."""
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance | None = None
+    """The software and machine that made it (:func:`quarl.core.provenance.provenance`); None
+    in a summary stored without a whole one (written as ``{}``, as quarl wrote a missing one)."""
     machine_busy_cores: float | None = None
     """Cores the driver's machine kept busy on average (every process on it: Ray's daemons
     and the OS too); None in runs of quarl before it was recorded."""
@@ -173,7 +246,11 @@ class ActorQSummary:
     ``policy_lag`` (the learner's weight version minus the one the actors acted with)."""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The JSON object ``summary.json`` holds."""
+        data = dataclasses.asdict(self)
+        if self.provenance is None:
+            data["provenance"] = {}
+        return data
 
     @property
     def actor_precision(self) -> str:
@@ -193,6 +270,8 @@ class ActorQSummary:
             raise QuarlError(f"{where} lacks {', '.join(missing[:4])}: it was written by an older quarl; rerun it")
         known = {k: v for k, v in data.items() if k in names}  # fields of other quarl versions are left out
         parse_record(ActorQSummaryRecord, known, where)
+        if "provenance" in known:
+            known["provenance"] = whole_provenance(known["provenance"])
         return cls(**known)
 
     @classmethod

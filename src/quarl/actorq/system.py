@@ -28,7 +28,7 @@ from quarl.actorq.fleet import Fleet
 from quarl.actorq.machine import machine_busy_s, start_energy, stop_energy
 from quarl.actorq.run_state import RunState
 from quarl.actorq.summarize import make_summary
-from quarl.actorq.summary import ActorQSummary
+from quarl.actorq.summary import ActorQSummary, Energy
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError, StoppedRun
 
@@ -110,7 +110,7 @@ class Meters:
     def start(cls, out: Path) -> "Meters":
         return cls(start_energy(out), time.process_time(), machine_busy_s())
 
-    def stop(self, state: RunState, fleet: Fleet) -> tuple[dict[str, float], dict[str, Any]]:
+    def stop(self, state: RunState, fleet: Fleet) -> tuple[dict[str, float], Energy]:
         """Read the fleet's last numbers, close it; returns (broadcast stats, energy)."""
         broadcast = fleet.broadcast_stats()
         state.evaluator_busy_s = fleet.evaluator_busy_s()
@@ -127,7 +127,7 @@ def stopped(exc: Exception, checkpoint: Path) -> QuarlError:
     return (StoppedRun if checkpoint.exists() else QuarlError)(f"ActorQ {exc}; {kept}")
 
 
-def finish(parts: Parts, broadcast: dict[str, float], energy: dict[str, Any], learner_s: float) -> ActorQSummary:
+def finish(parts: Parts, broadcast: dict[str, float], energy: Energy, learner_s: float) -> ActorQSummary:
     """The last checkpoint, the learner's policy network (``OUT/policy.pt``) and ``OUT/summary.json``."""
     parts.checkpoint(parts.state.elapsed_s)
     network = parts.learner.policy_network()

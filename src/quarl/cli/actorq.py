@@ -185,6 +185,6 @@ def actorq_model(
     cluster = model_cluster(nodes, cores_per_node, learner_speedup, bandwidth_gbps)
     report = model_report(load_runs(runs), counts, cluster, out, load_runs(validate_runs) if validate_runs else None,
                           widths)
-    print_table(report["rows"], f"ActorQ model, {report['where']}", out_console)
-    print_table(report["validation"], "measured runs against the model", out_console)
-    out_console.print("wrote " + ", ".join(str(f) for f in report["files"]), soft_wrap=True)
+    print_table(report.rows, f"ActorQ model, {report.where}", out_console)
+    print_table(report.validation, "measured runs against the model", out_console)
+    out_console.print("wrote " + ", ".join(str(f) for f in report.files), soft_wrap=True)

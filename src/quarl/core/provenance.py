@@ -8,7 +8,8 @@ import functools
 import os
 import platform
 from importlib import metadata
-from typing import Any, TypedDict
+
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (quarl.actorq.summary)
 
 PACKAGES = ("quarl", "torch", "onnxruntime", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy", "ray")
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
@@ -30,9 +31,8 @@ class Provenance(TypedDict):
 
 
 @functools.cache
-def provenance() -> dict[str, Any]:
-    """:class:`Provenance` of this process (typed as a plain dict until every holder of it,
-    ``quarl.actorq.summary.ActorQSummary`` included, is typed :class:`Provenance`)."""
+def provenance() -> Provenance:
+    """:class:`Provenance` of this process."""
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
