@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import quarl
@@ -41,6 +42,26 @@ def test_a_recovered_folder_written_before_loads(tmp_path: Path) -> None:
     assert recovered is not None and recovered.precision == "int4" and recovered.record == record
     states = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     assert recovered.kernel.act_rows(states).shape == recovered.original.act_rows(states).shape == (8,)
+
+
+def test_a_finished_recovery_written_before_is_reused_not_run_again(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from quarl.recovery import run_recover, workflow
+
+    out = _folder(tmp_path)
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    monkeypatch.setattr(workflow, "recover_stages", _never)
+    checkpoint = tmp_path / "agent.zip"  # the original policy, as recover was given it
+    shutil.copy(out / "CartPole-v1" / "original.zip", checkpoint)
+    agent = quarl.load(checkpoint, env="CartPole-v1")
+    assert agent.env_spec is not None
+    record, records = run_recover(checkpoint, agent.env_spec, agent.policy, CONFIG, out)
+    assert record == json.loads((out / "CartPole-v1" / "recovery.json").read_text()) and records == []
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file() and path.name != ".lock"} == before
+
+
+def _never(*args: object, **kwargs: object) -> None:
+    raise AssertionError("recovered again")
 
 
 def test_a_state_written_before_resumes_its_run(tmp_path: Path) -> None:

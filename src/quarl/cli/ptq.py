@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import typer
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from quarl.evaluation.record import CellRecord
     from quarl.policies.base import Policy
     from quarl.policies.checkpoint import Checkpoint
+    from quarl.registry_options import QuantOptions
 
 
 DECIDE_EPISODES = 640
@@ -129,7 +130,7 @@ def ptq(
 
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
-    records = play_cells(ckpt.policy, spec, labels, settings, out, deciding, str(checkpoint), fixed, **options)
+    records = play_cells(ckpt.policy, spec, labels, settings, out, deciding, str(checkpoint), fixed, options)
     report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide)
 
 
@@ -166,9 +167,9 @@ def ptq_title(ckpt: Checkpoint, env_id: str, recovered: str | None, budget: str)
 
 
 def play_cells(policy: Policy, spec: EnvSpec, labels: list[str], settings: EvalSettings, out: Path,
-               deciding: Deciding, source: str, fixed: dict[str, Policy], **options: Any) -> list[CellRecord]:
+               deciding: Deciding, source: str, fixed: dict[str, Policy], options: QuantOptions) -> list[CellRecord]:
     """fp32's and each precision's episodes (:func:`quarl.ptq.run_ptq`; ``fixed``: cells
-    played as they are, a recovered folder's), a progress bar per cell."""
+    played as they are, a recovered folder's; ``options``: every int cell's), a progress bar per cell."""
     from quarl.ptq import run_ptq
 
     cells = list(dict.fromkeys(["fp32", *labels]))

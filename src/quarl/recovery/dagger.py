@@ -32,7 +32,8 @@ from quarl.recovery.config import RECOVERY_FORMAT
 from quarl.recovery.config import RecoverConfig
 from quarl.recovery.losses import _loss_scale
 from quarl.recovery.losses import distill_loss
-from quarl.recovery.report import JsonObject, RecoveryState, RoundStats, StateFile
+from quarl.quant.precisions import QuantSummary
+from quarl.recovery.report import RecoveryState, RoundStats, StateFile
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class RecoveryResult:
 Progress = Callable[[RoundStats], None]
 
 
-def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple[KernelSpec, JsonObject | None]:
+def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple[KernelSpec, QuantSummary | None]:
     """The kernel the student reproduces: a named mode, or the automatic choice's (what
     ``quarl ptq`` would run), replaced by the mode whose student stands in where it has none
     (:func:`quarl.quant.modes.student_mode_for`), and by its fallback where this CPU cannot run it."""
@@ -76,13 +77,12 @@ def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple
     from quarl.quant.choice import keep_options
 
     qconfig = config.quant_config()
-    chosen: JsonObject | None = None
+    chosen: QuantSummary | None = None
     if qconfig.mode == "auto":
         calibration = calibration_inputs(policy, env_spec)
         quantized = quantize(policy, qconfig, calibration=calibration, returns=calibration_returns(env_spec))
-        quant = quantized.meta.get("quant") or {}  # the automatic choice's record (precisions.quantize_int)
-        chosen = quant
-        label, keep = str(quant["mode"]), frozenset(int(i) for i in quant["fp32_layers"])
+        quant: QuantSummary = quantized.meta["quant"]  # what the choice ran (quant.precisions.quantize_int)
+        label, keep, chosen = str(quant["mode"]), frozenset(int(i) for i in quant["fp32_layers"]), quant
     else:
         label, keep = qconfig.label, keep_options(policy.network)[0]
     mode_label = student_mode(label)

@@ -21,6 +21,7 @@ from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, parse_json, parse_record
 from quarl.policies.base import Policy
 from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.precisions import QuantSummary
 from quarl.quant.student import (plain_network, sb3_tensors)
 
 from quarl.recovery.config import EXPORT_DIR
@@ -143,7 +144,7 @@ def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> 
 
 
 def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
-                    config: RecoverConfig, chosen: JsonObject | None = None,
+                    config: RecoverConfig, chosen: QuantSummary | None = None,
                     report: RecoveryReport | None = None) -> RecoveryJson:
     """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
     the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
@@ -193,9 +194,9 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
                      "algo": policy.algo},
         "recovered": {"zip_sha256": sha256_file(out / f"{name}.zip"), "onnx_sha256": sidecar["onnx_sha256"],
                       "export": f"{EXPORT_DIR}/policy.onnx"},
-        "env": dataclasses.asdict(env_spec),
+        "env": env_spec.to_json(),
         "config": dataclasses.asdict(config),
-        "automatic_choice": None if chosen is None else {k: v for k, v in chosen.items() if k != "tried"},
+        "automatic_choice": None if chosen is None else _untried(chosen),
         # what was written (the student, or PTQ's own model where no student was shown at least as good) and why the
         # run ended (its verdict against the original fp32 kept, or its budget was spent): recover_stages' report
         **shipped,
@@ -216,6 +217,13 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     }
     write_atomic(zoo / RECOVERY_FILE, json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
     return record
+
+
+def _untried(chosen: QuantSummary) -> QuantSummary:
+    """The automatic choice's record less the modes it tried (recovery.json's ``automatic_choice``)."""
+    choice = chosen.copy()
+    choice.pop("tried", None)
+    return choice
 
 
 def _nan_as_null(value: Any) -> Any:

@@ -24,6 +24,8 @@ from pydantic import ConfigDict, Field, JsonValue, RootModel, with_config
 from typing_extensions import TypedDict  # pydantic validates only typing_extensions' TypedDict on Python 3.11
 
 from quarl.core.provenance import Provenance
+from quarl.envs import EnvJson
+from quarl.quant.precisions import QuantSummary
 
 FILE_CHECKS = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 """What :class:`quarl.core.file_schema.Record` asks of a record read from a file: strict
@@ -35,8 +37,8 @@ Seconds = Annotated[float, Field(ge=0)]
 AnyReturn = Annotated[float, Field(allow_inf_nan=True)]
 """A mean return: may be infinite or NaN (an env's own reward), never refused."""
 JsonObject = dict[str, JsonValue]
-"""Another object's JSON form recorded as it was (the kernel, the env, the options, the
-automatic choice): any JSON values, nothing else."""
+"""Another object's JSON form recorded as it was (the kernel spec, the options): any JSON
+values, nothing else."""
 
 
 class TestOutcome(TypedDict):
@@ -175,11 +177,11 @@ class RecoveryJson(TypedDict):
     """:meth:`quarl.quant.student.KernelSpec.to_dict`."""
     original: OriginalJson
     recovered: RecoveredJson
-    env: JsonObject
-    """The :class:`quarl.envs.EnvSpec`'s fields (``dataclasses.asdict``)."""
+    env: EnvJson
+    """The :class:`quarl.envs.EnvSpec` (:meth:`~quarl.envs.EnvSpec.to_json`)."""
     config: JsonObject
     """The :class:`quarl.recovery.config.RecoverConfig`'s fields (``dataclasses.asdict``)."""
-    automatic_choice: JsonObject | None
+    automatic_choice: QuantSummary | None
     """The automatic choice's quant record (:func:`quarl.recovery.dagger.pick_spec`), less what it tried."""
     shipped: Literal["ptq", "student"]
     shipped_stage: NotRequired[str | None]

@@ -8,7 +8,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 
 from quarl.evaluation.record import CellRecord
@@ -36,11 +36,14 @@ from quarl.recovery.dagger import read_state
 from quarl.recovery.folder import write_recovered
 from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, StageReport
 
+if TYPE_CHECKING:
+    from quarl.evaluation.cells import EvalSettings
+
 log = logging.getLogger(__name__)
 
 
 def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: RecoverConfig, out: Path,
-                settings: Any = None, progress: Progress | None = None,
+                settings: EvalSettings | None = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
                 trust_pickle: bool = False, wait: bool = False, decide_episodes: int = 0,
                 decide_seconds: float | None = None) -> tuple[RecoveryJson, list[CellRecord]]:
@@ -104,7 +107,7 @@ def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: 
         record = recovered.record
         same = (record.get("original", {}).get("policy_sha256") == policy.fingerprint()
                 and record.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
-                and record.get("env") == json.loads(json.dumps(dataclasses.asdict(env_spec))))
+                and record.get("env") == env_spec.to_json())
         return record if same else None
     return None
 
