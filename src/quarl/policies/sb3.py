@@ -28,6 +28,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import JsonValue
 from torch import nn
 
 from quarl.core.errors import QuarlError
@@ -304,10 +305,17 @@ def _check_shapes(policy: Policy) -> None:
     check_outputs(policy, "the checkpoint's network")
 
 
-def algo_from_data(data: dict[str, Any], family: str) -> str:
+def _policy_class(data: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """The readable fields of a zip's ``policy_class`` (none where it holds no object)."""
+    entry = data.get("policy_class")
+    return entry if isinstance(entry, dict) else {}
+
+
+def algo_from_data(data: dict[str, JsonValue], family: str) -> str:
     """The algorithm's name; where several share a policy class, told apart by the
-    hyperparameters they save (PPO's clip range; DDPG is TD3 without delay or noise)."""
-    module = str((data.get("policy_class") or {}).get("__module__", ""))
+    hyperparameters they save (PPO's clip range; DDPG is TD3 without delay or noise).
+    ``data``: an SB3 zip's ``data`` entry as JSON holds it."""
+    module = str(_policy_class(data).get("__module__", ""))
     m = re.match(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies", module)
     algo = m.group(1) if m and m.group(1) in algos() else family
     if algo == "ppo":  # A2C, PPO and TRPO share ActorCriticPolicy
@@ -317,10 +325,10 @@ def algo_from_data(data: dict[str, Any], family: str) -> str:
     return algo
 
 
-def policy_class_name(data: dict[str, Any]) -> str | None:
+def policy_class_name(data: dict[str, JsonValue]) -> str | None:
     """The policy class's name, read from the opcodes of its pickled reference (never
     unpickled): ``ARSLinearPolicy`` and ``ARSPolicy`` differ only in their defaults."""
-    blob = (data.get("policy_class") or {}).get(":serialized:")
+    blob = _policy_class(data).get(":serialized:")
     if not isinstance(blob, str):
         return None
     try:

@@ -9,11 +9,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from pydantic import JsonValue
 
 from quarl.core.errors import QuarlError
 from quarl.core.literals import parse_literal
 
-def _field(entry: dict[str, Any], *names: str) -> Any:
+def _field(entry: dict[str, JsonValue], *names: str) -> JsonValue:
     for name in names:
         if entry.get(name) is not None:
             return entry[name]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import JsonValue
 
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import MAX_JSON_DEPTH, check_depth
@@ -35,7 +36,8 @@ QAT_FILE = "qat.json"
 QAT format's (registered by :mod:`quarl.training.qat_loader`)."""
 
 
-def _read_zip(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def _read_zip(path: Path) -> tuple[dict[str, JsonValue], dict[str, torch.Tensor]]:
+    """The zip's ``data`` entry (a JSON object, as SB3 wrote it) and its state dict, checked."""
     try:
         with open_zip(path, "a Stable-Baselines3 checkpoint") as archive:
             names = set(archive.namelist())
@@ -63,7 +65,7 @@ def _read_zip(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return data, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
-def _policy_kwargs(data: dict[str, Any], config: ZooConfig) -> dict[str, Any]:
+def _policy_kwargs(data: dict[str, JsonValue], config: ZooConfig) -> dict[str, Any]:
     """The policy keyword arguments: the config's (Python literal text or a mapping), then the
     zip's readable ones over them."""
     out: dict[str, Any] = {}
@@ -73,7 +75,8 @@ def _policy_kwargs(data: dict[str, Any], config: ZooConfig) -> dict[str, Any]:
         out.update(parsed if isinstance(parsed, dict) else {})
     elif isinstance(text, dict):
         out.update(text)
-    for key, value in (data.get("policy_kwargs") or {}).items():
+    saved = data.get("policy_kwargs")
+    for key, value in (saved if isinstance(saved, dict) else {}).items():
         if not key.startswith(":"):
             out[key] = parse_literal(value) if isinstance(value, str) else value
     return out

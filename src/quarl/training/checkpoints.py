@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, JsonValue
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from quarl.core.atomic import write_atomic
@@ -86,10 +86,6 @@ class Checkpointer:
         return Path(f"{stem}.zip")
 
 
-SB3Data = dict[str, Any]
-"""The JSON object of an SB3 zip's ``data`` entry, as SB3 wrote it."""
-
-
 class CheckpointData(Record):
     """The fields of an SB3 zip's ``data`` entry that resuming and fine-tuning read (SB3
     saves dozens more, left as they are)."""
@@ -99,7 +95,8 @@ class CheckpointData(Record):
     policy_class: dict[str, Any] | None = None
 
 
-def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tuple[CheckpointData, SB3Data]:
+def read_checkpoint_data(path: Path, what: str = "a training checkpoint"
+                         ) -> tuple[CheckpointData, dict[str, JsonValue]]:
     """(typed record, raw JSON object) of the ``data`` entry of SB3 zip ``path`` (the raw
     object for the fields the record leaves as SB3 wrote them)."""
     from quarl.core.limits import open_zip, read_zip_entry
@@ -115,13 +112,14 @@ def read_checkpoint_data(path: Path, what: str = "a training checkpoint") -> tup
 _POLICY_MODULE = re.compile(r"(?:stable_baselines3|sb3_contrib)\.(\w+)\.policies")
 
 
-def saved_algorithm(data: SB3Data) -> str | None:
+def saved_algorithm(data: dict[str, JsonValue]) -> str | None:
     """The algorithm whose ``save`` wrote this ``data`` entry, from its policy class's module
     and the hyperparameters it keeps (PPO's clip range, TRPO's conjugate-gradient steps), or
     None where the policy class is not one of SB3's or sb3-contrib's."""
     from quarl.policies.sb3 import algo_from_data
 
-    module = (data.get("policy_class") or {}).get("__module__") if isinstance(data.get("policy_class"), dict) else None
+    policy_class = data.get("policy_class")
+    module = policy_class.get("__module__") if isinstance(policy_class, dict) else None
     match = _POLICY_MODULE.fullmatch(module) if isinstance(module, str) else None
     if match is None:
         return None
@@ -129,7 +127,7 @@ def saved_algorithm(data: SB3Data) -> str | None:
     return algo_from_data(data, "ppo" if match.group(1) == "common" else match.group(1))
 
 
-def check_algorithm(path: Path, data: SB3Data, algo: str, doing: str) -> None:
+def check_algorithm(path: Path, data: dict[str, JsonValue], algo: str, doing: str) -> None:
     """One line when the zip at ``path`` was saved by another algorithm than ``algo`` (an
     A2C zip resumed as PPO loaded RMSprop's state into Adam: KeyError 'betas' mid-run)."""
     saved = saved_algorithm(data)

@@ -85,8 +85,8 @@ def _data_policy_kwargs(zip_path: Path, policy: Policy) -> SB3Kwargs:
             return all(plain(x) for x in v)
         return isinstance(v, (int, float, str, bool))
 
-    kwargs = {k: v for k, v in policy_kwargs.items()
-              if not k.startswith(":") and plain(v) and not k.endswith("_class")}
+    kwargs: SB3Kwargs = {k: v for k, v in policy_kwargs.items()
+                         if not k.startswith(":") and plain(v) and not k.endswith("_class")}
     # the MLP's activation: the first one after the first Linear layer (a CNN's own are ReLU)
     modules = list(policy.network.modules())[1:]
     first = next((i for i, m in enumerate(modules) if isinstance(m, nn.Linear)), None)
