@@ -173,6 +173,7 @@ def exported(tmp_path_factory) -> Path:
     (lambda m: m["observation_space"].update(shape=[10**6, 10**6]), "observation space size 1000000000000 is not a whole"),
     (lambda m: m["action_space"].update(n=0), "action space size 0 is not a whole number"),
     (lambda m: m.update(onnx_sha256="0" * 64), "its SHA-256 differs from the sidecar's onnx_sha256"),
+    (lambda m: m.update(quant={"fp32_layers": [0], "agreement": "high"}), "field quant: not an int mode's summary"),
 ])
 def test_an_edited_sidecar_is_refused_in_one_line(exported: Path, tmp_path: Path, edit, message: str) -> None:
     import json

@@ -40,3 +40,12 @@ def test_env_json_is_what_json_made_of_its_fields() -> None:
     assert json.dumps(key, sort_keys=True) == json.dumps(
         {"env": dataclasses.asdict(spec), "first_seed": 10_100, "max_steps": 500, "steps": 20_000, "caps": [16, 64]},
         sort_keys=True)
+
+
+def test_a_quant_summary_is_a_mode_and_fields_of_their_types() -> None:
+    from quarl.quant.precisions import is_quant_summary
+
+    assert is_quant_summary({"mode": "int8-dyn-tensor", "fp32_layers": [0], "agreement": None, "recovered": True,
+                             "a field of a later quarl": [1]})
+    assert not is_quant_summary({"fp32_layers": [0]}) and not is_quant_summary(["int8"])
+    assert not is_quant_summary({"mode": "int8-dyn-tensor", "agreement": "high"})

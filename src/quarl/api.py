@@ -166,7 +166,7 @@ def _from_sb3_model(model: Any) -> Checkpoint:
         normalizer = ObsNormalizer(np.asarray(rms.mean, np.float64), np.asarray(rms.var, np.float64),
                                    float(vec_normalize.clip_obs), float(vec_normalize.epsilon))
         checkpoint.policy = dataclasses.replace(checkpoint.policy, obs_normalizer=normalizer,
-                                                meta=dict(checkpoint.policy.meta))
+                                                meta=checkpoint.policy.meta.copy())
     checkpoint.path = Path(f"<{type(model).__name__} object>")
     return checkpoint
 

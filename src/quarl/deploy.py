@@ -29,6 +29,7 @@ from quarl.policies.base import Policy
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant import precisions as registry
+from quarl.quant.precisions import QuantSummary
 from quarl.quant.config import QuantConfig
 from quarl.quant.choice import Returns
 from quarl.core.timing import median_us
@@ -206,7 +207,7 @@ def fp16_model(policy: Policy) -> bytes:
 
 
 def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | None = None,
-                    returns: Returns | None = None, **options: Any) -> tuple[bytes, dict[str, Any] | None]:
+                    returns: Returns | None = None, **options: Any) -> tuple[bytes, QuantSummary | None]:
     """The ONNX model of ``policy`` at ``precision`` (``fp32``, or a real int label:
     ``int8``, ``int4``, ``int8-dyn-channel``...) and the int mode's summary (which mode,
     fp32 layers, agreement with fp32 on ``calibration``)."""
@@ -241,7 +242,8 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
 
         contrib, model = model, portable_model(model)
         check = _portable_check(contrib, model, calibration, policy)
-    return write_artifact(policy, precision, out, model, quant, env_spec, check)
+    # the summary as the JSON object written (write_artifact also takes a recovered kernel's own)
+    return write_artifact(policy, precision, out, model, None if quant is None else {**quant}, env_spec, check)
 
 
 def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, PortableCheck]:
@@ -269,8 +271,9 @@ def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, 
 def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: dict[str, Any] | None,
                    env_spec: EnvSpec | None = None, portable: dict[str, PortableCheck] | None = None) -> ExportJson:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
-    sidecar ``OUT.json``; ``quant``: the int mode's summary (``policy.meta["quant"]``),
-    ``portable``: the check of a ``--portable`` model. Returns ``OUT.json`` as written."""
+    sidecar ``OUT.json``; ``quant``: the int mode's summary as JSON (a
+    :class:`~quarl.quant.precisions.QuantSummary`'s fields), ``portable``: the check of a
+    ``--portable`` model. Returns ``OUT.json`` as written."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")

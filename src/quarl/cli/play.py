@@ -82,7 +82,8 @@ def play(
                                video_size=size, on_episode=lambda *_: bar.advance(task))
     result = played.result
     rows = episode_rows(result.returns, result.lengths, seed)
-    mode = (policy.meta.get("quant") or {}).get("mode")
+    quant = policy.meta.get("quant")
+    mode = quant["mode"] if quant is not None else None
     print_table(rows, None, out_console)
     out_console.print(f"{ckpt.algo} {spec.env_id} at {file_label(policy.precision)}" + (f" (mode {mode})" if mode else "") +
                       f": mean return {result.mean:.2f} over {episodes} episodes" +

@@ -248,7 +248,7 @@ def acting(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None) ->
         stochastic = False
     if stochastic and reason is not None:
         raise QuarlError(reason)
-    return dataclasses.replace(policy, stochastic=bool(stochastic), meta=dict(policy.meta))
+    return dataclasses.replace(policy, stochastic=bool(stochastic), meta=policy.meta.copy())
 
 
 def protocol(policy: Policy, env_spec: EnvSpec, stochastic: bool | None = None, sticky_actions: float | None = None,

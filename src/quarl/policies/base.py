@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypedDict, cast
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +19,9 @@ from torch import nn
 
 from quarl.core.errors import QuarlError
 from quarl.quant.backends.torch_backend import TorchEngine
+
+if TYPE_CHECKING:  # the precisions' registry builds policies: only annotations name its summary here
+    from quarl.quant.precisions import QuantSummary
 
 Engine = Callable[[np.ndarray], np.ndarray]
 
@@ -137,6 +140,20 @@ HEADS: dict[str, Callable[["Policy", np.ndarray], np.ndarray]] = {
 """Action heads by name: network output (batch) -> env actions. A new head is one entry."""
 
 
+class PolicyMeta(TypedDict, total=False):
+    """What a policy carries besides its network (:attr:`Policy.meta`)."""
+
+    quant: QuantSummary
+    """What quantization did: a real int mode's summary (mode, fp32 layers, agreement with
+    fp32, every mode tried); tables and export sidecars read it."""
+    acting: Literal["sampled", "greedy"]
+    """How an export was judged and is meant to act (its sidecar's ``acting``)."""
+    exploration_rate: float
+    """A Q-head's epsilon when it samples (SB3's ``predict(deterministic=False)``)."""
+    log_std: list[float]
+    """A diagonal Gaussian head's state-independent log standard deviations."""
+
+
 @dataclass
 class Policy:
     """A deterministic policy: ``act(obs_batch) -> action_batch``."""
@@ -156,9 +173,8 @@ class Policy:
     """Label of the precision the engine runs at (set by quantize)."""
     engine: Engine | None = field(default=None, repr=False)
     """Runs the network; ``None`` at construction means plain PyTorch fp32."""
-    meta: dict[str, Any] = field(default_factory=dict)
-    """What quantization did, under ``"quant"`` (a real int mode's summary: mode, fp32
-    layers, agreement with fp32, every mode tried); tables and export sidecars read it."""
+    meta: PolicyMeta = field(default_factory=lambda: PolicyMeta())
+    """What quantization did (``"quant"``), how an export acts, a sampling head's parameters."""
     stochastic: bool = False
     """Evaluation samples actions as SB3's ``predict(deterministic=False)`` does (see
     :func:`sample_actions`) instead of acting greedily."""
@@ -273,7 +289,7 @@ class Policy:
 
     def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""
-        return replace(self, network=network, precision=precision, engine=engine, meta=dict(self.meta))
+        return replace(self, network=network, precision=precision, engine=engine, meta=self.meta.copy())
 
     def size_bytes(self) -> int:
         """What the acting model weighs: the engine's serialized model (ONNX) when it has

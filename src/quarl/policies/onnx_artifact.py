@@ -23,6 +23,7 @@ from quarl.core.limits import model_file_cap, read_capped
 from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
 from quarl.policies.checkpoint import Checkpoint
 from quarl.quant.backends.onnxruntime import OrtEngine
+from quarl.quant.precisions import is_quant_summary
 
 SIDECAR_FORMAT = "quarl-policy/1"
 SIDECAR_CAP = 64 * 2**20
@@ -402,8 +403,10 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     if not meta_path.exists():
         raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to feed it")
     meta = read_sidecar(meta_path)
-    quant = meta.quant or {}
-    mode = quant.get("mode")
+    quant = meta.quant or None
+    if quant is not None and not is_quant_summary(quant):
+        raise field_error(meta_path, "quant", "not an int mode's summary (a mode name, its fp32 layers and measurements)")
+    mode = quant["mode"] if quant is not None else None
     per_row = bool(mode in MODES and MODES[mode].per_row)
     model = read_capped(path, model_file_cap(), "an ONNX model")
     digest = meta.onnx_sha256
@@ -431,7 +434,7 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
         n_quantiles=meta.n_quantiles,
         precision=f"{meta.precision} (onnx)",
     )
-    if quant:  # the mode export chose, shown beside the returns
+    if quant is not None:  # the mode export chose, shown beside the returns
         policy.meta["quant"] = quant
     policy.meta["acting"] = meta.acting
     if meta.exploration_rate is not None:

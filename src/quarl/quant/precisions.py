@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Required, TypedDict
+from typing import TYPE_CHECKING, Callable, Required, TypedDict, TypeGuard
 
 import numpy as np
 import torch
@@ -93,6 +93,24 @@ class QuantSummary(TypedDict, total=False):
     block_size: int
     chosen_from_cache: bool
     tried: list[CandidateSummary]
+    recovered: bool
+    """A recovered kernel's (``quarl recover``): trained on the kernel's grid."""
+
+
+_NUMBER_OR_NULL = (int, float, type(None))
+_SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "fp32_layers": (list,), "agreement": _NUMBER_OR_NULL, "kl": _NUMBER_OR_NULL, "sampled_agreement": _NUMBER_OR_NULL,
+    "latency_us": _NUMBER_OR_NULL, "fp32_ort_latency_us": _NUMBER_OR_NULL, "model_bytes": (int,),
+    "calibration_return": _NUMBER_OR_NULL, "calibration_episodes": (int,), "calibration_verdict": (str,),
+    "int8_weights": (str,), "block_size": (int,), "chosen_from_cache": (bool,), "tried": (list,),
+    "recovered": (bool,)}
+
+
+def is_quant_summary(value: object) -> TypeGuard[QuantSummary]:
+    """Whether ``value`` (an export sidecar's ``quant`` as read) is a :class:`QuantSummary`: a
+    mode's name, and each field it has of its type (fields of other names are kept as they are)."""
+    return isinstance(value, dict) and isinstance(value.get("mode"), str) and all(
+        isinstance(value[name], kinds) for name, kinds in _SUMMARY_TYPES.items() if name in value)
 
 
 PRECISIONS: dict[str, Precision] = {}
