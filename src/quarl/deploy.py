@@ -115,7 +115,7 @@ class ExportJson(Sidecar, OnnxOps):
     acting: Literal["sampled", "greedy"]
     portable: NotRequired[dict[str, PortableCheck]]
     """Per way of running it (``fp32_arithmetic``, ``onnxruntime_default``); empty where nothing was checked."""
-    quant: NotRequired[dict[str, Any]]
+    quant: NotRequired[QuantSummary]
     """The int mode's summary (a :class:`quarl.quant.precisions.QuantSummary` but ``tried``; the
     recovered folder's adds ``recovered``)."""
 
@@ -243,7 +243,7 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
         contrib, model = model, portable_model(model)
         check = _portable_check(contrib, model, calibration, policy)
     # the summary as the JSON object written (write_artifact also takes a recovered kernel's own)
-    return write_artifact(policy, precision, out, model, None if quant is None else {**quant}, env_spec, check)
+    return write_artifact(policy, precision, out, model, quant, env_spec, check)
 
 
 def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, PortableCheck]:
@@ -268,7 +268,7 @@ def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, 
     return out
 
 
-def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: dict[str, Any] | None,
+def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: QuantSummary | None,
                    env_spec: EnvSpec | None = None, portable: dict[str, PortableCheck] | None = None) -> ExportJson:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
     sidecar ``OUT.json``; ``quant``: the int mode's summary as JSON (a
@@ -286,7 +286,9 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
     if portable is not None:
         meta["portable"] = portable
     if quant is not None:
-        meta["quant"] = {k: v for k, v in quant.items() if k != "tried"}
+        summary = quant.copy()
+        summary.pop("tried", None)
+        meta["quant"] = summary
     # the model and its sidecar together: a full disk never leaves a new model beside an old sidecar
     write_all_atomic([(onnx_path, model), (out.with_suffix(".json"), json.dumps(meta, indent=1, allow_nan=False))])
     return meta

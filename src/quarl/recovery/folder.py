@@ -179,7 +179,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     _write_zip(zip_path, out / f"{name}.zip", sb3_tensors(policy.network, result.student))
     recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
                                     TorchEngine(plain_network(result.student, on_grid=True)))
-    quant = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,
+    quant: QuantSummary = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,
              "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
         "recovered": True}
     precision = f"int{result.spec.bits}"
