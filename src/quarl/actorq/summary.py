@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-from pydantic import ConfigDict, Field, JsonValue, ValidationError, field_validator, with_config
+from pydantic import ConfigDict, Field, JsonValue, field_validator, with_config
 from typing_extensions import TypedDict
 
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, parse_json, parse_record
 from quarl.core.limits import read_capped
-from quarl.core.provenance import Provenance
+from quarl.core.provenance import Provenance, whole_provenance
 
 if TYPE_CHECKING:  # the config module reads the algorithm registry; a summary needs only its JSON's type
     from quarl.actorq.config import ConfigJSON
@@ -86,22 +86,6 @@ class ActorQuant(TypedDict, total=False):
     """An int precision: the ONNX Runtime mode the actors ran."""
     fp32_layers: list[int]
     """An int precision: the layers kept in fp32."""
-
-
-class _ProvenanceRecord(Record):
-    """A stored provenance that is whole (each of :class:`Provenance`'s fields, typed)."""
-
-    provenance: Provenance
-
-
-def whole_provenance(stored: object) -> Provenance | None:
-    """``stored`` (a summary's ``provenance`` as read) where it has every field of
-    :class:`Provenance`, typed; None where it is absent, empty or partial (a summary of a quarl
-    before it was recorded, or one built without it)."""
-    try:
-        return _ProvenanceRecord.model_validate({"provenance": stored}).provenance
-    except ValidationError:
-        return None
 
 
 class ActorQSummaryRecord(Record):

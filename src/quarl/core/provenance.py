@@ -9,7 +9,10 @@ import os
 import platform
 from importlib import metadata
 
-from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (quarl.actorq.summary)
+from pydantic import JsonValue, ValidationError
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11
+
+from quarl.core.file_schema import Record
 
 PACKAGES = ("quarl", "torch", "onnxruntime", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy", "ray")
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
@@ -52,3 +55,24 @@ def provenance() -> Provenance:
         pass
     return {"versions": versions, "python": platform.python_version(), "cpu": cpu,
             "cpu_flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(), "host": platform.node()}
+
+
+StoredProvenance = dict[str, JsonValue]
+"""A provenance as a result file holds it: :class:`Provenance` where this quarl wrote it, any
+JSON object where an older one did (kept as read, so it is written back unchanged)."""
+
+
+class _ProvenanceRecord(Record):
+    """A stored provenance that is whole (each of :class:`Provenance`'s fields, typed)."""
+
+    provenance: Provenance
+
+
+def whole_provenance(stored: object) -> Provenance | None:
+    """``stored`` (a provenance as a result file holds it) where it has every field of
+    :class:`Provenance`, typed; None where it is absent, empty or partial (a record of a quarl
+    before it was recorded, or one written by hand)."""
+    try:
+        return _ProvenanceRecord.model_validate({"provenance": stored}).provenance
+    except ValidationError:
+        return None

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import ConfigDict, Field
 
 from quarl.core.file_schema import Record, parse_record
+from quarl.core.provenance import StoredProvenance
 
 log = logging.getLogger("quarl")
 
@@ -50,7 +51,7 @@ class StoredCell(EvalFields):
 
     algo: str | None = None
     checkpoint: str | None = None
-    provenance: dict[str, Any] | None = None
+    provenance: StoredProvenance | None = None
 
 
 STORED_DIGITS_TOLERANCE = 1e-4

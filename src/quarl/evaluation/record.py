@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from quarl.core.provenance import Provenance
+from quarl.core.provenance import Provenance, StoredProvenance
 
 if TYPE_CHECKING:  # the schema imports nothing heavy: these modules import torch and gymnasium
     from quarl.envs import EnvJson
@@ -173,7 +173,7 @@ class CellRecord(RowView):
     checkpoint: str | None
     """The policy's path as given (not part of the key: a moved file is the same policy)."""
     result: EvalRecord
-    provenance: Provenance | None
+    provenance: Provenance | StoredProvenance | None
     """Package versions, CPU model and flags of the run that measured it (a reused record's as
     stored; None where it holds none)."""
     reused: bool = False

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from quarl.core.errors import QuarlError
-from quarl.core.provenance import Provenance
+from quarl.core.provenance import Provenance, StoredProvenance
 from quarl.evaluation.record import EvalRecord, RowView, json_fields, sql_columns
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.records import EvalFields, disagreement
@@ -66,7 +66,7 @@ class StudyRow(EvalFields):
     algo: str
     wall_s: Annotated[float, Field(ge=0)] | None = None
     host: str | None = None
-    provenance: dict[str, Any] | None = None
+    provenance: StoredProvenance | None = None
     finished_at: str
 
 
@@ -91,7 +91,7 @@ class StudyRecord(RowView):
     result: EvalRecord
     wall_s: float | None
     host: str | None
-    provenance: Provenance | None
+    provenance: Provenance | StoredProvenance | None
     finished_at: str
     """UTC, ISO 8601 to the second."""
 
