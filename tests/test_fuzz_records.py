@@ -28,6 +28,7 @@ from quarl.recovery import RECOVERY_FORMAT, RoundStats, read_recovery_record, re
 from quarl.study.store import StudyRecord, StudyStore
 from tests.conftest import actorq_summary
 from tests.test_fuzz_files import HOSTILE_SCALARS, JSONISH, _mutated, _one_line
+from tests.test_recovery_claims import _good_record
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -320,7 +321,8 @@ def test_the_stored_record_reads_back_as_written(tmp_path: Path) -> None:
 
 def _good_state() -> dict[str, Any]:
     rounds = [RoundStats(0, 100, 100, 0.25, 0.9, 30.0, 1.5, "keeps").to_dict()]
-    return {"format": RECOVERY_FORMAT, "teacher": "ab" * 32, "spec": {"mode": "int8"}, "config": {"rounds": 2},
+    spec = {"mode": "int8-block", "keep": [], "block_size": 32, "int8_weights": "asymmetric", "compute_int8": True}
+    return {"format": RECOVERY_FORMAT, "teacher": "ab" * 32, "spec": spec, "config": {"rounds": 2},
             "student": {"w": torch.zeros(2, 2)}, "optimizer": {"state": {}, "param_groups": []},
             "states": torch.zeros(100, 4), "heldout": torch.zeros(10, 4), "history": rounds, "best_agreement": 0.9,
             "best_round": 0, "best_student": {"w": torch.ones(2, 2)}, "updates": 100, "seeds": [20000, 20001],
@@ -351,21 +353,22 @@ def test_a_recovery_state_is_a_resumable_round_or_one_line(tmp_path: Path, key: 
     assert type(state["updates"]) is int and state["updates"] >= 0
 
 
-GOOD_RECOVERY = {"format": RECOVERY_FORMAT, "precision": "int4", "kernel": {"mode": "int4-block"},
-                 "original": {"path": "a.zip", "zip_sha256": "1" * 64, "policy_sha256": "2" * 64, "algo": "ppo"},
-                 "recovered": {"zip_sha256": "3" * 64, "onnx_sha256": "4" * 64, "export": "export/policy.onnx"},
-                 "env": {"env_id": "CartPole-v1"}, "config": {"rounds": 2}, "shipped": "student",
-                 "shipped_stage": "distill", "stopped": "kept", "distill_stopped": "target",
-                 "against_ptq": {"kept": True, "verdict": "at least as good", "e": 1.5, "low": -2.0, "high": None,
-                                 "episodes": 32, "means": [10.0, 10.5]},
-                 "against_fp32": {"kept": True, "verdict": "keeps", "e": -0.5, "low": -3.0, "high": 2.0,
-                                  "episodes": 128, "means": [500.0, 497.5]},
-                 "stages": [{"stage": "distill", "against_ptq": {"verdict": "at least as good"}}],
-                 "budget": {"rounds": 6, "rounds_played": 1, "finetune_steps": 0, "minutes": 15.0},
-                 "total_s": 2.0, "best_round": 0, "target_agreement": 0.99, "ptq_agreement": 0.8, "agreement": 0.9,
-                 "labelled_states": 100, "heldout_states": 10, "updates": 400,
-                 "rounds": [RoundStats(0, 100, 100, 0.25, 0.9, 30.0, 1.5, "keeps").to_dict()], "wall_s": 1.5,
-                 "files": {"CartPole-v1.zip": "5" * 64}}
+GOOD_RECOVERY = {**_good_record(), "automatic_choice": {"mode": "int4-block", "agreement": 0.9}, "shipped": "student",
+                 "shipped_stage": "distill", "against_ptq": {"kept": True, "verdict": "at least as good", "e": 1.5,
+                                                             "low": -2.0, "high": None, "episodes": 32,
+                                                             "means": [10.0, 10.5]},
+                 "distill_stopped": "target", "best_round": 0}
+"""A whole recovery.json (every field of RecoveryJson) of a student written."""
+
+
+def test_the_whole_recovery_record_reads_back_as_written(tmp_path: Path) -> None:
+    """The record the fuzz test damages is one recover could have written: it reads back whole."""
+    path = tmp_path / "recovery.json"
+    path.write_text(json.dumps(GOOD_RECOVERY))
+    assert read_recovery_record(path) == GOOD_RECOVERY
+    path.write_text(json.dumps({**GOOD_RECOVERY, "kernel": {**GOOD_RECOVERY["kernel"], "keep": [0.5]}}))
+    with pytest.raises(QuarlError, match=r"recovery.json: field kernel.keep.0: Input should be a valid integer"):
+        read_recovery_record(path)
 
 
 @FUZZ
@@ -374,18 +377,19 @@ def test_a_recovery_record_names_its_hashes_or_is_one_line(tmp_path: Path, text:
     path = tmp_path / "recovery.json"
     path.write_text(text)
     try:
-        record, typed = read_recovery_record(path)
+        record = read_recovery_record(path)
     except QuarlError as exc:
         _one_line(exc, str(path))
         return
     assert record == json.loads(text)  # as written
-    assert typed.precision in ("int8", "int4")
-    assert all(isinstance(h, str) for h in (typed.original.zip_sha256, typed.recovered.zip_sha256,
-                                            typed.recovered.onnx_sha256))
+    assert record["precision"] in ("int8", "int4") and isinstance(record["kernel"]["block_size"], int)
+    assert all(isinstance(h, str) for h in (record["original"]["zip_sha256"], record["recovered"]["zip_sha256"],
+                                            record["recovered"]["onnx_sha256"]))
     # what the CLI prints again when the folder is reused: finite, printable, consistent
-    assert all(0 <= x <= 1 for x in (typed.agreement, typed.ptq_agreement, typed.target_agreement))
-    for test in (typed.against_fp32, typed.against_ptq):
-        assert all(x is None or abs(x) <= 1e12 for x in (test.e, test.low, test.high))
-        assert test.means is None or (len(test.means) == 2 and test.episodes)
-    assert -1 <= typed.best_round <= len(typed.rounds) <= typed.budget.rounds_played <= typed.budget.rounds
-    assert typed.shipped == "ptq" or typed.shipped_stage
+    assert all(0 <= x <= 1 for x in (record["agreement"], record["ptq_agreement"], record["target_agreement"]))
+    for test in (record["against_fp32"], record["against_ptq"], *(s["against_ptq"] for s in record["stages"])):
+        assert all(abs(test.get(x) or 0) <= 1e12 for x in ("e", "low", "high"))
+        assert "means" not in test or (len(test["means"]) == 2 and test.get("episodes"))
+    budget = record["budget"]
+    assert -1 <= record["best_round"] <= len(record["rounds"]) <= budget["rounds_played"] <= budget["rounds"]
+    assert record["shipped"] == "ptq" or record["shipped_stage"]

@@ -54,6 +54,23 @@ def _record(out: Path) -> dict:
     return json.loads((out / "CartPole-v1" / "recovery.json").read_text())
 
 
+def test_recovery_json_is_laid_out_as_an_earlier_quarl_wrote_it(recovered: Path) -> None:
+    """The fields of tests/data/recovery_v1's record (written before recovery.json had one
+    schema), in its order, each object's too; read back as written."""
+    from quarl.recovery import read_recovery_record
+
+    path = recovered / "CartPole-v1" / "recovery.json"
+    written = json.loads(path.read_text())
+    before = json.loads((Path(__file__).parent / "data" / "recovery_v1" / "folder" / "CartPole-v1" /
+                         "recovery.json").read_text())
+    assert list(written) == list(before)
+    for key in ("kernel", "original", "recovered", "env", "config", "against_fp32", "budget", "provenance"):
+        assert list(written[key]) == list(before[key]), key
+    assert list(written["rounds"][0]) == list(before["rounds"][0])
+    assert list(written["stages"][0]) == list(before["stages"][0])
+    assert read_recovery_record(path) == written and path.read_text() == json.dumps(written, indent=1)
+
+
 def _add_normalizer(out: Path) -> None:
     """The issue's tampering: an obs_normalizer in the sidecar, the ONNX untouched."""
     sidecar = out / "export" / "policy.json"

@@ -137,22 +137,28 @@ def test_a_healthy_state_resumes(one_round: Path, tmp_path: Path) -> None:
 
 
 def _good_record() -> dict[str, Any]:
+    """A whole recovery.json as recover writes it (every field of RecoveryJson), to damage."""
     test = {"kept": True, "verdict": "keeps", "e": -3.7, "low": -13.3, "high": 4.6, "episodes": 64,
             "seeds": [28000, 28063], "means": [11.77, 12.2]}
-    return {"format": 1, "precision": "int4", "kernel": {"mode": "int4-block"},
+    return {"format": 1, "precision": "int4",
+            "kernel": {"mode": "int4-block", "keep": [0], "block_size": 32, "int8_weights": "symmetric",
+                       "compute_int8": True},
             "original": {"path": "a.zip", "zip_sha256": "1" * 64, "policy_sha256": "2" * 64, "algo": "ppo"},
             "recovered": {"zip_sha256": "3" * 64, "onnx_sha256": "4" * 64, "export": "export/policy.onnx"},
-            "env": {"env_id": "CartPole-v1"}, "config": {"rounds": 1},
-            "shipped": "ptq", "shipped_stage": None, "stopped": "kept",
+            "env": {"env_id": "CartPole-v1", "env_kwargs": {}, "wrappers": [], "frame_stack": 1}, "config": {"rounds": 1},
+            "automatic_choice": None, "shipped": "ptq", "shipped_stage": None, "stopped": "kept",
             "against_ptq": {"verdict": "no student was shown at least as good"}, "against_fp32": test,
             "stages": [{"stage": "distill", "rounds": 1, "agreement": 0.86,
-                        "against_ptq": {"kept": False, "verdict": "the student is PTQ's own model", "same": True}}],
+                        "against_ptq": {"kept": False, "verdict": "the student is PTQ's own model", "same": True},
+                        "written": "ptq", "against_fp32": dict(test), "wall_s": 3.5}],
             "budget": {"rounds": 1, "rounds_played": 1, "finetune_steps": 0, "minutes": 15.0}, "total_s": 3.56,
             "distill_stopped": "budget", "best_round": -1, "target_agreement": 0.99, "ptq_agreement": 0.857,
             "agreement": 0.857, "labelled_states": 53, "heldout_states": 14, "updates": 20, "wall_s": 3.22,
             "seeds": [20000, 29000],
             "rounds": [{"round": 0, "states": 53, "new_states": 53, "loss": 2.6, "agreement": 0.64,
                         "played_return": 13.25, "wall_s": 0.2, "calibration_verdict": ""}],
+            "provenance": {"versions": {"quarl": "0.1", "ray": None}, "python": "3.11.7", "cpu": "x86_64",
+                           "cpu_flags": ["avx2"], "cores": 2, "host": "h"},
             "files": {"CartPole-v1.zip": "5" * 64}}
 
 
@@ -181,6 +187,12 @@ RECORD_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
                                                                          for i in range(1000)]), "rounds"),
     "best round past the last": (lambda r: r.__setitem__("best_round", 5), "best round 5 of 1 rounds"),
     "more rounds played than the budget": (lambda r: r["budget"].__setitem__("rounds_played", 7), "budget"),
+    "a field quarl never writes": (lambda r: r.__setitem__("shipped_by", "hand"), "shipped_by"),
+    "a kernel's block size a string": (lambda r: r["kernel"].__setitem__("block_size", "32"), "kernel.block_size"),
+    "a stage's means without episodes": (lambda r: r["stages"][0]["against_fp32"].pop("episodes"),
+                                         "stages.0.against_fp32"),
+    "precision int2": (lambda r: r.__setitem__("precision", "int2"), "precision"),
+    "a hash that is not one": (lambda r: r["files"].__setitem__("CartPole-v1.zip", "5" * 63), "files.CartPole-v1.zip"),
 }
 
 
@@ -188,8 +200,8 @@ RECORD_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 def test_a_reused_records_report_fields_are_checked_in_one_line(tmp_path: Path, case: str) -> None:
     path = tmp_path / "recovery.json"
     path.write_text(json.dumps(_good_record()))
-    record, typed = read_recovery_record(path)
-    assert typed.agreement == 0.857 and record["stopped"] == "kept"
+    record = read_recovery_record(path)
+    assert record == _good_record() and record["agreement"] == 0.857 and record["stopped"] == "kept"
     damage, field = RECORD_CASES[case]
     bad = _good_record()
     damage(bad)

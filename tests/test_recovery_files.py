@@ -17,6 +17,7 @@ import torch
 
 import quarl
 from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
+from quarl.quant.student import KernelSpec
 from quarl.recovery.report import RoundJson, RoundStats
 
 DATA = Path(__file__).parent / "data" / "recovery_v1"
@@ -34,10 +35,11 @@ def _folder(tmp_path: Path) -> Path:
 def test_a_recovered_folder_written_before_loads(tmp_path: Path) -> None:
     out = _folder(tmp_path)
     path = out / "CartPole-v1" / "recovery.json"
-    record, typed = read_recovery_record(path)
+    record = read_recovery_record(path)
     assert record == json.loads(path.read_text())  # as written
-    assert (typed.precision, typed.kernel.mode, typed.shipped) == ("int4", "int4-block", record["shipped"])
-    assert [r["round"] for r in typed.rounds] == [0, 1] and typed.budget.rounds_played == 2
+    assert (record["precision"], record["kernel"]["mode"], record["shipped"]) == ("int4", "int4-block", "ptq")
+    assert [r["round"] for r in record["rounds"]] == [0, 1] and record["budget"]["rounds_played"] == 2
+    assert KernelSpec.from_dict(record["kernel"]).to_dict() == record["kernel"]
     recovered = load_recovered(out)
     assert recovered is not None and recovered.precision == "int4" and recovered.record == record
     states = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)

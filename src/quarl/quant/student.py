@@ -34,17 +34,32 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Annotated, Callable
 
 import numpy as np
 import torch
+from pydantic import StringConstraints
 from torch import nn
+from typing_extensions import TypedDict  # pydantic validates only typing_extensions' TypedDict on Python 3.11
 
 from quarl.core.errors import QuarlError
 from quarl.quant.primitives import QParams, dequantize, qparams, quantize
 
 if TYPE_CHECKING:  # imported where used: quarl.quant.modes loads ONNX Runtime
     from quarl.quant.modes import IntMode, StudentGrid
+
+
+class KernelSpecJson(TypedDict):
+    """:class:`KernelSpec` as JSON (:meth:`KernelSpec.to_dict`): recover's ``state.pt``
+    (``spec``) and ``recovery.json`` (``kernel``) hold it, checked where they are read
+    (:mod:`quarl.recovery.report`)."""
+
+    mode: Annotated[str, StringConstraints(max_length=2000)]
+    keep: list[int]
+    """Sorted."""
+    block_size: int
+    int8_weights: str
+    compute_int8: bool
 
 
 @dataclass(frozen=True)
@@ -86,12 +101,12 @@ class KernelSpec:
         """Inputs per block of the grid (the mode's own, else :attr:`block_size`)."""
         return self.grid.blocks(self.block_size)
 
-    def to_dict(self) -> dict[str, Any]:  # JSON: recover's state and folder
+    def to_dict(self) -> KernelSpecJson:  # JSON: recover's state and folder
         return {"mode": self.mode, "keep": sorted(self.keep), "block_size": self.block_size,
                 "int8_weights": self.int8_weights, "compute_int8": self.compute_int8}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "KernelSpec":
+    def from_dict(cls, d: KernelSpecJson) -> "KernelSpec":
         return cls(str(d["mode"]), frozenset(int(i) for i in d["keep"]), int(d["block_size"]), str(d["int8_weights"]),
                    bool(d["compute_int8"]))
 

@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ class RecoveryResult:
     target: float
     seeds: list[int]
     """Every env seed distillation reset an episode with."""
-    stopped: str
+    stopped: Literal["target", "budget"]
     """Why the loop ended: ``target`` (agreement and calibration return reached) or ``budget``."""
     labelled_states: int = 0
     updates: int = 0
@@ -238,7 +238,7 @@ def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, confi
     check_resume(state_path, saved, policy, run.student, run.optimizer, config, max_states)  # before any of it is used
     try:
         run.student.load_state_dict(saved["student"])
-        run.optimizer.load_state_dict(saved["optimizer"])
+        run.optimizer.load_state_dict(dict(saved["optimizer"]))
         run.states, run.heldout = saved["states"].numpy(), saved["heldout"].numpy()
         run.history = [RoundStats.from_dict(h) for h in saved["history"]]
         run.best = (float(saved["best_agreement"]), int(saved["best_round"]), saved["best_student"])
@@ -368,10 +368,12 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
     """The run after a round, written whole to a temporary file and renamed (a kill never
     leaves half a state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    adam = optimizer.state_dict()  # torch's own container: {"state": ..., "param_groups": ...}
     state: RecoveryState = {"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
                 "config": dataclasses.asdict(config), "student": student.state_dict(),
-                "optimizer": optimizer.state_dict(), "states": torch.from_numpy(states),
-                "heldout": torch.from_numpy(heldout), "history": [h.to_dict() for h in history],
+                "optimizer": {"state": adam["state"], "param_groups": adam["param_groups"]},
+                "states": torch.from_numpy(states), "heldout": torch.from_numpy(heldout),
+                "history": [h.to_dict() for h in history],
                 "best_agreement": best[0] if best else -1.0, "best_round": best[1] if best else -1,
                 "best_student": best[2] if best else {}, "updates": updates, "seeds": seeds,
                 "target": -1.0 if target is None else float(target)}

@@ -10,15 +10,14 @@ import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import torch
-from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from quarl.envs import EnvSpec
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
-from quarl.core.file_schema import Record, parse_json, parse_record
+from quarl.core.file_schema import parse_json, parse_record
 from quarl.policies.base import Policy
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.precisions import QuantSummary
@@ -30,7 +29,7 @@ from quarl.recovery.config import RECOVERY_FILE
 from quarl.recovery.config import RECOVERY_FORMAT
 from quarl.recovery.config import RecoverConfig
 from quarl.recovery.dagger import RecoveryResult
-from quarl.recovery.report import JsonObject, RecoveryJson, RecoveryReport, RoundJson, Shipped
+from quarl.recovery.report import RecoveryFile, RecoveryJson, RecoveryReport
 
 
 
@@ -144,12 +143,13 @@ def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> 
 
 
 def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result: RecoveryResult, out: Path,
-                    config: RecoverConfig, chosen: QuantSummary | None = None,
-                    report: RecoveryReport | None = None) -> RecoveryJson:
+                    config: RecoverConfig, chosen: QuantSummary | None, report: RecoveryReport) -> RecoveryJson:
     """Write the recovered RL Zoo run folder ``OUT``: ``ENV.zip`` (the student's weights on
     the grid, loadable by SB3 and ``rl_zoo3.enjoy``), ``ENV/`` (the original's zoo files,
     its zip as ``original.zip`` and ``recovery.json``) and ``export/`` (the real-kernel
-    model built from the student's integers, with its sidecar). Returns recovery.json."""
+    model built from the student's integers, with its sidecar); ``chosen`` is the automatic
+    choice's record, ``report`` what :func:`quarl.recovery.workflow.recover_stages` reported.
+    Returns recovery.json."""
     from quarl.deploy import write_artifact
     from quarl.core.provenance import provenance
 
@@ -182,10 +182,8 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     quant: QuantSummary = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,
              "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
         "recovered": True}
-    precision = f"int{result.spec.bits}"
+    precision = _PRECISIONS[result.spec.bits]
     sidecar = write_artifact(recovered, precision, out / EXPORT_DIR / "policy", result.model, quant, env_spec)
-    shipped: RecoveryReport | Shipped = report or {"shipped": "ptq" if result.best_round < 0 else "student",
-                                                  "stopped": "budget"}
     record: RecoveryJson = {
         "format": RECOVERY_FORMAT,
         "precision": precision,
@@ -199,7 +197,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         "automatic_choice": None if chosen is None else _untried(chosen),
         # what was written (the student, or PTQ's own model where no student was shown at least as good) and why the
         # run ended (its verdict against the original fp32 kept, or its budget was spent): recover_stages' report
-        **shipped,
+        **report,
         "distill_stopped": result.stopped,
         "best_round": result.best_round,
         "target_agreement": result.target,
@@ -217,6 +215,10 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     }
     write_atomic(zoo / RECOVERY_FILE, json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
     return record
+
+
+_PRECISIONS: dict[int, Literal["int8", "int4"]] = {8: "int8", 4: "int4"}
+"""recovery.json's precision of a mode's bits (a real int mode has 8 or 4)."""
 
 
 def _untried(chosen: QuantSummary) -> QuantSummary:
@@ -243,7 +245,7 @@ class Recovered:
     """The recovered policy on its real kernel (the export built from the student's integers)."""
     precision: str
     record: RecoveryJson
-    """Its recovery.json, as written (checked: :class:`RecoveryRecord`)."""
+    """Its recovery.json, as written (checked: :func:`read_recovery_record`)."""
 
 
 def find_recovery(checkpoint: Path) -> Path | None:
@@ -265,132 +267,13 @@ def find_recovery(checkpoint: Path) -> Path | None:
     return None
 
 
-_Share = Annotated[float, Field(ge=0, le=1)]
-_Count = Annotated[int, Field(ge=0, le=10**12)]
-_Seconds = Annotated[float, Field(ge=0, le=1e9)]
-_Number = Annotated[float, Field(ge=-1e12, le=1e12)]
-"""A percentage or a mean return: finite and printable (1e308 is neither a return nor an E)."""
-_Text = Annotated[str, StringConstraints(max_length=2000)]
-
-
-class TestRecord(Record):
-    """A paired test as recovery.json records it (:func:`quarl.recovery.judge._outcome`), or
-    only its verdict where no test ran."""
-
-    model_config = ConfigDict(extra="allow")
-    verdict: _Text
-    kept: bool | None = None
-    same: bool | None = None
-    e: _Number | None = None
-    low: _Number | None = None
-    high: _Number | None = None
-    episodes: _Count | None = None
-    means: Annotated[list[_Number], Field(min_length=2, max_length=2)] | None = None
-
-    @model_validator(mode="after")
-    def _counted(self) -> TestRecord:
-        if self.means is not None and not self.episodes:
-            raise ValueError("means without the episodes they were measured on")
-        return self
-
-
-class StageRecord(Record):
-    model_config = ConfigDict(extra="allow")
-    stage: _Text
-    against_ptq: TestRecord
-
-
-class BudgetRecord(Record):
-    model_config = ConfigDict(extra="allow")
-    rounds: Annotated[int, Field(ge=1, le=1000)]
-    rounds_played: Annotated[int, Field(ge=0, le=1000)]
-    finetune_steps: _Count
-    minutes: _Seconds
-
-    @model_validator(mode="after")
-    def _within(self) -> BudgetRecord:
-        if self.rounds_played > self.rounds:
-            raise ValueError(f"{self.rounds_played} rounds played of a budget of {self.rounds}")
-        return self
-
-
-class FinetuneRecord(Record):
-    model_config = ConfigDict(extra="allow")
-    steps: _Count
-    skipped: _Text | None = None
-
-
-class KernelRecord(Record):
-    model_config = ConfigDict(extra="allow")
-    mode: _Text
-
-
-class OriginalRecord(Record):
-    model_config = ConfigDict(extra="allow")
-    zip_sha256: str
-    policy_sha256: str | None = None
-
-
-class RecoveredRecord(Record):
-    model_config = ConfigDict(extra="allow")
-    zip_sha256: str
-    onnx_sha256: str
-
-
-class RecoveryRecord(Record):
-    """The fields of ``recovery.json`` (:func:`write_recovered`) that reading a recovered
-    folder and reusing a finished recovery act on; the others are a report, kept as written."""
-
-    model_config = ConfigDict(extra="allow")
-    format: Literal[1]
-    precision: Literal["int8", "int4"]
-    original: OriginalRecord
-    recovered: RecoveredRecord
-    env: JsonObject | None = None
-    config: JsonObject | None = None
-    rounds: list[RoundJson] = []
-    files: dict[str, Annotated[str, StringConstraints(pattern="^[0-9a-f]{64}$")]] | None = None
-    # the report the CLI prints again when the folder is reused: typed, finite and consistent
-    kernel: KernelRecord
-    shipped: Literal["ptq", "student"]
-    shipped_stage: _Text | None = None
-    stopped: Literal["kept", "budget"]
-    distill_stopped: Literal["target", "budget"]
-    against_ptq: TestRecord
-    against_fp32: TestRecord
-    stages: list[StageRecord] = []
-    budget: BudgetRecord
-    finetune: FinetuneRecord | None = None
-    total_s: _Seconds
-    best_round: Annotated[int, Field(ge=-1, le=1000)]
-    target_agreement: _Share
-    ptq_agreement: _Share
-    agreement: _Share
-    labelled_states: _Count
-    heldout_states: _Count
-    updates: _Count
-    wall_s: _Seconds
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RecoveryRecord:
-        if self.shipped == "student" and not self.shipped_stage:
-            raise ValueError("a student shipped without the stage that made it")
-        if len(self.rounds) > self.budget.rounds_played:
-            raise ValueError(f"{len(self.rounds)} rounds recorded of {self.budget.rounds_played} played")
-        if [r["round"] for r in self.rounds] != list(range(len(self.rounds))):
-            raise ValueError("rounds are not numbered 0, 1, ... in order")
-        if self.best_round > len(self.rounds):  # a fine-tuned student is the round after the last
-            raise ValueError(f"best round {self.best_round} of {len(self.rounds)} rounds")
-        return self
-
-
 RECORD_CAP = 4 << 20
 """Bytes a recovery.json may have (quarl writes a few kilobytes)."""
 
 
-def read_recovery_record(path: Path) -> tuple[RecoveryJson, RecoveryRecord]:
-    """(the record as written, its :class:`RecoveryRecord`) of ``recovery.json``, or one
-    line naming the file (and the field)."""
+def read_recovery_record(path: Path) -> RecoveryJson:
+    """``recovery.json`` as written, its fields checked (:data:`~quarl.recovery.report.RecoveryFile`:
+    :class:`~quarl.recovery.report.RecoveryJson`), or one line naming the file (and the field)."""
     from quarl.core.limits import read_capped
 
     record = parse_json(read_capped(path, RECORD_CAP, "a recovery record"), path)
@@ -402,8 +285,10 @@ def read_recovery_record(path: Path) -> tuple[RecoveryJson, RecoveryRecord]:
         raise QuarlError(f"{path} lacks the original's or the export's hash")
     if record.get("precision") not in ("int8", "int4"):
         raise QuarlError(f"{path}: precision {record.get('precision')!r} is not int8 or int4")
-    typed = parse_record(RecoveryRecord, record, path)
-    return cast(RecoveryJson, record), typed  # the dict as written, its fields checked by RecoveryRecord
+    if "files" not in record:
+        check_manifest(path, None)  # an older quarl's record: one line saying to recover again
+    parse_record(RecoveryFile, record, path)
+    return cast(RecoveryJson, record)  # the dict as written (its numbers as JSON wrote them), checked
 
 
 def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
@@ -416,10 +301,10 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
     path = find_recovery(checkpoint)
     if path is None:
         return None
-    record, typed = read_recovery_record(path)
-    check_manifest(path, typed.files)  # before anything of the folder is read
-    original_sha, onnx_sha = typed.original.zip_sha256, typed.recovered.onnx_sha256
-    recovered_sha, precision = typed.recovered.zip_sha256, typed.precision
+    record = read_recovery_record(path)
+    check_manifest(path, record["files"])  # before anything of the folder is read
+    original_sha, onnx_sha = record["original"]["zip_sha256"], record["recovered"]["onnx_sha256"]
+    recovered_sha, precision = record["recovered"]["zip_sha256"], record["precision"]
     original_zip = path.parent / ORIGINAL_ZIP
     if not original_zip.is_file() or sha256_file(original_zip) != original_sha:
         raise QuarlError(f"{original_zip} is missing or is not the original policy recorded in {path.name}")

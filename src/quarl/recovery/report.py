@@ -6,26 +6,29 @@ judge's tests and the stages' report in it), a DAgger round as both files hold i
 These are JSON objects (and, for the state, the plain containers ``torch.save`` writes), so
 they are TypedDicts: the dicts that are written are the dicts that are passed around, and
 ``quarl.recover`` / ``run_recover`` return :class:`RecoveryJson` as the dict recovery.json
-holds. A round and the state are each defined once, here: their TypedDicts carry the
-checks a file read back must pass (pydantic validates the TypedDict itself:
-:func:`quarl.recovery.dagger.read_state`, :class:`quarl.recovery.folder.RecoveryRecord`'s
-rounds), so a field added to one is added to what is written, read and checked.
-:class:`RoundStats` holds :class:`RoundJson`'s fields as attributes (the same names, types
-and order: mypy checks :meth:`RoundStats.to_dict` / :meth:`RoundStats.from_dict` both
-ways, ``tests/test_recovery_files.py`` the rest)."""
+holds. Each file is defined once, here: its TypedDict carries the checks a file read back
+must pass (field constraints, literals, and the checks across fields as validators on the
+annotations), and pydantic validates the TypedDict itself (:data:`RecoveryFile` for
+:func:`quarl.recovery.folder.read_recovery_record`, :data:`StateFile` for
+:func:`quarl.recovery.dagger.read_state`), so a field added to one is added to what is
+written, read and checked. :class:`RoundStats` holds :class:`RoundJson`'s fields as
+attributes (the same names, types and order: mypy checks :meth:`RoundStats.to_dict` /
+:meth:`RoundStats.from_dict` both ways, ``tests/test_recovery_files.py`` the rest)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Literal, NotRequired
 
 import torch
-from pydantic import ConfigDict, Field, JsonValue, RootModel, with_config
+from pydantic import AfterValidator, ConfigDict, Field, GetPydanticSchema, JsonValue, RootModel, StringConstraints, \
+    with_config
 from typing_extensions import TypedDict  # pydantic validates only typing_extensions' TypedDict on Python 3.11
 
 from quarl.core.provenance import Provenance
 from quarl.envs import EnvJson
 from quarl.quant.precisions import QuantSummary
+from quarl.quant.student import KernelSpecJson
 
 FILE_CHECKS = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 """What :class:`quarl.core.file_schema.Record` asks of a record read from a file: strict
@@ -37,8 +40,23 @@ Seconds = Annotated[float, Field(ge=0)]
 AnyReturn = Annotated[float, Field(allow_inf_nan=True)]
 """A mean return: may be infinite or NaN (an env's own reward), never refused."""
 JsonObject = dict[str, JsonValue]
-"""Another object's JSON form recorded as it was (the kernel spec, the options): any JSON
-values, nothing else."""
+"""Another object's JSON form recorded as it was (the options): any JSON values, nothing else."""
+
+# what the CLI prints again when a finished recovery is reused: finite and printable
+Tally = Annotated[int, Field(ge=0, le=10**12)]
+Duration = Annotated[float, Field(ge=0, le=1e9)]
+Number = Annotated[float, Field(ge=-1e12, le=1e12)]
+"""A percentage or a mean return in recovery.json's report: finite and printable (1e308 is
+neither a return nor an E)."""
+Text = Annotated[str, StringConstraints(max_length=2000)]
+RoundIndex = Annotated[int, Field(ge=-1, le=1000)]
+"""A round of the run (-1: none, PTQ's own model)."""
+Sha256 = Annotated[str, StringConstraints(pattern="^[0-9a-f]{64}$")]
+
+AS_JSON_OBJECT = GetPydanticSchema(lambda _type, handler: handler(JsonObject))
+"""Checks a field typed by another module's ``typing.TypedDict`` (which pydantic validates
+only on Python 3.12 and later) as the JSON object it is written as."""
+AS_JSON_OBJECT_OR_NULL = GetPydanticSchema(lambda _type, handler: handler(JsonObject | None))
 
 
 class TestOutcome(TypedDict):
@@ -46,43 +64,59 @@ class TestOutcome(TypedDict):
     E and its interval in percent, the two means over the episodes it played; only
     ``verdict`` (and ``kept``, ``same``) where no test ran."""
 
-    verdict: str
+    verdict: Text
     kept: NotRequired[bool]
     same: NotRequired[bool]
-    e: NotRequired[float | None]
-    low: NotRequired[float | None]
-    high: NotRequired[float | None]
-    episodes: NotRequired[int]
+    e: NotRequired[Number | None]
+    low: NotRequired[Number | None]
+    high: NotRequired[Number | None]
+    episodes: NotRequired[Tally]
     seeds: NotRequired[list[int]]
-    means: NotRequired[list[float]]
+    means: NotRequired[Annotated[list[Number], Field(min_length=2, max_length=2)]]
+
+
+def _counted(test: TestOutcome) -> TestOutcome:
+    if "means" in test and not test.get("episodes"):
+        raise ValueError("means without the episodes they were measured on")
+    return test
+
+
+CheckedTest = Annotated[TestOutcome, AfterValidator(_counted)]
+"""A :class:`TestOutcome` whose means come with the episodes they were measured on."""
 
 
 class StageReport(TypedDict):
     """One stage of :func:`quarl.recovery.workflow.recover_stages` (distill, more rounds, the fine-tune)."""
 
-    stage: str
-    rounds: int
-    agreement: float
-    against_ptq: TestOutcome
-    written: str
+    stage: Text
+    rounds: Tally
+    agreement: Share
+    against_ptq: CheckedTest
+    written: Text
     """``ptq`` or the stage whose student would be written after this stage."""
-    against_fp32: TestOutcome
-    wall_s: float
-    steps: NotRequired[int]
+    against_fp32: CheckedTest
+    wall_s: Duration
+    steps: NotRequired[Tally]
     """The fine-tune's env steps."""
 
 
 class BudgetReport(TypedDict):
-    rounds: int
-    rounds_played: int
-    finetune_steps: int
-    minutes: float
+    rounds: Annotated[int, Field(ge=1, le=1000)]
+    rounds_played: Annotated[int, Field(ge=0, le=1000)]
+    finetune_steps: Tally
+    minutes: Duration
+
+
+def _within(budget: BudgetReport) -> BudgetReport:
+    if budget["rounds_played"] > budget["rounds"]:
+        raise ValueError(f"{budget['rounds_played']} rounds played of a budget of {budget['rounds']}")
+    return budget
 
 
 FinetuneNote = TypedDict("FinetuneNote", {
-    "steps": int,
-    "skipped": NotRequired[str],
-    "wall_s": NotRequired[float | None],
+    "steps": Tally,
+    "skipped": NotRequired[Text],
+    "wall_s": NotRequired[Duration | None],
     "from": NotRequired[Literal["ptq", "distilled"]],
 })
 """The fine-tune stage: its steps, and why it was skipped or how long it took and what it started from."""
@@ -93,21 +127,14 @@ class RecoveryReport(TypedDict):
     (:func:`quarl.recovery.workflow.recover_stages`)."""
 
     shipped: Literal["ptq", "student"]
-    shipped_stage: str | None
+    shipped_stage: Text | None
     stopped: Literal["kept", "budget"]
-    against_ptq: TestOutcome
-    against_fp32: TestOutcome
+    against_ptq: CheckedTest
+    against_fp32: CheckedTest
     stages: list[StageReport]
-    budget: BudgetReport
-    total_s: float
+    budget: Annotated[BudgetReport, AfterValidator(_within)]
+    total_s: Duration
     finetune: NotRequired[FinetuneNote]
-
-
-class Shipped(TypedDict):
-    """What recovery.json says of a folder written from a bare result (no :class:`RecoveryReport`)."""
-
-    shipped: Literal["ptq", "student"]
-    stopped: Literal["kept", "budget"]
 
 
 @with_config(FILE_CHECKS)
@@ -168,47 +195,70 @@ class RecoveredJson(TypedDict):
     export: str
 
 
-class RecoveryJson(TypedDict):
-    """``ENV/recovery.json`` of a recovered folder (:func:`quarl.recovery.folder.write_recovered`).
-    The report's fields (:class:`RecoveryReport`) are all there where recover_stages ran;
-    a folder written from a bare result has ``shipped`` and ``stopped`` only."""
+@with_config(FILE_CHECKS)
+class RecoveryJson(RecoveryReport):
+    """``ENV/recovery.json`` of a recovered folder (:func:`quarl.recovery.folder.write_recovered`):
+    the report of :func:`quarl.recovery.workflow.recover_stages` (:class:`RecoveryReport`'s
+    fields) and what was recovered, from what, how; the one definition of what the file
+    holds and of what it must hold to be read back (:data:`RecoveryFile`)."""
 
-    format: int
-    precision: str
-    kernel: JsonObject
-    """:meth:`quarl.quant.student.KernelSpec.to_dict`."""
+    format: Literal[1]
+    precision: Literal["int8", "int4"]
+    kernel: KernelSpecJson
     original: OriginalJson
     recovered: RecoveredJson
-    env: EnvJson
-    """The :class:`quarl.envs.EnvSpec` (:meth:`~quarl.envs.EnvSpec.to_json`)."""
+    env: Annotated[EnvJson, AS_JSON_OBJECT]
+    """The :class:`quarl.envs.EnvSpec` (:meth:`~quarl.envs.EnvSpec.to_json`; compared with
+    the run's own)."""
     config: JsonObject
-    """The :class:`quarl.recovery.config.RecoverConfig`'s fields (``dataclasses.asdict``)."""
-    automatic_choice: QuantSummary | None
+    """The :class:`quarl.recovery.config.RecoverConfig`'s fields (``dataclasses.asdict``;
+    compared with the run's own)."""
+    automatic_choice: Annotated[QuantSummary | None, AS_JSON_OBJECT_OR_NULL]
     """The automatic choice's quant record (:func:`quarl.recovery.dagger.pick_spec`), less what it tried."""
-    shipped: Literal["ptq", "student"]
-    shipped_stage: NotRequired[str | None]
-    stopped: Literal["kept", "budget"]
-    against_ptq: NotRequired[TestOutcome]
-    against_fp32: NotRequired[TestOutcome]
-    stages: NotRequired[list[StageReport]]
-    budget: NotRequired[BudgetReport]
-    total_s: NotRequired[float]
-    finetune: NotRequired[FinetuneNote]
-    distill_stopped: str
-    best_round: int
-    target_agreement: float
-    ptq_agreement: float
-    agreement: float
-    labelled_states: int
-    heldout_states: int
-    updates: int
-    wall_s: float
+    distill_stopped: Literal["target", "budget"]
+    best_round: RoundIndex
+    """-1: PTQ's own model; one past the last round: the fine-tuned student."""
+    target_agreement: Share
+    ptq_agreement: Share
+    agreement: Share
+    labelled_states: Tally
+    heldout_states: Tally
+    updates: Tally
+    wall_s: Duration
     seeds: list[int]
+    """The first and last distillation seed (none where no episode was played)."""
     rounds: list[RoundJson]
     provenance: Provenance
     """:func:`quarl.core.provenance.provenance`."""
-    files: dict[str, str]
+    files: dict[str, Sha256]
     """SHA-256 of every file of the folder, relative to it (:func:`quarl.recovery.folder.folder_files`)."""
+
+
+def _consistent(record: RecoveryJson) -> RecoveryJson:
+    rounds = record["rounds"]
+    if record["shipped"] == "student" and not record["shipped_stage"]:
+        raise ValueError("a student shipped without the stage that made it")
+    if len(rounds) > record["budget"]["rounds_played"]:
+        raise ValueError(f"{len(rounds)} rounds recorded of {record['budget']['rounds_played']} played")
+    if [r["round"] for r in rounds] != list(range(len(rounds))):
+        raise ValueError("rounds are not numbered 0, 1, ... in order")
+    if record["best_round"] > len(rounds):  # a fine-tuned student is the round after the last
+        raise ValueError(f"best round {record['best_round']} of {len(rounds)} rounds")
+    return record
+
+
+RecoveryFile = RootModel[Annotated[RecoveryJson, AfterValidator(_consistent)]]
+"""recovery.json read back: :class:`RecoveryJson` checked, its report consistent (for
+:func:`quarl.core.file_schema.parse_record`)."""
+
+
+class OptimizerState(TypedDict):
+    """``torch.optim.Adam.state_dict()`` as torch writes it: each parameter's moments by its
+    index (``step``, ``exp_avg``, ``exp_avg_sq``, tensors), and its groups' settings
+    (compared with this run's own by :func:`quarl.recovery.resume.check_resume`)."""
+
+    state: dict[int, dict[str, torch.Tensor]]
+    param_groups: list[dict[str, object]]
 
 
 @with_config(ConfigDict(**FILE_CHECKS, arbitrary_types_allowed=True))
@@ -221,13 +271,12 @@ class RecoveryState(TypedDict):
 
     format: Literal[1]
     teacher: str
-    spec: JsonObject
+    spec: KernelSpecJson
     """:meth:`quarl.quant.student.KernelSpec.to_dict` (compared with the run's own)."""
     config: JsonObject
     """The :class:`quarl.recovery.config.RecoverConfig`'s fields (compared with the run's own)."""
     student: dict[str, torch.Tensor]
-    optimizer: dict[str, Any]
-    """``torch.optim.Optimizer.state_dict()``, torch's own container of tensors and settings."""
+    optimizer: OptimizerState
     states: torch.Tensor
     heldout: torch.Tensor
     history: list[RoundJson]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -16,17 +15,15 @@ from quarl.core.errors import QuarlError
 from quarl.evaluation.calibration import DISTILLATION_SEEDS
 from quarl.policies.base import Policy
 from quarl.recovery.config import RecoverConfig
-from quarl.recovery.report import RecoveryState
+from quarl.recovery.report import OptimizerState, RecoveryState
 
 
 def _refuse(path: Path, field: str, problem: str) -> QuarlError:
     return QuarlError(f"{path}: {field}: {problem}: remove it to start afresh")
 
 
-def _rows(path: Path, field: str, value: Any, row_shape: tuple[int, ...], max_rows: int) -> None:
-    """A float32 tensor of ``row_shape`` rows, at most ``max_rows``, that its storage holds."""
-    if not isinstance(value, torch.Tensor):
-        raise _refuse(path, field, f"a {type(value).__name__}, not a tensor")
+def _rows(path: Path, field: str, value: torch.Tensor, row_shape: tuple[int, ...], max_rows: int) -> None:
+    """Float32 rows of ``row_shape``, at most ``max_rows``, that the tensor's storage holds."""
     if value.dtype != torch.float32:
         raise _refuse(path, field, f"{str(value.dtype).removeprefix('torch.')}, not float32")
     if tuple(value.shape[1:]) != row_shape or value.dim() != 1 + len(row_shape):
@@ -39,40 +36,39 @@ def _rows(path: Path, field: str, value: Any, row_shape: tuple[int, ...], max_ro
         raise _refuse(path, field, "holds NaN or infinite values")
 
 
-def _weights(path: Path, field: str, value: Any, like: dict[str, torch.Tensor]) -> None:
+def _weights(path: Path, field: str, value: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> None:
     """The student's tensors: the same names, shapes and dtypes, finite."""
-    if not isinstance(value, dict) or set(value) != set(like):
-        missing = sorted(set(like) - set(value)) if isinstance(value, dict) else []
+    if set(value) != set(like):
+        missing = sorted(set(like) - set(value))
         raise _refuse(path, field, f"not the student's tensors ({'missing ' + missing[0] if missing else 'other names'})")
     for name, tensor in like.items():
         got = value[name]
-        if not isinstance(got, torch.Tensor) or got.shape != tensor.shape or got.dtype != tensor.dtype:
-            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            raise _refuse(path, f"{field}.{name}", f"{shape}, not the student's {tuple(tensor.shape)} {tensor.dtype}")
+        if got.shape != tensor.shape or got.dtype != tensor.dtype:
+            raise _refuse(path, f"{field}.{name}",
+                          f"{tuple(got.shape)}, not the student's {tuple(tensor.shape)} {tensor.dtype}")
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
             raise _refuse(path, f"{field}.{name}", "holds NaN or infinite values")
 
 
-def _optimizer(path: Path, saved: Any, optimizer: torch.optim.Optimizer, lr: float) -> None:
+def _optimizer(path: Path, saved: OptimizerState, optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Adam's state as this run writes it: its groups' settings, one moment per parameter
     of that parameter's shape, finite."""
     fresh = optimizer.state_dict()
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or \
-            not isinstance(saved.get("state"), dict) or len(saved["param_groups"]) != len(fresh["param_groups"]):
+    if len(saved["param_groups"]) != len(fresh["param_groups"]):
         raise _refuse(path, "optimizer", "not this run's Adam state")
     for got, want in zip(saved["param_groups"], fresh["param_groups"]):
-        if not isinstance(got, dict) or set(got) != set(want) or \
-                any(got[k] != want[k] for k in want if k != "lr"):
+        if set(got) != set(want) or any(got[k] != want[k] for k in want if k != "lr"):
             raise _refuse(path, "optimizer.param_groups", "settings other than this run's")
-        if not isinstance(got["lr"], float) or not 0 <= got["lr"] <= lr:
-            raise _refuse(path, "optimizer.param_groups.lr", f"{got['lr']!r}, not in 0..{lr}")
+        rate = got["lr"]
+        if not isinstance(rate, float) or not 0 <= rate <= lr:
+            raise _refuse(path, "optimizer.param_groups.lr", f"{rate!r}, not in 0..{lr}")
     for index, moments in saved["state"].items():
-        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(moments, dict):
+        if not 0 <= index < len(params):
             raise _refuse(path, "optimizer.state", f"an entry {index!r} for no parameter")
         for name, value in moments.items():
-            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-                raise _refuse(path, f"optimizer.state.{index}.{name}", f"a {type(value).__name__}, not a float tensor")
+            if not value.is_floating_point():
+                raise _refuse(path, f"optimizer.state.{index}.{name}", f"a {value.dtype}, not a float tensor")
             if value.dim() and value.shape != params[index].shape:
                 raise _refuse(path, f"optimizer.state.{index}.{name}",
                               f"{tuple(value.shape)}, not the parameter's {tuple(params[index].shape)}")
