@@ -21,11 +21,12 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypedDict
+from typing import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 from pydantic import JsonValue
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (recovery.json's env)
 
 from quarl.envs import wrappers as env_wrappers
 from quarl.core.errors import QuarlError

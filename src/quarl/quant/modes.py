@@ -51,12 +51,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Callable, Literal, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (recovery.json)
 
 from quarl.core.errors import QuarlError
 from quarl.quant.backends import onnxruntime as ortb

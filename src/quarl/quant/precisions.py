@@ -27,7 +27,9 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Required, TypedDict, TypeGuard
+from typing import TYPE_CHECKING, Callable, TypeGuard
+
+from typing_extensions import Required, TypedDict  # pydantic validates it on Python 3.11 (recovery.json)
 
 import numpy as np
 import torch

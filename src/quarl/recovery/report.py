@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal, NotRequired
 
 import torch
-from pydantic import AfterValidator, ConfigDict, Field, GetPydanticSchema, JsonValue, RootModel, StringConstraints, \
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, RootModel, StringConstraints, \
     with_config
 from typing_extensions import TypedDict  # pydantic validates only typing_extensions' TypedDict on Python 3.11
 
@@ -52,11 +52,6 @@ Text = Annotated[str, StringConstraints(max_length=2000)]
 RoundIndex = Annotated[int, Field(ge=-1, le=1000)]
 """A round of the run (-1: none, PTQ's own model)."""
 Sha256 = Annotated[str, StringConstraints(pattern="^[0-9a-f]{64}$")]
-
-AS_JSON_OBJECT = GetPydanticSchema(lambda _type, handler: handler(JsonObject))
-"""Checks a field typed by another module's ``typing.TypedDict`` (which pydantic validates
-only on Python 3.12 and later) as the JSON object it is written as."""
-AS_JSON_OBJECT_OR_NULL = GetPydanticSchema(lambda _type, handler: handler(JsonObject | None))
 
 
 class TestOutcome(TypedDict):
@@ -207,13 +202,13 @@ class RecoveryJson(RecoveryReport):
     kernel: KernelSpecJson
     original: OriginalJson
     recovered: RecoveredJson
-    env: Annotated[EnvJson, AS_JSON_OBJECT]
+    env: EnvJson
     """The :class:`quarl.envs.EnvSpec` (:meth:`~quarl.envs.EnvSpec.to_json`; compared with
     the run's own)."""
     config: JsonObject
     """The :class:`quarl.recovery.config.RecoverConfig`'s fields (``dataclasses.asdict``;
     compared with the run's own)."""
-    automatic_choice: Annotated[QuantSummary | None, AS_JSON_OBJECT_OR_NULL]
+    automatic_choice: QuantSummary | None
     """The automatic choice's quant record (:func:`quarl.recovery.dagger.pick_spec`), less what it tried."""
     distill_stopped: Literal["target", "budget"]
     best_round: RoundIndex
