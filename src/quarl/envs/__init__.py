@@ -400,10 +400,10 @@ class EnvSpec:
                 not 1 <= self.frame_stack <= MAX_FRAME_STACK:
             raise QuarlError(f"frame_stack={self.frame_stack!r} must be a whole number in 1..{MAX_FRAME_STACK}")
 
-    def to_json(self) -> EnvJson:
-        """The fields as JSON reads them back (tuples as lists); env kwargs that JSON cannot hold
-        raise ``TypeError``, as writing them always did."""
-        as_json: EnvJson = json.loads(json.dumps(dataclasses.asdict(self)))
+    def to_json(self, default: Callable[[object], object] | None = None) -> EnvJson:
+        """The fields as JSON reads them back (tuples as lists); env kwargs JSON cannot hold raise
+        ``TypeError`` unless ``default`` converts them (``str``: for a key that tells envs apart)."""
+        as_json: EnvJson = json.loads(json.dumps(dataclasses.asdict(self), default=default))
         return as_json
 
 

@@ -90,7 +90,7 @@ class CalibrationEpisodes:
 
     def cache_key(self) -> CalibrationKey:
         """What these episodes are, for the stored int mode choice (:mod:`quarl.quant.choice_cache`)."""
-        return {"env": self.env_spec.to_json(), "first_seed": self.first, "max_steps": self.max_steps,
+        return {"env": self.env_spec.to_json(default=str), "first_seed": self.first, "max_steps": self.max_steps,
                 "steps": CALIBRATION_STEPS, "caps": list(SEQUENTIAL_CAPS)}
 
     def episode_cap(self, policy: Policy, first: int = 4) -> int:
