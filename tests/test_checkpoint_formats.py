@@ -113,7 +113,7 @@ def test_policies_imports_nothing_above_it_and_the_entry_points_register_every_f
                    "sorted(m for m in sys.modules if m.startswith(('quarl.actorq', 'quarl.training'))))")
     assert below == "['hub', 'onnx', 'legacy', 'zoo'] []"
     names = _fresh("import quarl.api; from quarl.policies.formats import FORMATS; print(sorted(FORMATS))")
-    assert names == "['actorq-run', 'hub', 'legacy', 'onnx', 'qat', 'zoo']"
+    assert names == "['actorq-run', 'hub', 'legacy', 'onnx', 'qat', 'recovered', 'zoo']"
     # every caller above policies loads through quarl.checkpoints (which imports the formats from above)
     src = Path(quarl.__file__).parent
     direct = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if "formats import load_checkpoint" in p.read_text()

@@ -173,3 +173,29 @@ def test_a_recover_rerun_writes_a_tampered_folder_again_instead_of_reusing_it(
     with caplog.at_level(logging.INFO, logger="quarl"):  # intact now: the next rerun reuses it
         run_recover(agent, loaded.env_spec, loaded.policy, CONFIG, out)
     assert any("finished: reused" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("added", [None, "CartPole-v1/vecnormalize.pkl"])
+def test_any_load_of_a_recovered_folder_checks_its_manifest(recovered: Path, tmp_path: Path,
+                                                            added: str | None) -> None:
+    """Through the checkpoint registry (``quarl.load``, ``quarl play``), not only ptq: before,
+    a pickle added to the folder was unpickled by any command that loaded it as a zoo folder."""
+    import numpy as np
+
+    from quarl.checkpoints import load_checkpoint
+    from quarl.policies.formats import FORMATS
+
+    assert FORMATS["recovered"].detect(recovered) and not FORMATS["recovered"].detect(tmp_path)
+    out = _copy(recovered, tmp_path)
+    if added is None:  # the student, as a plain zoo load of the folder gives it
+        from quarl.policies.zoo import load_zoo
+
+        x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+        got, plain = load_checkpoint(out).policy, load_zoo(out).policy
+        np.testing.assert_array_equal(got.act(x), plain.act(x))
+        return
+    (out / added).write_bytes(b"not a pickle")
+    with pytest.raises(QuarlError, match="is not a file recovery wrote"):
+        load_checkpoint(out)
+    r = run_cli("play", str(out), "--episodes", "1")
+    assert r.returncode == 2 and "is not a file recovery wrote" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -1,7 +1,7 @@
 """Every checkpoint format quarl loads, those registered from above :mod:`quarl.policies`
-included: the ActorQ run (:mod:`quarl.actorq.run_loader`) and the QAT-trained zoo folder
-(:mod:`quarl.training.qat_loader`) register themselves when imported, which this module
-does. The entry points that load a checkpoint (``quarl.load``, the CLI, the workflows)
+included: the ActorQ run (:mod:`quarl.actorq.run_loader`), the QAT-trained zoo folder
+(:mod:`quarl.training.qat_loader`) and the recovered one (:mod:`quarl.recovery.loader`)
+register themselves when imported, which this module does. The entry points that load a checkpoint (``quarl.load``, the CLI, the workflows)
 load through :func:`load_checkpoint` here; the registry itself is
 :mod:`quarl.policies.formats`."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import quarl.actorq.run_loader  # noqa: F401  registers "actorq-run"
+import quarl.recovery.loader  # noqa: F401  registers "recovered"
 import quarl.training.qat_loader  # noqa: F401  registers "qat"
 from quarl.policies import formats
 from quarl.policies.checkpoint import Checkpoint

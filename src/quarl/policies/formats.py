@@ -7,13 +7,14 @@ first (a specific claim before a general one)::
     zoo          an SB3 .zip or RL Zoo run folder; any other path     (quarl.policies.zoo)
 
 Formats whose code lives above this package are registered from above, when their module
-is imported: ``actorq-run`` (:mod:`quarl.actorq.run_loader`) and ``qat``
-(:mod:`quarl.training.qat_loader`). :mod:`quarl.checkpoints` imports them all: the entry
+is imported: ``actorq-run`` (:mod:`quarl.actorq.run_loader`), ``qat``
+(:mod:`quarl.training.qat_loader`) and ``recovered`` (:mod:`quarl.recovery.loader`). :mod:`quarl.checkpoints` imports them all: the entry
 points (``quarl.load``, the CLI) load through it. This module imports nothing above
 :mod:`quarl.policies`.
 
-A folder ``quarl recover`` wrote is a zoo folder here (its zip holds the student's weights on
-the grid): what makes it a recovered one, its original policy and real kernel, is read by
+A folder ``quarl recover`` wrote loads as the zoo folder it is (its zip holds the student's
+weights on the grid), once ``recovered`` has checked its files against recovery.json's
+manifest; what makes it a recovered one, its original policy and real kernel, is read by
 :func:`quarl.recovery.load_recovered`, which loads the original through
 :func:`quarl.policies.zoo.load_zoo`'s ``zip_override`` (the folder's zoo files, the
 original's weights).

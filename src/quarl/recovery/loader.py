@@ -1,0 +1,39 @@
+"""The recovered format: an RL Zoo run folder that ``quarl recover`` wrote, with
+``ENV/recovery.json`` beside its ``config.yml``. It loads as the zoo folder it is (the
+student's weights, on the kernel's grid, as RL Zoo users load it), after every file it holds
+is checked against the SHA-256 manifest that recovery.json records: a folder edited after
+it was written is refused in one line, whichever command loads it (``quarl play``,
+``quarl.load``), not only ``ptq`` (which also reads the original and the real kernel:
+:func:`quarl.recovery.folder.load_recovered`). Importing this module registers the format
+(``recovered``) in :data:`quarl.policies.formats.FORMATS`, asked before the plain zoo format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
+from quarl.policies.formats import register_format
+from quarl.policies.zoo import load_zoo
+from quarl.core.errors import QuarlError
+from quarl.recovery.folder import check_manifest, find_recovery, read_recovery_record
+
+
+def detect(path: Path) -> bool:
+    if not path.exists():
+        return False
+    try:
+        return find_recovery(path) is not None
+    except QuarlError:  # a recovered folder without its policy: load says so in one line
+        return True
+
+
+def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
+    """The folder's policy (the student), once recovery.json and its manifest are checked."""
+    record_path = find_recovery(path)
+    if record_path is not None:
+        check_manifest(record_path, read_recovery_record(record_path)["files"])  # before anything is unpickled
+    return load_zoo(path, trust_pickle)
+
+
+FORMAT = register_format(CheckpointFormat("recovered", detect, load,
+                                          "an RL Zoo run folder that quarl recover wrote (with recovery.json)"))
