@@ -17,6 +17,7 @@ from quarl.checkpoints import load_checkpoint
 from quarl.policies.checkpoint import resolve_env_spec
 from quarl.ptq import run_ptq
 from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
+from quarl.verdict import Judging
 
 DEFAULT_ZOO = Path("../shared/zoo")
 
@@ -47,7 +48,8 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
 def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
              on_policy: Callable[[str, list[str]], Progress] | None = None,
              decide_episodes: int = 0, stochastic: bool | None = None,
-             sticky_actions: float | None = None, decide_seconds: float | None = None) -> list[Row]:
+             sticky_actions: float | None = None, decide_seconds: float | None = None,
+             judging: Judging = Judging()) -> list[Row]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
@@ -67,9 +69,9 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
             per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
                                        out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
                                        source=str(run), decide_episodes=decide_episodes,
-                                       decide_seconds=decide_seconds)
+                                       decide_seconds=decide_seconds, judging=judging)
         modes[name] = {r.precision: r.result.quant["mode"] for r in per_policy[name] if r.result.quant}
-    rows = paper_table(per_policy, cells)
+    rows = paper_table(per_policy, cells, judging)
     for row in rows:  # which real kernel each int column ran
         chosen = modes.get(str(row["policy"]), {})
         if chosen:
@@ -78,5 +80,5 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
     from quarl.ptq import episodes_played
 
     played = episodes_played([r for records in per_policy.values() for r in records], settings.episodes)
-    plot_verdicts(per_policy, out / "table.png", f"every agent against fp32, {played}")
+    plot_verdicts(per_policy, out / "table.png", f"every agent against fp32, {played}", judging)
     return rows

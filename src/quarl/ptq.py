@@ -23,7 +23,8 @@ from quarl.evaluation.record import CellRecord, KeyExtras
 from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import QuantConfig
 from quarl.core.records import ResultsLog
-from quarl.evaluation.reports import plot_sweep, plot_verdicts, ptq_rows, write_rows
+from quarl.evaluation.reports import paired_verdict, plot_sweep, plot_verdicts, ptq_rows, write_rows
+from quarl.verdict import CHUNK, Decision, Judging
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def run_ptq(
     fixed: dict[str, Policy] | None = None,
     decide_episodes: int = 0,
     decide_seconds: float | None = None,
+    judging: Judging = Judging(),
     **options: Any,
 ) -> list[CellRecord]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
@@ -46,8 +48,9 @@ def run_ptq(
     ``fixed``: policies evaluated as they are under a label instead of quantizing ``policy``
     (a recovered folder: ``fp32`` is the original policy, ``int4`` its recovered kernel).
     ``decide_episodes``: play more episodes where a verdict is undecided, up to this many per
-    cell (:func:`decide`), starting no new round after ``decide_seconds`` (wall clock, from
-    the start; None: no limit). ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
+    cell (:func:`decide`), starting no new chunk after ``decide_seconds`` (wall clock, from
+    the start; None: no limit); ``judging``: the verdicts' range (``--insure``,
+    ``--return-range``). ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
     labels = list(dict.fromkeys(["fp32", *precisions]))
     fixed = fixed or {}
     cells = [Cell(label, QuantConfig.parse(label, **options), policy=fixed.get(label)) for label in labels]
@@ -57,11 +60,11 @@ def run_ptq(
         records = evaluate_cells(policy, env_spec, cells, settings, log_file, progress, source)
         if decide_episodes > settings.episodes:
             records = decide(policy, env_spec, cells, settings, log_file, records, decide_episodes, progress, source,
-                             deadline)
-        write_rows(ptq_rows(records), out_dir, "ptq")
+                             deadline, judging)
+        write_rows(ptq_rows(records, judging=judging), out_dir, "ptq")
         if len(records) > 1:
             plot_verdicts({env_spec.env_id: records}, out_dir / "ptq.png",
-                          f"{env_spec.env_id}, {episodes_played(records, settings.episodes)}")
+                          f"{env_spec.env_id}, {episodes_played(records, settings.episodes)}", judging)
     return records
 
 
@@ -73,26 +76,29 @@ def episodes_played(records: Sequence[Mapping[str, Any]], asked: int) -> str:
 
 def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: EvalSettings, log_file: ResultsLog,
            records: list[CellRecord], budget: int, progress: Progress | None = None,
-           source: str | None = None, deadline: float | None = None) -> list[CellRecord]:
+           source: str | None = None, deadline: float | None = None, judging: Judging = Judging()) -> list[CellRecord]:
     """Verdicts that decide: while a cell's verdict is undecided and it has played fewer
-    than ``budget`` episodes, fp32 and the undecided cells play as many episodes again on
-    the next seeds (each chunk a stored cell of its own, reused by a rerun); decided cells
-    stop, and no new round starts after ``deadline`` (:func:`time.monotonic`). The
-    verdict's confidence sequence is valid at every look, so stopping when it decides
-    does not inflate its error rate (:mod:`quarl.verdict`). Returns the records joined per precision (a cell's episodes are seeds ``seed``,
-    ``seed + 1``..., fp32's first ones pair with every cell)."""
+    than ``budget`` episodes, fp32 and the undecided cells play :data:`quarl.verdict.CHUNK`
+    more episodes (or one per worker, if more) on the next seeds, each chunk a stored cell
+    of its own, reused by a rerun, its policy quantized once; decided cells stop, and no new
+    chunk starts after ``deadline`` (:func:`time.monotonic`). The verdict's confidence
+    sequence is valid at every look, so stopping when it decides does not inflate its error
+    rate (:mod:`quarl.verdict`). Returns the records joined per precision (a cell's episodes
+    are seeds ``seed``, ``seed + 1``..., fp32's first ones pair with every cell)."""
     joined = {r.precision: r for r in records}
     played = settings.episodes
+    built: dict[str, tuple[Policy, float]] = {}
+    chunk_size = max(CHUNK, settings.workers or 1)
     while played < budget:
-        rows = ptq_rows(list(joined.values()))
-        undecided = [str(r["precision"]) for r in rows if str(r.get("verdict", "")).startswith("undecided")
-                     and joined[str(r["precision"])].episodes == played]
+        base = joined.get("fp32")
+        undecided = [label for label, record in joined.items() if label != "fp32" and record.episodes == played
+                     and base is not None and _undecided(base, record, judging)]
         if not undecided:
             break
         if deadline is not None and time.monotonic() > deadline:
             log.warning("%s undecided after %d episodes: the time budget is spent", ", ".join(undecided), played)
             break
-        more = min(played, budget - played)
+        more = min(chunk_size, budget - played)
         try:
             chunk = dataclasses.replace(settings, episodes=more, seed=settings.seed + played)
         except QuarlError as exc:  # the next seeds would reach reserved ones
@@ -102,11 +108,16 @@ def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: E
                  chunk.seed, chunk.seed + more - 1)
         offset = played
         step = evaluate_cells(policy, env_spec, [c for c in cells if c.label in ("fp32", *undecided)], chunk, log_file,
-                         (lambda c, n: progress(c, offset + n)) if progress else None, source)
+                              (lambda c, n: progress(c, offset + n)) if progress else None, source, built)
         for record in step:
             joined[record.precision] = joined[record.precision].joined(record)
         played += more
     return [joined[r.precision] for r in records]
+
+
+def _undecided(base: CellRecord, record: CellRecord, judging: Judging) -> bool:
+    verdict = paired_verdict(base, record, judging)
+    return verdict is not None and verdict.verdict == Decision.UNDECIDED
 
 
 def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_dir: Path,

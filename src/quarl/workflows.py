@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI import
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
     from quarl.training.sb3_train import TrainConfig
+    from quarl.verdict import Judging
 
 POST_TRAINING_SEED_OFFSET = 100_000
 """``quarl train``'s closing evaluation plays seeds ``seed + 100000 + i``: never the seeds
@@ -153,12 +154,14 @@ def write_bench(rows: Sequence[Row], out: Path, checkpoint: Path, policy: Policy
 
 
 def write_study_report(records: Sequence[Mapping[str, Any]], precisions: Sequence[str], out: Path,
-                       seeds: int) -> list[Row]:
-    """The study's table (table.csv / .md / .json) and study.png in ``out``; returns the rows."""
+                       seeds: int, judging: Judging | None = None) -> list[Row]:
+    """The study's table (table.csv / .md / .json) and study.png in ``out``; returns the rows
+    (verdicts under ``judging``, the default :class:`quarl.verdict.Judging` where None)."""
     from quarl.evaluation.reports import write_rows
     from quarl.study.report import plot_study, study_table
+    from quarl.verdict import Judging
 
-    rows = study_table(records, precisions)
+    rows = study_table(records, precisions, judging or Judging())
     write_rows(rows, out, "table")
     plot_study(records, precisions, out / "study.png", f"{len(rows)} agents, {seeds} seeds")
     return rows

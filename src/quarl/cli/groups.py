@@ -42,16 +42,23 @@ def loading_options(trust_pickle: bool = TrustOpt) -> None:
 
 def deciding_options(episodes: int, minutes: float) -> list[inspect.Parameter]:
     """--decide-episodes and --decide-minutes with a command's defaults (ptq and recover,
-    demo, study); ``QUARL_DECIDE_EPISODES`` replaces the episodes default (the test suite
-    sets 0)."""
+    demo, study), and how the verdicts are judged (--insure, --return-range);
+    ``QUARL_DECIDE_EPISODES`` replaces the episodes default (the test suite sets 0)."""
     return [
         inspect.Parameter("decide_episodes", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[int], default=typer.Option(
             None, "--decide-episodes", show_default=False, help="where a verdict is undecided, play more episodes (the "
-            "next seeds, fp32 too; doubling) until it decides or a cell has played this many (0: off) [default: "
+            "next seeds, fp32 too; 10 at a time) until it decides or a cell has played this many (0: off) [default: "
             f"{episodes}, or $QUARL_DECIDE_EPISODES]")),
         inspect.Parameter("decide_minutes", inspect.Parameter.KEYWORD_ONLY, annotation=float, default=typer.Option(
-            minutes, "--decide-minutes", help="start no new round of deciding episodes after this many minutes (0: no "
+            minutes, "--decide-minutes", help="start no new chunk of deciding episodes after this many minutes (0: no "
             "limit)")),
+        inspect.Parameter("insure", inspect.Parameter.KEYWORD_ONLY, annotation=float, default=typer.Option(
+            1.0, "--insure", metavar="K", help="where the env defines no range of returns, the verdict insures against "
+            "an unseen failure costing up to K mean returns beyond the worst paired loss seen (docs/ptq.md: what each "
+            "K insures and costs)")),
+        inspect.Parameter("return_range", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
+            None, "--return-range", metavar="LO:HI", help="every return lies in LO:HI (e.g. a reward clipped by a "
+            "wrapper): the verdict assumes exactly that range; a return outside it refuses the verdict")),
     ]
 
 

@@ -16,7 +16,8 @@ from quarl.cli.groups import (acting_options, common_options, deciding_options, 
                               loading_options, with_options)
 from quarl.cli.options import (CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol,
                                WideOpt)
-from quarl.core.table import Row
+
+from quarl.verdict import Decision, Judging, Verdict
 
 if TYPE_CHECKING:
     from quarl.envs import EnvSpec
@@ -42,20 +43,38 @@ def budget_note(decide_episodes: int, decide_seconds: float | None) -> str:
 
 @dataclass(frozen=True)
 class Deciding:
-    """--decide-episodes / --decide-minutes of ptq and recover, checked."""
+    """--decide-episodes / --decide-minutes / --insure / --return-range, checked."""
 
     episodes: int
     """The episodes a cell may play while its verdict is undecided (0: off)."""
     seconds: float | None
     """The wall-clock budget for deciding (None: no limit)."""
+    judging: Judging
+    """The range the verdicts assume (:class:`quarl.verdict.Judging`)."""
 
     @classmethod
-    def parse(cls, episodes: Optional[int], minutes: float) -> Deciding:
-        return cls(validate.decide_episodes(episodes, default=DECIDE_EPISODES), validate.decide_minutes(minutes))
+    def parse(cls, episodes: Optional[int], minutes: float, insure: float, return_range: Optional[str],
+              default: int = DECIDE_EPISODES) -> Deciding:
+        return cls(validate.decide_episodes(episodes, default=default), validate.decide_minutes(minutes),
+                   judging_of(insure, return_range))
 
     def note(self, episodes: int) -> str:
         """:func:`budget_note` for a title where deciding may play past ``episodes``, else ''."""
         return budget_note(self.episodes, self.seconds) if self.episodes > episodes else ""
+
+
+def judging_of(insure: float, return_range: Optional[str]) -> Judging:
+    """--insure and --return-range checked into a :class:`quarl.verdict.Judging`."""
+    from quarl.core.errors import QuarlError
+    from quarl.verdict.bounds import check_insure, parse_range
+
+    check_insure(insure)
+    if return_range is None:
+        return Judging(insure)
+    try:
+        return Judging(insure, parse_range(return_range))
+    except ValueError as exc:
+        raise QuarlError(str(exc)) from None
 
 
 def warm(workers: int) -> None:
@@ -67,15 +86,15 @@ def warm(workers: int) -> None:
         parallel.warm_up(workers)
 
 
-def recover_hint(rows: Sequence[Row], checkpoint: Path, recovered: bool) -> None:
-    """Where an int precision loses or is undecided, the command that repairs it."""
-    for row in rows:
-        label, verdict = str(row.get("precision", "")), str(row.get("verdict", "")).split(" ")[0]
-        if label not in ("int8", "int4") or recovered:
+def recover_hint(judged: Sequence[tuple[str, Verdict | None]], checkpoint: Path, recovered: bool) -> None:
+    """Where an int precision loses or is undecided (``judged``: each precision's verdict),
+    the command that repairs it."""
+    for label, verdict in judged:
+        if label not in ("int8", "int4") or recovered or verdict is None:
             continue
-        if verdict == "loses":
+        if verdict.verdict == Decision.LOSES:
             say(f"{label} loses: recover it with quarl recover {checkpoint} --precision {label}")
-        elif verdict == "undecided":  # more episodes may show it keeps: say both ways out
+        elif verdict.verdict == Decision.UNDECIDED:  # more episodes may show it keeps: say both ways out
             say(f"{label} undecided: play more episodes (a larger --decide-episodes / --decide-minutes), or recover it with "
                 f"quarl recover {checkpoint} --precision {label}")
 
@@ -94,6 +113,8 @@ def ptq(
     episodes: int,
     decide_episodes: Optional[int],
     decide_minutes: float,
+    insure: float,
+    return_range: Optional[str],
     sticky_actions: Optional[float],
     stochastic: Optional[bool],
     seed: int,
@@ -117,7 +138,7 @@ def ptq(
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     options = registry_options.quant_options(int8_weights, block_size)
     labels = registry_options.precisions(precisions, **options)
-    deciding = Deciding.parse(decide_episodes, decide_minutes)
+    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     warm(settings.workers)
@@ -131,7 +152,7 @@ def ptq(
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
     records = play_cells(ckpt.policy, spec, labels, settings, out, deciding, str(checkpoint), fixed, options)
-    report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide)
+    report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide, deciding.judging)
 
 
 def ptq_export(checkpoint: Path, ckpt: Checkpoint, spec: EnvSpec, settings: EvalSettings, out: Path, wide: bool,
@@ -181,20 +202,27 @@ def play_cells(policy: Policy, spec: EnvSpec, labels: list[str], settings: EvalS
             bar.update(tasks[cell], completed=n, total=max(n, bar.tasks[tasks[cell]].total or 0))
 
         return run_ptq(policy, spec, labels, settings, out, progress=on_episodes, source=source, fixed=fixed,
-                       decide_episodes=deciding.episodes, decide_seconds=deciding.seconds, **options)
+                       decide_episodes=deciding.episodes, decide_seconds=deciding.seconds, judging=deciding.judging,
+                       **options)
 
 
 def report_cells(records: list[CellRecord], title: str, episodes: int, out: Path, checkpoint: Path, recovered: bool,
-                 wide: bool) -> None:
-    """The table, what its E pairs, how to recover a losing int precision, the files written."""
-    from quarl.evaluation.reports import print_table, ptq_rows
+                 wide: bool, judging: Judging = Judging()) -> None:
+    """The table, what its E pairs and its verdicts insure, how to recover a losing int
+    precision, the files written."""
+    from quarl.evaluation.reports import paired_verdict, print_table, ptq_rows
     from quarl.ptq import episodes_played
 
-    rows = ptq_rows(records, identity=False)
+    rows = ptq_rows(records, identity=False, judging=judging)
     print_table(rows, title.replace("{played}", episodes_played(records, episodes)), out_console, wide)
     if len({r["episodes"] for r in rows}) > 1:  # deciding stopped some cells early: say what E pairs
         say("E of each row pairs its episodes with fp32's first ones of the same seeds (its episodes column); "
             "fp32's mean is over all of its own")
-    recover_hint(rows, checkpoint, recovered)
+    base = next((r for r in records if r.precision == "fp32"), None)
+    judged = [(r.precision, paired_verdict(base, r, judging)) for r in records if base is not None and r is not base]
+    ranges = [v.returns for _, v in judged if v is not None and v.returns is not None]
+    if ranges:
+        say(f"verdicts: each decision one-sided at 95 %; insured against {ranges[0].insures()} (the range column)")
+    recover_hint(judged, checkpoint, recovered)
     say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))

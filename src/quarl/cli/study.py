@@ -15,7 +15,7 @@ from quarl.cli.common import console, log, out_console, progress, setup, user_er
 from quarl.cli.groups import (agents_acting_options, common_options, deciding_options, int_mode_options,
                               loading_options, with_options)
 from quarl.cli.options import MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, WideOpt, WorkersOpt
-from quarl.cli.ptq import budget_note, warm
+from quarl.cli.ptq import budget_note, judging_of, warm
 
 DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
@@ -36,6 +36,8 @@ def demo(
     episodes: int = DemoEpisodesOpt,
     decide_episodes: Optional[int],
     decide_minutes: float,
+    insure: float,
+    return_range: Optional[str],
     workers: Optional[int] = WorkersOpt,
     sticky_actions: Optional[float],
     stochastic: Optional[bool],
@@ -60,6 +62,7 @@ def demo(
     validate.out_folder(out)
     decide_episodes = validate.decide_episodes(decide_episodes, default=DEMO_DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
+    judging = judging_of(insure, return_range)
 
     def say_training(where: Path) -> None:
         console.print(f"no zoo agents under {where}: training PPO on CartPole-v1 for {train_steps} steps")
@@ -72,7 +75,7 @@ def demo(
             return lambda c, n: bar.update(tasks[c], completed=n, total=max(n, bar.tasks[tasks[c]].total or 0))
 
         rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes, stochastic, sticky_actions,
-                        decide_seconds)
+                        decide_seconds, judging)
     budget = budget_note(decide_episodes, decide_seconds)
     print_table(rows, f"mean return over {episodes}+ episodes" + (f" ({budget} per agent)" if budget else "")
                 + " (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console, wide)
@@ -100,6 +103,8 @@ def study(
                              help="folder of study.sqlite, the table and the plot"),
     decide_episodes: Optional[int],
     decide_minutes: float,
+    insure: float,
+    return_range: Optional[str],
     sticky_actions: Optional[float],
     stochastic: Optional[bool],
     wide: bool = WideOpt,
@@ -129,9 +134,10 @@ def study(
     validate.check_workers(workers)  # before a Ray is asked for that many CPUs
     decide_episodes = validate.decide_episodes(decide_episodes, default=STUDY_DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
+    judging = judging_of(insure, return_range)
     config = StudyConfig(found, tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
                          int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,
-                         sticky_actions, decide_seconds)
+                         sticky_actions, decide_seconds, judging)
     with progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 
@@ -141,7 +147,7 @@ def study(
 
         records = run_study(config, on_cell)
         bar.update(task, completed=len(records))
-    rows = write_study_report(records, labels, out, len(seed_list))
+    rows = write_study_report(records, labels, out, len(seed_list), judging)
     budget = budget_note(decide_episodes, decide_seconds)
     print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)}+ seeds" + (f" ({budget})" if budget else "")
                 + " (E%: reward lost against fp32)", out_console, wide)

@@ -17,15 +17,15 @@ from rich.table import Table
 
 from quarl.core.atomic import write_all_atomic, write_atomic
 from quarl.core.table import Cell, Row
-from quarl.verdict import Verdict, games_of, judge, relative_error
+from quarl.verdict import Judging, Verdict, games_of, judge, relative_error
 
 __all__ = ["Cell", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "plot_verdicts", "save_figure"]
 
 
-def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any]) -> Verdict | None:
+def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Verdict | None:
     """The verdict of ``record`` against the fp32 record ``base``, paired by episode seed
-    (:mod:`quarl.verdict`); None where the episodes do not pair."""
+    (:mod:`quarl.verdict`), under ``judging``'s range; None where the episodes do not pair."""
     fp32, quant = base.get("returns"), record.get("returns")
     ends = base.get("endings"), record.get("endings")
     if fp32 and quant and len(fp32) > len(quant) and base.get("seed") == record.get("seed"):
@@ -39,29 +39,35 @@ def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any]) -> Verdic
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
     games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
     return judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
-                 env_id=record.get("env_id") or base.get("env_id"))
+                 env_id=record.get("env_id") or base.get("env_id"), returns=judging.return_range,
+                 insure=judging.insure)
 
 
-def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "") -> Row:
-    """``E%``, its 95 % interval (``E lo``, ``E hi``) and the verdict (keeps / loses /
-    undecided) of ``record`` against the fp32 record ``base`` (:func:`paired_verdict`).
+def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "",
+                    judging: Judging = Judging()) -> Row:
+    """``E%``, its 95 % interval (``E lo``, ``E hi``), the verdict (keeps / loses /
+    undecided) of ``record`` against the fp32 record ``base`` (:func:`paired_verdict`) and
+    the range of returns it assumed (``range``: :meth:`quarl.verdict.ReturnRange.label`).
     Empty for fp32 itself and where the episodes do not pair."""
     e = f"E_{prefix}" if prefix else "E"
     name = f"{prefix} verdict" if prefix else "verdict"
+    span = f"{prefix} range" if prefix else "range"
     if base is None or record is base:
-        return {f"{e}%": 0.0 if record is base else math.nan, f"{e} lo": "", f"{e} hi": "", name: ""}
-    v = paired_verdict(base, record)
+        return {f"{e}%": 0.0 if record is base else math.nan, f"{e} lo": "", f"{e} hi": "", name: "", span: ""}
+    v = paired_verdict(base, record, judging)
     if v is None:
-        return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: ""}
-    return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label()}
+        return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: "",
+                span: ""}
+    return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label(),
+            span: v.returns.label() if v.returns is not None else ""}
 
 
 IDENTITY = ("algo", "env_id", "checkpoint", "policy_sha256")
 """Columns that say whose a row is (files carry them, so concatenated runs stay apart)."""
 
 
-def ptq_rows(records: Sequence[Mapping[str, Any]], identity: bool = True) -> list[Row]:
-    """``precision | mean | std | E% | E lo | E hi | verdict`` rows; E against the fp32
+def ptq_rows(records: Sequence[Mapping[str, Any]], identity: bool = True, judging: Judging = Judging()) -> list[Row]:
+    """``precision | mean | std | E% | E lo | E hi | verdict | range`` rows; E against the fp32
     record, its interval paired by episode seed; then :data:`IDENTITY` (``identity=False``
     leaves it out: the terminal's title says it)."""
     base = next((r for r in records if r["precision"] == "fp32"), None)
@@ -73,7 +79,7 @@ def ptq_rows(records: Sequence[Mapping[str, Any]], identity: bool = True) -> lis
                 "precision": r["precision"],
                 "mean": round(r["mean"], 2),
                 "std": round(r["std"], 2),
-                **verdict_columns(base, r),
+                **verdict_columns(base, r, judging=judging),
                 "episodes": r["episodes"],
                 "steps_per_s": round(r.get("steps_per_s", math.nan), 1),
                 **(quant_columns(r) if with_modes else {}),
@@ -122,7 +128,8 @@ def mode_summary(records: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precisions: Sequence[str]) -> list[Row]:
+def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precisions: Sequence[str],
+                judging: Judging = Judging()) -> list[Row]:
     """The paper's layout: one row per policy, ``fp32 fp16 E_fp16 int8 E_int8 ...``, each
     E with its 95 % interval and verdict (paired by episode seed where the records carry
     ``returns``)."""
@@ -136,7 +143,7 @@ def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precision
                 continue
             row[p] = round(by_precision[p]["mean"], 2)
             if p != "fp32" and base is not None:
-                row.update(verdict_columns(base, by_precision[p], p))
+                row.update(verdict_columns(base, by_precision[p], p, judging))
         rows.append(row)
     return rows
 
@@ -253,7 +260,8 @@ def save_figure(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str) -> Path:
+def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str,
+                  judging: Judging = Judging()) -> Path:
     """E% with its 95 % interval (paired by seed) for every policy and precision against
     fp32, the 5 % tolerance as a band: what the tables' verdict columns say, at a glance.
     One row of points per policy; each precision its own marker."""
@@ -274,7 +282,7 @@ def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: P
             by = {r["precision"]: r for r in per_policy[name]}
             if precision not in by or "fp32" not in by:
                 continue
-            v = paired_verdict(by["fp32"], by[precision])
+            v = paired_verdict(by["fp32"], by[precision], judging)
             if v is None:
                 continue
             e = round(v.e, 2)  # as the tables print it

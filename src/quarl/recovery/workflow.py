@@ -29,12 +29,13 @@ from quarl.recovery.dagger import _acting
 from quarl.recovery.dagger import _agreement
 from quarl.recovery.folder import _zoo_paths
 from quarl.recovery.dagger import distill
-from quarl.recovery.folder import find_recovery
+from quarl.recovery.folder import check_out_folders, find_recovery
 from quarl.recovery.folder import load_recovered
 from quarl.recovery.dagger import pick_spec
-from quarl.recovery.dagger import read_state
+from quarl.recovery.dagger import STATE_CAP, read_state, state_cap
 from quarl.recovery.folder import write_recovered
 from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, StageReport
+from quarl.verdict import Judging
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
@@ -46,19 +47,20 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                 settings: EvalSettings | None = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
                 trust_pickle: bool = False, wait: bool = False, decide_episodes: int = 0,
-                decide_seconds: float | None = None) -> tuple[RecoveryJson, list[CellRecord]]:
+                decide_seconds: float | None = None, judging: Judging = Judging()) -> tuple[RecoveryJson, list[CellRecord]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
     given ``settings`` (:class:`quarl.evaluation.cells.EvalSettings`), judge it as ``quarl ptq OUT``
     does: the original fp32 policy against the recovered kernel on the evaluation seeds
     (``OUT/verdict/``), playing on while undecided up to ``decide_episodes`` /
-    ``decide_seconds`` (:func:`quarl.ptq.decide`). A finished recovery of the same policy and options in ``OUT`` is
+    ``decide_seconds`` (:func:`quarl.ptq.decide`), its verdicts judged under ``judging``. A finished recovery of the same policy and options in ``OUT`` is
     reused as it is; ``wait``: wait for another run holding ``OUT`` instead of refusing.
     Returns (recovery.json, the verdict's records)."""
     from quarl.evaluation.cells import output_lock
     from quarl.ptq import run_ptq
 
-    preflight(checkpoint, out)
+    preflight(checkpoint, out, policy, config)
+    check_out_folders(out, checkpoint, env_spec)  # a link there would have recover write (and remove) elsewhere
     with output_lock(out, wait=wait):
         record = finished_record(out, policy, config, env_spec)
         if record is None:
@@ -75,26 +77,30 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
         records = run_ptq(recovered.original, env_spec, [recovered.precision], settings, out / "verdict",
                           progress=episode_progress, source=str(out),
                           fixed={"fp32": recovered.original, recovered.precision: recovered.kernel},
-                          decide_episodes=decide_episodes, decide_seconds=decide_seconds)
+                          decide_episodes=decide_episodes, decide_seconds=decide_seconds, judging=judging)
     return record, records
 
 
-def preflight(checkpoint: Path, out: Path) -> None:
+def preflight(checkpoint: Path, out: Path, policy: Policy | None = None, config: RecoverConfig | None = None) -> None:
     """Refuse, before any work, what recovery would refuse later: a checkpoint that is not
-    a zip or zoo folder, a recovered folder as the policy, an unreadable state in ``out``."""
+    a zip or zoo folder, a recovered folder as the policy, an unreadable state in ``out``
+    (bounded by what a state of ``policy`` under ``config`` holds, where given)."""
     _zoo_paths(checkpoint)
     if find_recovery(checkpoint) is not None:
         raise QuarlError(f"{checkpoint} is itself a recovered folder: recover its original policy (ENV/{ORIGINAL_ZIP}"
                          " records it)")
     state = out / ".recover" / STATE_FILE
     if state.exists() or state.is_symlink():
-        read_state(state)
+        read_state(state, state_cap(policy, config or RecoverConfig()) if policy is not None else STATE_CAP)
 
 
 def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: EnvSpec) -> RecoveryJson | None:
     """``OUT``'s recovery.json where it records a finished recovery of this very policy
     (content hash), env and options whose files are all intact, else None (a folder whose
-    files differ from its manifest is said in one line, then written again)."""
+    files differ from its manifest is said in one line, then written again). What the
+    record claims of the original is checked, not trusted: its original.zip, loaded with
+    the folder's zoo files, must be this policy (a folder whose original is another policy
+    claiming this one's hash would make the verdict's fp32 row that other policy's)."""
     for path in sorted(out.glob(f"*/{RECOVERY_FILE}")):
         try:
             recovered = load_recovered(path.parent.parent / f"{path.parent.name}.zip")
@@ -105,7 +111,13 @@ def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: 
         if recovered is None:
             return None
         record = recovered.record
-        same = (record.get("original", {}).get("policy_sha256") == policy.fingerprint()
+        fingerprint = policy.fingerprint()
+        if record.get("original", {}).get("policy_sha256") == fingerprint != recovered.original.fingerprint():
+            log.warning("%s holds another policy than its %s says (its content hash differs): recovering again",
+                        path.parent / ORIGINAL_ZIP, RECOVERY_FILE)
+            return None
+        same = (record.get("original", {}).get("policy_sha256") == fingerprint
+                and recovered.original.fingerprint() == fingerprint
                 and record.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
                 and record.get("env") == env_spec.to_json())
         return record if same else None

@@ -26,6 +26,7 @@ from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import acting, protocol
 from quarl.quant.config import QuantConfig
 from quarl.study.store import StudyRecord, StudyStore
+from quarl.verdict import Judging
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class StudyConfig:
     agents play as they are."""
     decide_seconds: float | None = None
     """No new round of deciding seeds starts this many seconds after the first (None: no limit)."""
+    judging: Judging = Judging()
+    """The range the verdicts assume (``--insure``, ``--return-range``)."""
 
     def __post_init__(self) -> None:
         if not self.checkpoints:
@@ -280,8 +283,9 @@ def _run_cells(store: StudyStore, wanted: list[StudyCell], config: StudyConfig,
 def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecord], config: StudyConfig,
             on_cell: OnCell | None) -> list[StudyRecord]:
     """Verdicts that decide: while an (agent, precision) verdict is undecided and its cells
-    hold fewer than ``config.decide_episodes`` episodes, it and its agent's fp32 play as many
-    seeds again (the next seed numbers; stored cells, reused by a rerun). Decided ones stop;
+    hold fewer than ``config.decide_episodes`` episodes, it and its agent's fp32 play one seed
+    more (the next seed number, ``config.episodes`` episodes; stored cells, reused by a
+    rerun), and the verdicts are looked at again. Decided ones stop;
     a verdict pairs a precision's episodes with fp32's first ones, seed by seed."""
     from quarl.study.report import _labels, study_table
 
@@ -294,15 +298,15 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecor
         counts: dict[tuple[str, str], int] = {}
         for r in records:
             counts[(r.checkpoint, r.precision)] = counts.get((r.checkpoint, r.precision), 0) + 1
-        undecided = {(by_label[str(row["policy"])], p) for row in study_table(records, precisions) for p in precisions
-                     if str(row.get(f"{p} verdict", "")).startswith("undecided")
+        undecided = {(by_label[str(row["policy"])], p) for row in study_table(records, precisions, config.judging)
+                     for p in precisions if str(row.get(f"{p} verdict", "")).startswith("undecided")
                      and counts.get((by_label[str(row["policy"])], p)) == len(seeds)}
         if not undecided:
             break
         if deadline is not None and time.monotonic() > deadline:
             log.warning("%d verdicts undecided after %d seeds: the time budget is spent", len(undecided), len(seeds))
             break
-        more = min(len(seeds), (config.decide_episodes - len(seeds) * config.episodes) // config.episodes)
+        more = min(1, (config.decide_episodes - len(seeds) * config.episodes) // config.episodes)
         if more < 1:
             break
         new_seeds = tuple(range(max(seeds) + 1, max(seeds) + 1 + more))

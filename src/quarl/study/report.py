@@ -10,6 +10,7 @@ import numpy as np
 
 from quarl.core.table import Row
 from quarl.evaluation.reports import layer_indices, paper_table, relative_error, save_figure
+from quarl.verdict import Judging
 
 
 def _labels(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -42,7 +43,8 @@ def _returns_by_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[s
             for policy, by_precision in cells.items()}
 
 
-def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str]) -> list[Row]:
+def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str],
+                judging: Judging = Judging()) -> list[Row]:
     """The paper's layout (``policy fp32 fp16 E_fp16 int8 E_int8 ...``), each return the
     mean over evaluation seeds, plus the number of seeds."""
     grouped = _by_policy(records)
@@ -51,7 +53,7 @@ def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str])
                             "returns": episodes[policy][p]}
                            for p, seeds in by_precision.items()]
                   for policy, by_precision in grouped.items()}
-    rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])))
+    rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])), judging)
     labels = _labels(records)
     modes: dict[str, dict[str, str]] = defaultdict(dict)
     costs: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))

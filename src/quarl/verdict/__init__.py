@@ -12,13 +12,22 @@ Ramdas 2023, betting on bounded returns), so
   and until enough clean episodes exclude a failure rate that would cost 5 %, the verdict
   stays undecided.
 
-The verdict against the tolerance (5 %):
+The verdict against the tolerance (5 %), each side its own one-sided test at 95 %
+(:func:`quarl.verdict.betting.decisions`: a wrong *keeps* needs E >= 5 %, a wrong *loses*
+E <= 5 %, so at most one of them can be wrong and a decided verdict is wrong at most 5 % of
+the time, at every look):
 
-- **keeps**: the whole interval lies below it: with 95 % confidence (each end 97.5 %) the
+- **keeps**: E's one-sided 95 % upper bound lies below it: with 95 % confidence the
   quantized policy loses less than 5 % of fp32's return;
-- **loses**: the whole interval lies above it;
-- **undecided**: it straddles the line; :attr:`Verdict.episodes_to_decide` says how many
-  episodes in all would decide if the next ones look like those played.
+- **loses**: E's one-sided 95 % lower bound lies above it;
+- **undecided**: neither; :attr:`Verdict.episodes_to_decide` says how many episodes in all
+  would decide if the next ones look like those played.
+
+The interval shown (``low``, ``high``) is two-sided 95 % (each end 97.5 %), so a *keeps* may
+show a ``high`` a little above 5 %; :attr:`Verdict.bound` is the one-sided bound it decided on.
+Every verdict carries the range of returns it assumed and what that insures against
+(:mod:`quarl.verdict.bounds`: the env's own range where it defines one, else insured against
+an unseen failure of ``--insure`` mean returns).
 
 Its error rates are measured, not assumed: :mod:`quarl.verdict.coverage` resamples pools
 of real paired returns (``tests/data/return_pools``) and counts how often the interval
@@ -35,21 +44,54 @@ game: copies add no confidence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable
 
 import numpy as np
 
-from quarl.verdict.betting import e_bounds, rejects
-from quarl.verdict.bounds import ENV_RETURN_BOUNDS, ReturnRange, parse_range, return_range
+from quarl.verdict.betting import decisions, e_bounds, one_sided_bound
+from quarl.verdict.bounds import (DEFAULT_INSURE, ENV_RETURN_BOUNDS, ReturnRange, ReturnsOutsideRange, check_insure,
+                                  parse_range, return_range)
 
-__all__ = ["TOLERANCE", "CONFIDENCE", "Verdict", "games_of", "relative_error", "interval", "judge", "Sequential",
-           "sequential_keeps", "sequential_at_least", "ReturnRange", "ENV_RETURN_BOUNDS", "parse_range",
-           "return_range", "episodes_to_decide"]
+__all__ = ["TOLERANCE", "CONFIDENCE", "Decision", "Judging", "Verdict", "games_of", "relative_error", "interval",
+           "judge", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange",
+           "ENV_RETURN_BOUNDS", "DEFAULT_INSURE", "parse_range", "return_range", "episodes_to_decide", "CHUNK"]
 
 TOLERANCE = 5.0
 """Percent of fp32's return a quantized policy may lose and still keep it."""
 CONFIDENCE = 0.95
+"""The two-sided interval's confidence; each decision is one-sided at this confidence."""
+CHUNK = 10
+"""Episodes between two looks when playing on until a verdict decides (``ptq``, ``study``,
+``demo``, ``recover``): the confidence sequence may be looked at after every episode, and a
+look every 10 decides a clean sample about 30 % sooner than doubling the episodes."""
+
+
+class Decision(str, Enum):
+    """What a verdict says (a ``str``: compares equal to its word)."""
+
+    KEEPS = "keeps"
+    LOSES = "loses"
+    UNDECIDED = "undecided"
+    NA = "n/a"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How verdicts are judged (``--insure``, ``--return-range``): the range of returns
+    they assume where the env defines none (:mod:`quarl.verdict.bounds`)."""
+
+    insure: float = DEFAULT_INSURE
+    """Mean returns an unseen failure may cost beyond the worst paired loss seen."""
+    return_range: tuple[float, float] | None = None
+    """Every return lies in ``[lo, hi]`` (the user says so); None: the env's, else insured."""
+
+    def __post_init__(self) -> None:
+        check_insure(self.insure)
 
 MORE_EPISODES_SHOWN = 10
 """An undecided label gives its estimate of the episodes needed only up to this many times
@@ -68,8 +110,8 @@ class Verdict:
     low: float
     high: float
     episodes: int
-    verdict: str
-    """``keeps``, ``loses``, ``undecided`` or ``n/a`` (fp32's mean return is 0: no relative error)."""
+    verdict: Decision
+    """keeps, loses, undecided or n/a (fp32's mean return is 0: no relative error)."""
     episodes_to_decide: int | None = None
     """For ``undecided``: about how many paired episodes in all would decide (None otherwise,
     or where no number of episodes like these would)."""
@@ -77,14 +119,21 @@ class Verdict:
     """Distinct games among the episodes (replays counted once); None: not known."""
     returns: ReturnRange | None = None
     """The range of returns the interval assumed (:mod:`quarl.verdict.bounds`)."""
+    bound: float = field(default=math.nan)
+    """The one-sided 95 % bound the decision rests on: the upper one for *keeps* (and for
+    *undecided* where E is below the tolerance), the lower one for *loses* (and above it)."""
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict in (Decision.KEEPS, Decision.LOSES)
 
     def label(self) -> str:
         """``keeps``, ``loses``, ``undecided (~N more episodes)`` (or ``undecided after N
         episodes (E near 5 %)`` where no estimate within :data:`MORE_EPISODES_SHOWN` times
         the episodes played exists); ``, G distinct games`` where the episodes replay fewer
         games than there are episodes."""
-        label = self.verdict
-        if self.verdict == "undecided":
+        label = self.verdict.value
+        if self.verdict == Decision.UNDECIDED:
             need = self.episodes_to_decide
             more = None if need is None else max(need - self.episodes, 1)
             # a short sample can ask for many times its size (it has not yet excluded a failure);
@@ -150,35 +199,31 @@ def _paired(fp32: np.ndarray, quant: np.ndarray, games: np.ndarray | None) -> tu
 
 
 def interval(fp32: np.ndarray, quant: np.ndarray, confidence: float = CONFIDENCE, games: np.ndarray | None = None,
-             env_id: str | None = None, returns: tuple[float, float] | None = None) -> tuple[float, float, float]:
+             env_id: str | None = None, returns: tuple[float, float] | None = None,
+             insure: float = DEFAULT_INSURE) -> tuple[float, float, float]:
     """(E, low, high) in percent from paired per-episode returns (index i: the same seed,
-    in the order played): the confidence sequence of :mod:`quarl.verdict.betting` with the
-    return range of :func:`quarl.verdict.bounds.return_range` (``returns``: a given one).
-    Deterministic. fp32 returns averaging 0 give NaNs; ends beyond +-1000 % are infinite.
-    ``games`` (a game index per episode, :func:`games_of`): one pair per game."""
-    e, low, high, _ = _interval(fp32, quant, confidence, games, env_id, returns)
+    in the order played): the two-sided confidence sequence of :mod:`quarl.verdict.betting`
+    with the return range of :func:`quarl.verdict.bounds.return_range` (``returns``: a given
+    one). Deterministic. fp32 returns averaging 0 give NaNs; ends beyond +-1000 % are
+    infinite. ``games`` (a game index per episode, :func:`games_of`): one pair per game."""
+    e, low, high, _ = _interval(fp32, quant, confidence, games, env_id, returns, insure)
     return e, low, high
 
 
 def _interval(fp32: np.ndarray, quant: np.ndarray, confidence: float, games: np.ndarray | None,
-              env_id: str | None, returns: tuple[float, float] | None
+              env_id: str | None, returns: tuple[float, float] | None, insure: float
               ) -> tuple[float, float, float, ReturnRange]:
     f, q = _paired(fp32, quant, games)
     e = relative_error(float(np.mean(np.asarray(fp32, np.float64))), float(np.mean(np.asarray(quant, np.float64))))
-    bounds = return_range(f, q, env_id, returns)
+    bounds = return_range(f, q, env_id, returns, insure)
     if not math.isfinite(e):
         return math.nan, math.nan, math.nan, bounds
     low, high = e_bounds(f[None], q[None], bounds.as_tuple(), confidence)
     return e, float(low[0]), float(high[0]), bounds
 
 
-def _decides(f: np.ndarray, q: np.ndarray, bounds: ReturnRange, tolerance: float, confidence: float) -> bool:
-    sign = np.sign(np.atleast_1d(f.mean()))
-    alpha = (1 - confidence) / 2
-    b = tuple(np.array([v]) for v in bounds.as_tuple())
-    per_row = (b[0], b[1], b[2], b[3])
-    return bool(rejects(f[None], q[None], np.array([tolerance]), sign, per_row, alpha, below=True)[0]
-                or rejects(f[None], q[None], np.array([tolerance]), sign, per_row, alpha, below=False)[0])
+def _decision(f: np.ndarray, q: np.ndarray, bounds: ReturnRange, tolerance: float, confidence: float) -> int:
+    return int(decisions(f[None], q[None], tolerance, bounds.as_tuple(), 1 - confidence)[0])
 
 
 def episodes_to_decide(fp32: np.ndarray, quant: np.ndarray, bounds: ReturnRange, tolerance: float = TOLERANCE,
@@ -189,13 +234,13 @@ def episodes_to_decide(fp32: np.ndarray, quant: np.ndarray, bounds: ReturnRange,
     f, q = np.asarray(fp32, np.float64), np.asarray(quant, np.float64)
     n = len(f)
     low, high = n, max(2 * n, 8)
-    while not _decides(np.resize(f, high), np.resize(q, high), bounds, tolerance, confidence):
+    while not _decision(np.resize(f, high), np.resize(q, high), bounds, tolerance, confidence):
         if high >= PROJECTION_CAP:
             return None
         low, high = high, min(2 * high, PROJECTION_CAP)
     while high - low > max(1, low // 50):  # to 2 %: an estimate, not a promise
         mid = (low + high) // 2
-        if _decides(np.resize(f, mid), np.resize(q, mid), bounds, tolerance, confidence):
+        if _decision(np.resize(f, mid), np.resize(q, mid), bounds, tolerance, confidence):
             high = mid
         else:
             low = mid
@@ -204,25 +249,32 @@ def episodes_to_decide(fp32: np.ndarray, quant: np.ndarray, bounds: ReturnRange,
 
 def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE, confidence: float = CONFIDENCE,
           games: np.ndarray | None = None, env_id: str | None = None,
-          returns: tuple[float, float] | None = None) -> Verdict:
+          returns: tuple[float, float] | None = None, insure: float = DEFAULT_INSURE) -> Verdict:
     """The verdict on paired per-episode returns in the order played (see the module
-    docstring); ``games``: a game index per episode (:func:`games_of`), so replays count
-    once; ``env_id``: the env, for its defined return range; ``returns``: a range given by
-    the user (``--return-range``)."""
-    e, low, high, bounds = _interval(fp32, quant, confidence, games, env_id, returns)
+    docstring): ``fp32`` the reference's, ``quant`` the candidate's; ``games``: a game index
+    per episode (:func:`games_of`), so replays count once; ``env_id``: the env, for its
+    defined return range; ``returns``: a range given by the user (``--return-range``; a
+    return outside it raises :class:`ReturnsOutsideRange`); ``insure``: mean returns an
+    unseen failure may cost where the env defines no range (``--insure``)."""
+    check_insure(insure)
+    e, low, high, bounds = _interval(fp32, quant, confidence, games, env_id, returns, insure)
     n = len(fp32)
     k = None if games is None else len(np.unique(games))
     if not math.isfinite(e):
-        return Verdict(e, low, high, n, "n/a", games=k, returns=bounds)
-    if high < tolerance:
-        return Verdict(e, low, high, n, "keeps", games=k, returns=bounds)
-    if low > tolerance:
-        return Verdict(e, low, high, n, "loses", games=k, returns=bounds)
+        return Verdict(e, low, high, n, Decision.NA, games=k, returns=bounds)
     f, q = _paired(fp32, quant, games)
+    upper = e < tolerance  # the side a decision is nearest to
+    bound = float(one_sided_bound(f[None], q[None], bounds.as_tuple(), 1 - confidence, upper)[0])
+    decided = _decision(f, q, bounds, tolerance, confidence)
+    if decided:
+        outcome = Decision.KEEPS if decided > 0 else Decision.LOSES
+        if (outcome == Decision.KEEPS) != upper:  # E's point sits on the other side: report the bound decided on
+            bound = float(one_sided_bound(f[None], q[None], bounds.as_tuple(), 1 - confidence, not upper)[0])
+        return Verdict(e, low, high, n, outcome, games=k, returns=bounds, bound=bound)
     need = episodes_to_decide(f, q, bounds, tolerance, confidence)
     if need is not None and k is not None and k < n:
         need = int(math.ceil(need * n / k))  # new episodes bring new games at the rate seen so far
-    return Verdict(e, low, high, n, "undecided", need, games=k, returns=bounds)
+    return Verdict(e, low, high, n, Decision.UNDECIDED, need, games=k, returns=bounds, bound=bound)
 
 
 @dataclass(frozen=True)
@@ -233,43 +285,57 @@ class Sequential:
     verdict: Verdict
     episodes: int
     """Paired episodes played by each policy."""
+    estimate: bool = False
+    """``kept`` rests on the point estimate, not on a decided verdict (the cap came first)."""
+
+    def label(self) -> str:
+        """``keeps`` / ``loses`` where the verdict decided; ``estimate: E 1.2 % <= 5 %
+        (undecided ...)`` where the point estimate chose: never ``keeps`` without a verdict."""
+        if not self.estimate:
+            return self.verdict.label()
+        side = "<=" if self.kept else ">"
+        return f"estimate: E {self.verdict.e:.1f} % {side} {TOLERANCE:g} % ({self.verdict.label()})"
 
 
 def _sequence(play_a: Callable[[int], np.ndarray], play_b: Callable[[int], np.ndarray], first: int, cap: int,
-              tolerance: float, env_id: str | None) -> tuple[Verdict, int]:
-    n = first
+              tolerance: float, env_id: str | None, judging: Judging) -> tuple[Verdict, int]:
+    """Looks after ``first`` episodes, then after every ``first`` more (the confidence
+    sequence may be looked at as often as wished), up to ``cap``."""
+    n = min(first, cap)
     while True:
-        verdict = judge(play_a(n), play_b(n), tolerance, env_id=env_id)
-        if verdict.verdict in ("keeps", "loses", "n/a") or n >= cap:
+        verdict = judge(play_a(n), play_b(n), tolerance, env_id=env_id, returns=judging.return_range,
+                        insure=judging.insure)
+        if verdict.verdict != Decision.UNDECIDED or n >= cap:
             return verdict, n
-        n = min(2 * n, cap)
+        n = min(n + first, cap)
 
 
 def sequential_keeps(play_fp32: Callable[[int], np.ndarray], play_quant: Callable[[int], np.ndarray],
                      first: int = 4, cap: int = 16, tolerance: float = TOLERANCE, env_id: str | None = None,
-                     strict: bool = False) -> Sequential:
+                     strict: bool = False, judging: Judging = Judging()) -> Sequential:
     """A paired sequential test: ``play_X(n)`` returns the first ``n`` per-episode returns
     of a policy on calibration seeds (the same seeds for both). Plays ``first`` episodes,
-    then doubles them while the verdict is undecided, up to ``cap``; the confidence
-    sequence stays valid over the looks. A keep or a loss stops at once. Still undecided at
-    the cap: ``strict`` says not kept; otherwise the point estimate decides (``E <=
-    tolerance``), a choice between candidates rather than a claim."""
-    verdict, n = _sequence(play_fp32, play_quant, first, cap, tolerance, env_id)
-    if verdict.verdict == "n/a":  # fp32 averages 0: compare absolute returns instead
-        kept = float(np.mean(play_quant(n))) >= float(np.mean(play_fp32(n)))
-    else:
-        kept = verdict.verdict == "keeps" or (
-            not strict and verdict.verdict == "undecided" and verdict.e <= tolerance)
-    return Sequential(kept, verdict, n)
+    then ``first`` more at a time while the verdict is undecided, up to ``cap``; the
+    confidence sequence stays valid over the looks. A keep or a loss stops at once. Still
+    undecided at the cap: ``strict`` says not kept; otherwise the point estimate decides
+    (``E <= tolerance``), a choice between candidates rather than a claim, and the outcome
+    says so (:attr:`Sequential.estimate`, its label ``estimate: ...``, never ``keeps``)."""
+    verdict, n = _sequence(play_fp32, play_quant, first, cap, tolerance, env_id, judging)
+    if verdict.verdict == Decision.NA:  # fp32 averages 0: compare absolute returns instead
+        return Sequential(float(np.mean(play_quant(n))) >= float(np.mean(play_fp32(n))), verdict, n, estimate=True)
+    if verdict.verdict == Decision.UNDECIDED and not strict:
+        return Sequential(verdict.e <= tolerance, verdict, n, estimate=True)
+    return Sequential(verdict.verdict == Decision.KEEPS, verdict, n)
 
 
 def sequential_at_least(play_incumbent: Callable[[int], np.ndarray], play_challenger: Callable[[int], np.ndarray],
-                        first: int = 8, cap: int = 64, env_id: str | None = None) -> Sequential:
+                        first: int = 8, cap: int = 64, env_id: str | None = None,
+                        judging: Judging = Judging()) -> Sequential:
     """Does the challenger play at least as well as the incumbent? A paired sequential test
     of the challenger's E against the incumbent at tolerance 0: ``kept`` only where the
-    confidence sequence says the challenger scores more (E's whole interval below 0), or
-    where both play the same return on every episode (nothing to choose). Anything short of
-    that keeps the incumbent: a repair never ships what it could not show is no worse."""
-    verdict, n = _sequence(play_incumbent, play_challenger, first, cap, 0.0, env_id)
+    confidence sequence says the challenger scores more (E below 0, one-sided), or where both
+    play the same return on every episode (nothing to choose). Anything short of that keeps
+    the incumbent: a repair never ships what it could not show is no worse."""
+    verdict, n = _sequence(play_incumbent, play_challenger, first, cap, 0.0, env_id, judging)
     tied = bool(np.array_equal(play_incumbent(n), play_challenger(n)))
-    return Sequential(verdict.verdict == "keeps" or tied, verdict, n)
+    return Sequential(verdict.verdict == Decision.KEEPS or tied, verdict, n)
