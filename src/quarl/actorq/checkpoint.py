@@ -143,18 +143,36 @@ def _restore_replay(path: Path, stored: ReplayState, counts: object, replay: Sto
     limiter.inserts, limiter.samples = counts
 
 
-def _load_blob(path: Path) -> dict[str, Any]:
-    """The checkpoint's dict of plain tensors and numbers (its size bounded first)."""
+def checkpoint_cap(learner: Learner, replay: Store) -> int:
+    """Bytes this run's checkpoint may hold: its learner's tensors three times over (the
+    networks, and Adam's two moments per parameter once it has stepped), its replay full
+    (every row's fields at 8 bytes a value and the priorities' sum tree), and room for the
+    rest. torch.save stores records unpacked, so a real checkpoint is about this size."""
+    from torch import nn
+
+    from quarl.core.limits import ENTRY_FLOOR
+
+    def tensor_bytes(value: object) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        return sum(tensor_bytes(item) for item in items)
+
+    linear = [m for m in learner.policy_network().modules() if isinstance(m, nn.Linear)]
+    obs_dim, act_dim = (linear[0].in_features, linear[-1].out_features) if linear else (0, 0)
+    row = 8 * (2 * obs_dim + act_dim + 4) + 32
+    return 3 * tensor_bytes(learner.state_dict()) + int(getattr(replay, "capacity", 0)) * row + ENTRY_FLOOR
+
+
+def _load_blob(path: Path, cap: int) -> dict[str, Any]:
+    """The checkpoint's dict of plain tensors and numbers, refused unread past ``cap`` bytes
+    (:func:`checkpoint_cap`)."""
     if not path.exists():
         raise QuarlError(f"nothing to resume: {path} does not exist")
-    from quarl.core.limits import check_file_size, model_file_cap
+    from quarl.core.limits import load_torch
 
-    check_file_size(path, 2 * model_file_cap(), "an ActorQ checkpoint")  # the learner's weights and its replay
-    try:  # tensors, numbers and strings only: nothing in the file can run code
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a foreign or crafted file
-        raise QuarlError(f"{path} is not an ActorQ checkpoint of plain tensors ({exc.__class__.__name__}): refused") \
-            from None
+    blob = load_torch(path, cap, "this run's ActorQ checkpoint",
+                      unreadable=lambda error: f"{path} is not an ActorQ checkpoint of plain tensors ({error}): refused")
     if not isinstance(blob, dict):
         raise QuarlError(f"{path} is not an ActorQ checkpoint: start afresh (no --resume)")
     return blob
@@ -180,7 +198,7 @@ def _restore_learner(path: Path, saved: LearnerState | None, learner: Learner) -
 def restore(path: Path, learner: Learner, replay: Store, limiter: Limiter, config: ActorQConfig) -> RunState:
     """Load ``path`` into the learner, replay and limiter; returns the run's counters (its
     time to reward forgotten: a resumed run measures it anew)."""
-    blob = _load_blob(path)
+    blob = _load_blob(path, checkpoint_cap(learner, replay))
     _check_resumed_config(path, blob.get("config"), config)
     _restore_learner(path, blob.get("learner"), learner)
     state = check_state(path, blob.get("state"))

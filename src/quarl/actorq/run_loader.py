@@ -11,14 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import gymnasium as gym
-import torch
 from torch import nn
 
 from quarl.actorq.algorithms import get_algorithm
 from quarl.actorq.summary import ActorQRunConfig, ActorQRunRecord, read_summary_json
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_record
-from quarl.core.limits import check_file_size, check_tensors, model_file_cap
+from quarl.core.limits import check_tensors, load_torch, torch_file_cap
 from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.policies.base import Policy, check_outputs
 from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
@@ -47,11 +46,8 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
 
     config = read_run_config(path / SUMMARY_FILE)
     algo, env_id = config.algo, config.env_id
-    check_file_size(path / POLICY_FILE, model_file_cap(), "an ActorQ policy")
-    try:
-        sd = torch.load(path / POLICY_FILE, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad or unsafe file
-        raise QuarlError(f"{path / POLICY_FILE} cannot be read as plain tensors ({exc.__class__.__name__})") from None
+    sd = load_torch(path / POLICY_FILE, torch_file_cap(), "an ActorQ policy",
+                    unreadable=lambda error: f"{path / POLICY_FILE} cannot be read as plain tensors ({error})")
     if not isinstance(sd, dict):
         raise QuarlError(f"{path / POLICY_FILE} holds a {type(sd).__name__}, not a state dict of tensors")
     check_tensors(sd, str(path / POLICY_FILE))

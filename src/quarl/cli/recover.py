@@ -99,14 +99,14 @@ def recover(
                            q_loss=q_loss.lower(), **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
     deciding = Deciding.parse(decide_episodes, decide_minutes)
-    ckpt, spec, out = policy_and_folder(checkpoint, env, trust_pickle, out, precision)
+    ckpt, spec, out = policy_and_folder(checkpoint, env, trust_pickle, out, precision, config)
     record, records = distil_and_judge(checkpoint, ckpt.policy, spec, config, out, settings, deciding, trust_pickle)
     print_verdict(record, records, f"{ckpt.algo} {spec.env_id}", episodes, deciding)
     print_recovery(record, out)
 
 
 def policy_and_folder(checkpoint: Path, env: Optional[str], trust_pickle: bool, out: Optional[Path],
-                      precision: str) -> tuple[Checkpoint, EnvSpec, Path]:
+                      precision: str, config: RecoverConfig) -> tuple[Checkpoint, EnvSpec, Path]:
     """The checkpoint loaded (an exported model refused) and the folder its recovery writes
     (--out, else results/recover/...), refused in one line before any progress bar where
     recovery would refuse it later."""
@@ -118,7 +118,7 @@ def policy_and_folder(checkpoint: Path, env: Optional[str], trust_pickle: bool, 
     ckpt, spec = load(checkpoint, env, trust_pickle)
     folder = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.precision_folder(
         "recover", checkpoint, spec.env_id, precision)
-    preflight(checkpoint, folder)  # one line before any progress bar
+    preflight(checkpoint, folder, ckpt.policy, config)  # one line before any progress bar
     return ckpt, spec, folder
 
 

@@ -12,7 +12,11 @@ memory quarl takes. Every check runs before the memory is taken and fails with o
   kilobytes long in practice get a cap of a megabyte or so, model files
   :func:`model_file_cap`;
 - a network described by sizes (``--policy-layers``, ``net_arch``) is priced before it is
-  built (:func:`check_layer_sizes`).
+  built (:func:`check_layer_sizes`);
+- a zip's central directory is bounded before zipfile reads it (:func:`zip_directory`: an
+  object per entry), and a torch file (torch.save's zip) is loaded only through
+  :func:`load_torch`, which adds up what its records inflate to before ``torch.load``: a
+  1 MB file whose one DEFLATE record inflates to 1.2 GB is refused unread.
 
 ``QUARL_MAX_PARAMETERS`` raises the parameter cap for a policy that really is that big.
 """
@@ -25,7 +29,7 @@ import struct
 import zipfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Iterable, Mapping
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 import torch
 
@@ -159,11 +163,16 @@ def read_capped(path: Path, cap: int, what: str, within: Path | None = None) -> 
 
 def open_zip(path: Path, what: str, within: Path | None = None) -> zipfile.ZipFile:
     """A zip archive read from regular file ``path`` (never a pipe), refused in one line
-    when it is not a zip or larger than :func:`model_file_cap`."""
+    when it is not a zip, larger than :func:`model_file_cap` or its directory is past
+    :func:`zip_directory`'s bounds."""
     check_file_size(path, model_file_cap(), what, within)
     fh = open_regular(path, what, within)
     try:
+        zip_directory(fh, str(path), what)
         return _OwnedZip(fh)
+    except QuarlError:
+        fh.close()
+        raise
     except _CORRUPT_ZIP as exc:
         fh.close()
         raise QuarlError(f"{path} is not a readable zip ({str(exc).splitlines()[0][:80] if str(exc) else exc.__class__.__name__}): "
@@ -183,6 +192,138 @@ class _OwnedZip(zipfile.ZipFile):
             super().close()
         finally:
             self._owned.close()
+
+
+ZIP_ENTRIES = 100_000
+"""Entries a zip may list: an SB3 zip has about eight, a torch file one record per tensor
+and a few of torch's own (a checkpoint with its optimizer, hundreds)."""
+ZIP_DIRECTORY_CAP = 16 * 2**20
+"""Bytes a zip's central directory may take (46 bytes and a name per entry): zipfile makes
+an object of each entry, about 500 bytes, before any can be checked."""
+_END = struct.Struct("<4s4H2LH")
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+
+
+def zip_directory(fh: BinaryIO, where: str, what: str) -> tuple[int, int] | None:
+    """(entries, bytes) of the central directory of the zip open in ``fh``, read from its
+    end record (and zip64's) before zipfile reads a directory entry; refused in one line
+    past :data:`ZIP_ENTRIES` or :data:`ZIP_DIRECTORY_CAP`, or where the directory does not
+    end where the end record begins (bytes before the archive or between its parts: zipfile
+    and torch's reader would then read two different directories). None where no end
+    record is found (not a zip: the reader says so)."""
+    fh.seek(0, os.SEEK_END)
+    length = fh.tell()
+    tail_start = max(0, length - _END.size - 0xFFFF)
+    fh.seek(tail_start)
+    tail = fh.read(length - tail_start)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < _END.size:
+        return None
+    end = tail_start + at
+    _, _, _, _, entries, size, offset, _ = _END.unpack_from(tail, at)
+    if end >= _END64_LOCATOR.size:  # zip64's records, where present, say what the end record cannot
+        fh.seek(end - _END64_LOCATOR.size)
+        sig, _, end64, _ = _END64_LOCATOR.unpack(fh.read(_END64_LOCATOR.size))
+        if sig == b"PK\x06\x07" and 0 <= end64 <= end - _END64.size:
+            fh.seek(end64)
+            record = fh.read(_END64.size)
+            if record[:4] == b"PK\x06\x06":
+                _, _, _, _, _, _, _, entries, size, offset = _END64.unpack(record)
+                end = end64
+    fh.seek(0)
+    if entries > ZIP_ENTRIES or size > ZIP_DIRECTORY_CAP:
+        raise QuarlError(f"{where}: its zip directory lists {entries:,} entries in {size:,} bytes: more than the "
+                         f"{ZIP_ENTRIES:,} entries ({ZIP_DIRECTORY_CAP:,} bytes) allowed for {what}: refused")
+    if offset + size != end:
+        raise QuarlError(f"{where}: its zip directory ({size:,} bytes at {offset:,}) does not end where its end record "
+                         f"begins ({end:,}): bytes added before or inside the archive, refused as {what}")
+    return entries, size
+
+
+TORCH_DEPTH = 32
+"""Containers a torch file may nest (a checkpoint's optimizer state is 5 deep)."""
+
+
+def torch_file_cap(parameters: int = 0) -> int:
+    """Bytes a torch file may inflate to where it holds ``parameters`` fp32 values at most
+    (default: the parameter cap's, :func:`model_file_cap`), and room for the rest."""
+    return 4 * (parameters or max_parameters()) + ENTRY_FLOOR
+
+
+def load_torch(source: Path | bytes, cap: int, what: str, where: str | None = None,
+               unreadable: Callable[[str], str] | None = None) -> Any:
+    """``torch.load(weights_only=True)`` of a torch file (a path, or the bytes of a zip's
+    entry), bounded before torch reads a record: at most ``cap`` bytes on disk and, for
+    torch.save's zip, at most ``cap`` bytes in all its records inflate to (each record's
+    size in the central directory, which torch's reader allocates before it inflates),
+    at most :data:`ZIP_ENTRIES` records; after loading, every tensor holds the values its
+    shape claims (no zero-stride view of one value posing as 10^9) in containers at most
+    :data:`TORCH_DEPTH` deep. Every refusal is one line; where torch cannot read the file,
+    ``unreadable(error class)`` is the line (default: "WHERE cannot be read as WHAT ...").
+    An older torch's file (not a zip: pickles and raw storages, no compression) is bounded
+    by its size."""
+    import io
+
+    where = where or ("a torch file" if isinstance(source, bytes) else str(source))
+    if isinstance(source, bytes):
+        if len(source) > cap:
+            raise QuarlError(f"{where} has {len(source):,} bytes, more than the {cap:,} allowed for {what}: refused")
+        fh: BinaryIO = io.BytesIO(source)
+    else:
+        check_file_size(source, cap, what)
+        fh = open_regular(source, what)
+    with fh:
+        if fh.read(4) == b"PK\x03\x04":  # torch.load's own test for its zip format
+            _torch_records(fh, cap, what, where)
+        fh.seek(0)
+        try:  # tensors, numbers and strings only: nothing in the file can run code
+            loaded = torch.load(fh, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for a foreign or crafted file
+            kind = exc.__class__.__name__
+            raise QuarlError(unreadable(kind) if unreadable else f"{where} cannot be read as {what} of plain tensors "
+                                                                 f"({kind}): refused") from None
+    _check_loaded(loaded, what, where)
+    return loaded
+
+
+def _torch_records(fh: BinaryIO, cap: int, what: str, where: str) -> None:
+    """Refuse a torch zip whose records would inflate past ``cap`` bytes in all."""
+    zip_directory(fh, where, what)
+    try:
+        with zipfile.ZipFile(fh) as archive:  # a file handed over stays open
+            infos = archive.infolist()
+    except _CORRUPT_ZIP as exc:
+        raise QuarlError(f"{where} is not a readable torch file ({exc.__class__.__name__}): refused as {what}") from None
+    total = sum(info.file_size for info in infos)
+    if total > cap:
+        biggest = max(infos, key=lambda info: info.file_size)
+        raise QuarlError(f"{where}: its {len(infos):,} records inflate to {total:,} bytes ({biggest.filename!r}: "
+                         f"{biggest.file_size:,} from {biggest.compress_size:,}), more than the {cap:,} allowed for "
+                         f"{what}: refused (a zip bomb?)")
+
+
+def _check_loaded(loaded: Any, what: str, where: str) -> None:
+    """Every tensor in ``loaded`` holds what its shape claims; containers at most
+    :data:`TORCH_DEPTH` deep (walked without recursion)."""
+    stack: list[tuple[Any, str, int]] = [(loaded, "", 0)]
+    while stack:
+        value, name, depth = stack.pop()
+        if isinstance(value, torch.Tensor):
+            held = value.untyped_storage().nbytes() // max(value.element_size(), 1)
+            if value.numel() > held:
+                raise QuarlError(f"{where}: tensor {name or 'at the top'!r} claims shape {tuple(value.shape)} "
+                                 f"({value.numel()} values) but the file holds {held}: refused as {what}")
+            continue
+        if isinstance(value, dict):
+            children = list(value.items())
+        elif isinstance(value, (list, tuple)):
+            children = list(enumerate(value))
+        else:
+            continue
+        if depth >= TORCH_DEPTH:
+            raise QuarlError(f"{where}: containers nested more than {TORCH_DEPTH} deep (at {name!r}): refused as {what}")
+        stack.extend((child, f"{name}.{key}" if name else str(key), depth + 1) for key, child in children)
 
 
 def model_file_cap() -> int:

@@ -7,7 +7,6 @@ state dict's names and shapes (:mod:`quarl.policies.sb3`)."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import zipfile
@@ -19,7 +18,7 @@ from pydantic import JsonValue
 
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import MAX_JSON_DEPTH, check_depth
-from quarl.core.limits import check_tensors, open_zip, read_zip_entry
+from quarl.core.limits import check_tensors, load_torch, open_zip, read_zip_entry, torch_file_cap
 from quarl.core.literals import parse_literal
 from quarl.policies.base import ObsNormalizer
 from quarl.policies.checkpoint import Checkpoint
@@ -55,10 +54,8 @@ def _read_zip(path: Path) -> tuple[dict[str, JsonValue], dict[str, torch.Tensor]
     check_depth(data, f"{path} is corrupt: its 'data' entry")  # before anything walks it
     if not isinstance(data, dict):
         raise QuarlError(f"{path} is corrupt: its 'data' entry is a JSON {type(data).__name__}, not an object")
-    try:
-        sd = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad or unsafe file
-        raise QuarlError(f"{path}: policy.pth cannot be read as plain tensors ({exc.__class__.__name__})") from None
+    sd = load_torch(raw, torch_file_cap(), "an SB3 policy", f"{path}: policy.pth",
+                    lambda error: f"{path}: policy.pth cannot be read as plain tensors ({error})")
     if not isinstance(sd, dict):
         raise QuarlError(f"{path}: policy.pth holds a {type(sd).__name__}, not a state dict of tensors")
     check_tensors(sd, f"{path} policy.pth")  # before any copy or layer is built from the shapes it claims

@@ -139,6 +139,23 @@ def _state_bytes(policy: Policy) -> int:
     return 4 * int(np.prod(policy.input_shape) or 1)
 
 
+def _max_states(policy: Policy, config: RecoverConfig) -> int:
+    """States a distillation of ``policy`` keeps: ``config.max_states``, ~2 GiB at most."""
+    return min(config.max_states, max(10_000, (2 << 30) // _state_bytes(policy)))
+
+
+def state_cap(policy: Policy, config: RecoverConfig) -> int:
+    """Bytes the recovery state of ``policy`` under ``config`` may inflate to: its states and
+    held-out states (``_max_states`` rows each), the student's tensors four times over (the
+    student, the best one, Adam's two moments; twice the teacher's values for the student's
+    scales) and room for the rest. torch.save stores records unpacked: a real state is
+    about its size on disk."""
+    from quarl.core.limits import ENTRY_FLOOR
+
+    values = sum(int(t.numel()) for t in policy.network.state_dict().values())
+    return 2 * _max_states(policy, config) * _state_bytes(policy) + 4 * 4 * 2 * values + ENTRY_FLOOR
+
+
 def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec | None = None,
             state_path: Path | None = None, progress: Progress | None = None, rounds: int | None = None,
             keep_going: bool = False) -> RecoveryResult:
@@ -190,7 +207,7 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
     started = time.perf_counter()
     if spec is None:
         spec, _ = pick_spec(policy, env_spec, config)
-    max_states = min(config.max_states, max(10_000, (2 << 30) // _state_bytes(policy)))  # ~2 GiB of states at most
+    max_states = _max_states(policy, config)
     student = make_student(policy.network, spec)
     run = _Run(student, torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=config.lr),
                np.zeros((0, *policy.input_shape), np.float32), np.zeros((0, *policy.input_shape), np.float32),
@@ -232,7 +249,7 @@ def _at_target(agreement: float, verdict: str, target: float | None, heldout: in
 def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, config: RecoverConfig, fingerprint: str,
             max_states: int) -> None:
     """``run`` as the state at ``state_path`` left it, every claim checked before any of it is used."""
-    saved = _load_state(state_path, fingerprint, spec, config)
+    saved = _load_state(state_path, fingerprint, spec, config, state_cap(policy, config))
     from quarl.recovery.resume import check_resume
 
     check_resume(state_path, saved, policy, run.student, run.optimizer, config, max_states)  # before any of it is used
@@ -384,19 +401,20 @@ STATE_CAP = 16 << 30
 """Bytes a recovery state may have (its aggregated states are capped at about 2 GiB)."""
 
 
-def read_state(path: Path) -> RecoveryState:
+def read_state(path: Path, cap: int = STATE_CAP) -> RecoveryState:
     """A recovery state file, as plain tensors and containers (nothing unpickled): a regular
-    file of bounded size holding this format, else one line saying to remove it."""
-    from quarl.core.limits import check_file_size
+    file holding this format whose records inflate to at most ``cap`` bytes (a resume passes
+    :func:`state_cap` of its policy), else one line saying to remove it."""
+    from quarl.core.limits import load_torch
 
     if path.is_symlink() or not path.is_file():
         raise QuarlError(f"{path} is not a regular file: remove it to start the recovery afresh")
-    check_file_size(path, STATE_CAP, "a recovery state")
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad file
-        raise QuarlError(f"{path} cannot be read as a recovery state ({exc.__class__.__name__}): remove it to start "
-                         "afresh") from None
+        saved = load_torch(path, cap, "a recovery state", unreadable=lambda error: f"{path} cannot be read as a "
+                           f"recovery state ({error}): remove it to start afresh")
+    except QuarlError as exc:
+        text = str(exc)
+        raise QuarlError(text if text.endswith("start afresh") else f"{text}: remove it to start afresh") from None
     if not isinstance(saved, dict) or saved.get("format") != RECOVERY_FORMAT:
         raise QuarlError(f"{path} is not a quarl recovery state (format {RECOVERY_FORMAT}): remove it to start afresh")
     try:
@@ -405,8 +423,8 @@ def read_state(path: Path) -> RecoveryState:
         raise QuarlError(f"{exc}: remove it to start afresh") from None
 
 
-def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig) -> RecoveryState:
-    saved = read_state(path)
+def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverConfig, cap: int) -> RecoveryState:
+    saved = read_state(path, cap)
     if saved.get("teacher") != fingerprint:
         raise QuarlError(f"{path} belongs to another policy (its teacher's content differs): use another --out")
     if saved.get("spec") != spec.to_dict() or saved.get("config") != dataclasses.asdict(config):

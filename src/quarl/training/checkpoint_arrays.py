@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecNormalize
 
 # Checkpoints are read back without unpickling anything: the model's weights and optimizer
-# state through SB3's set_parameters (torch.load(weights_only=True)), the replay buffer and
+# state through SB3's set_parameters (read by quarl.core.limits.load_torch), the replay buffer and
 # the normalization statistics as plain numpy arrays (np.load(allow_pickle=False)).
 _REPLAY_FIELDS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
 _RMS = ("obs_rms", "ret_rms")

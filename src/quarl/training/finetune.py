@@ -15,7 +15,6 @@ the checkpoint's, frozen."""
 from __future__ import annotations
 
 import inspect
-import io
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -29,7 +28,7 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.core.limits import open_zip, read_zip_entry
+from quarl.core.limits import load_torch, open_zip, read_zip_entry, torch_file_cap
 from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.quant.layers import linear_layers
@@ -59,8 +58,8 @@ def _read_tensors(zip_path: Path, entry: str) -> dict[str, object] | None:
     with open_zip(zip_path, "a Stable-Baselines3 checkpoint") as archive:
         if entry not in archive.namelist():
             return None
-        loaded = torch.load(io.BytesIO(read_zip_entry(archive, entry, str(zip_path))), map_location="cpu",
-                            weights_only=True)
+        raw = read_zip_entry(archive, entry, str(zip_path))
+    loaded = load_torch(raw, torch_file_cap(), "an SB3 checkpoint's tensors", f"{zip_path}:{entry}")
     if not isinstance(loaded, dict):
         raise QuarlError(f"{zip_path}:{entry}: a {type(loaded).__name__}, not tensors by name: refused")
     return loaded

@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
@@ -100,8 +100,9 @@ def resume_from(model: BaseAlgorithm, path: Path, done: int, trust_pickle: bool)
     from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
     stem = str(path)[: -len(".zip")]
+    params = checkpoint_tensors(path, model)
     try:
-        model.set_parameters(str(path), exact_match=True, device="cpu")
+        model.set_parameters(params, exact_match=True, device="cpu")
     except Exception as exc:  # a foreign or unsafe zip
         raise QuarlError(f"{path} cannot be read as plain tensors ({exc.__class__.__name__}): refused") from None
     model.num_timesteps = done
@@ -122,6 +123,30 @@ def resume_from(model: BaseAlgorithm, path: Path, done: int, trust_pickle: bool)
             import pickle
 
             load_vecnormalize_arrays(vecnorm, vecnormalize_arrays(pickle.loads(pkl.read_bytes())))  # noqa: S301
+
+
+def checkpoint_tensors(path: Path, model: BaseAlgorithm) -> dict[str, Any]:
+    """The ``.pth`` entries of checkpoint ``path`` that SB3's ``set_parameters`` reads (its
+    policy's and its optimizers' state dicts, by name), each read through
+    :func:`quarl.core.limits.load_torch`: bounded by three times the tensors of ``model``'s
+    policy (its weights, Adam's two moments) before torch reads a record. SB3 read the zip
+    itself, and a 1 MB entry inflating to 1.2 GB was taken before any check."""
+    from quarl.core.limits import load_torch, open_zip, read_zip_entry, torch_file_cap
+
+    values = sum(int(t.numel()) for t in model.policy.state_dict().values())
+    cap = torch_file_cap(3 * values)
+    with open_zip(path, "a training checkpoint") as archive:
+        names = [name for name in archive.namelist()  # as SB3's load_from_zip_file sorts them
+                 if name.endswith(".pth") and name not in ("pytorch_variables.pth", "tensors.pth")]
+        raws = {name: read_zip_entry(archive, name, str(path)) for name in names}
+    params: dict[str, Any] = {}
+    for name, raw in raws.items():
+        state = load_torch(raw, cap, "a training checkpoint's tensors", f"{path}:{name}",
+                           lambda error: f"{path} cannot be read as plain tensors ({error}): refused")
+        if not isinstance(state, dict):
+            raise QuarlError(f"{path}:{name}: a {type(state).__name__}, not a state dict: refused")
+        params[name[: -len(".pth")]] = state
+    return params
 
 
 def _refuse_pickle(pkl: Path, trust_pickle: bool) -> None:
