@@ -5,6 +5,7 @@ sequential test that stops as soon as the answer is clear."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -345,3 +346,75 @@ def test_ptq_plays_more_episodes_until_the_verdict_decides_and_a_rerun_reuses_th
     again = run_ptq(policy, spec, ["fp16"], settings, tmp_path / "decide", decide_episodes=256)
     assert (tmp_path / "decide" / "results.jsonl").read_text().splitlines() == log  # every chunk reused
     assert [r["returns"] for r in again] == [r["returns"] for r in records]
+
+
+def test_quarl_judge_on_a_hand_written_csv_gives_ptqs_verdict(tmp_path) -> None:
+    """The issue's acceptance: ``quarl judge`` on a CSV of the returns ptq played gives the
+    same E, interval, verdict and range as ptq's table; the API function is the same."""
+    import gymnasium as gym
+    import torch
+    from torch import nn
+
+    import quarl
+    from conftest import run_cli
+    from quarl.envs import EnvSpec
+    from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.reports import ptq_rows
+    from quarl.policies.base import Policy
+    from quarl.ptq import run_ptq
+
+    net = nn.Linear(4, 2)
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[-0.1, -0.5, -1.0, -1.0], [0.1, 0.5, 1.0, 1.0]]))
+        net.bias.zero_()
+    policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "argmax")
+    records = run_ptq(policy, EnvSpec("CartPole-v1"), ["sim3"], EvalSettings(episodes=30, n_envs=8), tmp_path / "ptq")
+    row = next(r for r in ptq_rows(records) if r["precision"] == "sim3")
+    by = {r.precision: r for r in records}
+    csv_path = tmp_path / "returns.csv"
+    csv_path.write_text("seed,reference,candidate\n" + "".join(
+        f"{i},{f},{q}\n" for i, (f, q) in enumerate(zip(by["fp32"]["returns"], by["sim3"]["returns"]))))
+    result = run_cli("judge", str(csv_path), "--env", "CartPole-v1")
+    assert result.returncode == 0, result.stderr
+    assert f"E {row['E%']:.2f} % of the reference's return lost, 95 % interval [{row['E lo']:.2f}, {row['E hi']:.2f}]" \
+        in result.stdout
+    assert f"verdict: {str(row['verdict']).split(' ')[0]}" in result.stdout
+    assert f"range: {row['range']}, insured against" in result.stdout
+    api = quarl.judge(by["fp32"]["returns"], by["sim3"]["returns"], env_id="CartPole-v1")
+    assert round(api.e, 2) == row["E%"] and api.label() == row["verdict"]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("seed,fp32,int8\n0,1,1\n", "header 'seed,fp32,int8': allowed seed,reference,candidate"),
+    ("seed,reference,candidate\n", "no rows after the header"),
+    ("seed,reference,candidate\n0,1,1\n0,2,2\n", "seed 0 appears twice"),
+    ("seed,reference,candidate\n0,abc,1\n", "line 2: '0,abc,1': allowed an integer seed and two numbers"),
+    ("seed,reference,candidate\n0,nan,1\n", "line 2: returns must be finite numbers"),
+    ("seed,reference,candidate\n0,1\n", "line 2: 2 fields, allowed 3"),
+    ("\xff\xfe\x00", "not a text file"),
+])
+def test_quarl_judge_refuses_a_bad_returns_file_in_one_line(tmp_path, text: str, says: str) -> None:
+    from conftest import run_cli
+
+    path = tmp_path / "bad.csv"
+    path.write_bytes(text.encode("latin-1"))
+    result = run_cli("judge", str(path))
+    assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr
+    assert run_cli("judge", str(tmp_path)).returncode == 2  # a folder
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    assert "not a file" in run_cli("judge", str(fifo)).stderr  # refused before it is opened: no hang
+
+
+def test_the_judge_api_checks_its_input() -> None:
+    import quarl
+    from quarl.core.errors import QuarlError
+
+    with pytest.raises(QuarlError, match="pair one to one: got 2 and 3"):
+        quarl.judge([1, 2], [1, 2, 3])
+    with pytest.raises(QuarlError, match="not a finite number"):
+        quarl.judge([1, float("nan")], [1, 2])
+    with pytest.raises(QuarlError, match="return_range"):
+        quarl.judge([1, 2], [1, 2], return_range=(3, 1))
+    assert quarl.judge([500.0] * 100, [500.0] * 100, env_id="CartPole-v1").verdict == "keeps"

@@ -1,7 +1,8 @@
 """quarl: quantized reinforcement learning (QuaRL / ActorQ on today's stack).
 
 ``quarl.load``, ``quarl.quantize``, ``quarl.evaluate``, ``quarl.play`` and ``quarl.recover`` are the Python API
-(:mod:`quarl.api`); they are imported on first use, so ``import quarl`` stays light."""
+(:mod:`quarl.api`), ``quarl.judge`` the verdict for any two policies' paired returns
+(:mod:`quarl.verdict.pairs`); they are imported on first use, so ``import quarl`` stays light."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 __version__ = "0.2.0"
-__all__ = ["load", "quantize", "evaluate", "play", "recover", "__version__"]
+__all__ = ["load", "quantize", "evaluate", "play", "recover", "judge", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from quarl import api
 
         return getattr(api, name)
+    if name == "judge":
+        from quarl.verdict.pairs import judge
+
+        return judge
     raise AttributeError(f"module 'quarl' has no attribute {name!r}")

@@ -3,7 +3,7 @@ returns; a user mistake (QuarlError) prints one line and exits with status 2.
 
 One module per command group: :mod:`~quarl.cli.ptq`, :mod:`~quarl.cli.sweep` (sweep,
 analyze), :mod:`~quarl.cli.train` (train, qat), :mod:`~quarl.cli.actorq`,
-:mod:`~quarl.cli.export` (export, bench), :mod:`~quarl.cli.recover`, :mod:`~quarl.cli.play`,
+:mod:`~quarl.cli.export` (export, bench), :mod:`~quarl.cli.recover`, :mod:`~quarl.cli.judge`, :mod:`~quarl.cli.play`,
 :mod:`~quarl.cli.study` (demo, study); what they share is in :mod:`~quarl.cli.common`,
 :mod:`~quarl.cli.options` (single options), :mod:`~quarl.cli.groups` (option groups, each declared
 once and attached with ``with_options``) and :mod:`~quarl.cli.group`; ActorQ's per-algorithm
@@ -15,7 +15,7 @@ import sys
 
 import typer
 
-from quarl.cli import actorq, export, play, ptq, recover, study, sweep, train
+from quarl.cli import actorq, export, judge, play, ptq, recover, study, sweep, train
 from quarl.cli.common import out_console, stop_on_signal
 from quarl.cli.group import QuarlGroup
 
@@ -53,6 +53,7 @@ app.command()(train.qat)
 app.add_typer(actorq.actorq_app, name="actorq")
 app.command()(export.export)
 app.command()(recover.recover)
+app.command()(judge.judge)
 app.command()(play.play)
 app.command()(export.bench)
 app.command()(study.demo)

@@ -218,7 +218,7 @@ def keeps_return(request: ChoiceRequest, candidate: Candidate) -> bool:
         outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n), SEQUENTIAL_FIRST, cap)
         candidate.calibration_return = float(np.mean(returns(acting, outcome.episodes)))
         candidate.calibration_episodes = outcome.episodes
-        candidate.calibration_verdict = outcome.verdict.label()
+        candidate.calibration_verdict = outcome.label()  # "estimate: ..." where the cap came first
         candidate.calibration_kept = outcome.kept
     return candidate.calibration_kept
 
