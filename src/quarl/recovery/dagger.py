@@ -243,7 +243,14 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
 def _at_target(agreement: float, verdict: str, target: float | None, heldout: int, config: RecoverConfig) -> bool:
     """Has a round reached the target: the held-out agreement, enough held-out states, and
     (closed loop) the teacher's return kept on calibration episodes?"""
-    return agreement >= (target or 0.0) and heldout >= MIN_HELDOUT and (verdict == "keeps" or not config.closed_loop)
+    return agreement >= (target or 0.0) and heldout >= MIN_HELDOUT and (_kept(verdict) or not config.closed_loop)
+
+
+def _kept(verdict: str) -> bool:
+    """A round's calibration verdict kept fp32's return: decided (``keeps``), or, at the
+    sequential test's cap, by the point estimate (``estimate: E ... <= 5 % ...``), which
+    stops the rounds but is written as the estimate it is."""
+    return verdict == "keeps" or (verdict.startswith("estimate: E ") and " <= " in verdict.split("(", 1)[0])
 
 
 def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, config: RecoverConfig, fingerprint: str,
@@ -291,12 +298,12 @@ def _round(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: Recover
         returns = calibration_returns(env_spec)
         outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n),
                                    env_id=env_spec.env_id)
-        verdict = outcome.verdict.label() if not outcome.kept else "keeps"
+        verdict = outcome.label()  # "keeps" only where the verdict decided; "estimate: ..." where E's point did
     stats = RoundStats(round=r, states=len(run.states), new_states=new, loss=float(np.mean(losses)),
                        agreement=agreement, played_return=played, wall_s=time.perf_counter() - t0,
                        calibration_verdict=verdict)
     run.history.append(stats)
-    if run.best is None or agreement >= run.best[0] or verdict == "keeps":  # ties: the later round (more states)
+    if run.best is None or agreement >= run.best[0] or _kept(verdict):  # ties: the later round (more states)
         run.best = (agreement, r, copy.deepcopy(run.student.state_dict()))
     return stats
 
@@ -427,7 +434,13 @@ def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverC
     saved = read_state(path, cap)
     if saved.get("teacher") != fingerprint:
         raise QuarlError(f"{path} belongs to another policy (its teacher's content differs): use another --out")
-    if saved.get("spec") != spec.to_dict() or saved.get("config") != dataclasses.asdict(config):
+    if saved.get("config") != dataclasses.asdict(config):
         raise QuarlError(f"{path} was written with other recovery options: rerun with the same options or another "
                          "--out")
+    if saved.get("spec") != spec.to_dict():  # the same options, another kernel: the CPU (or the automatic choice) differs
+        was: dict[str, object] = dict(saved["spec"])
+        changed = ", ".join(f"{key} {was.get(key)} -> {value}" for key, value in spec.to_dict().items()
+                            if was.get(key) != value)
+        raise QuarlError(f"{path} was written for another kernel than this run picks ({changed}: another CPU, "
+                         f"QUARL_CPU_KIND or automatic choice): resume it where it was written, or use another --out")
     return saved
