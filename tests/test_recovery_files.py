@@ -16,6 +16,9 @@ import pytest
 import torch
 
 import quarl
+from quarl.core.errors import QuarlError
+from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.modes import int8_compute
 from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
 from quarl.quant.student import KernelSpec
 from quarl.recovery.report import RoundJson, RoundStats
@@ -66,7 +69,49 @@ def _never(*args: object, **kwargs: object) -> None:
     raise AssertionError("recovered again")
 
 
-def test_a_state_written_before_resumes_its_run(tmp_path: Path) -> None:
+def _picks_the_writers_kernel() -> bool:
+    """Whether this CPU, as ``QUARL_CPU_KIND`` has it answer, picks the kernel the state was
+    written for: ``int4-block`` itself (MatMulNBits computing in int8, not the mode's
+    fallback) with ``auto`` int8 weights resolved to symmetric (VNNI)."""
+    return ortb.has_vnni() and int8_compute(4) == "int8"
+
+
+def test_a_state_written_before_resumes_its_run_where_the_cpu_picks_its_kernel(tmp_path: Path) -> None:
+    """The state resumes where the CPU picks the kernel it was written for (the machine that
+    wrote it, any with VNNI and MatMulNBits' int8 compute) and is refused in one line that
+    names what differs elsewhere (its student was trained for that kernel's grid)."""
+    if _picks_the_writers_kernel():
+        _resumes(tmp_path)
+    else:
+        _is_refused(tmp_path)
+
+
+def test_a_state_written_before_is_refused_where_the_cpu_picks_another_kernel(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUARL_CPU_KIND", "avx2")  # no VNNI, no exact int8 MatMulNBits: int4-weight-only, asymmetric
+    _is_refused(tmp_path)
+
+
+def _is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state.pt"
+    shutil.copy(DATA / "state.pt", state)
+    before = state.read_bytes()
+    agent = quarl.load(DATA / "folder" / "CartPole-v1" / "original.zip", env="CartPole-v1")
+    assert agent.env_spec is not None
+    spec, _ = pick_spec(agent.policy, agent.env_spec, CONFIG)
+    assert spec.mode == ("int4-weight-only" if int8_compute(4) == "inexact" else "int4-block")
+    with pytest.raises(QuarlError) as refused:
+        distill(agent.policy, agent.env_spec, CONFIG, spec, state_path=state)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{state} was written for another kernel than this run picks (")
+    if not ortb.has_vnni():
+        assert "int8_weights symmetric -> asymmetric" in message
+    if int8_compute(4) == "inexact":
+        assert "mode int4-block -> int4-weight-only" in message and "compute_int8 True -> False" in message
+    assert state.read_bytes() == before  # left as it was: it resumes where it was written
+
+
+def _resumes(tmp_path: Path) -> None:
     state = tmp_path / "state.pt"
     shutil.copy(DATA / "state.pt", state)
     saved = read_state(state)

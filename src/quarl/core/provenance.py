@@ -10,8 +10,9 @@ import platform
 from importlib import metadata
 
 from pydantic import JsonValue, ValidationError
-from typing_extensions import TypedDict  # pydantic validates it on Python 3.11
+from typing_extensions import NotRequired, TypedDict  # pydantic validates them on Python 3.11
 
+from quarl.core.cpu_kind import cpu_kind
 from quarl.core.file_schema import Record
 
 PACKAGES = ("quarl", "torch", "onnxruntime", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy", "ray")
@@ -31,11 +32,20 @@ class Provenance(TypedDict):
     """Those of :data:`CPU_FLAGS` the CPU has."""
     cores: int | None
     host: str
+    cpu_kind: NotRequired[str]
+    """The kind of CPU quarl answered as (``QUARL_CPU_KIND``, :mod:`quarl.core.cpu_kind`) where
+    it is not ``native``: the CPU and its flags above are still the real ones."""
+
+
+def provenance() -> Provenance:
+    """:class:`Provenance` of this process (a new dict each call)."""
+    kind = cpu_kind()
+    found = _provenance()
+    return {**found, "cpu_kind": kind} if kind != "native" else {**found}
 
 
 @functools.cache
-def provenance() -> Provenance:
-    """:class:`Provenance` of this process."""
+def _provenance() -> Provenance:
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:

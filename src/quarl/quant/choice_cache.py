@@ -124,6 +124,7 @@ def choice_key(fingerprint: str, options: Mapping[str, int | float | str | bool]
         "calibration": [list(calibration.shape), str(calibration.dtype), hashlib.sha256(calibration.tobytes()).hexdigest()],
         "onnxruntime": info["versions"].get("onnxruntime"), "cpu_flags": info["cpu_flags"],
         "modes": _mode_set(),  # a mode added to the registry is tried, not hidden behind an older choice
+        **({"cpu_kind": info["cpu_kind"]} if "cpu_kind" in info else {}),  # QUARL_CPU_KIND: native keys as before
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

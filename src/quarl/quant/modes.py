@@ -48,8 +48,6 @@ and whether ActorQ's actors can run it (``actor``).
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Literal, cast
 
@@ -62,6 +60,7 @@ from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 
 from quarl.core.errors import QuarlError
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.backends.reference import simulate_dynamic_int8, simulate_nbits, simulate_qdq
+from quarl.quant.cpu_probes import int8_compute, probe_int8_compute, runtime_key  # noqa: F401  (importable from here)
 
 if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
     from quarl.policies.base import Policy
@@ -170,50 +169,6 @@ def _dynamic(per_channel: bool) -> Callable[[BuildRequest], bytes]:
 
 def _nbits(bits: int, compute_int8: bool) -> Callable[[BuildRequest], bytes]:
     return lambda r: ortb.quantize_nbits(r.model, bits, r.block_size, compute_int8, r.excluded_nodes())
-
-
-@functools.lru_cache(maxsize=None)
-def int8_compute(bits: int) -> str:
-    """What ONNX Runtime's MatMulNBits at ``accuracy_level`` 4 really does on this CPU,
-    probed once on a small layer: ``"int8"`` (activations rounded per block, as the
-    reference says), ``"fp32"`` (the level is a hint; without int8 kernels it computes in
-    fp32) or ``"inexact"`` (neither: e.g. saturating u8 x s8 sums). Its weights and inputs
-    come from a generator of its own (the numbers ``torch.manual_seed(0)`` gave before), so
-    the global torch RNG is left as it was."""
-    generator = torch.Generator().manual_seed(0)
-    linear = nn.utils.skip_init(nn.Linear, 96, 24)  # no draw from the global RNG
-    with torch.no_grad():  # nn.Linear's own initialization, drawn from the local generator
-        nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5), generator=generator)
-        bound = 1 / math.sqrt(linear.in_features)
-        linear.bias.uniform_(-bound, bound, generator=generator)
-    layer = nn.Sequential(linear).eval()
-    x = torch.randn(16, 96, generator=generator) * 3
-    real = ortb.OrtEngine(ortb.quantize_nbits(ortb.export_onnx(layer, (96,)), bits, 32, True))(x.numpy())
-    with torch.inference_mode():
-        as_int8 = simulate_nbits(layer, bits, 32, True)(x).numpy()
-        as_fp32 = simulate_nbits(layer, bits, 32, False)(x).numpy()
-    scale = float(np.abs(as_fp32).max())
-    if np.abs(real - as_int8).max() <= 1e-4 * scale:
-        return "int8"
-    if np.abs(real - as_fp32).max() <= 1e-4 * scale:
-        return "fp32"
-    return "inexact"
-
-
-@functools.lru_cache(maxsize=None)
-def runtime_key() -> dict[str, str]:
-    """What, besides the config, decides a real int cell: the runtime's version and the CPU
-    (kernels, the int8-compute probe and the latency order differ between them). Part of
-    every stored int result's key, so a results folder moved to another machine is not
-    reused there."""
-    import onnxruntime
-
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"onnxruntime": onnxruntime.__version__, "cpu": cpu, "vnni": str(ortb.has_vnni())}
 
 
 def _block_cpu(bits: int) -> Callable[[], str | None]:
@@ -468,8 +423,6 @@ def build_candidate(policy: Policy, mode: IntMode, request: BuildRequest, check:
 def categorical_kl(policy: Policy, states: np.ndarray, out: np.ndarray) -> float:
     """Mean per-state KL(fp32 || quantized) of a categorical head's action distributions
     (softmax of the logits) on ``states``; NaN for heads that are not categorical."""
-
-
     if not policy.categorical:
         return float("nan")
     with torch.inference_mode():
@@ -489,8 +442,6 @@ def sampled_agreement(policy: Policy, states: np.ndarray, out: np.ndarray) -> fl
     samples, :func:`quarl.policies.base.sample_actions`), averaged over
     :data:`SAMPLED_DRAWS` draws per state from a fixed stream; NaN for heads that are not
     categorical. For two actions it is 1 - the total variation distance, exactly in expectation."""
-
-
     if not policy.categorical or len(states) == 0:
         return float("nan")
     with torch.inference_mode():

@@ -19,6 +19,7 @@ faster than PyTorch's own dynamic int8.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import tempfile
@@ -31,6 +32,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from quarl.core.cpu_kind import cpu_kind
 from quarl.quant.backends.batching import RowVerdicts
 
 INPUT, OUTPUT = "obs", "out"
@@ -223,7 +225,13 @@ def weight_node_names(model: bytes) -> list[str]:
 def has_vnni() -> bool:
     """Whether the CPU has VNNI dot-product instructions. Without them ONNX Runtime's
     u8 x s8 kernels (symmetric int8 weights) sum pairs into saturating int16 and lose
-    exactness; u8 x u8 (asymmetric weights) stays exact."""
+    exactness; u8 x u8 (asymmetric weights) stays exact. ``QUARL_CPU_KIND=avx2``: False
+    (:mod:`quarl.core.cpu_kind`)."""
+    return cpu_kind() != "avx2" and _cpuinfo_vnni()
+
+
+@functools.lru_cache(maxsize=None)
+def _cpuinfo_vnni() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
