@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from quarl.registry_options import QuantOptions
 
 
-DECIDE_EPISODES = 640
+DECIDE_EPISODES = 2000
 DECIDING = deciding_options(DECIDE_EPISODES, 5.0)
 """--decide-episodes / --decide-minutes of ptq and recover."""
 

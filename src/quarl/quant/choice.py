@@ -238,9 +238,9 @@ def judged_on_episodes(request: ChoiceRequest, tried: list[Candidate]) -> Candid
         # a chosen mode far from fp32's actions is worth a warning, one near the bar a note (-v)
         say = log.warning if chosen.fidelity(sampled) < LOW_AGREEMENT else log.info
         say("int%d: no mode agrees with fp32 on %.0f%% of the calibration states; %s (layers %s in fp32) "
-            "agrees on only %.1f%% but keeps fp32's return on %d calibration episodes", bits,
+            "agrees on only %.1f%% but plays fp32's return on %d calibration episodes (%s)", bits,
             100 * request.min_agreement, chosen.mode, list(chosen.keep), 100 * chosen.fidelity(sampled),
-            chosen.calibration_episodes)
+            chosen.calibration_episodes, chosen.calibration_verdict)
         return chosen
     scored = [c for c in tried if c.calibration_return == c.calibration_return]
     best = max(scored, key=lambda c: c.calibration_return)
