@@ -82,11 +82,16 @@ def disagreement(fields: Mapping[str, Any]) -> str | None:
 
 
 class ResultsLog:
-    """Append-only JSON-lines file of records (dicts)."""
+    """Append-only JSON-lines file of records (dicts): quarl's own file, never a symbolic
+    link or a named pipe (refused in one line when the log is opened)."""
 
     def __init__(self, path: Path) -> None:
+        from quarl.core.atomic import check_owned
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # before any cell is computed: a link's target is another file (results appended to the user's), a pipe blocks
+        check_owned(self.path)
 
     def load(self) -> list[dict[str, Any]]:
         return [record for _, record in self._records()]

@@ -17,6 +17,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 from torch import nn
 
 from quarl.envs import EnvSpec
+from quarl.core.atomic import reading_published
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, field_error, parse_json, parse_record
 from quarl.core.limits import model_file_cap, read_capped
@@ -400,15 +401,17 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     if path.is_dir():
         path = path / f"{ARTIFACT_NAME}.onnx"
     meta_path = path.with_suffix(".json")
-    if not meta_path.exists():
-        raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to feed it")
-    meta = read_sidecar(meta_path)
+    with reading_published(path.parent):  # the model and the sidecar of one export (quarl.core.atomic.write_all_atomic)
+        if not meta_path.exists():
+            raise QuarlError(f"{path} has no sidecar {meta_path.name} (written by quarl export): cannot tell how to "
+                             "feed it")
+        meta = read_sidecar(meta_path)
+        model = read_capped(path, model_file_cap(), "an ONNX model")
     quant = meta.quant or None
     if quant is not None and not is_quant_summary(quant):
         raise field_error(meta_path, "quant", "not an int mode's summary (a mode name, its fp32 layers and measurements)")
     mode = quant["mode"] if quant is not None else None
     per_row = bool(mode in MODES and MODES[mode].per_row)
-    model = read_capped(path, model_file_cap(), "an ONNX model")
     digest = meta.onnx_sha256
     if digest is not None and digest != hashlib.sha256(model).hexdigest():
         raise QuarlError(f"{path} is not the model {meta_path.name} describes (its SHA-256 differs from the sidecar's "

@@ -6,7 +6,9 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import shutil
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any, Literal, cast
 import torch
 
 from quarl.envs import EnvSpec
-from quarl.core.atomic import write_atomic
+from quarl.core.atomic import owned_folder, write_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.policies.base import Policy
@@ -33,13 +35,33 @@ from quarl.recovery.report import RecoveryFile, RecoveryJson, RecoveryReport
 
 
 
-def sha256_file(path: Path) -> str:
-    """SHA-256 of a regular file, read in chunks (a FIFO or device is refused, never waited on)."""
-    if not path.is_file():
-        raise QuarlError(f"{path} is not a regular file")
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
+def sha256_file(path: Path, follow: bool = True) -> str:
+    """SHA-256 of a regular file of at most :func:`~quarl.core.limits.model_file_cap` bytes,
+    read in chunks: a FIFO or device is refused, never waited on, and a larger file (a 1 TB
+    sparse one, ``/proc`` through a link) is refused, never hashed for hours. ``follow=False``:
+    a symbolic link is refused too (a recovered folder's own files are files, not links)."""
+    from quarl.core.limits import model_file_cap
+
+    cap = model_file_cap()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    except OSError as exc:
+        if not follow and os.path.islink(path):
+            raise QuarlError(f"{path} is a symbolic link (to {os.readlink(path)}), not a file quarl wrote") from None
+        raise QuarlError(f"{path} is not a regular file ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise QuarlError(f"{path} is not a regular file")
+        if info.st_size > cap:
+            raise QuarlError(f"{path} has {info.st_size} bytes, more than the {cap} a file of quarl's may have: refused "
+                             "(set QUARL_MAX_PARAMETERS for a bigger policy)")
+        os.set_blocking(fd, True)
+        h, read = hashlib.sha256(), 0
         for chunk in iter(lambda: fh.read(1 << 20), b""):
+            read += len(chunk)
+            if read > cap:  # a file that says it is small but never ends (/proc)
+                raise QuarlError(f"{path} holds more than the {cap} bytes a file of quarl's may have: refused")
             h.update(chunk)
     return h.hexdigest()
 
@@ -62,13 +84,33 @@ def folder_files(out: Path, name: str) -> list[str]:
     """Every file of the recovered folder ``out`` whose zoo folder is ``name``, relative to
     ``out`` (``/``-separated): ``NAME.zip``, what ``NAME/`` holds but ``recovery.json`` (the
     record that lists the others' hashes) and what ``export/`` holds. The verdict, the state
-    of a run in progress (``.recover/``, checked on its own) and the lock are not the folder's."""
-    found = [f"{name}.zip"] if (out / f"{name}.zip").exists() or (out / f"{name}.zip").is_symlink() else []
+    of a run in progress (``.recover/``, checked on its own) and the lock are not the folder's.
+    A symbolic link is listed as the entry it is (to a folder too, never followed): no
+    manifest lists one, so each is refused, and a folder of links is never walked."""
+    found = [f"{name}.zip"] if os.path.lexists(out / f"{name}.zip") else []
     for folder in (out / name, out / EXPORT_DIR):
-        if folder.is_dir():
-            found += [path.relative_to(out).as_posix() for path in folder.rglob("*")
-                      if not path.is_dir() and path != out / name / RECOVERY_FILE]
+        if folder.is_symlink():
+            found.append(folder.relative_to(out).as_posix())
+            continue
+        if not folder.is_dir():
+            continue
+        for root, dirs, files in os.walk(folder):  # never into a linked folder
+            entries = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+            found += [(Path(root) / entry).relative_to(out).as_posix() for entry in entries
+                      if Path(root) / entry != out / name / RECOVERY_FILE]
     return sorted(found)
+
+
+def _file_within(out: Path, rel: str) -> Path:
+    """``out/rel`` where each folder on the way is a real folder (a link there is refused in
+    one line: the folder's files are the ones recover wrote, not another folder's)."""
+    path = out
+    for part in Path(rel).parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise QuarlError(f"{path} is a symbolic link (to {os.readlink(path)}), not the folder recover wrote: run "
+                             "quarl recover again")
+    return out / rel
 
 
 def _manifest(out: Path, name: str) -> dict[str, str]:
@@ -77,9 +119,11 @@ def _manifest(out: Path, name: str) -> dict[str, str]:
 
 
 def _remove_strays(folder: Path, keep: set[str]) -> None:
-    """Remove what ``folder`` holds besides ``keep`` (an earlier recovery's files, or ones
-    added since): a rebuilt folder's manifest never vouches for a file recovery did not write."""
-    if not folder.is_dir():
+    """Remove what ``folder`` (a real folder: :func:`~quarl.core.atomic.owned_folder`) holds
+    besides ``keep`` (an earlier recovery's files, or ones added since): a rebuilt folder's
+    manifest never vouches for a file recovery did not write. A link there is removed
+    itself, never what it leads to."""
+    if folder.is_symlink() or not folder.is_dir():
         return
     for path in folder.iterdir():
         if path.name in keep:
@@ -102,10 +146,10 @@ def check_manifest(record_path: Path, files: dict[str, str] | None) -> None:
         parts = Path(rel).parts
         if Path(rel).is_absolute() or ".." in parts or not parts:
             raise QuarlError(f"{record_path}: files lists {rel!r}, a path outside the recovered folder")
-        path = out / rel
-        if not path.is_file():
+        path = _file_within(out, rel)
+        if not os.path.lexists(path):
             raise QuarlError(f"{path} is missing: the recovered folder is incomplete; {again}")
-        if sha256_file(path) != digest:
+        if sha256_file(path, follow=False) != digest:
             raise QuarlError(f"{path} changed since recovery wrote it (its SHA-256 differs from the one in "
                              f"{record_path.name}): {again}")
     for rel in folder_files(out, name):
@@ -154,14 +198,12 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     from quarl.core.provenance import provenance
 
     zip_path, config_dir = _zoo_paths(checkpoint)
-    # an RL Zoo folder keeps its names; a bare zip's folder is named after its env, as the zoo names ENV.zip
-    name = zip_path.stem if config_dir is not None else env_spec.env_id.replace("/", "_")
-    out.mkdir(parents=True, exist_ok=True)
-    zoo = out / name
-    zoo.mkdir(exist_ok=True)
+    name = _zoo_name(checkpoint, env_spec)
+    # real folders of OUT's own, never a link to another folder: its strays are removed
+    zoo, export = owned_folder(out, name), owned_folder(out, EXPORT_DIR)
     copied = {item for item in ZOO_FILES if config_dir is not None and (config_dir / item).is_file()}
     _remove_strays(zoo, copied | {ORIGINAL_ZIP, RECOVERY_FILE})
-    _remove_strays(out / EXPORT_DIR, set())
+    _remove_strays(export, set())
     if config_dir is not None:
         for item in sorted(copied):
             if (config_dir / item).is_file():
@@ -249,7 +291,9 @@ class Recovered:
 
 
 def find_recovery(checkpoint: Path) -> Path | None:
-    """``ENV/recovery.json`` of a recovered run folder (or its zip), else None."""
+    """``ENV/recovery.json`` of a recovered run folder (or of a zip in one: the zoo files a
+    load would read beside any zip there, ``best_model.zip`` too, are the recovered
+    folder's), else None."""
     try:
         zip_path, config_dir = _zoo_paths(checkpoint)
     except QuarlError:
@@ -258,13 +302,45 @@ def find_recovery(checkpoint: Path) -> Path | None:
                 raise QuarlError(f"{checkpoint / record.parent.name}.zip is missing: the recovered folder is "
                                  "incomplete; run quarl recover again") from None
         return None
-    candidate = zip_path.parent / zip_path.stem / RECOVERY_FILE
-    if candidate.is_file():
-        return candidate
-    if (candidate.parent / ORIGINAL_ZIP).exists():  # a recovered folder that lost its record: never judge it as fp32
-        raise QuarlError(f"{zip_path.parent} holds {candidate.parent.name}/{ORIGINAL_ZIP} but no {RECOVERY_FILE}: a "
-                         "recovered folder that lost its record; run quarl recover again")
+    for folder in dict.fromkeys([zip_path.parent / zip_path.stem, *([config_dir] if config_dir is not None else [])]):
+        candidate = folder / RECOVERY_FILE
+        if candidate.is_file() or candidate.is_symlink():
+            return candidate
+        if os.path.lexists(folder / ORIGINAL_ZIP):  # a recovered folder that lost its record: never judged as fp32
+            raise QuarlError(f"{zip_path.parent} holds {folder.name}/{ORIGINAL_ZIP} but no {RECOVERY_FILE}: a "
+                             "recovered folder that lost its record; run quarl recover again")
     return None
+
+
+def check_reads(record_path: Path, files: dict[str, str], zip_path: Path) -> None:
+    """The zip a load of the recovered folder would read (``--load-best``'s
+    ``best_model.zip``, a checkpoint zip dropped beside it) is one its manifest lists: the
+    zoo files it reads are checked by :func:`check_manifest`, the zip by this."""
+    out = record_path.parent.parent
+    try:
+        rel = Path(os.path.abspath(zip_path)).relative_to(os.path.abspath(out)).as_posix()
+    except ValueError:
+        rel = None
+    if rel not in files:
+        raise QuarlError(f"{zip_path} is not a file recovery wrote (no SHA-256 in {record_path}): a recovered folder "
+                         f"loads its own {record_path.parent.name}.zip; remove it, or run quarl recover again")
+
+
+def check_out_folders(out: Path, checkpoint: Path, env_spec: EnvSpec) -> None:
+    """Refuse in one line, before any work, a symbolic link or a file where recover writes
+    a folder of ``out`` (the zoo folder, ``export/``, ``.recover/``, ``verdict/``): recover
+    removes strays there, and would remove another folder's files (nothing is made here)."""
+    from quarl.core.atomic import check_folder
+
+    for part in (_zoo_name(checkpoint, env_spec), EXPORT_DIR, ".recover", "verdict"):
+        check_folder(out, part)
+
+
+def _zoo_name(checkpoint: Path, env_spec: EnvSpec) -> str:
+    """The recovered folder's zoo folder (``OUT/NAME``): an RL Zoo folder keeps its names; a
+    bare zip's folder is named after its env, as the zoo names ENV.zip."""
+    zip_path, config_dir = _zoo_paths(checkpoint)
+    return zip_path.stem if config_dir is not None else env_spec.env_id.replace("/", "_")
 
 
 RECORD_CAP = 4 << 20
@@ -303,6 +379,7 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | 
         return None
     record = read_recovery_record(path)
     check_manifest(path, record["files"])  # before anything of the folder is read
+    check_reads(path, record["files"], _zoo_paths(checkpoint)[0])
     original_sha, onnx_sha = record["original"]["zip_sha256"], record["recovered"]["onnx_sha256"]
     recovered_sha, precision = record["recovered"]["zip_sha256"], record["precision"]
     original_zip = path.parent / ORIGINAL_ZIP

@@ -15,7 +15,7 @@ from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
 from quarl.policies.formats import register_format
 from quarl.policies.zoo import load_zoo
 from quarl.core.errors import QuarlError
-from quarl.recovery.folder import check_manifest, find_recovery, read_recovery_record
+from quarl.recovery.folder import _zoo_paths, check_manifest, check_reads, find_recovery, read_recovery_record
 
 
 def detect(path: Path) -> bool:
@@ -30,8 +30,10 @@ def detect(path: Path) -> bool:
 def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
     """The folder's policy (the student), once recovery.json and its manifest are checked."""
     record_path = find_recovery(path)
-    if record_path is not None:
-        check_manifest(record_path, read_recovery_record(record_path)["files"])  # before anything is unpickled
+    if record_path is not None:  # before anything is unpickled: every file the load reads is one recovery wrote
+        files = read_recovery_record(record_path)["files"]
+        check_manifest(record_path, files)
+        check_reads(record_path, files, _zoo_paths(path)[0])
     return load_zoo(path, trust_pickle)
 
 
