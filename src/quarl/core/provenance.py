@@ -8,8 +8,9 @@ import functools
 import os
 import platform
 from importlib import metadata
+from typing import Annotated
 
-from pydantic import JsonValue, ValidationError
+from pydantic import Field, JsonValue, ValidationError
 from typing_extensions import NotRequired, TypedDict  # pydantic validates them on Python 3.11
 
 from quarl.core.cpu_kind import cpu_kind
@@ -30,7 +31,8 @@ class Provenance(TypedDict):
     """The CPU model (``/proc/cpuinfo``), else what :mod:`platform` says."""
     cpu_flags: list[str]
     """Those of :data:`CPU_FLAGS` the CPU has."""
-    cores: int | None
+    cores: Annotated[int, Field(ge=1, le=2**20)] | None
+    """The machine's cores (``os.cpu_count``): a count, checked where it is read back."""
     host: str
     cpu_kind: NotRequired[str]
     """The kind of CPU quarl answered as (``QUARL_CPU_KIND``, :mod:`quarl.core.cpu_kind`) where

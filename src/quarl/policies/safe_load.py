@@ -248,7 +248,7 @@ def load_vecnormalize(path: Path, trust_pickle: bool = False,
             obj = pickle.loads(data)  # noqa: S301 - the user vouched for this file
         except Exception as exc:  # truncated, or a class that is not installed
             raise QuarlError(f"{path} cannot be unpickled ({exc.__class__.__name__}: {exc})") from None
-        _check_trusted_type(obj, path)
+        check_trusted_vecnormalize(obj, path)
     else:
         try:
             obj = AllowListUnpickler(data).load()
@@ -284,7 +284,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_trusted_type(obj: Any, path: Path) -> None:
+def check_trusted_vecnormalize(obj: Any, path: Path) -> None:
     """A trusted pickle is unpickled as it is: it must still be a VecNormalize (SB3's, or a
     class of that name) whose ``obs_rms`` is a RunningMeanStd, else one line naming the type
     found (another class's attributes ended in OverflowError or ValueError tracebacks)."""

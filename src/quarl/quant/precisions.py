@@ -27,8 +27,9 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, TypeGuard
+from typing import TYPE_CHECKING, Annotated, Callable, TypeGuard
 
+from pydantic import Field
 from typing_extensions import Required, TypedDict  # pydantic validates it on Python 3.11 (recovery.json)
 
 import numpy as np
@@ -73,6 +74,12 @@ class Precision:
     """Whether a config needs calibration observations (fp32 rollout states)."""
 
 
+SUMMARY_COUNT = 10**12
+"""A count a :class:`QuantSummary` holds (bytes, episodes, a layer's index, a block's size) at
+most: a file claiming more (10**400) holds no count."""
+SummaryCount = Annotated[int, Field(ge=0, le=SUMMARY_COUNT)]
+
+
 class QuantSummary(TypedDict, total=False):
     """``policy.meta["quant"]``: how a real int policy runs (records, tables and export sidecars
     hold it). :func:`quantize_int` gives every field: the chosen mode's
@@ -81,18 +88,18 @@ class QuantSummary(TypedDict, total=False):
     export's sidecar all but ``tried``."""
 
     mode: Required[str]
-    fp32_layers: list[int]
+    fp32_layers: list[SummaryCount]
     agreement: float | None
     kl: float | None
     sampled_agreement: float | None
     latency_us: float | None
     fp32_ort_latency_us: float | None
-    model_bytes: int
+    model_bytes: SummaryCount
     calibration_return: float | None
-    calibration_episodes: int
+    calibration_episodes: SummaryCount
     calibration_verdict: str
     int8_weights: str
-    block_size: int
+    block_size: SummaryCount
     chosen_from_cache: bool
     tried: list[CandidateSummary]
     recovered: bool
@@ -112,7 +119,14 @@ def is_quant_summary(value: object) -> TypeGuard[QuantSummary]:
     """Whether ``value`` (an export sidecar's ``quant`` as read) is a :class:`QuantSummary`: a
     mode's name, and each field it has of its type (fields of other names are kept as they are)."""
     return isinstance(value, dict) and isinstance(value.get("mode"), str) and all(
-        isinstance(value[name], kinds) for name, kinds in _SUMMARY_TYPES.items() if name in value)
+        isinstance(value[name], kinds) and _counts_in_range(value[name]) for name, kinds in _SUMMARY_TYPES.items()
+        if name in value)
+
+
+def _counts_in_range(value: object) -> bool:
+    """An int field (or fp32_layers' ints) within 0..:data:`SUMMARY_COUNT`."""
+    ints = value if isinstance(value, list) and all(isinstance(v, int) for v in value) else [value]
+    return all(not isinstance(v, int) or isinstance(v, bool) or 0 <= v <= SUMMARY_COUNT for v in ints)
 
 
 PRECISIONS: dict[str, Precision] = {}

@@ -34,16 +34,23 @@ FILE_CHECKS = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 """What :class:`quarl.core.file_schema.Record` asks of a record read from a file: strict
 types, finite numbers, no field the writer never writes."""
 
-Count = Annotated[int, Field(ge=0)]
+MAX_COUNT = 10**12
+"""A count in recover's files (states, updates) at most: 10^12 is beyond any run, and a
+count past it (10**400 read back from a crafted file) is no count to print or add to."""
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Share = Annotated[float, Field(ge=0, le=1)]
-Seconds = Annotated[float, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0, le=1e9)]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
+"""A seed an episode was played on (numpy and gymnasium take 32 bits)."""
+RoundNumber = Annotated[int, Field(ge=0, le=1000)]
+"""A round played (a run plays at most 1000: ``max_rounds``' bound)."""
 AnyReturn = Annotated[float, Field(allow_inf_nan=True)]
 """A mean return: may be infinite or NaN (an env's own reward), never refused."""
 JsonObject = dict[str, JsonValue]
 """Another object's JSON form recorded as it was (the options): any JSON values, nothing else."""
 
 # what the CLI prints again when a finished recovery is reused: finite and printable
-Tally = Annotated[int, Field(ge=0, le=10**12)]
+Tally = Count
 Duration = Annotated[float, Field(ge=0, le=1e9)]
 Number = Annotated[float, Field(ge=-1e12, le=1e12)]
 """A percentage or a mean return in recovery.json's report: finite and printable (1e308 is
@@ -66,7 +73,7 @@ class TestOutcome(TypedDict):
     low: NotRequired[Number | None]
     high: NotRequired[Number | None]
     episodes: NotRequired[Tally]
-    seeds: NotRequired[list[int]]
+    seeds: NotRequired[list[Seed]]
     means: NotRequired[Annotated[list[Number], Field(min_length=2, max_length=2)]]
 
 
@@ -137,7 +144,7 @@ class RoundJson(TypedDict):
     """One DAgger round as a state (``history``) or recovery.json (``rounds``) holds it: the
     one definition of a round's fields and of what a round read back must hold."""
 
-    round: Count
+    round: RoundNumber
     states: Count
     """States in the aggregated set after this round."""
     new_states: Count
@@ -158,7 +165,7 @@ class RoundStats:
     checks (``tests/test_recovery_files.py`` holds the two equal; :meth:`to_dict` and
     :meth:`from_dict` convert, mypy checking every field both ways)."""
 
-    round: Count
+    round: RoundNumber
     states: Count
     new_states: Count
     loss: float
@@ -220,7 +227,7 @@ class RecoveryJson(RecoveryReport):
     heldout_states: Tally
     updates: Tally
     wall_s: Duration
-    seeds: list[int]
+    seeds: list[Seed]
     """The first and last distillation seed (none where no episode was played)."""
     rounds: list[RoundJson]
     provenance: Provenance
@@ -279,7 +286,7 @@ class RecoveryState(TypedDict):
     best_round: Annotated[int, Field(ge=-1)]
     best_student: dict[str, torch.Tensor]
     updates: Count
-    seeds: list[int]
+    seeds: list[Seed]
     target: float
 
 

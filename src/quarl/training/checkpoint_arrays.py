@@ -116,11 +116,17 @@ def load_replay(buffer: ReplayBuffer, arrays: Arrays, source: str | Path = "the 
     buffer.pos, buffer.full = position.pos, position.full
 
 
-def vecnormalize_arrays(venv: VecNormalize) -> Arrays:
+def vecnormalize_arrays(venv: VecNormalize, source: str | Path = "the saved normalization") -> Arrays:
+    """``venv``'s running statistics as arrays (each checked by :func:`load_vecnormalize_arrays`);
+    one line where a statistic is missing (a trusted pickle of another shape)."""
     out: Arrays = {}
     for name in _RMS:
-        rms = getattr(venv, name)
-        out |= {f"{name}.mean": rms.mean, f"{name}.var": rms.var, f"{name}.count": np.array(rms.count)}
+        rms = getattr(venv, name, None)
+        parts = {part: getattr(rms, part, None) for part in ("mean", "var", "count")}
+        if any(value is None for value in parts.values()):
+            raise QuarlError(f"{source}: its {name} is a {type(rms).__name__}, not running statistics (mean, var, "
+                             "count): refused")
+        out |= {f"{name}.{part}": np.asarray(value) for part, value in parts.items()}
     return out
 
 

@@ -14,12 +14,15 @@ from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json
 from quarl.core.limits import read_capped
-from quarl.training.checkpoint_arrays import load_arrays, load_replay, load_vecnormalize_arrays, vecnormalize_arrays
+from quarl.training.checkpoint_arrays import (load_arrays, load_replay, load_vecnormalize_arrays, replay_arrays,
+                                              vecnormalize_arrays)
 from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
 from quarl.training.hyperparams import Hyperparams
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.buffers import ReplayBuffer
+    from stable_baselines3.common.vec_env import VecNormalize
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ def resume_from(model: BaseAlgorithm, path: Path, done: int, trust_pickle: bool)
             load_replay(model.replay_buffer, load_arrays(npz), npz)
         elif pkl.exists():
             _refuse_pickle(pkl, trust_pickle)
-            model.load_replay_buffer(str(pkl))
+            load_replay(model.replay_buffer, replay_arrays(_trusted_replay(pkl)), pkl)
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
         npz, pkl = Path(f"{stem}.vecnormalize.npz"), Path(f"{stem}.vecnormalize.pkl")
@@ -120,9 +123,44 @@ def resume_from(model: BaseAlgorithm, path: Path, done: int, trust_pickle: bool)
             load_vecnormalize_arrays(vecnorm, load_arrays(npz), npz)
         elif pkl.exists():
             _refuse_pickle(pkl, trust_pickle)
-            import pickle
+            load_vecnormalize_arrays(vecnorm, vecnormalize_arrays(_trusted_vecnormalize(pkl), pkl), pkl)
 
-            load_vecnormalize_arrays(vecnorm, vecnormalize_arrays(pickle.loads(pkl.read_bytes())))  # noqa: S301
+
+def _unpickle_trusted(pkl: Path, cap: int, what: str) -> object:
+    """What ``pkl`` unpickles to (``--trust-pickle``: the user vouched for it), read at most
+    ``cap`` bytes; one line where it cannot be unpickled. Its type is still checked by the
+    caller: trusted code is not a trusted shape."""
+    import pickle
+
+    data = read_capped(pkl, cap, what)
+    try:
+        return pickle.loads(data)  # noqa: S301 - the user vouched for this file
+    except Exception as exc:  # truncated, or a class that is not installed
+        raise QuarlError(f"{pkl} cannot be unpickled ({exc.__class__.__name__}: {str(exc)[:100]})") from None
+
+
+def _trusted_vecnormalize(pkl: Path) -> VecNormalize:
+    """An older checkpoint's VecNormalize pickle, trusted: a VecNormalize (one line naming the
+    type found otherwise: an int was an AttributeError traceback)."""
+    from quarl.policies.safe_load import VECNORMALIZE_CAP, check_trusted_vecnormalize
+
+    obj = _unpickle_trusted(pkl, VECNORMALIZE_CAP, "a VecNormalize pickle")
+    check_trusted_vecnormalize(obj, pkl)
+    return obj  # type: ignore[return-value]  # checked: a VecNormalize
+
+
+def _trusted_replay(pkl: Path) -> ReplayBuffer:
+    """An older checkpoint's replay buffer pickle, trusted: an SB3 ReplayBuffer (SB3's own
+    load asserted it, an AssertionError traceback), its arrays then checked as a ``.npz``'s."""
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from quarl.training.checkpoint_arrays import ARRAYS_CAP
+
+    obj = _unpickle_trusted(pkl, ARRAYS_CAP, "a replay buffer pickle")
+    if not isinstance(obj, ReplayBuffer):
+        raise QuarlError(f"{pkl} holds a {type(obj).__module__}.{type(obj).__qualname__}, not a replay buffer "
+                         "(stable_baselines3.common.buffers.ReplayBuffer): refused")
+    return obj
 
 
 def checkpoint_tensors(path: Path, model: BaseAlgorithm) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_s
 from quarl.training.hyperparams import TRAINERS, Hyperparams
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 from quarl.training.qat_sb3 import QATCallback, read_qat_state, write_qat_state
-from quarl.training.resume import RunSettings, check_checkpoint_step, resume_from, resumed_hyperparams
+from quarl.training.resume import RUN_SETTINGS, RunSettings, check_checkpoint_step, resume_from, resumed_hyperparams
 from quarl.training.train_setup import TrainSetup, prepare
 from quarl.training.vec_env import training_vec_env
 
@@ -155,13 +155,21 @@ def _plan(config: TrainConfig, resume: bool) -> tuple[TrainConfig, TrainSetup, i
     in one line before anything is built."""
     if config.precision not in TRAIN_PRECISIONS:
         raise QuarlError(f"unknown training precision {config.precision!r}: allowed {', '.join(TRAIN_PRECISIONS)}")
+    stored = None  # the settings file a resumed run's --hp were read from
     if resume:
-        config = dataclasses.replace(config, hyperparams=resumed_hyperparams(config.hyperparams,
-                                                                             run_folder(config, True)))
+        run_dir = run_folder(config, True)
+        hyperparams = resumed_hyperparams(config.hyperparams, run_dir)
+        stored = run_dir / RUN_SETTINGS if hyperparams and not config.hyperparams else None
+        config = dataclasses.replace(config, hyperparams=hyperparams)
     action_space = check_algo_env(config.algo, config.env_id)
     if config.qat is not None and TRAINERS[config.algo].qat_refused:
         raise QuarlError(TRAINERS[config.algo].qat_refused)
-    setup = prepare(config.algo, config.env_id, action_space, config.hyperparams)
+    try:
+        setup = prepare(config.algo, config.env_id, action_space, config.hyperparams)
+    except QuarlError as exc:
+        if stored is None:
+            raise
+        raise QuarlError(f"{stored} (the --hp this run started with): {exc}") from None
     total = _total(config.algo, config.env_id, config.timesteps, setup)
     if config.qat is not None and config.qat.quant_delay >= total:
         raise QuarlError(

@@ -39,6 +39,11 @@ _CLASSES = {
 }
 """Class names that appear inside the zoo's policy_kwargs strings."""
 _SCHEDULED = ("learning_rate", "clip_range", "clip_range_vf")
+_CLASS_KWARGS = {"activation_fn": ("torch.nn", "Module", "an activation"),
+                 "features_extractor_class": ("stable_baselines3.common.torch_layers", "BaseFeaturesExtractor",
+                                              "a features extractor"),
+                 "optimizer_class": ("torch.optim", "Optimizer", "an optimizer")}
+"""policy_kwargs that SB3 calls as a class, and the class each must derive from."""
 
 _NOTED: set[tuple[str, str]] = set()
 """(algo, env) pairs whose hyperparameter source was noted in this process."""
@@ -72,6 +77,29 @@ def _classes(value: Any, where: str) -> Any:
         module, attr = _CLASSES[value]
         return getattr(importlib.import_module(module), attr)
     return value
+
+
+def check_policy_classes(policy_kwargs: object, where: str) -> None:
+    """Each of ``policy_kwargs``' class arguments (``activation_fn``...) is, once
+    :func:`_classes` mapped it, a class of the kind SB3 calls: a name it does not map
+    (``'os.system'``, kept as text) reached SB3 as a string and died in a TypeError
+    traceback when the network was built."""
+    if not isinstance(policy_kwargs, dict):
+        return
+    for key, (module, base_name, kind) in _CLASS_KWARGS.items():
+        if key not in policy_kwargs:
+            continue
+        value = policy_kwargs[key]
+        base = getattr(importlib.import_module(module), base_name)
+        extractor = importlib.import_module("stable_baselines3.common.torch_layers").BaseFeaturesExtractor
+
+        def fits(cls: object) -> bool:  # an activation is a module, not a features extractor
+            return isinstance(cls, type) and issubclass(cls, base) and (base is extractor or
+                                                                        not issubclass(cls, extractor))
+
+        if not fits(value):
+            names = [name for name, (mod, attr) in _CLASSES.items() if fits(getattr(importlib.import_module(mod), attr))]
+            raise QuarlError(f"{where} {key}={value!r}: not {kind} quarl maps; allowed {', '.join(names)}")
 
 
 def _schedule(key: str, value: object) -> object:
@@ -173,6 +201,8 @@ def prepare(
         check_policy_name(algo, raw["policy"], "--hp policy" if "policy" in (overrides or {}) else
                           f"the {algo} hyperparameters' policy")
     kwargs = _model_kwargs(algo, env_id, raw)
+    check_policy_classes(kwargs.get("policy_kwargs"), "--hp policy_kwargs" if "policy_kwargs" in (overrides or {})
+                         else f"the {algo} hyperparameters' policy_kwargs")
     norm_kwargs = _normalize_kwargs(raw)
     noise = _action_noise(raw, env_id, action_space)
     if noise is not None:
