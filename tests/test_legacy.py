@@ -127,9 +127,10 @@ def test_demo_table_on_the_paper_agents(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     rows = read_csv(tmp_path / "demo" / "table.csv")
     assert rows[0].pop("int modes")  # the int8 kernel that ran is named
-    wide = {"lo": "-322.66", "hi": "322.66", "verdict": "undecided (~99 more episodes)"}
+    wide = {"lo": "-268.88", "hi": "72.89", "verdict": "undecided (~62 more episodes)", "range": "env 0:500"}
     assert rows == [
         {"policy": "dqn CartPole-v1", "fp32": "500.0", "fp16": "500.0", "E_fp16%": "0.0", "E_fp16 lo": wide["lo"],
-         "E_fp16 hi": wide["hi"], "fp16 verdict": wide["verdict"], "int8": "500.0", "E_int8%": "0.0",
-         "E_int8 lo": wide["lo"], "E_int8 hi": wide["hi"], "int8 verdict": wide["verdict"]}
+         "E_fp16 hi": wide["hi"], "fp16 verdict": wide["verdict"], "fp16 range": wide["range"], "int8": "500.0",
+         "E_int8%": "0.0", "E_int8 lo": wide["lo"], "E_int8 hi": wide["hi"], "int8 verdict": wide["verdict"],
+         "int8 range": wide["range"]}
     ]  # 500 on three seeds: no loss seen, but three clean episodes cannot exclude one

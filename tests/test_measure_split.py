@@ -72,13 +72,14 @@ BEFORE = {
 ROWS_BEFORE = [
     {"precision": "fp32", "mean": 28.33, "std": 2.87, "E%": 0.0, "E lo": None, "E hi": None, "verdict": None},
     # the verdict columns as the confidence sequence gives them (2026-11): three episodes decide nothing, and
-    # an interval end beyond +-1000 % is infinite (null in JSON)
-    {"precision": "fp16", "mean": 28.33, "std": 2.87, "E%": 0.0, "E lo": None, "E hi": None,
-     "verdict": "undecided (~99 more episodes)"},
-    {"precision": "sim3", "mean": 27.0, "std": 3.74, "E%": 4.71, "E lo": None, "E hi": None,
+    # an interval end beyond +-1000 % is infinite (null in JSON); CartPole's own range 0:500 bounds E by 100 %
+    # (2026-11-28: a return cannot fall below 0)
+    {"precision": "fp16", "mean": 28.33, "std": 2.87, "E%": 0.0, "E lo": None, "E hi": 100.0,
+     "verdict": "undecided (~1117 more episodes)"},
+    {"precision": "sim3", "mean": 27.0, "std": 3.74, "E%": 4.71, "E lo": None, "E hi": 100.0,
      "verdict": "undecided after 3 episodes (E near 5 %)"},
 ]
-ROW_FIELDS = ["precision", "mean", "std", "E%", "E lo", "E hi", "verdict", "episodes", "steps_per_s", "mode",
+ROW_FIELDS = ["precision", "mean", "std", "E%", "E lo", "E hi", "verdict", "range", "episodes", "steps_per_s", "mode",
               "fp32_layers", "agree%", "algo", "env_id", "checkpoint", "policy_sha256"]
 
 

@@ -479,7 +479,7 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
     assert TEST_SEEDS.start == test["seeds"][0] and test["seeds"][1] < TEST_SEEDS.stop
     keeps = record["against_fp32"]
     assert keeps["kept"] and keeps["verdict"] == "keeps" and keeps["means"] == [500.0, 500.0]
-    assert keeps["episodes"] >= 100  # clean episodes enough to exclude an unseen failure
+    assert keeps["episodes"] >= 60  # clean episodes enough to exclude an unseen failure (one-sided: log(20) / 0.05)
     assert json.loads((out / "CartPole-v1" / "recovery.json").read_text())["shipped"] == "ptq"
     # what was written is PTQ's own model: the zip's weights on the grid and the export's kernel
     recovered = load_recovered(out)

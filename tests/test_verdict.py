@@ -147,13 +147,16 @@ def test_the_return_range_is_the_envs_where_it_is_defined_and_a_user_range_wins(
 
 def test_a_given_range_the_returns_break_refuses_the_verdict_and_ranges_only_widen() -> None:
     from quarl.core.errors import QuarlError
-    from quarl.verdict import ReturnsOutsideRange, check_insure
+    from quarl.evaluation.reports import paired_verdict
+    from quarl.verdict import Judging, ReturnsOutsideRange, check_insure
 
     with pytest.raises(ReturnsOutsideRange, match="a return of 600 lies outside --return-range 0:500"):
         judge(np.full(5, 500.0), np.array([500.0, 500.0, 600.0, 500.0, 500.0]), returns=(0.0, 500.0))
-    assert issubclass(ReturnsOutsideRange, QuarlError)  # one line on the command line, exit 2
+    with pytest.raises(QuarlError, match="int8: a return of 600 lies outside"):  # what the commands print in one line
+        paired_verdict({"returns": [500.0] * 3, "precision": "fp32"}, {"returns": [500.0, 600.0, 500.0],
+                       "precision": "int8"}, Judging(return_range=(0.0, 500.0)))
     for bad in (-1.0, math.nan, math.inf, 1e9):
-        with pytest.raises(QuarlError, match="--insure"):
+        with pytest.raises(ValueError, match="--insure"):
             check_insure(bad)
     rng = np.random.default_rng(0)
     fp32 = rng.normal(100, 10, 200)

@@ -2,7 +2,7 @@
 
 ``quarl.load``, ``quarl.quantize``, ``quarl.evaluate``, ``quarl.play`` and ``quarl.recover`` are the Python API
 (:mod:`quarl.api`), ``quarl.judge`` the verdict for any two policies' paired returns
-(:mod:`quarl.verdict.pairs`); they are imported on first use, so ``import quarl`` stays light."""
+(:mod:`quarl.evaluation.pairs`); they are imported on first use, so ``import quarl`` stays light."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "judge":
-        from quarl.verdict.pairs import judge
+        from quarl.evaluation.pairs import judge
 
         return judge
     raise AttributeError(f"module 'quarl' has no attribute {name!r}")

@@ -31,7 +31,7 @@ def judge(
     """
     setup(verbose)
     from quarl.cli.ptq import judging_of
-    from quarl.verdict.pairs import describe, judge as judge_pairs, read_pairs
+    from quarl.evaluation.pairs import describe, judge as judge_pairs, read_pairs
 
     judging = judging_of(insure, return_range)
     pairs = read_pairs(returns)

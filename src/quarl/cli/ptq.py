@@ -68,11 +68,9 @@ def judging_of(insure: float, return_range: Optional[str]) -> Judging:
     from quarl.core.errors import QuarlError
     from quarl.verdict.bounds import check_insure, parse_range
 
-    check_insure(insure)
-    if return_range is None:
-        return Judging(insure)
     try:
-        return Judging(insure, parse_range(return_range))
+        check_insure(insure)
+        return Judging(insure, None if return_range is None else parse_range(return_range))
     except ValueError as exc:
         raise QuarlError(str(exc)) from None
 

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from quarl.core.atomic import write_all_atomic, write_atomic
 from quarl.core.table import Cell, Row
-from quarl.verdict import Judging, Verdict, games_of, judge, relative_error
+from quarl.core.errors import QuarlError
+from quarl.verdict import Judging, ReturnsOutsideRange, Verdict, games_of, judge, relative_error
 
 __all__ = ["Cell", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "plot_verdicts", "save_figure"]
@@ -38,9 +39,12 @@ def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: 
     fp32_ends, quant_ends = ends
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
     games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
-    return judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
-                 env_id=record.get("env_id") or base.get("env_id"), returns=judging.return_range,
-                 insure=judging.insure)
+    try:
+        return judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
+                     env_id=record.get("env_id") or base.get("env_id"), returns=judging.return_range,
+                     insure=judging.insure)
+    except ReturnsOutsideRange as exc:  # a --return-range the returns break: refused, never clipped
+        raise QuarlError(f"{record.get('precision', '')}: {exc}") from None
 
 
 def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "",

@@ -55,7 +55,7 @@ from quarl.verdict.bounds import (DEFAULT_INSURE, ENV_RETURN_BOUNDS, ReturnRange
                                   parse_range, return_range)
 
 __all__ = ["TOLERANCE", "CONFIDENCE", "Decision", "Judging", "Verdict", "games_of", "relative_error", "interval",
-           "judge", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange",
+           "judge", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange", "check_insure",
            "ENV_RETURN_BOUNDS", "DEFAULT_INSURE", "parse_range", "return_range", "episodes_to_decide", "CHUNK"]
 
 TOLERANCE = 5.0

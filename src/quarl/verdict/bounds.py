@@ -36,7 +36,6 @@ from typing import Literal
 
 import numpy as np
 
-from quarl.core.errors import QuarlError
 
 ENV_RETURN_BOUNDS: dict[str, tuple[float, float]] = {
     # +1 per step, at most 500 (v1) / 200 (v0) steps
@@ -61,8 +60,9 @@ MAX_INSURE = 1000.0
 Source = Literal["given", "env", "insured"]
 
 
-class ReturnsOutsideRange(QuarlError):
-    """A return lies outside the range the user gave: the verdict is refused, not clipped."""
+class ReturnsOutsideRange(ValueError):
+    """A return lies outside the range the user gave: the verdict is refused, not clipped
+    (the commands turn it into their one-line error)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def parse_range(text: str) -> tuple[float, float]:
 def check_insure(insure: float) -> float:
     """``--insure K``: a finite number of mean returns, 0..:data:`MAX_INSURE`."""
     if not (isinstance(insure, (int, float)) and math.isfinite(insure) and 0 <= insure <= MAX_INSURE):
-        raise QuarlError(f"--insure {insure!r}: allowed a number of mean returns from 0 to {MAX_INSURE:g} "
+        raise ValueError(f"--insure {insure!r}: allowed a number of mean returns from 0 to {MAX_INSURE:g} "
                          f"(default {DEFAULT_INSURE:g})")
     return float(insure)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from quarl.core.errors import QuarlError
 from quarl.verdict import DEFAULT_INSURE, TOLERANCE, Decision, Verdict, judge as _judge
-from quarl.verdict.bounds import check_insure
+from quarl.verdict.bounds import ReturnsOutsideRange, check_insure
 
 HEADER = ("seed", "reference", "candidate")
 MAX_CSV_BYTES = 64 << 20
@@ -46,13 +46,19 @@ def judge(reference: Sequence[float] | np.ndarray, candidate: Sequence[float] | 
     cand = _returns(candidate, "candidate")
     if len(ref) != len(cand):
         raise QuarlError(f"reference and candidate returns must pair one to one: got {len(ref)} and {len(cand)}")
-    check_insure(insure)
+    try:
+        check_insure(insure)
+    except ValueError as exc:
+        raise QuarlError(str(exc)) from None
     if return_range is not None:
         lo, hi = (float(v) for v in return_range)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise QuarlError(f"return_range {return_range!r}: allowed (lo, hi), two finite numbers with lo < hi")
         return_range = (lo, hi)
-    return _judge(ref, cand, env_id=env_id, returns=return_range, insure=insure)
+    try:
+        return _judge(ref, cand, env_id=env_id, returns=return_range, insure=insure)
+    except ReturnsOutsideRange as exc:
+        raise QuarlError(str(exc)) from None
 
 
 def _returns(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
