@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -421,3 +422,25 @@ def test_the_judge_api_checks_its_input() -> None:
     with pytest.raises(QuarlError, match="return_range"):
         quarl.judge([1, 2], [1, 2], return_range=(3, 1))
     assert quarl.judge([500.0] * 100, [500.0] * 100, env_id="CartPole-v1").verdict == "keeps"
+
+
+def test_ptq_says_what_its_verdicts_insure_and_refuses_a_range_its_returns_break(tiny_run, tmp_path) -> None:
+    """The range column and the line under the table; ``--return-range`` the returns break:
+    one line, exit 2, the finished cells kept (a rerun with a right range reuses them)."""
+    from conftest import run_cli
+
+    out = tmp_path / "out"
+    args = ("ptq", str(tiny_run), "--precisions", "fp32,fp16", "--episodes", "3", "--out", str(out))
+    broken = run_cli(*args, "--return-range", "0:5")
+    assert broken.returncode == 2 and "lies outside --return-range 0:5" in broken.stderr
+    (line,) = [line for line in broken.stderr.splitlines() if "━" not in line]  # the progress bars, then one line
+    assert re.fullmatch(r"error: fp16: a return of [\d.]+ lies outside --return-range 0:5: the verdict needs a range "
+                        r"every return lies in \(widen it, or leave it out\)", line), line
+    kept = len((out / "results.jsonl").read_text().splitlines())
+    assert kept == 2  # both cells finished and stored before the verdict was refused
+    fine = run_cli(*args, "--insure", "2")
+    assert fine.returncode == 0, fine.stderr
+    assert "insured against every return the env allows (its defined range)" in fine.stdout  # CartPole: its own
+    assert "env 0:500" in fine.stdout and "reused 2 finished cells" in fine.stdout
+    assert run_cli(*args, "--insure", "-3").returncode == 2
+    assert "--return-range 'a:b' must be LO:HI" in run_cli(*args, "--return-range", "a:b").stderr
