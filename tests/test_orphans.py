@@ -231,3 +231,104 @@ def test_nothing_a_local_ray_study_started_outlives_a_sigkill(request: pytest.Fi
         assert not alive, [(p.pid, names.get(p.pid)) for p in alive]
     finally:
         _kill_all([*tree, main], proc)
+
+
+def test_a_reaper_given_a_folder_ends_whoever_holds_a_file_there(tmp_path: Path) -> None:
+    """quarl.core.lifeline.reap_after_exit(marker=...): started before any helper exists, it
+    ends (once the process that started it is SIGKILLed) every process holding a file open
+    under the folder, whoever started it (here one that left its parent: a daemon), and
+    removes the folder; a process with files elsewhere is spared."""
+    marked, elsewhere = tmp_path / "marked", tmp_path / "elsewhere"
+    marked.mkdir()
+    elsewhere.mkdir()
+    code = r"""
+import subprocess, sys, time
+from quarl.core import lifeline
+lifeline.reap_after_exit([], marker=sys.argv[1])
+time.sleep(0.5)  # the reaper runs before the helper exists
+def holder(folder):  # a daemon: its parent (a shell) exits at once, so it is no descendant of this process
+    shell = subprocess.Popen(["sh", "-c", f"exec 3>{folder}/log; sleep 600 <&- >&- 2>&- & echo $!"],
+                             stdout=subprocess.PIPE)
+    return int(shell.stdout.readline())
+print(holder(sys.argv[1]), holder(sys.argv[2]), lifeline._reapers[-1].pid, flush=True)
+time.sleep(600)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", code, str(marked), str(elsewhere)], stdout=subprocess.PIPE)
+    helpers: list[psutil.Process] = []
+    try:
+        assert parent.stdout is not None
+        inside, outside, reaper_pid = (int(n) for n in parent.stdout.readline().split())
+        helpers = [psutil.Process(inside), psutil.Process(outside)]
+        assert all(p.ppid() != parent.pid for p in helpers)  # not the parent's children: only the folder finds them
+        time.sleep(1.0)
+        assert not any(_gone(p) for p in helpers)  # nothing is ended while the parent lives
+        parent.kill()
+        parent.wait()
+        assert not _survivors([helpers[0], psutil.Process(reaper_pid)], GONE_WITHIN_S)
+        assert not _gone(helpers[1]) and not marked.exists() and elsewhere.exists()
+    finally:
+        for p in helpers:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()  # type: ignore[union-attr]
+
+
+def _ray_starting(phase: str) -> Callable[[list[psutil.Process]], bool]:
+    """Ray's start has reached ``phase``: its GCS runs (``gcs``), or the raylet has started
+    its agents (``agents``); no actor of the run exists yet (ray.init has not returned)."""
+    def reached(tree: list[psutil.Process]) -> bool:
+        names = {p.name() for p in tree}
+        if any(name.startswith(("ray::RemoteActor", "ray::Broadcaster", "ray::Evaluator")) for name in names):
+            return False
+        return "gcs_server" in names if phase == "gcs" else "ray::DashboardAgent" in names
+    return reached
+
+
+@pytest.mark.slow  # each case starts a local Ray: 10 to 20 s on 2 shared cores
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("phase", ["gcs", "agents"])
+def test_nothing_a_ray_actorq_run_started_outlives_it_when_stopped_while_ray_starts(
+        phase: str, signum: int, tmp_path: Path) -> None:
+    """``quarl actorq run`` on a local Ray, stopped while Ray starts (its GCS up, or its
+    raylet's agents up, before ray.init returns): the agents outlived a SIGKILL or a SIGTERM
+    (60 s: the reaper was started after ray.init, with pids it never learnt), and a SIGTERM
+    exited 15 without a word (Ray's own handler). Now nothing outlives it, Ray's folder is
+    removed, and a SIGTERM takes Ctrl-C's path (exit 143, the command that resumes)."""
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "200"}
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", "actorq", "run", "CartPole-v1", "--policy-layers",
+                                 "8", "--actors", "1", "--max-minutes", "2", "--out", str(tmp_path / "run")], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    main = psutil.Process(proc.pid)
+    tree: list[psutil.Process] = []
+    reached = _ray_starting(phase)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                tree = main.children(recursive=True)
+                if reached(tree):
+                    break
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(0.01)
+        assert proc.poll() is None and reached(tree), f"Ray never reached {phase}: {log.read_text()[-2000:]}"
+        folders = {arg.split("=", 1)[1].split("/session_")[0] for p in tree for arg in p.cmdline()
+                   if "quarl-ray-" in arg and "=" in arg}
+        proc.send_signal(signum)
+        proc.wait(120)
+        tree = [*tree, *_survivors(tree, 0)]
+        names = {p.pid: p.name() for p in tree if not _gone(p)}
+        alive = _survivors(tree, GONE_WITHIN_S)
+        assert not alive, [(p.pid, names.get(p.pid)) for p in alive]
+        assert folders and not any(Path(f).exists() for f in folders), folders
+        if signum == signal.SIGTERM:
+            assert proc.returncode == 143 and "interrupted: what finished is kept; to continue, run: quarl actorq run" \
+                in log.read_text(), (proc.returncode, log.read_text()[-2000:])
+    finally:
+        _kill_all([*tree, main], proc)

@@ -11,7 +11,9 @@ the server ends with quarl even while it is still importing torch.
 
 Processes that quarl does not start itself (a local Ray's agents, started by its raylet)
 are ended by a reaper (:func:`reap_after_exit`): a small process that outlives quarl just
-long enough to end what quarl's helpers started."""
+long enough to end what quarl's helpers started: the descendants of the processes it was
+given, and every process holding a file open in a folder it was given (a local Ray's
+logs: each of its processes writes there, whoever started it)."""
 
 from __future__ import annotations
 
@@ -75,11 +77,14 @@ _reapers: list[Any] = []
 """The reapers started by this process, kept so that their pipes stay open until it ends."""
 
 
-def reap_after_exit(roots: list[int]) -> None:
+def reap_after_exit(roots: list[int], marker: str | None = None) -> None:
     """Start a reaper: a process in a session of its own that, once this process ends
     (however: its end of a pipe closes), ends ``roots`` and every process they started
-    meanwhile (SIGTERM, then SIGKILL after a grace), for helpers that would otherwise
-    linger (a local Ray's agents wait 60 s for its dead GCS before they exit)."""
+    meanwhile, and every process that then holds a file open under folder ``marker``
+    (SIGTERM, then SIGKILL after a grace; the folder is removed after), for helpers that
+    would otherwise linger (a local Ray's agents wait 60 s for its dead GCS before they
+    exit). With a ``marker`` it is started before the helpers exist, so a kill at any
+    moment of their start leaves none."""
     import subprocess
 
     import psutil
@@ -90,14 +95,44 @@ def reap_after_exit(roots: list[int]) -> None:
             stamped.append(f"{pid}:{psutil.Process(pid).create_time()!r}")
         except psutil.Error:
             continue
-    if not stamped:
+    if not stamped and marker is None:
         return
+    marked = [f"--marker={marker}"] if marker is not None else []
     try:
         _reapers.append(subprocess.Popen([sys.executable, "-c", "from quarl.core.lifeline import reap; reap()",
-                                          *stamped], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          *marked, *stamped], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True))
     except OSError:  # pragma: no cover - no process to spare: Ray ends its own helpers, later
         pass
+
+
+def holding_files_under(folder: str, since: float = 0.0, spare: int = 0) -> list[Any]:
+    """The processes (psutil) of this user started at ``since`` or later, this one and
+    ``spare`` excepted, with a file open under ``folder``: read from ``/proc/PID/fd`` on
+    Linux (every descriptor, not only regular files), else from psutil's open files."""
+    import psutil
+
+    prefix = os.path.join(os.path.realpath(folder), "")
+    found = []
+    for p in psutil.process_iter(["uids", "create_time"]):
+        if p.pid in (os.getpid(), spare) or (p.info["create_time"] or 0.0) < since or \
+                (hasattr(os, "getuid") and p.info["uids"] and p.info["uids"].real != os.getuid()):
+            continue
+        try:
+            if os.path.isdir(f"/proc/{p.pid}/fd"):
+                links = []
+                for fd in os.listdir(f"/proc/{p.pid}/fd"):
+                    try:
+                        links.append(os.readlink(f"/proc/{p.pid}/fd/{fd}"))
+                    except OSError:  # closed between the two looks
+                        continue
+            else:  # pragma: no cover - not Linux
+                links = [f.path for f in p.open_files()]
+        except (OSError, psutil.Error):  # ended, or not ours to read
+            continue
+        if any(link.startswith(prefix) for link in links):
+            found.append(p)
+    return found
 
 
 def reap(argv: list[str] | None = None, poll_s: float = PARENT_POLL_S, grace_s: float = 0.5) -> None:
@@ -108,7 +143,15 @@ def reap(argv: list[str] | None = None, poll_s: float = PARENT_POLL_S, grace_s: 
     import psutil
 
     known: dict[int, float] = {}
+    marker = None
+    # the process that started this one may still be ending (its interpreter closes our pipe
+    # before it exits) and holds files under the marker itself (a Ray driver's logs): it is
+    # spared, and so is any process older than this one (the marker's helpers start after it)
+    parent, since = os.getppid(), psutil.Process().create_time() - 0.05
     for item in argv if argv is not None else sys.argv[1:]:
+        if item.startswith("--marker="):
+            marker = item.removeprefix("--marker=")
+            continue
         number, _, stamp = item.partition(":")
         known[int(number)] = float(stamp)
 
@@ -132,8 +175,9 @@ def reap(argv: list[str] | None = None, poll_s: float = PARENT_POLL_S, grace_s: 
                     todo.append(child)
 
     while True:
-        refresh()
-        ready, _, _ = select.select([sys.stdin], [], [], poll_s)
+        if known:
+            refresh()
+        ready, _, _ = select.select([sys.stdin], [], [], poll_s if known else None)  # no roots: only the marker
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break
     refresh()
@@ -143,15 +187,28 @@ def reap(argv: list[str] | None = None, poll_s: float = PARENT_POLL_S, grace_s: 
             p = psutil.Process(pid)
             if p.create_time() == created:
                 procs.append(p)
-                p.terminate()
+        except psutil.Error:
+            continue
+    if marker is not None:
+        procs += [p for p in holding_files_under(marker, since, parent) if p.pid not in known]
+    for p in procs:
+        try:
+            p.terminate()
         except psutil.Error:
             continue
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    if marker is not None:  # and what a dying helper started meanwhile (a raylet's agent)
+        alive += [p for p in holding_files_under(marker, since, parent) if p not in alive]
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             continue
+    if marker is not None:
+        import shutil
+
+        psutil.wait_procs(alive, timeout=grace_s)
+        shutil.rmtree(marker, ignore_errors=True)  # the logs of a cluster that no longer runs
 
 
 class spawning_fork_server:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 from typing import Any
 
 from quarl.core.errors import QuarlError
@@ -43,6 +44,7 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
     # aborts; the caller's handler (quarl's CLI: checkpoint, clean shutdown) is put back
     handlers = ({s: signal.getsignal(s) for s in (signal.SIGTERM,)}
                 if threading.current_thread() is threading.main_thread() else {})
+    terminated = False
     try:
         if address:
             # a loopback cluster: else the driver registers under this machine's LAN address (None: Ray's own)
@@ -50,17 +52,23 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
             ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.ERROR,
                      _node_ip_address=node_ip)
         else:
-            import psutil
-
             from quarl.core import lifeline
 
-            before = {p.pid for p in psutil.Process().children()}
+            # every process of this Ray writes its logs under a folder of its own, and a
+            # reaper started before the first of them ends whatever holds a file there once
+            # this process ends: its GCS and raylet end with it (the kernel's parent-death
+            # signal), but the raylet's agents waited 60 s for the dead GCS (measured after
+            # kill -9 of quarl study), and a kill while Ray starts, before any reaper knew
+            # their pids, left them for good
+            temp_dir = tempfile.mkdtemp(prefix="quarl-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+            lifeline.reap_after_exit([], marker=temp_dir)
             # "local": a new Ray of our own even when another one runs on this machine
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False,
-                     logging_level=logging.ERROR)
-            # its GCS and raylet end with this process, but the raylet's agents wait 60 s for
-            # the dead GCS first (measured after kill -9 of quarl study); a reaper ends them at once
-            lifeline.reap_after_exit([p.pid for p in psutil.Process().children() if p.pid not in before])
+                     logging_level=logging.ERROR, _temp_dir=temp_dir)
+    except SystemExit as exc:  # Ray's own SIGTERM handler, installed first thing in ray.init, exits
+        if exc.code != signal.SIGTERM or not callable(handlers.get(signal.SIGTERM)):
+            raise
+        terminated = True
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError, and Ray's bare Exception on a start timeout
         where = f"--address {address!r}" if address else "a local Ray"
         hint = ""
@@ -71,6 +79,14 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
         for signum, handler in handlers.items():
             if handler is not None:
                 signal.signal(signum, handler)
+    if terminated:  # a SIGTERM while Ray started: what was started stops, then the caller's handler runs
+        try:
+            ray.shutdown()
+        except Exception:  # a half-started Ray: the reaper ends what is left
+            pass
+        handler = handlers[signal.SIGTERM]
+        assert callable(handler)
+        handler(signal.SIGTERM, None)
     return True
 
 
