@@ -20,6 +20,18 @@ ROOT = Path(__file__).resolve().parents[1]
 ZOO = Path(os.environ.get("QUARL_ZOO", ROOT.parent / "shared" / "zoo"))
 
 
+def skip_where_the_cpu_cannot_run(label: str) -> None:
+    """Skip a test of the int mode ``label`` (any other precision: nothing) where the mode's
+    own ``cpu_unsupported`` says this CPU, as ``QUARL_CPU_KIND`` has quarl answer, cannot run
+    it exactly: quarl runs its fallback there (or refuses it), never the mode itself."""
+    from quarl.quant.modes import MODES
+
+    mode = MODES.get(label)
+    reason = mode.cpu_unsupported() if mode is not None else None
+    if reason is not None:
+        pytest.skip(reason)
+
+
 def zoo_run(algo: str, env: str) -> Path:
     path = ZOO / algo / f"{env}_1"
     if not path.exists():

@@ -17,7 +17,7 @@ from quarl.quant.api import quantize
 from quarl.quant.backends.batching import CertifiedArgmax, RowVerdicts, per_row
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
-from tests.conftest import zoo_run
+from tests.conftest import skip_where_the_cpu_cannot_run, zoo_run
 
 
 def _one_by_one(engine, x: np.ndarray) -> np.ndarray:
@@ -168,6 +168,7 @@ def _zoo_states(algo: str, env: str) -> tuple:
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8-static", "int8-block", "int8-dyn-tensor",
                                        "int4-weight-only"])
 def test_zoo_policies_act_on_batches_as_on_each_observation_alone(algo: str, env: str, precision: str) -> None:
+    skip_where_the_cpu_cannot_run(precision)
     ckpt, states = _zoo_states(algo, env)
     policy = quantize(ckpt.policy, QuantConfig.parse(precision), calibration=states)
     want = policy.postprocess(np.concatenate([policy.forward(states[i : i + 1]) for i in range(len(states))]))
@@ -181,6 +182,7 @@ def test_a_model_that_cannot_batch_runs_its_rows_in_one_scan_call_with_their_own
     """A dynamic int8 model (activation range over the whole input) and a 4-bit model whose
     batched call rounds differently go through ONNX Scan, each row as a batch of one: the
     same bits as a call per row, the scan form verified per batch size like any other."""
+    skip_where_the_cpu_cannot_run(label)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     policy = Policy(net, gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(3), "argmax")

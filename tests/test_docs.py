@@ -194,22 +194,29 @@ def _is_number(cell: str) -> bool:
     return re.fullmatch(r"-?[\d,]+(\.\d+)?|nan", cell) is not None
 
 
-def compare_table(shown: Table, made: Table, where: str) -> None:
-    assert shown.title == made.title, f"{where}: title {shown.title!r}, the command prints {made.title!r}"
+def compare_table(shown: Table, made: Table, where: str, chosen: bool = False) -> None:
+    """``made`` as the doc shows it: cell by cell, timing columns only as numbers; ``chosen``
+    (a CPU other than the docs' or another automatic choice, :func:`compare_chosen_output`):
+    the numbers that follow from the int modes chosen also only as numbers."""
+    assert _same_line(shown.title, made.title, chosen), f"{where}: title {shown.title!r}, the command prints {made.title!r}"
     assert shown.header == made.header, f"{where}: columns {shown.header}, the command prints {made.header}"
     assert len(shown.rows) == len(made.rows), f"{where}: {len(shown.rows)} rows, the command prints {made.rows}"
     for shown_row, made_row in zip(shown.rows, made.rows):
+        loose = _chosen_columns(shown.header, made_row) if chosen else set()
         for column, shown_cell, made_cell in zip(shown.header, shown_row, made_row):
-            if column in TIMING_COLUMNS:
+            if column in TIMING_COLUMNS or (column in loose and _is_number(shown_cell)):
                 assert _is_number(shown_cell) and _is_number(made_cell), f"{where}: {column} {shown_cell!r}"
+            elif column in loose:  # a mode (checked by compare_chosen_output), a verdict, layers kept in fp32
+                assert bool(shown_cell) == bool(made_cell), f"{where}: {column} {shown_cell!r}, printed {made_cell!r}"
             else:
                 assert shown_cell == made_cell, \
                     f"{where}: row {shown_row[0]!r}, {column}: the doc says {shown_cell!r}, the command prints {made_cell!r}"
 
 
-def compare_output(block: Block, printed: str) -> None:
+def compare_output(block: Block, printed: str, chosen: bool = False) -> None:
     """The block equals the printed output: lines exactly, tables cell by cell (timing
-    columns only as numbers). A line ``...`` in the block stands for any output."""
+    columns only as numbers). A line ``...`` in the block stands for any output.
+    ``chosen``: see :func:`compare_chosen_output`."""
     shown, made = parse_output(block.text), parse_output(printed)
     position = 0
     skipping = False
@@ -219,17 +226,93 @@ def compare_output(block: Block, printed: str) -> None:
             continue
         if skipping:  # on to the next printed item of this kind (this line, or a table)
             while position < len(made) and not (
-                    isinstance(item, Table) and isinstance(made[position], Table) or item == made[position]):
+                    isinstance(item, Table) and isinstance(made[position], Table) or
+                    isinstance(item, str) and isinstance(made[position], str) and
+                    _same_line(item, str(made[position]), chosen)):
                 position += 1
             skipping = False
         assert position < len(made), f"{block.where}: {item!r} is not printed; the command printed:\n{printed}"
         if isinstance(item, Table):
             assert isinstance(made[position], Table), f"{block.where}: a table, the command printed {made[position]!r}"
-            compare_table(item, made[position], block.where)  # type: ignore[arg-type]
+            compare_table(item, made[position], block.where, chosen)  # type: ignore[arg-type]
         else:
-            assert item == made[position], f"{block.where}: the doc says\n{item}\nthe command prints\n{made[position]}"
+            assert isinstance(made[position], str) and _same_line(item, str(made[position]), chosen), \
+                f"{block.where}: the doc says\n{item}\nthe command prints\n{made[position]}"
         position += 1
     assert skipping or position == len(made), f"{block.where}: the command printed more: {made[position:]}"
+
+
+# ---------------------------------------------------------------------------------------
+# what the CPU chooses: int modes and what follows from them
+
+CHOSEN_COLUMNS = {"mode", "model_bytes", "mean", "std", "E%", "E lo", "E hi", "verdict", "range", "episodes",
+                  "fp32_layers", "agree%", "KL", "sampled agree%", "return", "length"}
+"""The columns of a row that follow from the int mode chosen for it (a row without a mode,
+in a table with a mode column, keeps its own but for the episodes a verdict played)."""
+
+
+def docs_cpu_here() -> bool:
+    """Whether this CPU, as ``QUARL_CPU_KIND`` has quarl answer, is of the kind that made the
+    docs' outputs (an AMD EPYC with AVX-512 VNNI): with VNNI (``auto`` int8 weights are
+    symmetric) and a MatMulNBits that computes in int8 (the block modes run)."""
+    from quarl.quant.backends.onnxruntime import has_vnni
+    from quarl.quant.modes import int8_compute
+
+    return has_vnni() and int8_compute(8) == int8_compute(4) == "int8"
+
+
+def int_modes_in(text: str) -> list[str]:
+    """The int mode labels ``text`` names, in order (``int8-block``; not ``lunar-int8``)."""
+    from quarl.quant.modes import MODES
+
+    labels = "|".join(re.escape(label) for label in sorted(MODES, key=len, reverse=True))
+    return re.findall(rf"(?<![\w-])({labels})(?![\w-])", text)
+
+
+def _masked(line: str) -> str:
+    """``line`` with its int modes and its numbers as placeholders."""
+    from quarl.quant.modes import MODES
+
+    labels = "|".join(re.escape(label) for label in sorted(MODES, key=len, reverse=True))
+    return re.sub(r"-?\d[\d,]*(\.\d+)?(e-?\d+)?", "N", re.sub(rf"(?<![\w-])({labels})(?![\w-])", "MODE", line))
+
+
+def _same_line(shown: str, made: str, chosen: bool) -> bool:
+    """A line as the doc shows it; ``chosen``: one that names an int mode, but for the mode
+    and its numbers."""
+    if chosen and int_modes_in(shown):
+        return _masked(shown) == _masked(made)
+    return shown == made
+
+
+def _chosen_columns(header: list[str], row: list[str]) -> set[str]:
+    """The columns of ``row`` that follow from the int modes chosen (see :data:`CHOSEN_COLUMNS`)."""
+    if "mode" not in header or row[header.index("mode")]:
+        return CHOSEN_COLUMNS
+    return {"episodes", "mean", "std"} & set(header) if "verdict" in header else set()
+
+
+def compare_chosen_output(block: Block, printed: str) -> bool:
+    """:func:`compare_output` for output that shows int modes the automatic choice picked (by
+    latency, among the modes this CPU runs exactly; the docs say so under the block) and what
+    follows from them: returns, sizes, agreement. Where this CPU is of the docs' kind
+    (:func:`docs_cpu_here`) and picked the docs' modes, exactly. Elsewhere, for this CPU: the
+    modes printed are of the docs' widths and ones this CPU runs; everything that does not
+    follow from them as the docs show it; what does (the numbers of a line or row that names a
+    mode, :data:`CHOSEN_COLUMNS`, a table of returns under a mode) as numbers. Returns True
+    there: the caller checks what follows from the modes its own way."""
+    from quarl.quant.modes import MODES
+
+    shown, made = int_modes_in(block.text), int_modes_in(printed)
+    if not shown or docs_cpu_here() and shown == made:
+        compare_output(block, printed)
+        return False
+    widths = [label.split("-")[0] for label in shown]
+    assert [label.split("-")[0] for label in made] == widths, f"{block.where}: modes {made}, the doc's {shown}"
+    for label in made:
+        assert MODES[label].cpu_unsupported() is None, f"{block.where}: {label} chosen where this CPU cannot run it"
+    compare_output(block, printed, chosen=True)
+    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -384,13 +467,14 @@ def command_before(block: Block) -> list[str]:
     return bash_lines(previous[-1])
 
 
-def run_python_block(block: Block) -> str:
-    """Run the python block before an output block in the checkout, as a reader would."""
+def run_python_block(block: Block, names: dict[str, Any] | None = None) -> str:
+    """Run the python block before an output block in the checkout, as a reader would
+    (``names``: the namespace it runs in, holding its variables afterwards)."""
     previous = [b for b in blocks_of(block.page) if b.kind == "fence" and b.line < block.line][-1]
     assert previous.language == "python", f"{block.where}: no python block before it"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(previous.text, previous.where, "exec"), {"__name__": "__doc__"})
+        exec(compile(previous.text, previous.where, "exec"), {"__name__": "__doc__"} if names is None else names)
     return printed.getvalue()
 
 
@@ -545,7 +629,7 @@ def test_ptq_lunarlander(doc_run: Path) -> None:
     160 episodes a precision and two int mode choices)."""
     for block in block_made_by("test_ptq_lunarlander"):
         (line,) = command_before(block)
-        compare_output(block, run_doc_command(line))
+        compare_chosen_output(block, run_doc_command(line))
 
 
 @pytest.mark.slow
@@ -553,7 +637,7 @@ def test_ptq_lunarlander_every_precision(doc_run: Path) -> None:
     """ptq.md's precision table: five precisions played until their verdicts decide (40 s)."""
     for block in block_made_by("test_ptq_lunarlander_every_precision"):
         (line,) = command_before(block)
-        compare_output(block, run_doc_command(line))
+        compare_chosen_output(block, run_doc_command(line))
 
 
 def test_sweep_and_analyze_dqn_cartpole(doc_run: Path) -> None:
@@ -568,34 +652,70 @@ def test_export_ptq_and_play_lunarlander(doc_run: Path) -> None:
     play blocks: the exported file plays ptq's int8 returns."""
     for block in block_made_by("test_export_ptq_and_play_lunarlander"):
         printed = "".join(run_doc_command(line) for line in command_before(block))
-        compare_output(block, printed)
+        compare_chosen_output(block, printed)
 
 
 def test_portable_export_its_sidecar_and_bench(doc_run: Path) -> None:
-    blocks = block_made_by("test_portable_export_its_sidecar_and_bench")
-    for block in blocks:
-        if block.language == "json":
-            sidecar = json.loads((doc_run / "results/quick/lunar-int4-portable/policy.json").read_text())
-            shown = json.loads("{" + block.text.strip().rstrip(",") + "}")
-            for key, value in shown.items():
-                made = sidecar[key]
-                if key == "portable":  # measured agreement: the doc rounds it
-                    for side, numbers in value.items():
-                        for name, number in numbers.items():
-                            assert made[side][name] == pytest.approx(number, abs=0.0005), (side, name)
-                else:
-                    assert made == value, f"{block.where}: {key}: the doc says {value}, the sidecar has {made}"
-        else:
-            (line,) = command_before(block)
-            compare_output(block, run_doc_command(line))
+    """deploy.md's --portable export, its sidecar and bench, for the int4 mode this CPU picks:
+    the docs' (``int4-block``, activations rounded to int8, which a runtime in fp32 skips) where
+    it is of the docs' kind; elsewhere its own, whose size and mode the file and sidecar
+    hold, and whose check against fp32 arithmetic is float rounding where its activations
+    stay fp32 (``int4-weight-only``). The note export prints where ONNX Runtime runs the
+    portable file otherwise than the contrib kernel is printed exactly there."""
+    from quarl.cli.export import portable_note
+    from quarl.quant.modes import MODES, int8_compute
+
+    export, sidecar_block, bench = block_made_by("test_portable_export_its_sidecar_and_bench")
+    folder = doc_run / "results/quick/lunar-int4-portable"
+    (line,) = command_before(export)
+    printed = run_doc_command(line)
+    sidecar = json.loads((folder / "policy.json").read_text())
+    # a CPU whose ONNX Runtime runs the portable file otherwise than the contrib kernel gets a note saying so
+    note = portable_note(sidecar["portable"])
+    assert [line for line in printed.splitlines() if line.startswith("note:")] == ([note] if note else [])
+    by_property = compare_chosen_output(export, printed.replace(f"{note}\n", "") if note else printed)
+    mode = sidecar["quant"]["mode"]
+    assert f"({(folder / 'policy.onnx').stat().st_size:,} bytes, mode {mode})" in printed
+    assert sidecar["onnx_bytes"] == (folder / "policy.onnx").stat().st_size
+
+    kernel = MODES[mode]
+    rounds_activations = kernel.student is not None and kernel.student.activations == "int8-block" \
+        and int8_compute(kernel.bits) == "int8"
+    shown = json.loads("{" + sidecar_block.text.strip().rstrip(",") + "}")
+    for key, value in shown.items():
+        made = sidecar[key]
+        if key != "portable":
+            assert made == value, f"{sidecar_block.where}: {key}: the doc says {value}, the sidecar has {made}"
+        elif rounds_activations:  # the docs' kernel: measured agreement, the doc rounds it
+            for side, numbers in value.items():
+                for name, number in numbers.items():
+                    assert made[side][name] == pytest.approx(number, abs=0.0005), (side, name)
+        else:  # fp32 activations in the contrib kernel and in fp32 arithmetic: float rounding apart (ONNX
+            # Runtime fuses DequantizeLinear + MatMul into a MatMulNBits of its own accuracy level: the note above)
+            assert set(made) == set(value)
+            plain = made["fp32_arithmetic"]
+            assert plain["action_agreement"] == 1.0 and plain["max_abs_diff"] <= 1e-4, plain
+
+    (line,) = command_before(bench)
+    printed = run_doc_command(line)
+    if compare_chosen_output(bench, printed) or by_property:
+        (table,) = [item for item in parse_output(printed) if isinstance(item, Table)]
+        (row,) = table.rows
+        assert (row[table.header.index("mode")], int(row[table.header.index("model_bytes")])) == \
+            (mode, sidecar["onnx_bytes"])
 
 
 def test_bench_dqn_cartpole(doc_run: Path) -> None:
     """The bench table's rows, engines, modes and sizes (its times are this machine's:
-    timed briefly here, checked only as numbers)."""
+    timed briefly here, checked only as numbers). Where this CPU picks other int modes than
+    the docs', their sizes as 8- and 4-bit weights make them: int4 < int8 < half of fp32's."""
     block = _only("test_bench_dqn_cartpole")
     (line,) = command_before(block)
-    compare_output(block, run_doc_command(line + " --budget 0.02"))
+    printed = run_doc_command(line + " --budget 0.02")
+    if compare_chosen_output(block, printed):
+        (table,) = [item for item in parse_output(printed) if isinstance(item, Table)]
+        size = {row[0]: int(row[table.header.index("model_bytes")]) for row in table.rows}
+        assert size["int4"] < size["int8"] < size["fp32-ort"] / 2, size
 
 
 def test_one_line_errors(doc_run: Path) -> None:
@@ -607,9 +727,22 @@ def test_one_line_errors(doc_run: Path) -> None:
 
 
 def test_python_api_blocks(doc_run: Path) -> None:
-    """README's and quickstart.md's Python blocks print what the docs show."""
+    """README's and quickstart.md's Python blocks print what the docs show. Where this CPU
+    picks another int8 mode than the docs' (quickstart.md), the return printed for it is that
+    mode's, asked for by name."""
+    import quarl
+
     for block in block_made_by("test_python_api_blocks"):
-        compare_output(block, run_python_block(block))
+        names: dict[str, Any] = {"__name__": "__doc__"}
+        printed = run_python_block(block, names)
+        if compare_chosen_output(block, printed):
+            agent, chosen = names["agent"], names["int8"].meta["quant"]
+            shown_fp32 = [line for line in block.text.splitlines() if not int_modes_in(line)]
+            assert shown_fp32 == [line for line in printed.splitlines() if not int_modes_in(line)]  # not chosen
+            by_name = quarl.quantize(agent.policy, chosen["mode"], agent.env_spec)
+            if by_name.meta["quant"]["fp32_layers"] == chosen["fp32_layers"]:  # the same model: the same return
+                mean = quarl.evaluate(by_name, agent.env_spec, episodes=20).mean
+                assert f"{chosen['mode']} {mean}" in printed.splitlines(), (printed, mean)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES
-from tests.conftest import run_cli
+from tests.conftest import run_cli, skip_where_the_cpu_cannot_run
 from tests.test_cli import read_csv
 
 ENV = "MinAtar/Breakout-v1"
@@ -67,6 +67,7 @@ def test_a_minatar_episode_depends_on_its_seed_alone(minatar_run: Path) -> None:
 def test_each_cnn_mode_computes_its_reference_on_the_trained_cnn(minatar_run: Path, label: str) -> None:
     """On the agent's own states (calibration seeds): the real kernels 10x closer to the
     mode's reference than to fp32; the MatMul modes keep the convolution in fp32."""
+    skip_where_the_cpu_cannot_run(label)
     agent = load_checkpoint(minatar_run)
     policy = agent.policy
     states = calibration_inputs(policy, agent.env_spec)

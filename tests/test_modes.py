@@ -20,6 +20,7 @@ from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES, BuildRequest, action_agreement
 from quarl.quant.primitives import quantize_dequantize, quantize_dequantize_blocks
+from tests.conftest import skip_where_the_cpu_cannot_run
 from tests.test_registries import _weight_only_b64  # CONTRIBUTING's made-up mode
 
 
@@ -44,9 +45,7 @@ def test_mode_matches_its_reference(label: str, weights: str, keep: frozenset) -
     (chained layers can flip one rounding step of a later layer's activations)."""
     if weights == "symmetric" and not ortb.has_vnni() and MODES[label].name in ("dyn-tensor", "dyn-channel", "static"):
         pytest.skip("u8 x s8 kernels saturate int16 sums on CPUs without VNNI: symmetric int8 is inexact here")
-    reason = MODES[label].cpu_unsupported()
-    if reason is not None:  # quarl never runs it here (its fallback instead): nothing to hold it to
-        pytest.skip(reason)
+    skip_where_the_cpu_cannot_run(label)  # quarl never runs it here (its fallback instead): nothing to hold it to
     net = _mlp()
     x = torch.from_numpy(np.random.default_rng(1).normal(size=(64, 6)).astype(np.float32) * 2)
     request = BuildRequest(net, ortb.export_onnx(net, (6,)), x.numpy(), weights, 32, keep)
@@ -161,7 +160,11 @@ def _nature_cnn() -> tuple[Policy, np.ndarray]:
 def test_int4_on_a_nature_cnn_is_the_mixed_mode_or_linear_layers_alone() -> None:
     """int4-mixed: the three convolutions in QDQ int8, the two Linear layers (95 % of the
     weights) in 4-bit MatMulNBits; int4-block: the Linear layers alone, convolutions fp32.
-    Each computes what its reference computes."""
+    Each computes what its reference computes (where this CPU runs them exactly)."""
+    with pytest.raises(QuarlError, match="int4-mixed mixes convolution and Linear kernels"):
+        quantize(_mlp_policy()[0], QuantConfig.parse("int4-mixed"), _mlp_policy()[1])
+    skip_where_the_cpu_cannot_run("int4-mixed")
+    skip_where_the_cpu_cannot_run("int4-block")
     policy, calibration = _nature_cnn()
     x = calibration[8:]
     fp32 = policy.forward(x)
@@ -179,8 +182,6 @@ def test_int4_on_a_nature_cnn_is_the_mixed_mode_or_linear_layers_alone() -> None
         assert np.abs(real - ref).max() <= 0.1 * np.abs(real - fp32).max()
         sizes[label] = q.size_bytes()
     assert sizes["int4-mixed"] < sizes["int4-block"] < policy.size_bytes() / 4
-    with pytest.raises(QuarlError, match="int4-mixed mixes convolution and Linear kernels"):
-        quantize(_mlp_policy()[0], QuantConfig.parse("int4-mixed"), _mlp_policy()[1])
 
 
 def test_block_granularity_for_simulated_widths() -> None:

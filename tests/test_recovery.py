@@ -21,6 +21,7 @@ from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import MODES, BuildRequest, int8_compute, student_modes
 from quarl.quant.student import KernelSpec, make_student, plain_network, real_model
 from quarl.recovery import RecoverConfig, distill
+from tests.conftest import skip_where_the_cpu_cannot_run
 
 CARTPOLE = EnvSpec("CartPole-v1")
 STUDENT_LABELS = [mode.label for mode in student_modes()]
@@ -63,14 +64,6 @@ def _max_error(student: nn.Module, spec: KernelSpec, x: np.ndarray, shape: tuple
     return float(per_row[int(0.98 * len(x)) - 1]), float(np.abs(fp32 - want).max())
 
 
-def _skip_where_the_cpu_cannot_run(label: str) -> None:
-    """A mode this CPU cannot run exactly is never a student's kernel here (recover trains
-    its fallback's student instead): nothing to hold it to."""
-    reason = MODES[label].cpu_unsupported()
-    if reason is not None:
-        pytest.skip(reason)
-
-
 def _perturb(student: nn.Module, seed: int = 7) -> None:
     """A trained student: its weights are no longer the teacher's."""
     generator = torch.Generator().manual_seed(seed)
@@ -83,7 +76,7 @@ def _perturb(student: nn.Module, seed: int = 7) -> None:
 @pytest.mark.parametrize("label", STUDENT_LABELS)
 def test_the_real_kernel_built_from_the_students_integers_computes_what_the_student_computes(
         label: str, keep: frozenset) -> None:
-    _skip_where_the_cpu_cannot_run(label)
+    skip_where_the_cpu_cannot_run(label)
     net = _mlp()
     spec = _spec(label, keep)
     student = make_student(net, spec)
@@ -104,7 +97,7 @@ def test_symmetric_int8_weights_too(label: str) -> None:
 
 
 def test_a_cnn_student_keeps_its_convolutions_fp32_and_matches_its_kernel() -> None:
-    _skip_where_the_cpu_cannot_run("int4-block")
+    skip_where_the_cpu_cannot_run("int4-block")
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 64), nn.ReLU(),
                         nn.Linear(64, 5)).eval()
@@ -295,7 +288,8 @@ def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(ti
     from quarl.training.finetune import finetune
 
     agent = quarl.load(tiny_dqn, env="CartPole-v1")
-    spec = _spec("int4-block", frozenset({0}))
+    kernel = MODES["int4-block"].runnable(agent.policy.network)  # as recover picks it: its fallback where this CPU
+    spec = _spec(kernel.label, frozenset({0}))  # cannot run it (int4-weight-only)
     student = finetune(tiny_dqn, agent.policy, agent.env_spec, spec, None, steps=600)
     start = make_student(agent.policy.network, spec)
     moved = [float((a - b).abs().max()) for a, b in zip(student.parameters(), start.parameters())]
@@ -496,7 +490,9 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
     for name, value in sb3_tensors(agent.policy.network, ptq).items():
         assert torch.equal(sb3.policy.state_dict()[name], value.reshape(sb3.policy.state_dict()[name].shape))
     line = shipped_line(record)
-    assert line.startswith("wrote PTQ's own int4-block model, not a student") and "stopped: kept" in line
+    kernel = MODES["int4-block"].runnable(agent.policy.network).label  # its fallback where this CPU cannot run it
+    assert spec.mode == kernel and line.startswith(f"wrote PTQ's own {kernel} model, not a student")
+    assert "stopped: kept" in line
 
 
 def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
