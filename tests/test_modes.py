@@ -274,11 +274,11 @@ def test_a_mode_that_agrees_on_states_but_loses_the_return_is_passed_over() -> N
     assert quant["mode"] != loser and quant["calibration_return"] == 99.0
     lost = next(t for t in quant["tried"] if t["mode"] == loser and t["calibration_episodes"])
     assert lost["agreement"] >= 0.99 and lost["calibration_return"] == 50.0
-    # a halved return is a loss the confidence sequence decides within the 16 calibration episodes (4, 8, 16);
-    # a 1 % loss is a keep it cannot yet claim there (an unseen failure is not excluded), so the point
-    # estimate chooses at the cap: a choice between candidates, not a verdict
-    assert lost["calibration_episodes"] == 16 and lost["calibration_verdict"] == "loses"
-    assert quant["calibration_episodes"] == 16 and quant["calibration_verdict"].startswith("undecided")
+    # a halved return is a loss the confidence sequence decides within the 16 calibration episodes (a look every
+    # 4); a 1 % loss is a keep it cannot yet claim there (an unseen failure is not excluded), so the point
+    # estimate chooses at the cap: a choice between candidates, not a verdict, and it says so
+    assert lost["calibration_episodes"] <= 16 and lost["calibration_verdict"] == "loses"
+    assert quant["calibration_episodes"] == 16 and quant["calibration_verdict"].startswith("estimate: E 1.0 % <= 5 %")
 
 
 def _mlp_policy() -> tuple[Policy, np.ndarray]:
