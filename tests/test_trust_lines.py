@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -227,3 +228,157 @@ def test_a_trusted_replay_pickle_of_another_type_is_one_line(tmp_path: Path) -> 
     with pytest.raises(QuarlError, match=r"replay.pkl holds a builtins.list, not a replay buffer "
                                          r"\(stable_baselines3.common.buffers.ReplayBuffer\): refused"):
         train(replace(config, timesteps=300, trust_pickle=True), resume=True)
+
+
+# ------------------------------------------------------------------ one line missing
+
+
+def _model_summary(**config: object) -> dict:
+    from tests.test_actorq_model import _summary
+
+    summary = _summary("fp32", 1, 500.0, 2.0)
+    summary["config"].update(config)
+    return summary
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("samples_per_insert", "abc", "config field samples_per_insert: 'abc' is not a number above 0, at most "
+                                  "1,000,000,000: refused"),
+    ("samples_per_insert", 0, "config field samples_per_insert: 0 is not a number above 0, at most 1,000,000,000: "
+                              "refused"),
+    ("samples_per_insert", "nan", "config field samples_per_insert: 'nan' is not a number above 0, at most "
+                                  "1,000,000,000: refused"),
+    ("actors", "1e400", "config field actors: '1e400' is not a whole number in 1..4,096: refused"),
+    ("push_period", -5, "config field push_period: -5 is not a whole number in 1..1,000,000,000,000: refused"),
+    ("batch_size", 2.5, "config field batch_size: 2.5 is not a whole number in 1..1,000,000,000: refused"),
+])
+def test_actorq_model_on_a_run_config_it_cannot_model_is_one_line(tmp_path: Path, field: str, value: object,
+                                                                  message: str) -> None:
+    """'abc' was a ValueError traceback, 0 a ZeroDivisionError, '1e400' actors an
+    OverflowError; 'nan' and -5 modelled nothing and exited 0."""
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(_model_summary(**{field: value})))
+    r = run_cli("actorq", "model", str(tmp_path / "runs"), "--actors", "1,2", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and _one_line(r.stderr) == f"error: {run / 'summary.json'}: {message}"
+    assert not (tmp_path / "out" / "model.json").exists()
+
+
+@pytest.mark.parametrize("atoms,message", [
+    ("1000000000", "--n-atoms 1,000,000,000 must be in 2..10,000 (D4PG's is 51)"),
+    ("1", "--n-atoms 1 must be in 2..10,000"),  # the projection divided by n_atoms - 1
+])
+def test_n_atoms_is_bounded_before_a_critic_is_built(tmp_path: Path, atoms: str, message: str) -> None:
+    """A billion atoms asked torch for 2 TB (a RuntimeError traceback)."""
+    r = run_cli("actorq", "run", "Pendulum-v1", "--algo", "d4pg", "--local", "--n-atoms", atoms, "--policy-layers", "8",
+                "--out", str(tmp_path / "aq"))
+    assert r.returncode == 2 and message in _one_line(r.stderr)
+
+
+def test_a_critic_priced_with_its_atoms() -> None:
+    from quarl.actorq.config import ActorQConfig
+
+    with pytest.raises(QuarlError, match=r"--critic-layers 20000 with 10,000 outputs: layers \[1, 20000, 10000\] "
+                                         r"hold 200050000 parameters"):
+        ActorQConfig.flat("Pendulum-v1", "d4pg", critic_layers=(20000,), n_atoms=10_000, local=True)
+    assert ActorQConfig.flat("Pendulum-v1", "d4pg", n_atoms=2, local=True).options.n_atoms == 2
+
+
+HUGE = "9" * 5000
+
+
+@pytest.mark.parametrize("variable,message", [
+    ("QUARL_DECIDE_EPISODES", "QUARL_DECIDE_EPISODES='999999999999999999999999'... (5,000 characters) is out of range: "
+                              "allowed 0 (off) to 100,000"),
+    ("QUARL_WORKERS", "QUARL_WORKERS='999999999999999999999999'... (5,000 characters) is out of range: allowed 1..256"),
+    ("QUARL_MAX_PARAMETERS", "QUARL_MAX_PARAMETERS='999999999999999999999999'... (5,000 characters): more fp32 "
+                             "parameters than this machine's"),
+])
+def test_a_5000_digit_environment_variable_is_one_short_line(tiny_run: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, variable: str,
+                                                             message: str) -> None:
+    """Python's int() refuses past 4,300 digits: a ValueError traceback (or, for the
+    parameter cap, 'not a whole number' with all 5,000 digits echoed)."""
+    monkeypatch.setenv(variable, HUGE)
+    r = run_cli("ptq", str(tiny_run), "--precisions", "fp32", "--episodes", "1", "--out", str(tmp_path / "o"))
+    line = _one_line(r.stderr)
+    assert r.returncode == 2 and message in line and len(line) < 300, line
+
+
+@pytest.mark.parametrize("value,message", [
+    ("10^30", "QUARL_MAX_PARAMETERS='10^30' is not a whole number of parameters"),
+    ("1" + "0" * 30, "QUARL_MAX_PARAMETERS='100000000000000000000000'... (31 characters): more fp32 parameters than "
+                     "this machine's"),
+    ("0", "QUARL_MAX_PARAMETERS=0 must be at least 1"),
+])
+def test_a_parameter_cap_beyond_the_machine_is_refused(monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
+    """10^30 let a 10^18-parameter network through to torch's allocator (a RuntimeError)."""
+    from quarl.core.limits import machine_memory, max_parameters
+
+    monkeypatch.setenv("QUARL_MAX_PARAMETERS", value)
+    with pytest.raises(QuarlError, match=re.escape(message)):
+        max_parameters()
+    monkeypatch.setenv("QUARL_MAX_PARAMETERS", str(machine_memory() // 4))  # the most this machine holds is taken
+    assert max_parameters() == machine_memory() // 4
+
+
+def test_a_5000_digit_camera_is_one_short_line() -> None:
+    from quarl.evaluation.playback import render_kwargs
+
+    with pytest.raises(QuarlError) as refused:
+        render_kwargs("HalfCheetah-v4", HUGE)
+    assert str(refused.value) == ("--camera='999999999999999999999999'... (5,000 characters) is out of range: allowed "
+                                  "a camera id 0..1000 or a name")
+    assert render_kwargs("HalfCheetah-v4", "1") == {"camera_id": 1}
+
+
+@pytest.fixture(scope="module")
+def cheetah_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stable_baselines3 import SAC
+
+    path = tmp_path_factory.mktemp("cheetah") / "sac.zip"
+    SAC("MlpPolicy", "HalfCheetah-v4", seed=0, device="cpu", buffer_size=100).save(path)
+    return path
+
+
+def test_a_video_size_whose_frames_do_not_fit_is_refused_before_a_frame_is_drawn(cheetah_zip: Path,
+                                                                                 tmp_path: Path) -> None:
+    """quarl play --video-size 4096x4096 kept every 48 MiB frame of a 1,000-step episode
+    (47 GiB) until the episode ended: the size is capped by what an episode holds (frames
+    are not streamed), refused before the env renders, from the CLI and the API."""
+    from quarl.evaluation.playback import check_frame_memory
+
+    r = run_cli("play", str(cheetah_zip), "--env", "HalfCheetah-v4", "--video", str(tmp_path / "v"), "--video-size",
+                "4096x4096")
+    assert r.returncode == 2 and _one_line(r.stderr) == (
+        "error: --video-size 4096x4096: an episode of up to 1,000 steps holds 1,001 frames of 48.0 MiB (46.9 GiB) until "
+        "it ends, more than the 4 GiB allowed: ask a smaller --video-size, or --max-steps 84 or fewer")
+    assert not list((tmp_path / "v").glob("*.mp4"))
+    with pytest.raises(QuarlError, match="an episode of up to 100 steps holds 101 frames of 48.0 MiB"):
+        quarl.play(str(cheetah_zip), "HalfCheetah-v4", episodes=1, video=tmp_path / "api", video_size=(4096, 4096),
+                   max_steps=100)
+    check_frame_memory("HalfCheetah-v4", (4096, 4096), 84)  # 85 frames of 48 MiB: 4.0 GiB
+    check_frame_memory("HalfCheetah-v4", (640, 480), None)  # 1,001 frames of 0.9 MiB
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda agent, tmp: quarl.evaluate(agent, episodes=2, seed=-5), "--seed -5 is out of range: allowed 0.."),
+    (lambda agent, tmp: quarl.evaluate(agent, episodes=2, seed=10_000),
+     "evaluation seeds 10000..10001 would reach the calibration seeds 10000..10199"),
+    (lambda agent, tmp: quarl.evaluate(agent, episodes=2, max_steps=0), "max steps 0 must be in 1..1,000,000,000"),
+    (lambda agent, tmp: quarl.evaluate(agent, episodes=2, n_envs=0), "--n-envs 0 must be in 1..1024"),
+    (lambda agent, tmp: quarl.play(agent, episodes=1, seed=-5), "--seed -5 is out of range"),
+    (lambda agent, tmp: quarl.play(agent, episodes=1, max_steps=0), "max steps 0 must be in 1..1,000,000,000"),
+    (lambda agent, tmp: quarl.play(agent, episodes=1, video="/dev/null"), "video /dev/null is a file: give a folder"),
+    (lambda agent, tmp: quarl.play(agent, episodes=1, video=tmp, video_size=(4097, 16)),
+     "--video-size '4097x16': each side must be 16..4096 pixels"),
+    (lambda agent, tmp: quarl.play(agent, episodes=1, seed=10_150), "would reach the calibration seeds"),
+])
+def test_the_api_checks_what_the_cli_checks(tiny_run: Path, tmp_path: Path, call, message: str) -> None:
+    """quarl.evaluate(seed=-5) was gymnasium's own error, play(video='/dev/null') a
+    FileExistsError, and evaluate took the calibration seeds the int mode was chosen on
+    (the CLI refuses them): the API runs the CLI's validators."""
+    agent = quarl.load(tiny_run)
+    with pytest.raises(QuarlError, match=re.escape(message)):
+        call(agent, tmp_path / "videos")
+    assert quarl.evaluate(agent, episodes=2, seed=10_200).steps > 0  # above the calibration seeds

@@ -110,6 +110,9 @@ def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None =
     reset with seed ``seed + i`` (see :mod:`quarl.evaluation.episodes`). ``policy`` as
     :func:`quantize` takes it; ``env_spec``: an :class:`EnvSpec` (``quarl.load(...).env_spec``)
     or a gymnasium env id, by default the agent's own."""
+    from quarl.registry_options import eval_settings
+
+    eval_settings(episodes, seed, n_envs, max_steps)  # what quarl ptq checks: seeds in range, not the calibration's
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
         raise QuarlError(NO_ENV.format(what="evaluate"))
@@ -128,13 +131,23 @@ def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = Non
     from quarl.core import validate
     from quarl.evaluation.episodes import protocol
     from quarl.evaluation.playback import play as _play
+    from quarl.registry_options import eval_settings
     from quarl.workflows import file_label
 
+    eval_settings(episodes, seed, 1, max_steps)  # what quarl play checks, with the same validators
+    if video is not None:
+        validate.out_folder(validate.out_option(video), "video")  # a folder: not /dev/null, not a file
+    if video_size is None or isinstance(video_size, str):
+        size = validate.video_size(video_size)
+    elif isinstance(video_size, tuple) and len(video_size) == 2 and all(
+            isinstance(side, int) and not isinstance(side, bool) for side in video_size):
+        size = validate.video_size(f"{video_size[0]}x{video_size[1]}")  # each side within 16..4096, as the CLI's
+    else:
+        raise QuarlError(f"video_size {video_size!r:.60} is neither (width, height) nor 'WIDTHxHEIGHT'")
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
         raise QuarlError(NO_ENV.format(what="play"))
     spec, policy = protocol(policy, _spec(policy, env_spec), stochastic)
-    size = validate.video_size(video_size) if isinstance(video_size, str) else video_size
     return _play(policy, spec, episodes=episodes, seed=seed, video=video, max_steps=max_steps,
                  camera=None if camera is None else str(camera), video_size=size,
                  name=file_label(policy.precision) + ("-sampled" if policy.stochastic else ""))

@@ -133,12 +133,33 @@ def predict(costs: Costs, cluster: Cluster) -> Prediction:
     return Prediction(x, regime, limits, ttr)
 
 
-def _number(config: Mapping[str, ConfigValue], name: str) -> float:
-    """A run's config value ``name`` as a number (KeyError where the config lacks it)."""
+MODEL_FIELDS: dict[str, tuple[float, float, bool]] = {
+    "actors": (1, 4096, True), "batch_size": (1, 10**9, True), "push_period": (1, 10**12, True),
+    "update_period": (1, 10**12, True), "unroll_length": (1, 10**9, True), "samples_per_insert": (0, 10**9, False)}
+"""What the model reads of a run's config, each a number in (low, high] for
+``samples_per_insert`` (a rate: 0 divides by zero), else in [low, high], whole where marked."""
+
+
+def _number(config: Mapping[str, ConfigValue], name: str, where: str = "a run's config") -> float:
+    """A run's config value ``name`` as a checked number (KeyError where the config lacks
+    it): a finite number (or a number's text, as an older quarl wrote some) within
+    :data:`MODEL_FIELDS`' range, else one line naming ``where``, the field and what is
+    allowed ('abc' was a ValueError traceback, 0 a ZeroDivisionError, '1e400' actors an
+    OverflowError, NaN or -5 a model of nothing, printed with exit 0)."""
     value = config[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise QuarlError(f"a run's config holds {name} {value!r:.60}: not a number")
-    return float(value)
+    low, high, whole = MODEL_FIELDS.get(name, (-math.inf, math.inf, False))
+    allowed = (f"a whole number in {low:,.0f}..{high:,.0f}" if whole else
+               f"a number above {low:,.0f}, at most {high:,.0f}" if name == "samples_per_insert" else "a finite number")
+    number = math.nan
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):  # 'abc', 10**400
+            pass
+    if not (math.isfinite(number) and low <= number <= high and (number > low or name != "samples_per_insert")
+            and (not whole or number.is_integer())):
+        raise QuarlError(f"{where}: config field {name}: {value!r:.60} is not {allowed}: refused")
+    return number
 
 
 def _actors(s: ActorQSummary) -> int:
@@ -244,6 +265,8 @@ def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:
             raise QuarlError(f"{folder} holds no ActorQ summary.json")
         for path in paths:
             summary = ActorQSummary.read(path)
+            for name in MODEL_FIELDS.keys() & summary.config.keys():  # checked here, where the file is known
+                _number(summary.config, name, str(path))
             found.setdefault(summary.actor_precision, []).append(summary)
     return found
 

@@ -56,13 +56,15 @@ def _at_least_one(options: AlgorithmOptions, names: tuple[str, ...]) -> None:
             raise QuarlError(f"{name}={getattr(options, name)} must be at least 1")
 
 
-def _layers(widths: tuple[int, ...], name: str) -> None:
+def _layers(widths: tuple[int, ...], name: str, outputs: int = 1) -> None:
+    """Hidden ``widths`` priced with the layer of ``outputs`` after them, before any is allocated."""
     from quarl.core.limits import check_layer_sizes  # torch: only when a config is built
 
     flag = f"--{name.replace('_', '-')}"
     if not widths or min(widths) < 1:
         raise QuarlError(f"{flag} {widths} must be positive widths, e.g. 512,512,512")
-    check_layer_sizes((1, *widths, 1), f"{flag} {','.join(map(str, widths))}")  # priced before any is allocated
+    check_layer_sizes((1, *widths, outputs), f"{flag} {','.join(map(str, widths))}"
+                      + (f" with {outputs:,} outputs" if outputs > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,10 @@ class DQNOptions(ReplayOptions):
     """dqn: double DQN on n-step returns; the replay's options and nothing more."""
 
 
+MIN_ATOMS, MAX_ATOMS = 2, 10_000
+"""The atoms a distributional critic may have (C51's and D4PG's: 51)."""
+
+
 @dataclass(frozen=True)
 class D4PGOptions(ReplayOptions):
     """d4pg: distributional DDPG, its critic a categorical distribution over fixed atoms."""
@@ -129,10 +135,13 @@ class D4PGOptions(ReplayOptions):
 
     def validate(self, config: ActorQConfig) -> None:
         super().validate(config)
-        _at_least_one(self, ("n_atoms",))
+        # one atom divides by zero in the projection; each atom is an output of the critic
+        # (10^9 of them asked torch for 2 TB, a RuntimeError traceback)
+        if not MIN_ATOMS <= self.n_atoms <= MAX_ATOMS:
+            raise QuarlError(f"--n-atoms {self.n_atoms:,} must be in {MIN_ATOMS}..{MAX_ATOMS:,} (D4PG's is 51)")
         if not self.v_min < self.v_max:
             raise QuarlError(f"v_min={self.v_min} must be below v_max={self.v_max}")
-        _layers(self.critic_layers, "critic_layers")
+        _layers(self.critic_layers, "critic_layers", self.n_atoms)
 
 
 @dataclass(frozen=True)

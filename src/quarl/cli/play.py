@@ -68,6 +68,11 @@ def play(
         raise QuarlError("--camera and --video-size set how --video records: give --video DIR too")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
+    if video is not None:  # the camera and the frames' memory checked before any progress bar
+        from quarl.evaluation.playback import check_frame_memory, render_kwargs
+
+        render_kwargs(spec.env_id, camera, size)
+        check_frame_memory(spec.env_id, size, max_steps)
     if is_export(checkpoint):
         if labels[0] != "fp32":
             raise QuarlError(f"{checkpoint} is an exported model: it plays as exported ({ckpt.policy.precision}); "

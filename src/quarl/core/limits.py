@@ -47,14 +47,21 @@ CHUNK = 2**20
 
 
 def max_parameters() -> int:
-    """The parameter cap: ``QUARL_MAX_PARAMETERS`` or :data:`DEFAULT_MAX_PARAMETERS`."""
-    text = os.environ.get("QUARL_MAX_PARAMETERS", "")
+    """The parameter cap: ``QUARL_MAX_PARAMETERS`` or :data:`DEFAULT_MAX_PARAMETERS`; a cap
+    whose fp32 weights this machine's memory cannot hold is refused (10^30 let a
+    10^18-parameter network through to torch's allocator)."""
+    from quarl.core.validate import digits, shown
+
+    text = os.environ.get("QUARL_MAX_PARAMETERS", "").strip()
     if not text:
         return DEFAULT_MAX_PARAMETERS
-    try:
-        value = int(text)
-    except ValueError:
-        raise QuarlError(f"QUARL_MAX_PARAMETERS={text!r} is not a whole number of parameters") from None
+    if not digits(text):
+        raise QuarlError(f"QUARL_MAX_PARAMETERS={shown(text)} is not a whole number of parameters")
+    most = machine_memory() // 4
+    if len(text.lstrip("0")) > len(str(most)) or int(text) > most:
+        raise QuarlError(f"QUARL_MAX_PARAMETERS={shown(text)}: more fp32 parameters than this machine's "
+                         f"{machine_memory() / 2**30:.1f} GiB of memory hold (at most {most:,})")
+    value = int(text)
     if value < 1:
         raise QuarlError(f"QUARL_MAX_PARAMETERS={value} must be at least 1")
     return value

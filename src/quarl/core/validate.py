@@ -31,6 +31,25 @@ def digits(text: str) -> bool:
     return bool(text) and text.isascii() and text.isdigit()
 
 
+def shown(text: str, keep: int = 24) -> str:
+    """``text`` as a one-line message shows a value: its repr, cut after ``keep`` characters
+    with its length said (a 5,000-digit value is not echoed whole)."""
+    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text):,} characters)"
+
+
+def whole(raw: str, option: str, low: int, high: int, allowed: str | None = None) -> int:
+    """A whole number given as text (an environment variable, a camera id): ASCII digits
+    within ``low..high`` (``allowed`` says it otherwise), else one line naming ``option``.
+    A number longer than ``high`` is refused by its length: Python's ``int`` refuses
+    5,000 digits with a ValueError (past 4,300) and takes seconds on millions."""
+    text = raw.strip()
+    if not digits(text):
+        raise QuarlError(f"{option}={shown(text)} is not a whole number")
+    if len(text.lstrip("0")) > len(str(high)) or not low <= int(text) <= high:
+        raise QuarlError(f"{option}={shown(text)} is out of range: allowed {allowed or f'{low:,}..{high:,}'}")
+    return int(text)
+
+
 def finite(value: float, option: str) -> float:
     if not math.isfinite(value):
         raise QuarlError(f"{option} {value} must be a finite number")
@@ -191,9 +210,7 @@ def workers(value: int | None) -> int:
     """--workers, else $QUARL_WORKERS, else this machine's cores; checked."""
     if value is None:
         raw = os.environ.get("QUARL_WORKERS", "")
-        if raw and not digits(raw):
-            raise QuarlError(f"QUARL_WORKERS={raw!r} is not a whole number")
-        value = int(raw) if raw else usable_cores()
+        value = whole(raw, "QUARL_WORKERS", 1, MAX_WORKERS) if raw else usable_cores()
     return check_workers(value)
 
 
@@ -208,9 +225,9 @@ def decide_episodes(value: int | None, episodes: int | None = None, default: int
     name = "--decide-episodes"
     if value is None:
         raw = os.environ.get("QUARL_DECIDE_EPISODES", "").strip()
-        if raw and not digits(raw):
-            raise QuarlError(f"QUARL_DECIDE_EPISODES={raw!r} is not a whole number")
-        value, name = (int(raw), "QUARL_DECIDE_EPISODES") if raw else (default, name)
+        value, name = ((whole(raw, "QUARL_DECIDE_EPISODES", 0, MAX_DECIDE_EPISODES,
+                              f"0 (off) to {MAX_DECIDE_EPISODES:,}"), "QUARL_DECIDE_EPISODES") if raw
+                       else (default, name))
     if not 0 <= value <= MAX_DECIDE_EPISODES:
         raise QuarlError(f"{name} {value} must be 0 (off) to {MAX_DECIDE_EPISODES:,}")
     return value

@@ -75,6 +75,37 @@ def _recorder(folder: Path, prefix: str) -> Callable[[gym.Env], gym.Env]:
 
 MAX_VIDEO_SIDE = 4096
 """A video frame's width or height at most (pixels)."""
+MAX_CAMERAS = 1000
+"""A camera id at most (a MuJoCo model has a few; an id past its cameras is refused by name)."""
+VIDEO_FRAMES_CAP = 4 * 2**30
+"""Bytes of RGB frames one recorded episode may hold: gymnasium's RecordVideo keeps every
+frame of an episode until it ends and is encoded (4096 x 4096 frames are 48 MiB each: a
+1,000-step episode took 48 GiB)."""
+
+
+def check_frame_memory(env_id: str, size: tuple[int, int] | None, max_steps: int | None) -> None:
+    """Refuse, before any env renders, a ``--video-size`` whose frames for one episode (its
+    ``max_steps``, else the env's time limit) would not fit :data:`VIDEO_FRAMES_CAP`: the
+    size is capped by what an episode holds, frames are not streamed."""
+    if size is None:
+        return
+    width, height = size
+    frame = width * height * 3
+    try:
+        limit = gym.spec(env_id).max_episode_steps
+    except gym.error.Error:
+        limit = None
+    steps = max_steps if max_steps is not None else limit
+    fit = VIDEO_FRAMES_CAP // frame - 1  # the frame of the reset is kept too
+    if steps is None:
+        raise QuarlError(f"--video-size {width}x{height}: {env_id} has no time limit and every frame of an episode is "
+                         f"held until it ends: give --max-steps (at most {fit:,} frames of {frame / 2**20:.1f} MiB fit "
+                         f"the {VIDEO_FRAMES_CAP / 2**30:g} GiB allowed)")
+    if (steps + 1) * frame > VIDEO_FRAMES_CAP:
+        raise QuarlError(f"--video-size {width}x{height}: an episode of up to {steps:,} steps holds {steps + 1:,} frames "
+                         f"of {frame / 2**20:.1f} MiB ({(steps + 1) * frame / 2**30:.1f} GiB) until it ends, more than "
+                         f"the {VIDEO_FRAMES_CAP / 2**30:g} GiB allowed: ask a smaller --video-size, or --max-steps "
+                         f"{fit:,} or fewer")
 
 
 class RenderKwargs(TypedDict, total=False):
@@ -103,7 +134,9 @@ def render_kwargs(env_id: str, camera: str | None = None, size: tuple[int, int] 
     if camera is not None:
         camera = camera.strip()
         if camera.isascii() and camera.isdigit():
-            out["camera_id"] = int(camera)
+            from quarl.core.validate import whole
+
+            out["camera_id"] = whole(camera, "--camera", 0, MAX_CAMERAS, f"a camera id 0..{MAX_CAMERAS} or a name")
         elif camera.isidentifier():
             out["camera_name"] = camera
         else:
@@ -143,6 +176,7 @@ def play(policy: Policy, env_spec: EnvSpec, episodes: int = 3, seed: int = 0, vi
     if video is not None and camera is None:
         camera = following_camera(env_spec)
     extra = render_kwargs(env_spec.env_id, camera, video_size)
+    check_frame_memory(env_spec.env_id, video_size, max_steps)
     if video is None:
         if extra:
             raise QuarlError("a camera or video size needs a video folder to record into")
