@@ -63,6 +63,23 @@ def _survivors(tree: list[psutil.Process], within_s: float) -> list[psutil.Proce
         time.sleep(0.1)
 
 
+def _tree_when(main: psutil.Process, proc: subprocess.Popen, ready: Callable[[list[psutil.Process]], bool],
+               poll_s: float) -> list[psutil.Process]:
+    """``main``'s process tree once ``ready`` holds of it (or ``proc`` ended, or 300 s: a
+    loaded machine starts late; the bound is not the point)."""
+    tree: list[psutil.Process] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            tree = main.children(recursive=True)
+            if ready(tree):
+                break
+        except psutil.NoSuchProcess:  # a process between two looks
+            pass
+        time.sleep(poll_s)
+    return tree
+
+
 def _server(tree: list[psutil.Process]) -> list[psutil.Process]:
     return [p for p in tree if "multiprocessing.forkserver" in " ".join(p.cmdline())]
 
@@ -95,15 +112,7 @@ def test_nothing_ptq_started_outlives_a_sigkill(when: str, request: pytest.Fixtu
     main = psutil.Process(proc.pid)
     tree: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 300  # a loaded machine starts late; the bound is not the point
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                tree = main.children(recursive=True)
-                if ready(tree):
-                    break
-            except psutil.NoSuchProcess:  # a worker or the server between two looks
-                pass
-            time.sleep(0.05)
+        tree = _tree_when(main, proc, ready, 0.05)
         assert proc.poll() is None and ready(tree), f"never {when}: {log.read_text()[-2000:]}"
         tree = main.children(recursive=True)
         names = {p.pid: " ".join(p.cmdline())[:80] for p in tree}
@@ -213,15 +222,7 @@ def test_nothing_a_local_ray_study_started_outlives_a_sigkill(request: pytest.Fi
         return agents and bool(cells) and all(sum(p.cpu_times()[:2]) > 0.3 for p in cells)
 
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                tree = main.children(recursive=True)
-                if cells_playing(tree):
-                    break
-            except psutil.NoSuchProcess:
-                pass
-            time.sleep(0.1)
+        tree = _tree_when(main, proc, cells_playing, 0.1)
         assert proc.poll() is None and cells_playing(tree), f"no cell played: {log.read_text()[-2000:]}"
         tree = main.children(recursive=True)
         names = {p.pid: p.name() for p in tree}
@@ -267,13 +268,7 @@ time.sleep(600)
         assert not _survivors([helpers[0], psutil.Process(reaper_pid)], GONE_WITHIN_S)
         assert not _gone(helpers[1]) and not marked.exists() and elsewhere.exists()
     finally:
-        for p in helpers:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        parent.kill()
-        parent.wait()
+        _kill_all(helpers, parent)
         parent.stdout.close()  # type: ignore[union-attr]
 
 
@@ -308,15 +303,7 @@ def test_nothing_a_ray_actorq_run_started_outlives_it_when_stopped_while_ray_sta
     tree: list[psutil.Process] = []
     reached = _ray_starting(phase)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                tree = main.children(recursive=True)
-                if reached(tree):
-                    break
-            except psutil.NoSuchProcess:
-                pass
-            time.sleep(0.01)
+        tree = _tree_when(main, proc, reached, 0.01)
         assert proc.poll() is None and reached(tree), f"Ray never reached {phase}: {log.read_text()[-2000:]}"
         folders = {arg.split("=", 1)[1].split("/session_")[0] for p in tree for arg in p.cmdline()
                    if "quarl-ray-" in arg and "=" in arg}
