@@ -71,6 +71,8 @@ def recover(
     episodes: int,
     decide_episodes: Optional[int],
     decide_minutes: float,
+    insure: float,
+    return_range: Optional[str],
     seed: int,
     n_envs: int,
     max_steps: Optional[int],
@@ -98,7 +100,7 @@ def recover(
                            finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
                            q_loss=q_loss.lower(), **options)
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
-    deciding = Deciding.parse(decide_episodes, decide_minutes)
+    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
     ckpt, spec, out = policy_and_folder(checkpoint, env, trust_pickle, out, precision, config)
     record, records = distil_and_judge(checkpoint, ckpt.policy, spec, config, out, settings, deciding, trust_pickle)
     print_verdict(record, records, f"{ckpt.algo} {spec.env_id}", episodes, deciding)
@@ -142,7 +144,8 @@ def distil_and_judge(checkpoint: Path, policy: Policy, spec: EnvSpec, config: Re
             bar.update(evals[label], completed=n, total=max(n, bar.tasks[evals[label]].total or 0))
 
         return run_recover(checkpoint, spec, policy, config, out, settings, on_round, on_episode, trust_pickle,
-                           decide_episodes=deciding.episodes, decide_seconds=deciding.seconds)
+                           decide_episodes=deciding.episodes, decide_seconds=deciding.seconds,
+                           judging=deciding.judging)
 
 
 def print_verdict(record: RecoveryJson, records: list[CellRecord], agent: str, episodes: int,
@@ -152,7 +155,7 @@ def print_verdict(record: RecoveryJson, records: list[CellRecord], agent: str, e
     from quarl.ptq import episodes_played
 
     budget = deciding.note(episodes)
-    print_table(ptq_rows(records, identity=False), f"{agent}: recovered {record['kernel']['mode']} against the "
+    print_table(ptq_rows(records, identity=False, judging=deciding.judging), f"{agent}: recovered {record['kernel']['mode']} against the "
                 f"original fp32 policy, {episodes_played(records, episodes)}" + (f" ({budget})" if budget else ""),
                 out_console)
 
