@@ -1,15 +1,17 @@
 """Crafted files and absurd sizes are refused in one line before memory is taken: each
-case runs the real console script in a subprocess, and the child's peak memory is read
-from the kernel (wait4)."""
+case runs quarl's CLI in a child interpreter (one for the module, the cases one after
+another), and the case's peak memory is read from the kernel (VmHWM, reset before it)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,31 +25,65 @@ from tests.conftest import run_cli
 PEAK_LIMIT_MB = 1024
 
 
-def _popen_peak(*args: str) -> tuple[int, str, float]:
-    """(exit status, stderr, peak resident MB) of ``quarl ARGS`` in a new interpreter. The
-    peak is the process's own ``VmHWM`` (its memory after exec), polled until it ends: the
-    child's ``ru_maxrss`` would count the test worker's memory it was forked from."""
-    import threading
-    import time
+_SERVE = r"""
+import json, os, sys, traceback
 
+from typer.testing import CliRunner
+
+from quarl.cli import app
+
+
+def peak_kb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+for line in sys.stdin:
+    args, env = json.loads(line)
+    os.environ.clear()
+    os.environ.update(env)
+    with open("/proc/self/clear_refs", "w") as refs:  # the high-water mark from here: this case's own peak
+        refs.write("5")
+    result = CliRunner().invoke(app, args)
+    err = result.stderr
+    code = result.exit_code
+    if result.exception is not None and not isinstance(result.exception, SystemExit):  # as the script prints it
+        err += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(result.exception))
+        code = 1
+    print(json.dumps([code, err, peak_kb()]), flush=True)
+"""
+"""A child interpreter that runs quarl's CLI for each case sent to it, one after another, and
+answers each with the exit status, stderr and the case's own peak resident memory: the kernel's
+high-water mark, reset before the case (``/proc/self/clear_refs``) and read after it. One
+interpreter for the module instead of one per case (each started torch, ONNX Runtime and SB3
+anew: 2 s a case); the peak is the process's own, not the test worker's it was forked from."""
+
+_server: subprocess.Popen | None = None
+
+
+def _popen_peak(*args: str) -> tuple[int, str, float]:
+    """(exit status, stderr, peak resident MB) of ``quarl ARGS`` run by the module's child
+    interpreter (:data:`_SERVE`), in this process's environment as it is now."""
+    global _server
+    if _server is None or _server.poll() is not None:
+        _server = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert _server.stdin is not None and _server.stdout is not None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-m", "quarl.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
-    chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: chunks.append(proc.stderr.read()))
-    reader.start()
-    peak_kb = 0
-    while proc.poll() is None:
-        try:
-            with open(f"/proc/{proc.pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmHWM:"):
-                        peak_kb = max(peak_kb, int(line.split()[1]))
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.005)
-    reader.join()
-    return proc.returncode, b"".join(chunks).decode(), peak_kb / 1024
+    _server.stdin.write(json.dumps([list(args), env]) + "\n")
+    _server.stdin.flush()
+    answer = _server.stdout.readline()
+    assert answer, f"the child running quarl {' '.join(args)} ended ({_server.wait()})"
+    code, err, peak_kb = json.loads(answer)
+    return code, err, peak_kb / 1024
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_server() -> Iterator[None]:
+    yield
+    if _server is not None and _server.poll() is None:
+        _server.stdin.close()  # type: ignore[union-attr]
+        _server.wait(timeout=60)
 
 
 def _one_line(err: str) -> str:

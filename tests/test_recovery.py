@@ -220,13 +220,15 @@ def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_
 
     agent = quarl.load(tiny_dqn, env="CartPole-v1")
     out = tmp_path / "recovered"
-    config = RecoverConfig(precision="int4", rounds=2, updates_per_round=50, closed_loop=False)
+    # a fine-tune of 600 steps where the rounds do not keep fp32's return (the default 20,000 took 26 s of this test)
+    config = RecoverConfig(precision="int4", rounds=2, updates_per_round=50, closed_loop=False, finetune_steps=600)
     record, records = run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out, EvalSettings(episodes=4, n_envs=4))
     assert record["original"]["policy_sha256"] == agent.policy.fingerprint()
     # recovery.json holds exactly the fields its type names (the fine-tune's where one was tried)
     from quarl.recovery.report import RecoveryJson
 
     assert set(record) - {"finetune"} == set(RecoveryJson.__annotations__) - {"finetune"}
+    assert record.get("finetune", {"steps": 600})["steps"] == 600
     import json
 
     assert set(json.loads((out / "CartPole-v1" / "recovery.json").read_text())) == set(record)
@@ -365,8 +367,8 @@ def test_a_damaged_recovered_folder_is_refused_never_judged_with_another_fp32(ti
 
     agent = quarl.load(tiny_dqn, env="CartPole-v1")
     out = tmp_path / "rec"
-    run_recover(tiny_dqn, agent.env_spec, agent.policy, RecoverConfig(precision="int4", rounds=1, updates_per_round=20),
-                out)
+    run_recover(tiny_dqn, agent.env_spec, agent.policy, RecoverConfig(precision="int4", rounds=1, updates_per_round=20,
+                                                                      finetune_steps=600), out)
     assert load_recovered(out) is not None
     cases = {
         "no record": lambda d: (d / "CartPole-v1" / "recovery.json").unlink(),
