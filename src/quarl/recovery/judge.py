@@ -145,14 +145,29 @@ class Judge:
         return self._keeps[id(acting)]
 
 
-def _test_text(test: TestOutcome) -> str:
+def _against_ptq_text(stage: str, test: TestOutcome) -> str:
+    """A candidate's test against PTQ's model in words: what each scored and what that showed."""
+    if "means" not in test:
+        return f"{stage}: {test.get('verdict', '')}"
+    ptq, student = test["means"]
+    shown = "shown no worse (one-sided 95 %)" if test.get("kept") else "not shown at least as good"
+    if str(test.get("verdict", "")).startswith("tied"):
+        shown = "the same return on every episode"
+    return f"{stage}: the student {student:.2f}, PTQ {ptq:.2f} over {test['episodes']} test episodes, {shown}"
+
+
+def _against_fp32_text(test: TestOutcome) -> str:
+    """The written model's test against the original fp32 policy in words."""
     if "means" not in test:
         return str(test.get("verdict", ""))
-    e = "" if test.get("e") is None else f", E {test['e']:.1f} %"
+    fp32, written = test["means"]
     interval = "" if test.get("low") is None or test.get("high") is None else \
         f" [{test['low']:.1f}, {test['high']:.1f}]"
-    return (f"{test['verdict']}{e}{interval}, means {test['means'][0]:.2f} / {test['means'][1]:.2f} over "
-            f"{test['episodes']} test episodes")
+    e = "" if test.get("e") is None else f", E {test['e']:.1f} %{interval}"
+    verdict = str(test.get("verdict", "")).split(" (")[0]
+    verb = {"keeps": "keeps", "loses": "loses"}.get(verdict, f"is {verdict} on")
+    return (f"{verb} the original fp32's return{e}: {written:.2f} against fp32's {fp32:.2f} over {test['episodes']} "
+            "test episodes")
 
 
 def shipped_line(record: RecoveryJson) -> str:
@@ -161,7 +176,7 @@ def shipped_line(record: RecoveryJson) -> str:
     if "shipped" not in record or "against_fp32" not in record:
         return f"wrote {'PTQ' if record.get('shipped') == 'ptq' else 'the student'} ({mode})"
     if record["shipped"] == "ptq":
-        tried = [f"{s['stage']}: {_test_text(s['against_ptq'])}" for s in record.get("stages", [])
+        tried = [_against_ptq_text(str(s["stage"]), s["against_ptq"]) for s in record.get("stages", [])
                  if not s["against_ptq"].get("same")]
         what = (f"wrote PTQ's own {mode} model, not a student: no student was shown to play at least as well on "
                 f"recovery's test episodes ({'; '.join(tried) or 'distillation did not beat PTQ on held-out states'})")
@@ -169,12 +184,11 @@ def shipped_line(record: RecoveryJson) -> str:
         stage = str(record["shipped_stage"])
         name = {"distill": "distilled", "finetune": "fine-tuned"}.get(stage, f"distilled ({stage})")
         what = (f"wrote the {name} student: it plays at least as well as PTQ's own {mode} model on "
-                f"recovery's test episodes (PTQ / student {_test_text(record['against_ptq'])})")
+                f"recovery's test episodes ({_against_ptq_text(stage, record['against_ptq'])})")
     budget = record.get("budget", {})
     tuned = record.get("finetune", {})
     spent = f"{budget.get('rounds_played', '?')} of {budget.get('rounds', '?')} rounds"
     if tuned:
         spent += ", fine-tune " + (f"{tuned['steps']:,} steps" if "skipped" not in tuned else f"skipped: {tuned['skipped']}")
     stopped = "kept" if record["stopped"] == "kept" else f"budget spent ({spent}, {record.get('total_s', 0):.0f} s)"
-    return (f"{what}; stopped: {stopped}: against the original fp32 (fp32 / written) "
-            f"{_test_text(record['against_fp32'])}")
+    return f"{what}; stopped: {stopped}: the written model {_against_fp32_text(record['against_fp32'])}"
