@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, Unpack
 
 from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
@@ -21,7 +21,7 @@ from quarl.policies.base import Policy
 from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells, output_lock
 from quarl.evaluation.record import CellRecord, KeyExtras
 from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import ParseOptions, QuantConfig
 from quarl.core.records import ResultsLog
 from quarl.evaluation.reports import paired_verdict, plot_sweep, plot_verdicts, ptq_rows, write_rows
 from quarl.verdict import CHUNK, Decision, Judging
@@ -41,7 +41,7 @@ def run_ptq(
     decide_episodes: int = 0,
     decide_seconds: float | None = None,
     judging: Judging = Judging(),
-    **options: Any,
+    **options: Unpack[ParseOptions],
 ) -> list[CellRecord]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
     ``ptq.png`` (E per precision with its interval).
