@@ -330,12 +330,12 @@ class _Payload:
 def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
     """--eval-freq: each evaluation snapshots the learner once N more env steps
     have been inserted (give or take the chunks that arrive in one coordinator pass)."""
-    every = 1500
-    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=6500,
-                          out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6, **SMALL)
+    every = 600  # with chunks of 50 steps: a pass may add 200 beyond it (was 1,500 and 100 over 6,500 steps: 9 s)
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=2800,
+                          out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6, chunk_steps=50, **SMALL)
     summary = run_actorq(config)  # ends on steps, whatever this machine's speed
     steps = [e[3] for e in summary.evals]
-    assert 6500 <= summary.env_steps < 6500 + 4 * config.actors * config.chunk_steps
+    assert 2800 <= summary.env_steps < 2800 + 4 * config.actors * config.chunk_steps
     assert steps[0] == 0 and len(steps) >= 4, steps
     gaps = np.diff(steps)
     slack = 2 * config.actors * config.chunk_steps  # QUEUE_DEPTH chunks per actor in one pass
@@ -367,9 +367,9 @@ def test_a_busy_evaluator_delays_step_spaced_evaluations_without_copying_weights
             super().evaluate(version, weights, at_s)
 
     monkeypatch.setattr(system, "make_fleet", lambda config, info: BusyEveryOtherPass(config, info))
-    every = 1500
-    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=5000,
-                          out=tmp_path / "run", eval_every_steps=every, **SMALL)
+    every = 600
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=2000,
+                          out=tmp_path / "run", eval_every_steps=every, chunk_steps=50, **SMALL)
     summary = run_actorq(config)  # ends on steps: a loaded machine made the 12 s budget hold only two evaluations
     steps = [e[3] for e in summary.evals]
     assert len(steps) >= 3 and (np.diff(steps) >= every).all(), steps

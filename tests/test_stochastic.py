@@ -258,20 +258,34 @@ def test_a_sampling_policys_int_mode_is_chosen_on_its_sampled_agreement(tiny_run
 # ---------------------------------------------------------------------------- state-dependent noise
 
 
+_TRAINED: dict[tuple[str, str, int], tuple[type, Path]] = {}
+"""The models :func:`_sb3_model` trained in this test process, by kind, env and steps."""
+
+
 def _sb3_model(kind: str, tmp_path: Path, env_id: str = "Pendulum-v1", steps: int = 300):
-    """A briefly trained SB3 model with a state-dependent noise head, saved and reloaded."""
+    """A briefly trained SB3 model with a state-dependent noise head, saved and reloaded (trained
+    once per test process and kind, then copied to the test's folder: an SAC's 250 updates took
+    3 s, and three tests read one)."""
+    import shutil
+
     from stable_baselines3 import PPO, SAC
 
-    make = {"sac": lambda: SAC("MlpPolicy", env_id, seed=0, device="cpu", learning_starts=50),
-            "sac_gsde": lambda: SAC("MlpPolicy", env_id, seed=0, device="cpu", learning_starts=50, use_sde=True),
-            "ppo_gsde": lambda: PPO("MlpPolicy", env_id, seed=0, device="cpu", n_steps=128, batch_size=64,
-                                    use_sde=True, policy_kwargs={"log_std_init": -1.0, "full_std": False}),
-            "ppo_gsde_squash": lambda: PPO("MlpPolicy", env_id, seed=0, device="cpu", n_steps=128, batch_size=64,
-                                           use_sde=True, policy_kwargs={"squash_output": True, "use_expln": True})}
-    model = make[kind]()
-    model.learn(steps)
-    model.save(tmp_path / f"{kind}.zip")
-    return type(model).load(tmp_path / f"{kind}.zip", device="cpu"), tmp_path / f"{kind}.zip"
+    path = tmp_path / f"{kind}.zip"
+    if (kind, env_id, steps) not in _TRAINED:
+        make = {"sac": lambda: SAC("MlpPolicy", env_id, seed=0, device="cpu", learning_starts=50),
+                "sac_gsde": lambda: SAC("MlpPolicy", env_id, seed=0, device="cpu", learning_starts=50, use_sde=True),
+                "ppo_gsde": lambda: PPO("MlpPolicy", env_id, seed=0, device="cpu", n_steps=128, batch_size=64,
+                                        use_sde=True, policy_kwargs={"log_std_init": -1.0, "full_std": False}),
+                "ppo_gsde_squash": lambda: PPO("MlpPolicy", env_id, seed=0, device="cpu", n_steps=128, batch_size=64,
+                                               use_sde=True, policy_kwargs={"squash_output": True, "use_expln": True})}
+        model = make[kind]()
+        model.learn(steps)
+        model.save(path)
+        _TRAINED[(kind, env_id, steps)] = (type(model), path)
+    algorithm, trained = _TRAINED[(kind, env_id, steps)]
+    if trained != path:
+        shutil.copy(trained, path)
+    return algorithm.load(path, device="cpu"), path
 
 
 @pytest.mark.parametrize("kind", ["sac", "sac_gsde", "ppo_gsde", "ppo_gsde_squash"])
