@@ -61,11 +61,15 @@ app.command()(study.study)
 
 
 def main() -> None:
-    """The console script: SIGTERM / SIGHUP stop a run as Ctrl-C does."""
+    """The console script: SIGTERM / SIGHUP stop a run as Ctrl-C does; SIGXFSZ is ignored (a
+    file-size limit is a write error, said in one line)."""
     import signal
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop_on_signal)
+    # past a file-size limit (ulimit -f) a write fails with EFBIG, which quarl says in one line and from which it keeps
+    # what it finished, instead of the process (or ffmpeg writing a video) being killed mid-file; inherited by children
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         app()
     except BrokenPipeError:  # `quarl ... | head`

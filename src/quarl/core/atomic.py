@@ -91,6 +91,28 @@ def _fsync_folder(folder: Path) -> None:
         pass
 
 
+def _disk_refusal(tmp: Path) -> OSError | None:
+    """The disk's refusal behind a writer's own error (a library that saw a short write and
+    says something else): the temporary reached the process's file-size limit (EFBIG), or
+    its file system has no space left (ENOSPC); None where neither holds."""
+    import resource
+
+    try:
+        size = os.lstat(tmp).st_size
+    except OSError:
+        size = 0
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and size >= limit:
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    try:
+        space = os.statvfs(tmp.parent)
+    except OSError:
+        return None
+    if space.f_bavail == 0 or (space.f_files and space.f_favail == 0):  # no block, or no inode, left
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
+
+
 def _write_bytes(fd: int, data: bytes, path: Path) -> None:
     """All of ``data`` to descriptor ``fd``, open on ``path`` (a short write goes on where
     it stopped)."""
@@ -106,7 +128,13 @@ def _call_writer(write: Callable[[Path], Any], tmp: Path) -> None:
 def _write_temporary(tmp: Path, content: str | bytes | Callable[[Path], Any], encoding: str) -> None:
     _remove(tmp)  # a killed writer's (pids come back), or a link planted there: never written through
     if callable(content):
-        _call_writer(content, tmp)
+        try:
+            _call_writer(content, tmp)
+        except Exception as exc:
+            refusal = None if isinstance(exc, OSError) else _disk_refusal(tmp)
+            if refusal is not None:  # torch's writer says "unexpected pos 704 vs 598" where the disk said EFBIG
+                raise refusal from exc
+            raise
         _fsync_path(tmp)
         return
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
@@ -136,6 +164,9 @@ def write_all_atomic(files: Sequence[tuple[Path, str | bytes | Callable[[Path], 
     the next reader or writer of the folder finishes the renames (:func:`finish_publishing`)
     before it reads or writes anything there."""
     pending = [(Path(path), temporary_for(Path(path)), content) for path, content in files]
+    for path, _, _ in pending:  # a rename over a folder fails: said before anything is written, never mid-publication
+        if path.is_dir() and not path.is_symlink():
+            raise QuarlError(f"{path} is a folder, not a file: quarl writes a file there; {OUT_HINT}")
     folders = list(dict.fromkeys(path.parent for path, _, _ in pending))
     together = len(pending) > 1 and len(folders) == 1
     current = None
@@ -190,7 +221,10 @@ def _folder_lock(folder: Path, exclusive: bool = True) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError:  # a file system without flock (ENOLCK): the record alone still finishes a killed writer's
+            pass
         yield
     finally:
         os.close(fd)

@@ -19,6 +19,7 @@ import dataclasses
 import fcntl
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 from quarl.evaluation import parallel
 from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
 from quarl.envs import EnvSpec, sticky_probability
+from quarl.core.atomic import open_owned
 from quarl.core.errors import QuarlError
 from quarl.evaluation.record import RESULT_FORMAT, CellKey, CellRecord, EvalRecord, KeyExtras, SettingsKey
 from quarl.policies.base import Policy
@@ -135,17 +137,22 @@ def cell_key(env_spec: EnvSpec, cell: Cell, settings: EvalSettings, fingerprint:
 def output_lock(out_dir: Path, wait: bool = False) -> Iterator[None]:
     """Hold ``OUT/.lock`` for the length of a run: a second run on the same folder fails
     at once with one line instead of interleaving its cells and tables (``wait``: it waits
-    for the first, as a study's cells sharing one recovered folder do)."""
+    for the first, as a study's cells sharing one recovered folder do). A link or a named
+    pipe at ``OUT/.lock`` is refused in one line (:func:`quarl.core.atomic.open_owned`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / ".lock").open("w") as fh:
+    # never truncated, never through a link, never a named pipe (it blocked the open): the lock is quarl's own file
+    fd = open_owned(out_dir / ".lock", os.O_RDWR | os.O_CREAT, "a lock")
+    try:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise QuarlError(f"{out_dir} is being written by another quarl run: wait for it or pass another --out") from None
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def evaluate_cells(

@@ -10,13 +10,18 @@ no display (frames are rendered off screen, ``MUJOCO_GL=egl`` for MuJoCo).
 from __future__ import annotations
 
 import dataclasses
+import errno
+import gc
 import os
+import signal
 import warnings
 from pathlib import Path
-from typing import Callable, TypedDict
+from typing import Callable, Sequence, TypedDict
 
 import gymnasium as gym
+import numpy as np
 
+from quarl.core.atomic import write_atomic
 from quarl.envs import EnvSpec, make_env
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import EvalResult, evaluate
@@ -67,10 +72,59 @@ def _recorder(folder: Path, prefix: str) -> Callable[[gym.Env], gym.Env]:
     def wrap(env: gym.Env) -> gym.Env:
         with warnings.catch_warnings():  # "overwriting existing videos": play removed its old ones itself
             warnings.simplefilter("ignore", UserWarning)
-            return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda _: True, name_prefix=prefix,
-                                            disable_logger=True)
+            return WholeVideos(env, str(folder), episode_trigger=lambda _: True, name_prefix=prefix,
+                               disable_logger=True)
 
     return wrap
+
+
+class WholeVideos(gym.wrappers.RecordVideo):
+    """gymnasium's ``RecordVideo`` whose files are whole or absent: each episode's frames are
+    encoded into a temporary beside the video and renamed over it
+    (:func:`quarl.core.atomic.write_atomic`), and ffmpeg's exit status is read
+    (:func:`encode_video`). moviepy ignores it: under a file-size limit or on a full disk
+    RecordVideo left a cut mp4 and play said it wrote it."""
+
+    def stop_recording(self) -> None:
+        frames, name = [np.asarray(frame) for frame in self.recorded_frames], self._video_name  # rgb_array frames
+        self.recorded_frames, self.recording, self._video_name = [], False, None  # close() does not write it again
+        if frames:
+            fps = self.frames_per_sec
+            write_atomic(Path(self.video_folder) / f"{name}.mp4", lambda tmp: encode_video(frames, fps, tmp))
+        if self.gc_trigger and self.gc_trigger(self.episode_id):
+            gc.collect()
+
+
+def encode_video(frames: Sequence[np.ndarray], fps: float, path: Path) -> None:
+    """``frames`` (RGB, one size) as an H.264 mp4 at ``path``, as RecordVideo's moviepy writes
+    it (its ffmpeg writer and options); ffmpeg failing (it exits non-zero where a write
+    failed: EFBIG, ENOSPC) is an OSError carrying its reason."""
+    import tempfile
+
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    height, width = frames[0].shape[:2]
+    with tempfile.TemporaryFile("w+") as log:  # ffmpeg's messages: a pipe nobody reads could fill and stall it
+        writer = FFMPEG_VideoWriter(str(path), (width, height), fps, logfile=log)
+        process = writer.proc
+        try:
+            for frame in frames:
+                writer.write_frame(np.ascontiguousarray(frame, np.uint8))
+        except OSError:  # ffmpeg stopped reading: its reason is in its log, read below
+            pass
+        finally:
+            writer.close()
+        if process.returncode == 0:
+            return
+        log.seek(0)
+        lines = [line.strip() for line in log.read()[-4096:].splitlines() if line.strip()]
+    if process.returncode == -signal.SIGXFSZ:  # subprocess sets SIGXFSZ back to its default in ffmpeg: killed at the limit
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    for code, said in ((errno.EFBIG, "File too large"), (errno.ENOSPC, "No space left"), (errno.EDQUOT, "quota")):
+        if any(said in line for line in lines):
+            raise OSError(code, os.strerror(code))
+    raise OSError(errno.EIO, f"ffmpeg exited with status {process.returncode}"
+                  + (f": {lines[-1][:160]}" if lines else ""))
 
 
 MAX_VIDEO_SIDE = 4096

@@ -210,8 +210,11 @@ def _evaluate_cell(cell: StudyCell) -> StudyRecord:
                             max_steps=cell.max_steps)
     quantized = None
     if cell.recover_out:  # a recovered column: recovered once per agent (the first cell), its real kernel evaluated
+        from quarl.core.atomic import check_folder
         from quarl.recovery import recovered_kernel
 
+        folder = Path(cell.recover_out)  # OUT/recovered/AGENT: folders of the study's own, never a link to another
+        check_folder(folder.parent.parent, folder.parent.name, folder.name)
         kernel = recovered_kernel(ckpt.path, ckpt.policy, spec, _base_label(cell.precision), Path(cell.recover_out),
                                   cell.trust_pickle, int8_weights=cell.int8_weights, block_size=cell.block_size)
         quantized = acting(kernel, spec, cell.stochastic)

@@ -141,8 +141,12 @@ class StudyStore:
     """``results`` table of a study database (created on first use)."""
 
     def __init__(self, path: Path) -> None:
+        from quarl.core.atomic import check_owned
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        for own in (self.path, *(Path(f"{self.path}{suffix}") for suffix in ("-wal", "-shm", "-journal"))):
+            check_owned(own)  # SQLite follows a link: it would write another database (or file) than the study's
         if self.path.exists() and not self.path.is_file():
             raise QuarlError(f"{self.path} is not a regular file: refused as a study store")
         new = not self.path.exists()
