@@ -30,10 +30,9 @@ from quarl.core import atomic
 from quarl.core.errors import QuarlError
 from quarl.recovery import RecoverConfig, load_recovered, run_recover
 from tests.conftest import run_cli
+from tests.test_recovered_manifest import CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = RecoverConfig(precision="int4", rounds=1, max_rounds=1, updates_per_round=20, finetune_steps=0,
-                       closed_loop=False)
 PTQ = ["--env", "CartPole-v1", "--precisions", "fp32", "--episodes", "2", "--max-steps", "50", "--decide-episodes", "0"]
 
 
@@ -56,6 +55,15 @@ def _agent(folder: Path, seed: int = 0) -> Path:
     return path
 
 
+def _recover(agent: Path, out: Path) -> Path:
+    """``agent`` recovered into ``out`` (one short round: CONFIG)."""
+    import quarl
+
+    loaded = quarl.load(agent, env="CartPole-v1")
+    run_recover(agent, loaded.env_spec, loaded.policy, CONFIG, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _agent(tmp_path_factory.mktemp("agent"))
@@ -63,12 +71,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def recovered(agent: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import quarl
-
-    loaded = quarl.load(agent, env="CartPole-v1")
-    out = tmp_path_factory.mktemp("recovered") / "rec"
-    run_recover(agent, loaded.env_spec, loaded.policy, CONFIG, out)
-    return out
+    return _recover(agent, tmp_path_factory.mktemp("recovered") / "rec")
 
 
 def _victim(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
@@ -298,11 +301,9 @@ def test_a_reused_folder_s_original_is_checked_not_trusted(recovered: Path, agen
     import quarl
 
     other_agent = _agent(tmp_path / "other", seed=5)
-    other = quarl.load(other_agent, env="CartPole-v1")
     mine = quarl.load(agent, env="CartPole-v1")
-    assert other.policy.fingerprint() != mine.policy.fingerprint()
-    out = tmp_path / "rec"
-    run_recover(other_agent, other.env_spec, other.policy, CONFIG, out)
+    assert quarl.load(other_agent, env="CartPole-v1").policy.fingerprint() != mine.policy.fingerprint()
+    out = _recover(other_agent, tmp_path / "rec")
     record_path = out / "CartPole-v1" / "recovery.json"
     record = json.loads(record_path.read_text())
     record["original"]["policy_sha256"] = mine.policy.fingerprint()
