@@ -31,6 +31,7 @@ from quarl.core.errors import QuarlError
 from quarl.recovery import RecoverConfig, load_recovered, run_recover
 from tests.conftest import run_cli
 from tests.test_recovered_manifest import CONFIG
+from tests.test_study_full_disk import _leave_free, small_disk  # noqa: F401  (a 1 MB tmpfs, where root may mount one)
 
 ROOT = Path(__file__).resolve().parents[1]
 PTQ = ["--env", "CartPole-v1", "--precisions", "fp32", "--episodes", "2", "--max-steps", "50", "--decide-episodes", "0"]
@@ -442,6 +443,18 @@ def test_a_video_past_a_file_size_limit_is_one_line_and_no_cut_file(agent: Path,
     r = subprocess.run(quarl, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0 and "wrote 2 videos" in r.stdout, r.stderr
     assert sorted(p.name for p in videos.iterdir()) == ["fp32-episode-0.mp4", "fp32-episode-1.mp4"]
+
+
+@pytest.mark.timeout(300)
+def test_a_video_on_a_full_disk_is_one_line_and_no_cut_file(agent: Path, small_disk: Path) -> None:  # noqa: F811
+    """A full tmpfs: ffmpeg fails (ENOSPC), moviepy ignored it, play said "wrote 1 video"."""
+    _leave_free(small_disk, 2000)
+    videos = small_disk / "videos"
+    r = run_cli("play", str(agent), "--env", "CartPole-v1", "--episodes", "1", "--max-steps", "60", "--video",
+                str(videos))
+    line = _one_line(r.stderr)
+    assert r.returncode == 2 and f"{videos / 'fp32-episode-0.mp4'} could not be written (No space left" in line, line
+    assert list(videos.iterdir()) == []
 
 
 UNDER_A_LIMIT = """
