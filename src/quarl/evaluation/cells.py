@@ -163,11 +163,14 @@ def evaluate_cells(
     log_file: ResultsLog,
     progress: Progress | None,
     source: str | None = None,
+    built: dict[str, tuple[Policy, float]] | None = None,
 ) -> list[CellRecord]:
     """Evaluate each cell, or reuse its stored record (``reused``); each is appended to
     ``log_file`` as it finishes. Every record says whose it is: ``algo``, ``env_id``,
     ``policy_sha256`` and ``checkpoint`` (``source``, the path as given; not part of the
-    key: a moved file is the same policy)."""
+    key: a moved file is the same policy). ``built``: (quantized policy, its latency) by
+    cell label, filled as cells are quantized and taken from on later calls (``decide``'s
+    chunks of the next seeds: quantized once, and their latency measured once, by the first)."""
     records: list[CellRecord] = []
     inputs: np.ndarray | None = None
     returns = CalibrationEpisodes(env_spec, settings.max_steps)  # fp32's played once per run
@@ -188,10 +191,11 @@ def evaluate_cells(
             if progress:
                 progress(label, finished[0])
 
-        if cell.policy is None:  # a cell evaluated as it is never calibrates
+        ready, latency = (built or {}).get(cell.label, (cell.policy, None))
+        if ready is None:  # a cell evaluated as it is never calibrates
             inputs = calibrate_if_needed(policy, env_spec, cell.config, settings.max_steps, inputs, returns).inputs
-        result = evaluate_config(policy, env_spec, cell.config, settings, inputs, on_episode, quantized=cell.policy,
-                                 returns=returns)
+        result = evaluate_config(policy, env_spec, cell.config, settings, inputs, on_episode, quantized=ready,
+                                 returns=returns, latency_us=latency, built=built, label=cell.label)
         record = CellRecord(key, policy.algo, source, result, provenance())
         log_file.append(record.to_dict())
         records.append(record)
@@ -207,10 +211,15 @@ def evaluate_config(
     on_episode: Callable[[int, float], None] | None = None,
     quantized: Policy | None = None,
     returns: CalibrationEpisodes | None = None,
+    latency_us: float | None = None,
+    built: dict[str, tuple[Policy, float]] | None = None,
+    label: str = "",
 ) -> EvalRecord:
     """Quantize ``policy`` with ``config`` (or take ``quantized`` as it is) and evaluate
     it. ``calibration`` / ``returns``: a run's calibration states and episodes, computed
-    here where needed and not given (:func:`quarl.evaluation.calibration.calibrate_if_needed`)."""
+    here where needed and not given (:func:`quarl.evaluation.calibration.calibrate_if_needed`).
+    ``latency_us``: measured already (a later chunk of a cell), else measured here;
+    ``built``: where the quantized policy and its latency are kept under ``label``."""
     started = time.perf_counter()
     if quantized is None:
         calibrated = calibrate_if_needed(policy, env_spec, config, settings.max_steps, calibration, returns)
@@ -218,7 +227,11 @@ def evaluate_config(
         quantized = quantize(policy, config, calibration=calibration, returns=calibrated.returns)
     build_s = time.perf_counter() - started
     one = np.zeros((1, *policy.input_shape), np.float32)
-    latency_us = median_us(quantized.forward, calibration[:1] if calibration is not None else one, LATENCY_BUDGET_S)
+    if latency_us is None:
+        latency_us = median_us(quantized.forward, calibration[:1] if calibration is not None else one,
+                               LATENCY_BUDGET_S)
+    if built is not None:
+        built[label] = (quantized, latency_us)
     result = parallel.evaluate(quantized, env_spec, episodes=settings.episodes, seed=settings.seed,
                                n_envs=settings.n_envs, max_steps=settings.max_steps, on_episode=on_episode,
                                workers=settings.workers)
