@@ -444,3 +444,18 @@ def test_ptq_says_what_its_verdicts_insure_and_refuses_a_range_its_returns_break
     assert "env 0:500" in fine.stdout and "reused 2 finished cells" in fine.stdout
     assert run_cli(*args, "--insure", "-3").returncode == 2
     assert "--return-range 'a:b' must be LO:HI" in run_cli(*args, "--return-range", "a:b").stderr
+
+
+def test_the_docs_judge_example(tmp_path) -> None:
+    """docs/ptq.md's `quarl judge` example: its CSV, run as the doc shows, prints the doc's block."""
+    from conftest import ROOT, run_cli
+
+    page = (ROOT / "docs" / "ptq.md").read_text()
+    section = page[page.index("### `quarl judge`"):page.index("### What a verdict is worth")]
+    csv_text = section.split("```csv\n", 1)[1].split("```", 1)[0]
+    shown = section.split("<!-- made-by: tests/test_verdict.py::test_the_docs_judge_example -->\n\n```\n", 1)[1]
+    shown = shown.split("```", 1)[0]
+    (tmp_path / "returns.csv").write_text(csv_text)
+    result = run_cli("judge", str(tmp_path / "returns.csv"), "--env", "LunarLander-v3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
