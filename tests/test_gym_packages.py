@@ -80,7 +80,8 @@ def test_a_run_folder_names_modules_that_are_imported_only_when_the_user_allows_
     assert r.returncode == 2 and not (folder / "imported.txt").exists()  # nothing the file names ran
     assert r.stderr.strip().splitlines() == [
         "error: logs/ppo/QuarlShortCartPole-v0_1/QuarlShortCartPole-v0/args.yml gym_packages asks to import mygym "
-        "(code, not imported unasked): pass --gym-packages mygym or --trust-gym-packages if you trust it"], r.stderr
+        "(code, not imported unasked): pass --gym-packages mygym, which this run was trained with, or "
+        "--trust-gym-packages if you trust it"], r.stderr
     for allow in (["--gym-packages", "mygym"], ["--trust-gym-packages"]):
         r = quarl(folder, "play", run, "--episodes", "2", *allow)
         assert r.returncode == 0 and "mean return 5.00 over 2 episodes" in r.stdout, r.stdout + r.stderr
@@ -127,3 +128,57 @@ def test_a_module_the_file_names_that_is_not_installed_says_so_with_trust(folder
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "gym_packages 'no_such_envs' cannot be imported: ModuleNotFoundError" in r.stderr
     assert f"in the current folder, {tmp_path}" in r.stderr
+
+
+CORRIDOR = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Five steps down a corridor, one reward each: every episode returns exactly 5."""
+
+    observation_space = gym.spaces.Box(0.0, 5.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(1, self.t, np.float32), 1.0, self.t >= 5, False, {}
+
+
+gym.register("Corridor-v0", entry_point=Corridor)
+'''
+"""A user's own env, in a module of the folder they work in (not installed)."""
+
+
+def test_a_custom_env_trained_by_quarl_is_evaluated_again_with_the_option_its_run_names(tmp_path: Path) -> None:
+    """Issue 49: ``quarl train ppo Corridor-v0 --gym-packages mygym`` wrote no gym_packages into
+    args.yml, so ``quarl ptq`` of the run answered 'unknown env id' and never named the option.
+    Now args.yml names the module as rl_zoo3 writes it, ptq without the option says which option
+    to pass in one line (importing nothing), and with it the run folder is evaluated, workers too."""
+    (tmp_path / "mygym").mkdir()
+    (tmp_path / "mygym" / "__init__.py").write_text(CORRIDOR)
+    r = quarl(tmp_path, "train", "ppo", "Corridor-v0", "--gym-packages", "mygym", "--timesteps", "128", "--hp",
+              "n_steps=64", "--hp", "batch_size=32", "--eval-freq", "0", "--eval-episodes", "2")
+    assert r.returncode == 0 and "mean return 5.00 +/- 0.00 over 2 episodes" in r.stdout, r.stdout + r.stderr
+    run = tmp_path / "runs" / "ppo" / "Corridor-v0_1"
+    args = yaml.safe_load((run / "Corridor-v0" / "args.yml").read_text())
+    assert args["gym_packages"] == ["mygym"] and args["env"] == "Corridor-v0"
+
+    r = quarl(tmp_path, "ptq", "runs/ppo/Corridor-v0_1", "--precisions", "fp16", "--episodes", "4")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: runs/ppo/Corridor-v0_1/Corridor-v0/args.yml gym_packages asks to import mygym (code, not imported "
+        "unasked): pass --gym-packages mygym, which this run was trained with, or --trust-gym-packages if you trust "
+        "it"], r.stderr
+    assert not (tmp_path / "results").exists()
+
+    r = quarl(tmp_path, "ptq", "runs/ppo/Corridor-v0_1", "--gym-packages", "mygym", "--precisions", "fp16",
+              "--episodes", "4", "--workers", "2", "--decide-episodes", "0", "--out", "out")
+    assert r.returncode == 0, r.stdout + r.stderr
+    played = returns(tmp_path / "out")
+    assert sorted(played) == ["fp16", "fp32"] and all(r == [5.0] * 4 for r in played.values()), played

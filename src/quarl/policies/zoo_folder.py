@@ -169,7 +169,8 @@ def zoo_env_spec(config_dir: Path, env_name: str, config: ZooConfig) -> EnvSpec:
         packages = args.gym_packages or []
         if packages:  # rl_zoo3 records the modules that register the agent's custom env: imported only if allowed
             log.info("importing %s (gym_packages of %s)", ", ".join(map(str, packages)), args_file)
-            import_named_by_file(packages if isinstance(packages, list) else [packages], f"{args_file} gym_packages")
+            import_named_by_file(packages if isinstance(packages, list) else [packages], f"{args_file} gym_packages",
+                                 "which this run was trained with")
     return EnvSpec(
         env_id=current_env_id(env_id),
         env_kwargs=env_kwargs,

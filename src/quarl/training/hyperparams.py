@@ -54,6 +54,13 @@ class Trainer:
         return cls
 
 
+def trainer(algo: str) -> Trainer:
+    """The registered trainer named ``algo``, else one line naming the algorithms allowed."""
+    if algo not in TRAINERS:
+        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(TRAINERS)}")
+    return TRAINERS[algo]
+
+
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("a2c", "stable_baselines3", "A2C"),
     Trainer("ppo", "stable_baselines3", "PPO"),

@@ -29,14 +29,14 @@ from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError, StoppedRun
 from quarl.core.validate import digits
-from quarl.envs import EnvSpec, check_env_id, make_env
+from quarl.envs import EnvSpec, check_env_id, gym_packages, make_env
 from quarl.quant.config import QATConfig, QATState
 from quarl.quant.qat import plain_layers
 from quarl.training.buffer_memory import check_buffer_memory
 from quarl.training.callbacks import REWARD_LINES, CheckpointEvery, RollingReward
 from quarl.training.checkpoints import Checkpointer, latest_checkpoint, run_checkpoints
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
-from quarl.training.hyperparams import TRAINERS, Hyperparams
+from quarl.training.hyperparams import TRAINERS, Hyperparams, trainer
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
 from quarl.training.qat_sb3 import QATCallback, read_qat_state, write_qat_state
 from quarl.training.resume import RUN_SETTINGS, RunSettings, check_checkpoint_step, resume_from, resumed_hyperparams
@@ -89,9 +89,7 @@ class TrainConfig:
 
 def check_algo_env(algo: str, env_id: str) -> gym.spaces.Space[Any]:
     """Validate the pair and return the env's action space (one line on a bad pair)."""
-    if algo not in TRAINERS:
-        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(TRAINERS)}")
-    actions = TRAINERS[algo].actions
+    actions = trainer(algo).actions
     check_env_id(env_id)
     probe = make_env(EnvSpec(env_id))
     space = probe.action_space
@@ -290,7 +288,10 @@ def _save_run(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int,
     write_atomic(config_dir / "config.yml", yaml.safe_dump(saved, sort_keys=True))
     args = {"algo": config.algo, "env": config.env_id, "seed": config.seed, "precision": config.precision,
             "n_timesteps": total, "qat": asdict(config.qat) if config.qat else None,
-            "env_kwargs": dict(setup.env_spec.env_kwargs) or None}  # rl_zoo3.enjoy reads it
+            "env_kwargs": dict(setup.env_spec.env_kwargs) or None,  # rl_zoo3.enjoy reads it
+            # the modules that registered a custom env (--gym-packages), as rl_zoo3 writes them: a command loading the
+            # run imports them only when named again (or trusted), and says so
+            "gym_packages": list(gym_packages())}
     write_atomic(config_dir / "args.yml", yaml.safe_dump(args, sort_keys=True))
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
