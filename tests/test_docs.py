@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import io
 import json
 import re
@@ -390,16 +391,28 @@ OPTION_NAMED = "option-named:"
 """Marks an option a doc names without a value: it must exist on the command."""
 
 
+@functools.cache
+def _cli_command() -> Any:
+    """The click command of quarl's app (built once: building it took half of the parse check)."""
+    from quarl.cli import app
+
+    return typer.main.get_command(app)
+
+
 def parse_command(arguments: list[str]) -> None:
     """Parse ``quarl ARGUMENTS`` as the CLI would, without running it (an argument
-    ``OPTION_NAMED--opt`` asks only that the command has ``--opt``)."""
-    from quarl.cli import app
+    ``OPTION_NAMED--opt`` asks only that the command has ``--opt``). ``--help`` ends the
+    parse as it does in the CLI, without its panels drawn (drawing them was the other half)."""
+    from unittest import mock
+
+    import typer.rich_utils
 
     named = [a[len(OPTION_NAMED):] for a in arguments if a.startswith(OPTION_NAMED)]
     arguments = [a for a in arguments if not a.startswith(OPTION_NAMED)]
-    command: Any = typer.main.get_command(app)
+    command: Any = _cli_command()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # --help / --version print, then exit
+        with contextlib.redirect_stdout(io.StringIO()), \
+                mock.patch.object(typer.rich_utils, "rich_format_help", lambda **kwargs: None):
             context = command.make_context("quarl", list(arguments))
             while hasattr(command, "resolve_command"):  # a group: on to its subcommand
                 rest = [*context._protected_args, *context.args]

@@ -3,18 +3,19 @@ evaluation worker), and the stricter rule for modules a file names: a run folder
 ``args.yml`` gym_packages are imported only when the user names them or passes
 ``--trust-gym-packages``; a ``__main__`` module or a name that is not a dotted identifier
 never. Each case runs the console command as a user types it, from the folder that holds
-the package."""
+the package, as a process of its own."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests import forked_cli
 
 PACKAGE = '''
 from pathlib import Path
@@ -30,10 +31,11 @@ every episode there returns exactly 5) and leaves a mark in the folder it runs i
 
 
 def quarl(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m quarl.cli ARGS`` in ``cwd`` as a process of its own (forked from a server that
+    imported quarl's dependencies once, :mod:`tests.forked_cli`: mygym is imported afresh)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the current folder can supply mygym
     env.update(COLUMNS="200", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "quarl.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
+    return forked_cli.run(cwd, *args, env=env)
 
 
 @pytest.fixture(scope="module")
