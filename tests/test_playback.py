@@ -132,15 +132,15 @@ def test_a_classic_control_video_prints_nothing_of_sdls_own(tmp_path: Path) -> N
     """pygame's SDL printed "error: XDG_RUNTIME_DIR is invalid or not set" on a machine
     without a display server, as if quarl had failed."""
     import os
-    import subprocess
-    import sys
 
     from stable_baselines3 import PPO
 
+    from tests import forked_cli
+
     PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, device="cpu").save(tmp_path / "cartpole.zip")
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER")}
-    r = subprocess.run([sys.executable, "-m", "quarl.cli", "play", str(tmp_path / "cartpole.zip"), "--env", "CartPole-v1",
-                        "--episodes", "1", "--max-steps", "5", "--video", str(tmp_path / "videos")],
-                       capture_output=True, text=True, env=env, timeout=300)
+    # a process of its own whose stdout and stderr are what SDL writes to (pygame is loaded there, not before)
+    r = forked_cli.run(tmp_path, "play", str(tmp_path / "cartpole.zip"), "--env", "CartPole-v1", "--episodes", "1",
+                       "--max-steps", "5", "--video", str(tmp_path / "videos"), env=env)
     assert r.returncode == 0, r.stderr
     assert "XDG_RUNTIME_DIR" not in r.stdout + r.stderr and (tmp_path / "videos" / "fp32-episode-0.mp4").exists()

@@ -339,6 +339,7 @@ def test_a_gsde_matrix_is_drawn_per_episode_and_shared_by_precisions(tmp_path: P
     assert abs(half.sample_rows(x, [(5, 0)])[0, 0] - same_episode[0]) < 0.02
 
 
+@pytest.mark.slow  # 5-13 s: SAC's sampling is held to SB3's draw by draw above, sampled play end to end by the PPO tests
 def test_sac_sampled_returns_match_sb3s_on_mujoco(tmp_path: Path) -> None:
     """An SAC on MuJoCo's InvertedPendulum (a few hundred steps: its episodes vary): quarl's
     sampled episode lengths and SB3's evaluate_policy(deterministic=False) agree in mean

@@ -86,9 +86,11 @@ def test_zoo_hyperparameters_become_sb3_kwargs() -> None:
 # ---------------------------------------------------------------------------- QAT on SB3
 
 
-# TQC acts with SAC's actor and trains through the same QAT wrappers: run with -m slow
-# (13 s), to keep the default suite under five minutes on two cores
-@pytest.mark.parametrize("algo", [pytest.param(a, marks=pytest.mark.slow) if a == "tqc" else a for a in TINY])
+# TQC acts with SAC's actor and trains through the same QAT wrappers, and SB3's DDPG is its TD3
+# (a subclass with TD3's policy, actor and targets): run with -m slow (13 s and 2 s), to keep the
+# default suite under five minutes on two cores
+@pytest.mark.parametrize("algo", [pytest.param(a, marks=pytest.mark.slow) if a in ("tqc", "ddpg") else a
+                                  for a in TINY])
 def test_qat_training_delay_and_convert(algo: str, tmp_path: Path) -> None:
     """Nothing is quantized before the delay, every acting layer after it, critics and
     targets never; the saved run loads as a policy that acts exactly like the
