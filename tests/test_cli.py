@@ -571,7 +571,7 @@ def test_a_table_wider_than_the_terminal_prints_one_block_per_row() -> None:
     rows = [{"policy": f"ppo [/]agent{i}", **{f"column {j}": f"[bold]{i * 100 + j}" for j in range(26)}}
             for i in range(2)]
     buf = io.StringIO()
-    print_table(rows, "title [/]", Console(file=buf, width=80))
+    print_table(rows, "title [/]", Console(file=buf, width=80, force_terminal=True, color_system=None))
     lines = buf.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80
     text = buf.getvalue()
@@ -580,6 +580,26 @@ def test_a_table_wider_than_the_terminal_prints_one_block_per_row() -> None:
     buf = io.StringIO()
     print_table(rows, None, Console(file=buf, width=80), wide=True)
     assert max(line.count("│") for line in buf.getvalue().splitlines()) == 28  # one table of 27 columns
+
+
+def test_a_wide_table_without_a_terminal_is_the_markdown_table_md_holds(tmp_path: Path) -> None:
+    """Issue 49: in a log file or CI (no terminal) the demo printed seven vertical blocks; a
+    table wider than the console is now the Markdown table written beside it, a row per line."""
+    import io
+
+    from rich.console import Console
+
+    from quarl.evaluation.reports import print_table, write_rows
+
+    rows = [{"policy": f"ppo [/]agent{i}", **{f"column {j}": float(i * 100 + j) for j in range(26)}} for i in range(2)]
+    buf = io.StringIO()
+    print_table(rows, "title [/]", Console(file=buf, width=80))
+    write_rows(rows, tmp_path, "table")
+    assert buf.getvalue() == "title [/]\n\n" + (tmp_path / "table.md").read_text()
+    assert buf.getvalue().splitlines()[4].startswith("| ppo [/]agent0 | 0.00 | 1.00 |")
+    buf = io.StringIO()  # one that fits stays the box table
+    print_table([{"policy": "ppo", "fp32": 500.0}], "title", Console(file=buf, width=80))
+    assert "┃ policy ┃   fp32 ┃" in buf.getvalue()
 
 
 def test_sigterm_keeps_a_checkpoint_and_prints_the_command_that_resumes(tmp_path: Path) -> None:

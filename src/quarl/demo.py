@@ -49,13 +49,14 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
              on_policy: Callable[[str, list[str]], Progress] | None = None,
              decide_episodes: int = 0, stochastic: bool | None = None,
              sticky_actions: float | None = None, decide_seconds: float | None = None,
-             judging: Judging = Judging()) -> list[Row]:
+             judging: Judging = Judging(), on_records: Callable[[Path, list[CellRecord]], None] | None = None) -> list[Row]:
     """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
     ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
-    see :func:`quarl.evaluation.episodes.protocol` (sticky actions only where the env has them)."""
+    see :func:`quarl.evaluation.episodes.protocol` (sticky actions only where the env has them);
+    ``on_records(folder, records)``: each agent's cells once played or reused from ``folder``."""
     per_policy: dict[str, list[CellRecord]] = {}
     modes: dict[str, dict[str, str]] = {}
     cells = list(dict.fromkeys(["fp32", *labels]))
@@ -65,11 +66,13 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
                                      where_supported=True)
         name = f"{ckpt.algo} {spec.env_id}"
         progress = on_policy(name, cells) if on_policy else None
+        folder = out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}"
         with about(name):  # its warnings name it
-            per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings,
-                                       out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}", progress=progress,
+            per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings, folder, progress=progress,
                                        source=str(run), decide_episodes=decide_episodes,
                                        decide_seconds=decide_seconds, judging=judging)
+        if on_records is not None:
+            on_records(folder, per_policy[name])
         modes[name] = {r.precision: r.result.quant["mode"] for r in per_policy[name] if r.result.quant}
     rows = paper_table(per_policy, cells, judging)
     for row in rows:  # which real kernel each int column ran

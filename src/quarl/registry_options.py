@@ -72,15 +72,21 @@ def wire_widths(text: str) -> list[int]:
     return widths
 
 
-def eval_settings(episodes: int, seed_value: int, n_envs: int, max_steps: int | None,
-                  worker_count: int = 1) -> EvalSettings:
-    """The evaluation settings of a command, each checked (before anything heavy loads: a
-    bad value answers at once)."""
+def check_eval_values(episodes: int, seed_value: int, n_envs: int, max_steps: int | None) -> None:
+    """The plain evaluation values, checked without importing anything heavy (a bad value
+    answers at once)."""
     if episodes < 1:
         raise QuarlError(f"--episodes {episodes} must be at least 1")
     if not 1 <= n_envs <= MAX_N_ENVS:
         raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
     seed(seed_value)
+
+
+def eval_settings(episodes: int, seed_value: int, n_envs: int, max_steps: int | None,
+                  worker_count: int = 1) -> EvalSettings:
+    """The evaluation settings of a command, each checked (:func:`check_eval_values` first,
+    before anything heavy loads: a bad value answers at once)."""
+    check_eval_values(episodes, seed_value, n_envs, max_steps)
     from quarl.evaluation.cells import EvalSettings
 
     return EvalSettings(episodes=episodes, seed=seed_value, n_envs=n_envs, max_steps=max_steps, workers=worker_count)

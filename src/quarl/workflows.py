@@ -38,8 +38,8 @@ def train_config(algo: str, env_id: str, timesteps: int | None, seed: int, out: 
     """One ``quarl train`` run, every option checked (one line for a bad one) and the
     budget resolved (the RL Zoo's where ``timesteps`` is None); QAT's delay defaults to half
     the budget."""
-    from quarl.quant.config import QATConfig
-    from quarl.training.sb3_train import TrainConfig, resolve_timesteps
+    from quarl.envs import check_env_id
+    from quarl.training.hyperparams import trainer
 
     validate.timesteps(timesteps)
     validate.seed(seed)
@@ -48,15 +48,20 @@ def train_config(algo: str, env_id: str, timesteps: int | None, seed: int, out: 
     validate.count(eval_freq, 0, "--eval-freq")
     validate.count(checkpoint_freq, 0, "--checkpoint-freq")
     overrides = validate.hyperparams(list(hyperparams))
+    trainer(algo.lower())  # the algorithm and the env id before Stable-Baselines3 and torch load: a typo answers at once
+    check_env_id(env_id)
+    if qat_bits is not None:
+        validate.bit_widths(str(qat_bits))
+        validate.count(quant_delay, 0, "--quant-delay")
+    elif quant_delay is not None:
+        raise QuarlError("--quant-delay needs --qat-bits")
+    from quarl.quant.config import QATConfig
+    from quarl.training.sb3_train import TrainConfig, resolve_timesteps
+
     total = resolve_timesteps(algo.lower(), env_id, timesteps, overrides)
     qat = None
     if qat_bits is not None:
-        from quarl.quant.config import bit_widths
-        bit_widths(str(qat_bits))
-        validate.count(quant_delay, 0, "--quant-delay")
         qat = QATConfig(bits=qat_bits, quant_delay=quant_delay if quant_delay is not None else total // 2)
-    elif quant_delay is not None:
-        raise QuarlError("--quant-delay needs --qat-bits")
     return TrainConfig(algo.lower(), env_id, timesteps=total, seed=seed, out=out, precision=precision, qat=qat,
                        hyperparams=overrides, eval_freq=eval_freq, eval_episodes=eval_episodes,
                        checkpoint_freq=checkpoint_freq, progress_bar=True, trust_pickle=trust_pickle,

@@ -93,10 +93,11 @@ def setup(verbose: bool = False) -> None:
         force=True,
     )
     logging.getLogger("quarl").setLevel(logging.INFO if verbose else logging.WARNING)
-    if not verbose:
+    if not verbose:  # when gymnasium / MuJoCo load: a command refusing its input answers without them
         from quarl.core import quiet
 
-        quiet.install()
+        after_import("gymnasium", quiet.filter_warnings)
+        after_import("mujoco", quiet.route_mujoco)
 
 
 RESUMES_WITH_FLAG = ("train_cmd", "actorq_run")

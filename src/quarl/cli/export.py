@@ -12,6 +12,7 @@ import typer
 from quarl import outputs, registry_options
 
 from quarl.core import validate
+from quarl.cli import early
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol
@@ -43,6 +44,7 @@ def export(
                                               "distributions, a greedy one its argmax; default: the RL Zoo's "
                                               "(stochastic on Atari and MinAtar), as ptq"),
     trust_pickle: bool,
+    trust_gym_packages: bool,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -55,6 +57,7 @@ def export(
     setup(verbose)
     from quarl.workflows import export_checkpoint
 
+    early.precisions(precision)
     options = registry_options.quant_options(int8_weights, block_size)
     registry_options.precisions(precision, **options)
     validate.seed(seed)
@@ -106,6 +109,7 @@ def bench(
     budget: float = typer.Option(1.0, help="seconds of timing per cell"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write bench.csv, bench.md, bench.json here"),
     trust_pickle: bool,
+    trust_gym_packages: bool,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -116,6 +120,9 @@ def bench(
     Example: quarl bench ../shared/zoo/dqn/CartPole-v1_1 --precisions fp32,int8
     """
     setup(verbose)
+    early.precisions(precisions)
+    validate.bench_budget(budget)
+    validate.batch_sizes(batches)
     from quarl.evaluation.reports import print_table
     from quarl.workflows import bench_checkpoint, write_bench
 

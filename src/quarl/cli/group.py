@@ -11,7 +11,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from quarl.cli import help_lists
+from quarl.cli import early, help_lists
 from quarl.cli.common import console, print_error
 from quarl.core.errors import QuarlError
 
@@ -58,7 +58,10 @@ def take_gym_packages(args: list[str]) -> list[str]:
     """``args`` without ``--gym-packages MODULE[,MODULE]`` (rl_zoo3's option, taken by every
     command, before or after its name, repeatable), each module imported first so that the
     envs it registers are known, here and in the evaluation workers; and without
-    ``--trust-gym-packages``, which lets a run folder's ``args.yml`` name modules to import."""
+    ``--trust-gym-packages``, which lets a run folder's ``args.yml`` name modules to import.
+    Without either, nothing is imported (``--help`` and a refusal stay light)."""
+    if not any(a == "--trust-gym-packages" or a.partition("=")[0] == "--gym-packages" for a in args):
+        return args
     from quarl.envs import TRUST_OPTION, import_gym_packages, trust_gym_packages
 
     if TRUST_OPTION in args:
@@ -80,6 +83,27 @@ def take_gym_packages(args: list[str]) -> list[str]:
     return out
 
 
+def contradicting_flags(group: Any, args: Sequence[str]) -> str | None:
+    """The line refusing both sides of an on/off flag given to one command
+    (``--stochastic --deterministic``: click takes the last silently), or None."""
+    words = list(args[:args.index("--")] if "--" in args else args)
+    command = group
+    for word in words:
+        if word.startswith("-"):
+            continue
+        sub = (getattr(command, "commands", None) or {}).get(word)
+        if sub is None:
+            break
+        command = sub
+    for param in getattr(command, "params", []):
+        on = [w for w in words if w in getattr(param, "opts", ())]
+        off = [w for w in words if w in getattr(param, "secondary_opts", ())]
+        if on and off:
+            first, second = sorted((on[0], off[0]), key=words.index)  # in the order typed
+            return f"{first} and {second} contradict each other: give one of them"
+    return None
+
+
 class QuarlGroup(TyperGroup):
     """Click's usage errors (a value that is not a number, an unknown option) as one line
     on stderr and exit status 2, like every other error quarl reports; ``--help`` as ever.
@@ -97,9 +121,14 @@ class QuarlGroup(TyperGroup):
                 return 2
             sys.exit(2)
         if "--help" in args:  # the lists of algorithms, precisions and modes, from the registries
-            from quarl.envs import gym_packages
-
-            help_lists.fill(self, args, use_cache=not gym_packages())  # a package may register entries
+            envs = sys.modules.get("quarl.envs")
+            help_lists.fill(self, args, use_cache=not (envs and envs.gym_packages()))  # a package may register entries
+        contradiction = None if "--help" in args else contradicting_flags(self, args)
+        if contradiction is not None:
+            print_error(contradiction)
+            if not standalone_mode:
+                return 2
+            sys.exit(2)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)
@@ -113,6 +142,11 @@ class QuarlGroup(TyperGroup):
         except ABORTS:
             console.print("aborted")
             code = 1
+        finally:
+            try:  # the precision labels a later refusal reads before torch loads (quarl.cli.early)
+                early.remember_precisions()
+            except Exception:  # a cache never fails a command
+                pass
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)

@@ -11,7 +11,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import typer
 
 from quarl.cli.options import (AgentsStickyOpt, BlockSizeOpt, EpisodesOpt, GymPackagesOpt, Int8WeightsOpt, MaxStepsOpt,
-                               NEnvsOpt, SeedOpt, StickyOpt, StochasticOpt, TrustOpt, VerboseOpt, WorkersOpt)
+                               NEnvsOpt, SeedOpt, StickyOpt, StochasticOpt, TrustGymPackagesOpt, TrustOpt, VerboseOpt,
+                               WorkersOpt)
 
 
 def common_options(gym_packages: Optional[str] = GymPackagesOpt, verbose: bool = VerboseOpt) -> None:
@@ -36,7 +37,7 @@ def agents_acting_options(sticky_actions: Optional[float] = AgentsStickyOpt,
     """How each of several agents acts (demo, study): sticky actions for the Atari / MinAtar ones."""
 
 
-def loading_options(trust_pickle: bool = TrustOpt) -> None:
+def loading_options(trust_pickle: bool = TrustOpt, trust_gym_packages: bool = TrustGymPackagesOpt) -> None:
     """How a policy's files are read (every command that loads a checkpoint)."""
 
 
@@ -46,9 +47,9 @@ def deciding_options(episodes: int, minutes: float) -> list[inspect.Parameter]:
     ``QUARL_DECIDE_EPISODES`` replaces the episodes default (the test suite sets 0)."""
     return [
         inspect.Parameter("decide_episodes", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[int], default=typer.Option(
-            None, "--decide-episodes", show_default=False, help="where a verdict is undecided, play more episodes (the "
-            "next seeds, fp32 too; 10 at a time) until it decides or a cell has played this many (0: off) [default: "
-            f"{episodes}, or $QUARL_DECIDE_EPISODES]")),
+            None, "--decide-episodes", show_default=f"{episodes}, or $QUARL_DECIDE_EPISODES", help="where a verdict is "
+            "undecided, play more episodes (the next seeds, fp32 too; 10 at a time) until it decides or a cell has "
+            "played this many (0: off)")),
         inspect.Parameter("decide_minutes", inspect.Parameter.KEYWORD_ONLY, annotation=float, default=typer.Option(
             minutes, "--decide-minutes", help="start no new chunk of deciding episodes after this many minutes (0: no "
             "limit)")),

@@ -54,6 +54,21 @@ def precisions() -> str:
             f"fp32), {', '.join(MODES)}, sim{MIN_BITS}..sim{MAX_BITS} (simulated n-bit weights)")
 
 
+def precision_labels() -> str:
+    """Every label ``--precisions`` takes, comma-joined: not shown in any help, kept in the
+    cache so that a command refuses an unknown label before torch loads (:mod:`quarl.cli.early`)."""
+    from quarl.quant.config import precision_labels as labels
+
+    return ",".join(labels())
+
+
+def precision_allowed() -> str:
+    """What a refusal of an unknown precision says is allowed (cached with :func:`precision_labels`)."""
+    from quarl.quant.config import allowed_precisions
+
+    return allowed_precisions()
+
+
 def train_algorithms() -> str:
     from quarl.training.hyperparams import TRAINERS
 
@@ -81,6 +96,8 @@ def wire_bits() -> str:
 
 LISTS: dict[str, Callable[[], str]] = {
     "precisions": precisions,
+    "precision_labels": precision_labels,
+    "precision_allowed": precision_allowed,
     "train_algorithms": train_algorithms,
     "train_precisions": train_precisions,
     "actor_precisions": actor_precisions,
@@ -173,10 +190,32 @@ def shown(group: Any, args: Sequence[str]) -> list[Any]:
     return list(commands(chosen[0])) if chosen else []
 
 
+def bare_flags(command: Any) -> None:
+    """A flag (``--wide``, ``--stochastic/--deterministic``, ``--help``) shows no ``<bool>`` in the
+    help: it takes no value."""
+    if getattr(command, "quarl_bare_flags", False):  # once per command object
+        return
+    command.quarl_bare_flags = True
+    original = command.get_help_option
+
+    def help_option(ctx: Any) -> Any:
+        option = original(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for param in command.params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
 def fill(group: Any, args: Sequence[str] | None = None, use_cache: bool = True) -> None:
     """Replace the placeholders in the help of every option and argument of the commands
-    ``args`` shows the help of (all under ``group`` where ``args`` is None)."""
+    ``args`` shows the help of (all under ``group`` where ``args`` is None); flags shown bare."""
     targets = list(commands(group)) if args is None else shown(group, args)
+    for command in [group, *targets]:
+        bare_flags(command)
     if not targets:
         return
     stored = read_cache() if use_cache else {}

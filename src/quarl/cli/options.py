@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
+from quarl.cli import early
+from quarl.cli.common import setup
 from quarl.core import validate
 from quarl.core.errors import QuarlError
 
@@ -40,6 +42,10 @@ GymPackagesOpt = typer.Option(None, "--gym-packages", metavar="MODULE",
                                    "only when named here, or with --trust-gym-packages (a file naming code to run)")
 """Shown in each command's help; the group takes the option before any command parses
 (:func:`quarl.cli.group.take_gym_packages`), so the parameter is always None."""
+TrustGymPackagesOpt = typer.Option(False, "--trust-gym-packages", help="import the gym_packages a run folder's "
+                                   "args.yml names (code a file asks to run) without naming them with --gym-packages; "
+                                   "taken, like --gym-packages, before the command parses")
+"""Shown where a command loads run folders; taken by the group first, so always False here."""
 WideOpt = typer.Option(False, "--wide", help="print the table as one wide table even where it is wider than the "
                        "terminal (it then prints one block per row; the CSV is always wide)")
 StickyOpt = typer.Option(None, "--sticky-actions", help="Atari / MinAtar: repeat the previous action with this "
@@ -64,7 +70,9 @@ BlockSizeOpt = typer.Option(32, "--block-size", help="inputs per block of the Ma
 def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Gives a command rl_zoo3.enjoy's ``--load-best``, ``--load-checkpoint N`` and
     ``--load-last-checkpoint``: which zip of a run folder its CHECKPOINT means
-    (:func:`quarl.policies.zoo_folder.pick_zip`); the zip then finds its folder's statistics."""
+    (:func:`quarl.policies.zoo_folder.pick_zip`); the zip then finds its folder's statistics.
+    What can be checked before torch loads is checked first (:mod:`quarl.cli.early`): the path,
+    ``--env``, ``--out``."""
     extra = [
         inspect.Parameter("load_best", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
             False, "--load-best", help="a run folder's best_model.zip (as rl_zoo3.enjoy --load-best)")),
@@ -77,19 +85,44 @@ def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, load_best: bool = False, load_checkpoint: Optional[int] = None,
                 load_last_checkpoint: bool = False, **kwargs: Any) -> Any:
+        setup(bool(kwargs.get("verbose")))  # the command's logging, before a check may log (an env id renamed)
         checkpoint = kwargs.get("checkpoint")
-        if isinstance(checkpoint, Path) and not str(checkpoint).startswith("hf:") and not checkpoint.exists():
-            # before any option that needs the registries (torch): a typo answers at once
-            raise QuarlError(f"checkpoint {str(checkpoint)!r} does not exist")
+        if isinstance(checkpoint, Path):
+            checked_path(checkpoint)
         if load_best or load_checkpoint is not None or load_last_checkpoint:
             from quarl.policies.zoo_folder import pick_zip
 
             kwargs["checkpoint"] = pick_zip(kwargs["checkpoint"], load_best, load_checkpoint, load_last_checkpoint)
+        # before any option that needs the registries (torch, ONNX Runtime): a mistake answers at once
+        early.env_id(kwargs.get("env"))
+        if isinstance(kwargs.get("out"), Path):
+            early.out_folder(kwargs["out"], [kwargs["checkpoint"]])
         return fn(*args, **kwargs)
 
     signature = inspect.signature(fn)
     setattr(wrapper, "__signature__", signature.replace(parameters=[*signature.parameters.values(), *extra]))
     return wrapper
+
+
+def checked_path(checkpoint: Path) -> None:
+    """A checkpoint path that exists and, if a file, is one a format reads
+    (:func:`quarl.policies.file_kind.not_a_policy`), checked before anything heavy loads. Where a
+    format may have been registered beside the built-in ones (in this process, or by a
+    ``--gym-packages`` module), the formats themselves decide, when the policy loads."""
+    import sys
+
+    if str(checkpoint).startswith("hf:"):  # fetched when it loads
+        return
+    if not checkpoint.exists():
+        raise QuarlError(f"checkpoint {str(checkpoint)!r} does not exist")
+    envs = sys.modules.get("quarl.envs")
+    if "quarl.policies.formats" in sys.modules or (envs is not None and envs.gym_packages()):
+        return
+    from quarl.policies.file_kind import not_a_policy
+
+    reason = not_a_policy(checkpoint)
+    if reason is not None:
+        raise QuarlError(reason)
 
 
 def load(checkpoint: Path, env: Optional[str], trust_pickle: bool) -> tuple[Checkpoint, EnvSpec]:

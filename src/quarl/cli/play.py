@@ -10,6 +10,7 @@ import typer
 from quarl import registry_options
 
 from quarl.core import validate
+from quarl.cli import early
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.groups import acting_options, common_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, MaxStepsOpt, protocol, SeedOpt
@@ -40,6 +41,7 @@ def play(
     int8_weights: str,
     block_size: int,
     trust_pickle: bool,
+    trust_gym_packages: bool,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -51,6 +53,9 @@ def play(
     Example: quarl play ../shared/zoo/ppo/HalfCheetah-v3_1 --video videos --camera track --video-size 640x480
     """
     setup(verbose)
+    registry_options.check_eval_values(episodes, seed, 1, max_steps)  # before torch loads: a typo answers at once
+    validate.count(max_steps, 1, "--max-steps")
+    early.precisions(precision)
     from quarl.api import quantize
     from quarl.evaluation.playback import play as play_episodes
     from quarl.evaluation.reports import print_table

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import typer
 
 from quarl import outputs, registry_options
 
 from quarl.core import validate
+from quarl.cli import early
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
 from quarl.cli.groups import (acting_options, common_options, deciding_options, evaluation_options, int_mode_options,
                               loading_options, with_options)
@@ -84,13 +85,26 @@ def warm(workers: int) -> None:
         parallel.warm_up(workers)
 
 
-def recover_hint(judged: Sequence[tuple[str, Verdict | None]], checkpoint: Path, recovered: bool) -> None:
+def plays_as_fp32(base: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+    """Whether ``record`` returned exactly what fp32 did on every episode it played (paired by
+    seed: fp32's first ones, where fp32 played on)."""
+    fp32, quant = list(base.get("returns") or []), list(record.get("returns") or [])
+    return bool(quant) and len(fp32) >= len(quant) and base.get("seed") == record.get("seed") \
+        and fp32[:len(quant)] == quant
+
+
+def recover_hint(judged: Sequence[tuple[str, Verdict | None]], checkpoint: Path, recovered: bool,
+                 as_fp32: frozenset[str] = frozenset()) -> None:
     """Where an int precision loses or is undecided (``judged``: each precision's verdict),
-    the command that repairs it."""
+    the command that repairs it; an undecided one that played exactly as fp32 did (``as_fp32``)
+    has nothing to recover: only more episodes decide it."""
     for label, verdict in judged:
         if label not in ("int8", "int4") or recovered or verdict is None:
             continue
-        if verdict.verdict == Decision.LOSES:
+        if verdict.verdict == Decision.UNDECIDED and label in as_fp32:
+            say(f"{label} undecided: its returns equal fp32's on every episode, nothing to recover; play more episodes "
+                "(a larger --decide-episodes / --decide-minutes) to decide")
+        elif verdict.verdict == Decision.LOSES:
             say(f"{label} loses: recover it with quarl recover {checkpoint} --precision {label}")
         elif verdict.verdict == Decision.UNDECIDED:  # more episodes may show it keeps: say both ways out
             say(f"{label} undecided: play more episodes (a larger --decide-episodes / --decide-minutes), or recover it with "
@@ -123,6 +137,7 @@ def ptq(
     block_size: int,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool,
+    trust_gym_packages: bool,
     wide: bool = WideOpt,
     gym_packages: Optional[str],
     verbose: bool,
@@ -132,11 +147,14 @@ def ptq(
     Example: quarl ptq ../shared/zoo/ppo/LunarLander-v2_1 --precisions fp32,fp16,int8 --episodes 20
     """
     setup(verbose)
-    registry_options.eval_settings(episodes, seed, n_envs, max_steps, 1)  # the plain values first: a typo answers at once
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    # the plain values first, before torch loads: a typo answers at once
+    registry_options.check_eval_values(episodes, seed, n_envs, max_steps)
+    worker_count = validate.workers(workers)
+    early.precisions(precisions)
+    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
     options = registry_options.quant_options(int8_weights, block_size)
     labels = registry_options.precisions(precisions, **options)
-    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
     warm(settings.workers)
@@ -221,6 +239,7 @@ def report_cells(records: list[CellRecord], title: str, episodes: int, out: Path
     ranges = [v.returns for _, v in judged if v is not None and v.returns is not None]
     if ranges:
         say(f"verdicts: each decision one-sided at 95 %; insured against {ranges[0].insures()} (the range column)")
-    recover_hint(judged, checkpoint, recovered)
+    as_fp32 = frozenset(r.precision for r in records if base is not None and r is not base and plays_as_fp32(base, r))
+    recover_hint(judged, checkpoint, recovered, as_fp32)
     say_reused(records, out / "results.jsonl")
     out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))

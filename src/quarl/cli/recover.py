@@ -80,6 +80,7 @@ def recover(
     int8_weights: str,
     block_size: int,
     trust_pickle: bool,
+    trust_gym_packages: bool,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -92,6 +93,9 @@ def recover(
     Example: quarl recover ../shared/zoo/dqn/CartPole-v1_1 --precision int4 --out results/recover/dqn-cartpole-int4
     """
     setup(verbose)
+    registry_options.check_eval_values(episodes, seed, n_envs, max_steps)  # before torch loads: a typo answers at once
+    worker_count = validate.workers(workers)
+    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
     from quarl.recovery import RecoverConfig
 
     options = registry_options.quant_options(int8_weights, block_size)
@@ -99,8 +103,7 @@ def recover(
                            episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
                            finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
                            q_loss=q_loss.lower(), **options)
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
-    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
     ckpt, spec, out = policy_and_folder(checkpoint, env, trust_pickle, out, precision, config)
     record, records = distil_and_judge(checkpoint, ckpt.policy, spec, config, out, settings, deciding, trust_pickle)
     print_verdict(record, records, f"{ckpt.algo} {spec.env_id}", episodes, deciding)

@@ -4,18 +4,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
 from quarl import outputs, registry_options
 
 from quarl.core import validate
-from quarl.cli.common import console, log, out_console, progress, setup, user_errors
+from quarl.cli import early
+from quarl.cli.common import console, log, out_console, progress, say_reused, setup, user_errors
 from quarl.cli.groups import (agents_acting_options, common_options, deciding_options, int_mode_options,
                               loading_options, with_options)
-from quarl.cli.options import MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, WideOpt, WorkersOpt
+from quarl.cli.options import MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, TrustGymPackagesOpt, WideOpt, WorkersOpt
 from quarl.cli.ptq import budget_note, judging_of, warm
+
+if TYPE_CHECKING:
+    from quarl.evaluation.record import CellRecord
 
 DemoEpisodesOpt = typer.Option(20, "--episodes", help="episodes per precision (episode i uses env seed i)")
 StudyEpisodesOpt = typer.Option(20, "--episodes", help="episodes per cell (for --seeds s, episode i uses env seed "
@@ -44,6 +48,7 @@ def demo(
     out: Path = typer.Option(outputs.DEMO, "--out", parser=validate.out_option),
     train_steps: int = typer.Option(60_000, help="PPO CartPole steps when no zoo agents are found"),
     wide: bool = WideOpt,
+    trust_gym_packages: bool = TrustGymPackagesOpt,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -54,11 +59,14 @@ def demo(
     Example: quarl demo --zoo ../shared/zoo --episodes 20
     """
     setup(verbose)
+    registry_options.check_eval_values(episodes, 0, DEMO_N_ENVS, None)  # before torch loads: a typo answers at once
+    worker_count = validate.workers(workers)
+    early.precisions(precisions)
     from quarl.demo import demo_agents, run_demo
     from quarl.evaluation.reports import print_table
 
     labels = registry_options.precisions(precisions)
-    settings = registry_options.eval_settings(episodes, 0, DEMO_N_ENVS, None, validate.workers(workers))
+    settings = registry_options.eval_settings(episodes, 0, DEMO_N_ENVS, None, worker_count)
     validate.out_folder(out)
     decide_episodes = validate.decide_episodes(decide_episodes, default=DEMO_DECIDE_EPISODES)
     decide_seconds = validate.decide_minutes(decide_minutes)
@@ -74,11 +82,13 @@ def demo(
             tasks = {c: bar.add_task(f"{name} {c}", total=episodes) for c in cells}
             return lambda c, n: bar.update(tasks[c], completed=n, total=max(n, bar.tasks[tasks[c]].total or 0))
 
+        played: list[CellRecord] = []
         rows = run_demo(runs, labels, settings, out, on_policy, decide_episodes, stochastic, sticky_actions,
-                        decide_seconds, judging)
+                        decide_seconds, judging, on_records=lambda folder, records: played.extend(records))
     budget = budget_note(decide_episodes, decide_seconds)
     print_table(rows, f"mean return over {episodes}+ episodes" + (f" ({budget} per agent)" if budget else "")
                 + " (E = (R_fp32 - R_q) / |R_fp32|, %)", out_console, wide)
+    say_reused(played, out / "*" / "results.jsonl")
     out_console.print(f"wrote {out}/table.csv, table.md, table.json, table.png")
 
 
@@ -97,6 +107,7 @@ def study(
     int8_weights: str,
     block_size: int,
     trust_pickle: bool,
+    trust_gym_packages: bool,
     workers: int = typer.Option(1, help="cells at once; more than 1 runs them on a local Ray"),
     address: Optional[str] = typer.Option(None, help="run the cells on this Ray cluster"),
     out: Path = typer.Option(outputs.STUDY, "--out", parser=validate.out_option,
@@ -118,6 +129,7 @@ def study(
     Example: quarl study ../shared/zoo ../shared/paper-agents --precisions fp32,fp16,int8,int4 --seeds 0,1,2
     """
     setup(verbose)
+    early.precisions(precisions)
     from quarl.evaluation.reports import print_table
     from quarl.study.grid import StudyConfig, find_agents, run_study
     from quarl.study.store import StudyRecord
@@ -138,10 +150,13 @@ def study(
     config = StudyConfig(found, tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
                          int8_weights, block_size, trust_pickle, workers, address, out, decide_episodes, stochastic,
                          sticky_actions, decide_seconds, judging)
+    evaluated = 0
     with progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
 
         def on_cell(record: StudyRecord, done: int, total: int) -> None:
+            nonlocal evaluated
+            evaluated += 1
             bar.update(task, completed=done, total=total)  # deciding verdicts adds cells
             log.info("%s %s seed %d: %.2f", record.policy, record.precision, record.seed, record.result.mean)
 
@@ -151,4 +166,8 @@ def study(
     budget = budget_note(decide_episodes, decide_seconds)
     print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)}+ seeds" + (f" ({budget})" if budget else "")
                 + " (E%: reward lost against fp32)", out_console, wide)
+    reused = len(records) - evaluated
+    if reused > 0:  # a rerun evaluates only the cells the store lacks: say so, as ptq does
+        out_console.print(f"reused {reused} finished cell{'s' * (reused != 1)} from {out}/study.sqlite (same policy "
+                          "content, config and settings)")
     out_console.print(f"wrote {out}/study.sqlite ({len(records)} cells), table.csv, table.md, table.json, study.png")

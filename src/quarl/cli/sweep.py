@@ -11,10 +11,11 @@ import typer
 from quarl import outputs, registry_options
 
 from quarl.core import validate
+from quarl.cli import early
 from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
 from quarl.cli.groups import common_options, evaluation_options, loading_options, with_options
-from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, EnvOpt, GranularityOpt, load, load_choice,
-                               OutOpt, SchemeOpt)
+from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, checked_path, EnvOpt, GranularityOpt, load,
+                               load_choice, OutOpt, SchemeOpt)
 from quarl.cli.ptq import warm
 
 
@@ -37,6 +38,7 @@ def sweep(
     block_size: int = BlockSizeOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool,
+    trust_gym_packages: bool,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -45,14 +47,15 @@ def sweep(
     Example: quarl sweep ../shared/zoo/dqn/CartPole-v1_1 --bits 8,6,4,3,2 --episodes 10
     """
     setup(verbose)
+    widths = validate.bit_widths(bits)  # before torch loads: a typo answers at once
+    registry_options.check_eval_values(episodes, seed, n_envs, max_steps)
+    worker_count = validate.workers(workers)
     from quarl.ptq import run_sweep
     from quarl.quant.config import QuantConfig
     from quarl.evaluation.reports import print_table, ptq_rows
 
-    from quarl.quant.config import bit_widths
-    widths = bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, validate.workers(workers))
+    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
     float_checkpoint(checkpoint, "sweep re-quantizes the float weights")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     warm(settings.workers)
@@ -83,6 +86,7 @@ def analyze(
     granularity: str = GranularityOpt,
     out: Optional[Path] = OutOpt,
     trust_pickle: bool,
+    trust_gym_packages: bool,
     gym_packages: Optional[str],
     verbose: bool,
 ) -> None:
@@ -91,14 +95,15 @@ def analyze(
     Example: quarl analyze ../shared/zoo/dqn/CartPole-v1_1 --out results/analyze/dqn
     """
     setup(verbose)
+    widths = validate.bit_widths(bits)  # before torch loads: a typo answers at once
+    checked_path(checkpoint)
+    early.out_folder(out, [checkpoint])
     from quarl.checkpoints import load_checkpoint
     from quarl.ptq import run_analyze
     from quarl.quant.analysis import kl_bins, per_layer_table
     from quarl.quant.config import QuantConfig
     from quarl.evaluation.reports import print_table
 
-    from quarl.quant.config import bit_widths
-    widths = bit_widths(bits)
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
     float_checkpoint(checkpoint, "analyze reads the float weights")
     ckpt = load_checkpoint(checkpoint, trust_pickle=trust_pickle)

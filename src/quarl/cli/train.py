@@ -59,13 +59,13 @@ def train_cmd(
     Example: quarl train ppo CartPole-v1 --qat-bits 4 --timesteps 50000
     """
     setup(verbose)
-    from quarl.training.sb3_train import train
     from quarl.workflows import evaluate_trained, train_config
 
     algo, env_id = validate.algo_and_env(algo, env_id, algo_opt, env_opt)
     config = train_config(algo, env_id, timesteps, seed, out, precision, qat_bits, quant_delay, hp, eval_freq,
                           eval_episodes, checkpoint_freq, trust_pickle,
                           on_progress=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    from quarl.training.sb3_train import train  # Stable-Baselines3 and torch, once every option is checked
     result = train(config, resume=resume)
     if result.resumed_from:
         console.print(f"resumed {result.run_dir} from step {result.resumed_from}")
@@ -105,14 +105,14 @@ def qat(
     """
     setup(verbose)
     algo, env_id = validate.algo_and_env(algo, env_id, algo_opt, env_opt)
+    widths = validate.bit_widths(bits)  # before torch loads: a typo answers at once
+    validate.count(timesteps, 1, "--timesteps")
+    validate.count(quant_delay, 0, "--quant-delay")
+    registry_options.check_eval_values(episodes, seed, n_envs, None)
     from quarl.qat_study import QATStudy, run_qat_study
     from quarl.quant.config import QuantConfig
     from quarl.evaluation.reports import print_table
 
-    from quarl.quant.config import bit_widths
-    widths = bit_widths(bits)
-    validate.count(timesteps, 1, "--timesteps")
-    validate.count(quant_delay, 0, "--quant-delay")
     settings = registry_options.eval_settings(episodes, seed, n_envs, None)
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,
                      tuple(validate.hyperparams(hp).items()))

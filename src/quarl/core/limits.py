@@ -29,11 +29,12 @@ import struct
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Mapping
 
 from quarl.core.errors import QuarlError
+
+if TYPE_CHECKING:  # torch loads where a torch file is read: a command refusing its input answers without it
+    import torch
 
 DEFAULT_MAX_PARAMETERS = 64_000_000
 """256 MB of fp32 weights: 7x the largest policy in the paper (3 x 2048 MLP, 8.4M) and 37x
@@ -272,6 +273,8 @@ def load_torch(source: Path | bytes, cap: int, what: str, where: str | None = No
     by its size."""
     import io
 
+    import torch
+
     where = where or ("a torch file" if isinstance(source, bytes) else str(source))
     if isinstance(source, bytes):
         if len(source) > cap:
@@ -313,6 +316,8 @@ def _torch_records(fh: BinaryIO, cap: int, what: str, where: str) -> None:
 def _check_loaded(loaded: Any, what: str, where: str) -> None:
     """Every tensor in ``loaded`` holds what its shape claims; containers at most
     :data:`TORCH_DEPTH` deep (walked without recursion)."""
+    import torch
+
     stack: list[tuple[Any, str, int]] = [(loaded, "", 0)]
     while stack:
         value, name, depth = stack.pop()
@@ -342,6 +347,8 @@ def model_file_cap() -> int:
 def check_tensors(tensors: Mapping[str, torch.Tensor], where: str) -> None:
     """Each tensor holds the values its shape claims and only finite ones; all together at
     most :func:`max_parameters` values. Call before building anything from them."""
+    import torch
+
     total = 0
     cap = max_parameters()
     for name, t in tensors.items():

@@ -26,14 +26,26 @@ def _mujoco_warning(message: str) -> None:
         log.warning("MuJoCo: %s", message.strip())
 
 
-def install() -> None:
-    """Filter the warnings above for this process (other MuJoCo warnings go to the log)."""
-    import gymnasium  # noqa: F401  (its import puts its own filters first: ours must come after)
+def filter_warnings() -> None:
+    """The warnings above, filtered for this process (once gymnasium is imported: its import
+    puts its own filters first, ours must come after)."""
+    import gymnasium  # noqa: F401
 
     for pattern in WARNINGS_HARMLESS:
         warnings.filterwarnings("ignore", message=pattern)
+
+
+def route_mujoco() -> None:
+    """MuJoCo's warnings to the log, its harmless ones dropped."""
     try:
         import mujoco
     except ImportError:  # pragma: no cover - mujoco is a dependency
         return
     mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+def install() -> None:
+    """Filter the warnings above for this process (other MuJoCo warnings go to the log); the
+    CLI does each when its library loads (:func:`quarl.cli.common.setup`)."""
+    filter_warnings()
+    route_mujoco()

@@ -83,15 +83,18 @@ def out_option(raw: str | Path) -> Path:
     return Path(EMPTY if not raw.strip() else raw)
 
 
-def out_folder(path: Path | None, option: str = "--out") -> Path | None:
+def out_folder(path: Path | None, option: str = "--out", create: bool = True) -> Path | None:
     """A folder results go to: not empty, not an existing file, and writable (created
-    here, so a folder that cannot be made fails now, before any work)."""
+    here, so a folder that cannot be made fails now, before any work; ``create=False``:
+    only the first two, before anything heavy loads)."""
     if path is None:
         return None
     if str(path) == EMPTY:
         raise QuarlError(f"{option} '' is empty: give a folder (results go there)")
     if path.exists() and not path.is_dir():
         raise QuarlError(f"{option} {path} is a file: give a folder")
+    if not create:
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -127,6 +130,40 @@ def items(text: str, option: str, unique: bool = True) -> list[str]:
     if len(found) > MAX_LIST_ITEMS:
         raise QuarlError(f"{option} lists {len(found):,} distinct items: at most {MAX_LIST_ITEMS}")
     return found
+
+
+MIN_BITS, MAX_BITS = 2, 16
+"""The widths the quantizer takes (:mod:`quarl.quant.primitives` reads them from here, so a
+width is checked without loading torch)."""
+
+
+def bit_widths(text: str) -> list[int]:
+    """--bits: widths the quantizer takes (2..16), each at most once: a repeated width, or
+    more widths than exist (10,000 entries ran ten thousand evaluations), is one line."""
+    listed = [t.strip() for t in text.split(",") if t.strip()]
+    if not listed:
+        raise QuarlError("--bits is empty: give a comma-separated list")
+    most = MAX_BITS - MIN_BITS + 1
+    if len(listed) > most:
+        raise QuarlError(f"--bits lists {len(listed):,} widths: at most {most} (each of {MIN_BITS}..{MAX_BITS} once)")
+    widths: list[int] = []
+    for item in listed:
+        if not digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
+            raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
+        if int(item) in widths:
+            raise QuarlError(f"--bits lists {int(item)} twice: each width at most once (allowed integers "
+                             f"{MIN_BITS}..{MAX_BITS})")
+        widths.append(int(item))
+    return widths
+
+
+def unknown_precision(label: str, allowed: str) -> QuarlError:
+    """The line refusing a label --precisions does not take (``allowed``: what it takes, as
+    :func:`quarl.quant.config.allowed_precisions` says it), with a hint for ``int3`` and the like."""
+    text = label.strip().lower()
+    hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)" if text.startswith("int") and digits(text[3:]) \
+        else ""
+    return QuarlError(f"unknown precision {label!r}{hint}: allowed {allowed}")
 
 
 def layer_widths(text: str, option: str = "--policy-layers") -> tuple[int, ...]:

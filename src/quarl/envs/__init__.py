@@ -313,17 +313,15 @@ def import_named_by_file(names: "Sequence[str] | str", where: str, origin: str =
     """The ``gym_packages`` a file names (a run folder's ``args.yml``, a sidecar): imported
     only where no new code runs (the user named them with ``--gym-packages``, or they are
     imported already) or with ``--trust-gym-packages``; otherwise one line saying which
-    modules the file asks for and how to allow them (``origin``: what the modules are to the
-    file, e.g. ``which this run was trained with``). Importing a module a downloaded file
-    names is running code from that file."""
+    modules the file asks for (``origin``: what they are to it) and how to allow them.
+    Importing a module a downloaded file names is running code from that file."""
     import sys
 
     wanted = [_module_name(name, where) for name in ([names] if isinstance(names, str) else list(names))]
     missing = [name for name in wanted if name not in _GYM_PACKAGES and name not in sys.modules]
     if missing and not _trusted:
-        raise QuarlError(f"{where} asks to import {', '.join(missing)} (code, not imported unasked): pass "
-                         f"--gym-packages {','.join(missing)}{', ' + origin + ',' if origin else ''} or {TRUST_OPTION} "
-                         "if you trust it")
+        raise QuarlError(f"{where} asks to import {', '.join(missing)} (code, not imported unasked): pass --gym-packages "
+                         f"{','.join(missing)}{', ' + origin + ',' if origin else ''} or {TRUST_OPTION} if you trust it")
     import_gym_packages(wanted, where)
 
 

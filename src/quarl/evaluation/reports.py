@@ -156,7 +156,9 @@ def print_table(rows: Sequence[Mapping[str, Cell]], title: str | None, console: 
                 wide: bool = False) -> None:
     """``rows`` as one table; where it is wider than the terminal (and not ``wide``), as one
     field | value block per row instead, so nothing is cut or folded into a column of
-    single letters (the CSV beside it keeps the wide form)."""
+    single letters (the CSV beside it keeps the wide form). Without a terminal (a log file,
+    CI), a table wider than the console is the Markdown table ``write_rows`` writes, a row
+    per line, whole."""
     from rich.markup import escape
     from rich.measure import Measurement
 
@@ -173,6 +175,10 @@ def print_table(rows: Sequence[Mapping[str, Cell]], title: str | None, console: 
     if wide or natural <= console.width or not rows:
         console.print(table)
         return
+    if not console.is_terminal:  # nobody reads blocks in a log: the rows as table.md holds them
+        text = (f"{title}\n\n" if title else "") + "\n".join(markdown_lines(rows, columns))
+        console.print(text, soft_wrap=True, highlight=False, markup=False, emoji=False)
+        return
     if title:
         console.print(escape(title), style="italic", soft_wrap=True)
     first = columns[0]
@@ -184,6 +190,12 @@ def print_table(rows: Sequence[Mapping[str, Cell]], title: str | None, console: 
             if row.get(c, "") != "":
                 block.add_row(escape(c), escape(_fmt(row[c])))
         console.print(block)
+
+
+def markdown_lines(rows: Sequence[Mapping[str, Cell]], columns: Sequence[str]) -> list[str]:
+    """``rows`` as a Markdown table's lines (what ``stem.md`` holds)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
 
 
 def _fmt(value: Any) -> str:
@@ -217,8 +229,7 @@ def write_rows(rows: Sequence[Mapping[str, Cell]], out_dir: Path, stem: str) -> 
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    lines = markdown_lines(rows, columns)
     # strict JSON: an absent value (an empty cell in the CSV) and an unmeasured one (NaN) are null
     plain = [{k: _json_value(v) for k, v in row.items()} for row in rows]
     return write_all_atomic([(csv_path, buf.getvalue()), (md_path, "\n".join(lines) + "\n"),

@@ -22,6 +22,7 @@ from quarl.core.limits import check_tensors, load_torch, open_zip, read_zip_entr
 from quarl.core.literals import parse_literal
 from quarl.policies.base import ObsNormalizer
 from quarl.policies.checkpoint import Checkpoint
+from quarl.policies.file_kind import not_a_policy
 from quarl.policies.safe_load import load_vecnormalize
 from quarl.policies.sb3 import (MAX_ABS_LOG_STD, PolicyKwargs, algo_from_data, layout_of, policy_class_name,
                                 build_policy, state_noise)
@@ -90,6 +91,9 @@ def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
     """The checkpoint of a zoo run folder or an SB3 zip; a folder holding QAT state is
     refused here (its format acts with the trained quantizers: it is registered from
     :mod:`quarl.training`, which :mod:`quarl.checkpoints` imports)."""
+    reason = not_a_policy(path)
+    if reason is not None:  # a text file, an export's sidecar: said as such, not as a broken zip
+        raise QuarlError(reason)
     _, config_dir, _ = zoo_files(path)
     if config_dir is not None and (config_dir / QAT_FILE).exists():
         raise QuarlError(f"{config_dir / QAT_FILE}: a quantization-aware trained run, acted with by the QAT format "

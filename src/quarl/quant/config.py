@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import TypedDict, Unpack
 
 from quarl.core.errors import QuarlError
-from quarl.core.validate import digits
+from quarl.core.validate import bit_widths, digits, unknown_precision  # noqa: F401  (bit_widths: named here as before)
 from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
 
@@ -121,14 +121,7 @@ class QuantConfig:
             return cls(precision=f"int{mode.bits}", mode=mode.name, **kwargs)
         if text.startswith("sim") and digits(text[3:]) and MIN_BITS <= int(text[3:]) <= MAX_BITS:
             return cls(precision="nbit", bits=int(text[3:]), **kwargs)
-        hint = ""
-        if text.startswith("int") and digits(text[3:]):
-            hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)"
-        raise QuarlError(
-            f"unknown precision {label!r}{hint}: allowed {', '.join(p for p in registry.PRECISIONS if p != 'nbit')} "
-            f"(int8 / int4: real kernels, automatic mode), {', '.join(MODES)}, sim{MIN_BITS}..sim{MAX_BITS} "
-            "(simulated n-bit weights)"
-        )
+        raise unknown_precision(label, allowed_precisions())
 
     @property
     def label(self) -> str:
@@ -220,21 +213,17 @@ class QATConfig:
                 "granularity": self.granularity, "critic": self.critic}
 
 
-def bit_widths(text: str) -> list[int]:
-    """--bits: widths the quantizer takes (2..16), each at most once: a repeated width, or
-    more widths than exist (10,000 entries ran ten thousand evaluations), is one line."""
-    listed = [t.strip() for t in text.split(",") if t.strip()]
-    if not listed:
-        raise QuarlError("--bits is empty: give a comma-separated list")
-    most = MAX_BITS - MIN_BITS + 1
-    if len(listed) > most:
-        raise QuarlError(f"--bits lists {len(listed):,} widths: at most {most} (each of {MIN_BITS}..{MAX_BITS} once)")
-    widths: list[int] = []
-    for item in listed:
-        if not digits(item) or not MIN_BITS <= int(item) <= MAX_BITS:
-            raise QuarlError(f"bits {item!r} is out of range: allowed integers {MIN_BITS}..{MAX_BITS}")
-        if int(item) in widths:
-            raise QuarlError(f"--bits lists {int(item)} twice: each width at most once (allowed integers "
-                             f"{MIN_BITS}..{MAX_BITS})")
-        widths.append(int(item))
-    return widths
+def allowed_precisions() -> str:
+    """What ``--precisions`` takes, as a refusal says it: the registered precisions, the real
+    int modes, the simulated widths."""
+    from quarl.quant.modes import MODES
+
+    return (f"{', '.join(p for p in registry.PRECISIONS if p != 'nbit')} (int8 / int4: real kernels, automatic mode), "
+            f"{', '.join(MODES)}, sim{MIN_BITS}..sim{MAX_BITS} (simulated n-bit weights)")
+
+
+def precision_labels() -> list[str]:
+    """Every label :meth:`QuantConfig.parse` takes (lower case)."""
+    from quarl.quant.modes import MODES
+
+    return [*(p for p in registry.PRECISIONS if p != "nbit"), *MODES, *(f"sim{n}" for n in range(MIN_BITS, MAX_BITS + 1))]

@@ -31,12 +31,14 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from quarl.core import validate
+
 Scheme = Literal["quarl", "affine", "symmetric"]
 Granularity = Literal["tensor", "channel", "block"]
 
 SCHEMES: tuple[str, ...] = get_args(Scheme)
 GRANULARITIES: tuple[str, ...] = get_args(Granularity)
-MIN_BITS, MAX_BITS = 2, 16
+MIN_BITS, MAX_BITS = validate.MIN_BITS, validate.MAX_BITS
 
 
 @dataclass(frozen=True)
