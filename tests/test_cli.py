@@ -422,7 +422,8 @@ def test_the_api_knows_the_agents_env_and_says_so_in_python_where_it_cannot(tiny
     assert list(direct.returns) == list(api.evaluate(int4, "CartPole-v1", episodes=3).returns)
     assert api.evaluate(api.quantize(api.load(tiny_run), "fp16"), episodes=2).mean > 0
     bare = PPO.load(next(tiny_run.glob("*.zip")), device="cpu")
-    with pytest.raises(QuarlError, match=r'pass env="ENV_ID" \(a gymnasium id\), or load the model with its env') as err:
+    with pytest.raises(QuarlError, match=r'name its env, a gymnasium id \(quarl.load\(model, env="ENV_ID"\), '
+                       r'quarl.evaluate\(model, "ENV_ID"\)\), or load the model with its env') as err:
         api.evaluate(bare, episodes=1)
     assert "--env" not in str(err.value)
     assert api.evaluate(bare, "CartPole-v1", episodes=1).mean > 0

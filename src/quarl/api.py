@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
     """An SB3 zip, RL Zoo run folder, legacy stable-baselines pickle or exported ONNX
     model, or an SB3 / sb3-contrib model object as you hold it after ``PPO.load`` or
-    ``model.learn`` (its VecNormalize statistics and env id come with it);
+    ``model.learn`` (its VecNormalize statistics come with it, and its env id where it holds
+    its env: SB3 keeps none in its zip, so a model loaded without one needs ``env``);
     ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a bare zip).
     Raises :class:`quarl.core.errors.QuarlError` with one line on bad input."""
     try:
@@ -54,8 +55,13 @@ def load_checkpoint_and_env(path: str | Path | Any, env: str | None = None, trus
     if env is not None:
         check_env_id(env)
     if _is_sb3_model(path):
-        checkpoint = _from_sb3_model(path)
         env = env or _sb3_env_id(path)
+        if env is None:
+            raise QuarlError(f"this {type(path).__name__} model holds no env (SB3 keeps none in its zip; it knows only "
+                             f"its spaces, {_spaces(path)}): name its env, a gymnasium id (quarl.load(model, env=\"ENV_ID\"), "
+                             f"quarl.evaluate(model, \"ENV_ID\")), or load the model with its env "
+                             f"({type(path).__name__}.load(path, env=...))")
+        checkpoint = _from_sb3_model(path)
     else:
         if not isinstance(path, (str, Path)):
             raise QuarlError(f"quarl.load takes a path or an SB3 model, not a {type(path).__name__}")
@@ -184,6 +190,16 @@ def _from_sb3_model(model: Any) -> Checkpoint:
     return checkpoint
 
 
+def _spaces(model: Any) -> str:
+    """``observations Box(4,), actions Discrete(2)``: what an SB3 model without its env knows."""
+
+    def short(space: Any) -> str:
+        n = getattr(space, "n", None)
+        return f"{type(space).__name__}({n})" if n is not None else f"{type(space).__name__}{getattr(space, 'shape', '')}"
+
+    return f"observations {short(model.observation_space)}, actions {short(model.action_space)}"
+
+
 def _sb3_env_id(model: Any) -> str | None:
     """The gymnasium id of the env an SB3 model holds (None: it holds none)."""
     env = model.get_env()
@@ -204,7 +220,10 @@ def _policy_and_env(policy: Any, env_spec: EnvSpec | str | None) -> tuple[Policy
         home = policy.home_env if isinstance(policy.home_env, EnvSpec) else None
         return policy, env_spec if env_spec is not None else home
     if _is_sb3_model(policy) or isinstance(policy, (str, Path)):  # a model object, or a zip / run folder / export
-        policy = load(policy, env_spec if isinstance(env_spec, str) else None)
+        named = env_spec if isinstance(env_spec, str) else None
+        if named is None and isinstance(env_spec, EnvSpec) and _is_sb3_model(policy) and _sb3_env_id(policy) is None:
+            named = env_spec.env_id  # a model loaded without its env, given an EnvSpec: its id names the env
+        policy = load(policy, named)
     if isinstance(policy, Checkpoint):
         if policy.env_spec is not None and policy.policy.home_env is None:
             policy.policy.home_env = policy.env_spec
