@@ -87,15 +87,8 @@ def contradicting_flags(group: Any, args: Sequence[str]) -> str | None:
     """The line refusing both sides of an on/off flag given to one command
     (``--stochastic --deterministic``: click takes the last silently), or None."""
     words = list(args[:args.index("--")] if "--" in args else args)
-    command = group
-    for word in words:
-        if word.startswith("-"):
-            continue
-        sub = (getattr(command, "commands", None) or {}).get(word)
-        if sub is None:
-            break
-        command = sub
-    for param in getattr(command, "params", []):
+    named = help_lists.shown(group, words)  # the command the words name, then the ones under it
+    for param in getattr(named[0] if named else group, "params", []):
         on = [w for w in words if w in getattr(param, "opts", ())]
         off = [w for w in words if w in getattr(param, "secondary_opts", ())]
         if on and off:
