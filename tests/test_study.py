@@ -45,6 +45,7 @@ def test_study_stores_each_cell_and_reruns_only_the_missing_ones(tiny_run: Path,
     assert all(after[k] == v for k, v in first.items())  # stored cells untouched
     rows = study_table(more, ["int8", "int4"])
     assert rows[0]["seeds"] == 3 and set(rows[0]) >= {"fp32", "int8", "E_int8%", "int4", "E_int4%"}
+    assert rows[0]["int8 range"] == rows[0]["int4 range"] == "env 0:500"  # CartPole's own range, as ptq judges it
 
 
 def test_study_table_averages_seeds_and_tells_agents_apart() -> None:

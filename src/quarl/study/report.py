@@ -49,12 +49,13 @@ def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str],
     mean over evaluation seeds, plus the number of seeds."""
     grouped = _by_policy(records)
     episodes = _returns_by_policy(records)
+    labels = _labels(records)
+    env_of = {labels[r["checkpoint"]]: r.get("env_id") for r in records}  # the env's own range judges its verdicts
     per_policy = {policy: [{"precision": p, "mean": float(np.mean(list(seeds.values()))),
-                            "returns": episodes[policy][p]}
+                            "returns": episodes[policy][p], "env_id": env_of.get(policy)}
                            for p, seeds in by_precision.items()]
                   for policy, by_precision in grouped.items()}
     rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])), judging)
-    labels = _labels(records)
     modes: dict[str, dict[str, str]] = defaultdict(dict)
     costs: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
