@@ -143,7 +143,7 @@ def test_a_study_plays_more_seeds_where_a_verdict_is_undecided(tmp_path: Path) -
 
     from stable_baselines3 import PPO
 
-    from quarl.study.report import study_table
+    from quarl.study.report import study_table, undecided
     from quarl.study.store import TABLE
 
     run = tmp_path / "ppo" / "Pendulum-v1_1"
@@ -157,6 +157,7 @@ def test_a_study_plays_more_seeds_where_a_verdict_is_undecided(tmp_path: Path) -
     (run / "Pendulum-v1" / "config.yml").write_text("{}\n")
     plain = run_study(StudyConfig((run,), ("fp32", "sim4"), (0,), episodes=4, n_envs=4, out=tmp_path / "a"))
     assert study_table(plain, ["sim4"])[0]["sim4 verdict"].startswith("undecided")
+    assert undecided(plain, ["sim4"]) == {(str(run), "sim4")}  # the Decision, not the label read back
     config = StudyConfig((run,), ("fp32", "sim4"), (0,), episodes=4, n_envs=4, out=tmp_path / "b", decide_episodes=32)
     records = run_study(config)
     seeds = {p: sorted(r["seed"] for r in records if r["precision"] == p) for p in ("fp32", "sim4")}

@@ -290,20 +290,17 @@ def _decide(store: StudyStore, wanted: list[StudyCell], records: list[StudyRecor
     more (the next seed number, ``config.episodes`` episodes; stored cells, reused by a
     rerun), and the verdicts are looked at again. Decided ones stop;
     a verdict pairs a precision's episodes with fp32's first ones, seed by seed."""
-    from quarl.study.report import _labels, study_table
+    from quarl.study.report import undecided as undecided_verdicts
 
     precisions = list(dict.fromkeys(c.precision for c in wanted))
     seeds = list(config.seeds)
     deadline = None if config.decide_seconds is None else time.monotonic() + config.decide_seconds
     while len(seeds) * config.episodes < config.decide_episodes:
-        labels = _labels(records)
-        by_label = {label: checkpoint for checkpoint, label in labels.items()}
         counts: dict[tuple[str, str], int] = {}
         for r in records:
             counts[(r.checkpoint, r.precision)] = counts.get((r.checkpoint, r.precision), 0) + 1
-        undecided = {(by_label[str(row["policy"])], p) for row in study_table(records, precisions, config.judging)
-                     for p in precisions if str(row.get(f"{p} verdict", "")).startswith("undecided")
-                     and counts.get((by_label[str(row["policy"])], p)) == len(seeds)}
+        undecided = {key for key in undecided_verdicts(records, precisions, config.judging)
+                     if counts.get(key) == len(seeds)}
         if not undecided:
             break
         if deadline is not None and time.monotonic() > deadline:

@@ -9,8 +9,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from quarl.core.table import Row
-from quarl.evaluation.reports import layer_indices, paper_table, relative_error, save_figure
-from quarl.verdict import Judging
+from quarl.evaluation.reports import layer_indices, paired_verdict, paper_table, relative_error, save_figure
+from quarl.verdict import Decision, Judging
 
 
 def _labels(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -43,19 +43,44 @@ def _returns_by_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[s
             for policy, by_precision in cells.items()}
 
 
+def _per_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """policy label -> one record per precision: the mean over seeds, every episode's return
+    in (seed, episode) order, the env (whose own range judges the verdicts)."""
+    grouped = _by_policy(records)
+    episodes = _returns_by_policy(records)
+    labels = _labels(records)
+    env_of = {labels[r["checkpoint"]]: r.get("env_id") for r in records}
+    return {policy: [{"precision": p, "mean": float(np.mean(list(seeds.values()))),
+                      "returns": episodes[policy][p], "env_id": env_of.get(policy)}
+                     for p, seeds in by_precision.items()]
+            for policy, by_precision in grouped.items()}
+
+
+def undecided(records: Sequence[Mapping[str, Any]], precisions: Sequence[str],
+              judging: Judging = Judging()) -> set[tuple[str, str]]:
+    """(checkpoint, precision) of every verdict against fp32 that is undecided (the
+    :class:`quarl.verdict.Decision` itself, never its label parsed back)."""
+    by_label = {label: checkpoint for checkpoint, label in _labels(records).items()}
+    out: set[tuple[str, str]] = set()
+    for policy, cells in _per_policy(records).items():
+        by_precision = {c["precision"]: c for c in cells}
+        base = by_precision.get("fp32")
+        for p in precisions:
+            if p == "fp32" or base is None or p not in by_precision:
+                continue
+            verdict = paired_verdict(base, by_precision[p], judging)
+            if verdict is not None and verdict.verdict == Decision.UNDECIDED:
+                out.add((by_label[policy], p))
+    return out
+
+
 def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str],
                 judging: Judging = Judging()) -> list[Row]:
     """The paper's layout (``policy fp32 fp16 E_fp16 int8 E_int8 ...``), each return the
     mean over evaluation seeds, plus the number of seeds."""
-    grouped = _by_policy(records)
-    episodes = _returns_by_policy(records)
     labels = _labels(records)
-    env_of = {labels[r["checkpoint"]]: r.get("env_id") for r in records}  # the env's own range judges its verdicts
-    per_policy = {policy: [{"precision": p, "mean": float(np.mean(list(seeds.values()))),
-                            "returns": episodes[policy][p], "env_id": env_of.get(policy)}
-                           for p, seeds in by_precision.items()]
-                  for policy, by_precision in grouped.items()}
-    rows = paper_table(per_policy, list(dict.fromkeys(["fp32", *precisions])), judging)
+    grouped = _by_policy(records)
+    rows = paper_table(_per_policy(records), list(dict.fromkeys(["fp32", *precisions])), judging)
     modes: dict[str, dict[str, str]] = defaultdict(dict)
     costs: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
