@@ -459,3 +459,21 @@ def test_the_docs_judge_example(tmp_path) -> None:
     result = run_cli("judge", str(tmp_path / "returns.csv"), "--env", "LunarLander-v3")
     assert result.returncode == 0, result.stderr
     assert result.stdout == shown
+
+
+def test_the_deciding_looks_decide_as_the_whole_verdict_does() -> None:
+    """decision() (two capital processes, what ptq's, study's and the sequential tests' looks
+    ask) says what judge() says, on samples that keep, lose, straddle, replay games and average 0."""
+    from quarl.verdict import decision
+
+    rng = np.random.default_rng(9)
+    for trial in range(60):
+        n = int(rng.integers(1, 200))
+        fp32 = rng.normal(100, 30, n)
+        quant = fp32 * (1 - rng.uniform(-0.1, 0.3)) + rng.normal(0, rng.uniform(0, 20), n)
+        games = rng.integers(0, max(1, n // 2), n) if trial % 3 == 0 else None
+        env = "CartPole-v1" if trial % 4 == 0 else None
+        if env:
+            fp32, quant = np.clip(fp32, 0, 500), np.clip(quant, 0, 500)
+        assert decision(fp32, quant, games=games, env_id=env) == judge(fp32, quant, games=games, env_id=env).verdict
+    assert decision(np.zeros(4), np.ones(4)) == "n/a"

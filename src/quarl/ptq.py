@@ -23,7 +23,7 @@ from quarl.evaluation.record import CellRecord, KeyExtras
 from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import ParseOptions, QuantConfig
 from quarl.core.records import ResultsLog
-from quarl.evaluation.reports import paired_verdict, plot_sweep, plot_verdicts, ptq_rows, write_rows
+from quarl.evaluation.reports import paired_decision, plot_sweep, plot_verdicts, ptq_rows, write_rows
 from quarl.verdict import CHUNK, Decision, Judging
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,7 @@ def decide(policy: Policy, env_spec: EnvSpec, cells: Sequence[Cell], settings: E
 
 
 def _undecided(base: CellRecord, record: CellRecord, judging: Judging) -> bool:
-    verdict = paired_verdict(base, record, judging)
-    return verdict is not None and verdict.verdict == Decision.UNDECIDED
+    return paired_decision(base, record, judging) == Decision.UNDECIDED
 
 
 def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_dir: Path,

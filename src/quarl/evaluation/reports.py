@@ -18,15 +18,16 @@ from rich.table import Table
 from quarl.core.atomic import write_all_atomic, write_atomic
 from quarl.core.table import Cell, Row
 from quarl.core.errors import QuarlError
-from quarl.verdict import Judging, ReturnsOutsideRange, Verdict, games_of, judge, relative_error
+from quarl.verdict import Decision, Judging, ReturnsOutsideRange, Verdict, decision, games_of, judge, relative_error
 
 __all__ = ["Cell", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "plot_verdicts", "save_figure"]
 
 
-def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Verdict | None:
-    """The verdict of ``record`` against the fp32 record ``base``, paired by episode seed
-    (:mod:`quarl.verdict`), under ``judging``'s range; None where the episodes do not pair."""
+def _pairs(base: Mapping[str, Any], record: Mapping[str, Any]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str | None] | None:
+    """(fp32's returns, the record's, a game index per episode or None, the env id) paired by
+    episode seed; None where the episodes do not pair."""
     fp32, quant = base.get("returns"), record.get("returns")
     ends = base.get("endings"), record.get("endings")
     if fp32 and quant and len(fp32) > len(quant) and base.get("seed") == record.get("seed"):
@@ -39,11 +40,31 @@ def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: 
     fp32_ends, quant_ends = ends
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
     games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
+    return np.asarray(fp32, float), np.asarray(quant, float), games, record.get("env_id") or base.get("env_id")
+
+
+def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Verdict | None:
+    """The verdict of ``record`` against the fp32 record ``base``, paired by episode seed
+    (:mod:`quarl.verdict`), under ``judging``'s range; None where the episodes do not pair."""
+    pairs = _pairs(base, record)
+    if pairs is None:
+        return None
+    fp32, quant, games, env_id = pairs
     try:
-        return judge(np.asarray(fp32, float), np.asarray(quant, float), games=games,
-                     env_id=record.get("env_id") or base.get("env_id"), returns=judging.return_range,
-                     insure=judging.insure)
+        return judge(fp32, quant, games=games, env_id=env_id, returns=judging.return_range, insure=judging.insure)
     except ReturnsOutsideRange as exc:  # a --return-range the returns break: refused, never clipped
+        raise QuarlError(f"{record.get('precision', '')}: {exc}") from None
+
+
+def paired_decision(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Decision | None:
+    """What :func:`paired_verdict` decides, without its interval (a deciding loop's look)."""
+    pairs = _pairs(base, record)
+    if pairs is None:
+        return None
+    fp32, quant, games, env_id = pairs
+    try:
+        return decision(fp32, quant, games=games, env_id=env_id, returns=judging.return_range, insure=judging.insure)
+    except ReturnsOutsideRange as exc:
         raise QuarlError(f"{record.get('precision', '')}: {exc}") from None
 
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from quarl.core.table import Row
-from quarl.evaluation.reports import layer_indices, paired_verdict, paper_table, relative_error, save_figure
+from quarl.evaluation.reports import layer_indices, paired_decision, paper_table, relative_error, save_figure
 from quarl.verdict import Decision, Judging
 
 
@@ -68,8 +68,7 @@ def undecided(records: Sequence[Mapping[str, Any]], precisions: Sequence[str],
         for p in precisions:
             if p == "fp32" or base is None or p not in by_precision:
                 continue
-            verdict = paired_verdict(base, by_precision[p], judging)
-            if verdict is not None and verdict.verdict == Decision.UNDECIDED:
+            if paired_decision(base, by_precision[p], judging) == Decision.UNDECIDED:
                 out.add((by_label[policy], p))
     return out
 

@@ -55,7 +55,7 @@ from quarl.verdict.bounds import (DEFAULT_INSURE, ENV_RETURN_BOUNDS, ReturnRange
                                   parse_range, return_range)
 
 __all__ = ["TOLERANCE", "CONFIDENCE", "Decision", "Judging", "Verdict", "games_of", "relative_error", "interval",
-           "judge", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange", "check_insure",
+           "judge", "decision", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange", "check_insure",
            "ENV_RETURN_BOUNDS", "DEFAULT_INSURE", "parse_range", "return_range", "episodes_to_decide", "CHUNK"]
 
 TOLERANCE = 5.0
@@ -247,6 +247,19 @@ def episodes_to_decide(fp32: np.ndarray, quant: np.ndarray, bounds: ReturnRange,
     return high
 
 
+def decision(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE, confidence: float = CONFIDENCE,
+             games: np.ndarray | None = None, env_id: str | None = None,
+             returns: tuple[float, float] | None = None, insure: float = DEFAULT_INSURE) -> Decision:
+    """What :func:`judge` decides, without its interval and projection (two capital
+    processes instead of about a hundred): what a deciding loop asks at every look."""
+    if not math.isfinite(relative_error(float(np.mean(np.asarray(fp32, np.float64))),
+                                        float(np.mean(np.asarray(quant, np.float64))))):
+        return Decision.NA
+    f, q = _paired(fp32, quant, games)
+    decided = _decision(f, q, return_range(f, q, env_id, returns, insure), tolerance, confidence)
+    return Decision.KEEPS if decided > 0 else Decision.LOSES if decided < 0 else Decision.UNDECIDED
+
+
 def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE, confidence: float = CONFIDENCE,
           games: np.ndarray | None = None, env_id: str | None = None,
           returns: tuple[float, float] | None = None, insure: float = DEFAULT_INSURE) -> Verdict:
@@ -303,11 +316,13 @@ def _sequence(play_a: Callable[[int], np.ndarray], play_b: Callable[[int], np.nd
     sequence may be looked at as often as wished), up to ``cap``."""
     n = min(first, cap)
     while True:
-        verdict = judge(play_a(n), play_b(n), tolerance, env_id=env_id, returns=judging.return_range,
-                        insure=judging.insure)
-        if verdict.verdict != Decision.UNDECIDED or n >= cap:
-            return verdict, n
+        a, b = play_a(n), play_b(n)
+        if decision(a, b, tolerance, env_id=env_id, returns=judging.return_range,
+                    insure=judging.insure) != Decision.UNDECIDED or n >= cap:
+            break
         n = min(n + first, cap)
+    # the whole verdict (interval, bound, projection) once, where the looks stopped
+    return judge(a, b, tolerance, env_id=env_id, returns=judging.return_range, insure=judging.insure), n
 
 
 def sequential_keeps(play_fp32: Callable[[int], np.ndarray], play_quant: Callable[[int], np.ndarray],
