@@ -9,7 +9,7 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 from rich.console import Console
@@ -46,25 +46,25 @@ def _pairs(base: Mapping[str, Any], record: Mapping[str, Any]
 def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Verdict | None:
     """The verdict of ``record`` against the fp32 record ``base``, paired by episode seed
     (:mod:`quarl.verdict`), under ``judging``'s range; None where the episodes do not pair."""
-    pairs = _pairs(base, record)
-    if pairs is None:
-        return None
-    fp32, quant, games, env_id = pairs
-    try:
-        return judge(fp32, quant, games=games, env_id=env_id, returns=judging.return_range, insure=judging.insure)
-    except ReturnsOutsideRange as exc:  # a --return-range the returns break: refused, never clipped
-        raise QuarlError(f"{record.get('precision', '')}: {exc}") from None
+    return _judged(judge, base, record, judging)
 
 
 def paired_decision(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Decision | None:
     """What :func:`paired_verdict` decides, without its interval (a deciding loop's look)."""
+    return _judged(decision, base, record, judging)
+
+
+T = TypeVar("T")
+
+
+def _judged(how: Callable[..., T], base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging) -> T | None:
     pairs = _pairs(base, record)
     if pairs is None:
         return None
     fp32, quant, games, env_id = pairs
     try:
-        return decision(fp32, quant, games=games, env_id=env_id, returns=judging.return_range, insure=judging.insure)
-    except ReturnsOutsideRange as exc:
+        return how(fp32, quant, games=games, env_id=env_id, returns=judging.return_range, insure=judging.insure)
+    except ReturnsOutsideRange as exc:  # a --return-range the returns break: refused, never clipped
         raise QuarlError(f"{record.get('precision', '')}: {exc}") from None
 
 
