@@ -167,16 +167,16 @@ def _insured(fp32: np.ndarray, quant: np.ndarray, insure: float) -> Ranges:
     diff = fp32 - quant
     both_lo, both_hi = np.minimum(fp32, quant), np.maximum(fp32, quant)
 
-    def low(a: np.ndarray) -> np.ndarray:
-        return np.asarray(np.min(np.minimum(np.minimum.accumulate(a, axis=1), 0.0 if a is diff else np.inf) - margin,
-                                 axis=1), np.float64)
+    def low(a: np.ndarray, tie: bool = False) -> np.ndarray:
+        seen = np.minimum.accumulate(a, axis=1)
+        return np.asarray(np.min((np.minimum(seen, 0.0) if tie else seen) - margin, axis=1), np.float64)
 
-    def high(a: np.ndarray) -> np.ndarray:
-        return np.asarray(np.max(np.maximum(np.maximum.accumulate(a, axis=1), 0.0 if a is diff else -np.inf) + margin,
-                                 axis=1), np.float64)
+    def high(a: np.ndarray, tie: bool = False) -> np.ndarray:
+        seen = np.maximum.accumulate(a, axis=1)
+        return np.asarray(np.max((np.maximum(seen, 0.0) if tie else seen) + margin, axis=1), np.float64)
 
     r_lo, r_hi = low(both_lo), high(both_hi)
-    return r_lo, r_hi, low(diff), high(diff), r_lo.copy(), r_hi.copy()
+    return r_lo, r_hi, low(diff, tie=True), high(diff, tie=True), r_lo.copy(), r_hi.copy()
 
 
 def ranges(fp32: np.ndarray, quant: np.ndarray, env_id: str | None = None, given: tuple[float, float] | None = None,
