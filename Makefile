@@ -25,7 +25,7 @@ demo: $(STAMP)
 TEST_JOBS ?= 2
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check --select F,E9 src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile

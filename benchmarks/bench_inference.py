@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from quarl.core.timing import median_us  # noqa: E402
 from quarl.quant.backends.onnxruntime import (  # noqa: E402
     OrtEngine,
     export_onnx,
@@ -29,7 +30,6 @@ from quarl.quant.backends.onnxruntime import (  # noqa: E402
     quantize_nbits,
     quantize_static_int8,
 )
-from quarl.core.timing import median_us  # noqa: E402
 from quarl.quant.backends.torch_backend import TorchEngine  # noqa: E402
 
 torch.set_num_threads(1)
@@ -117,8 +117,8 @@ def bench_automatic_choice(name: str, net: nn.Module, shape: tuple[int, ...], bu
     import gymnasium as gym
 
     from quarl.policies.base import Policy
-    from quarl.quant.config import QuantConfig
     from quarl.quant.choice import choose
+    from quarl.quant.config import QuantConfig
 
     rng = np.random.default_rng(0)
     calib = rng.uniform(0, 1, (256, *shape)).astype(np.float32)
@@ -145,10 +145,10 @@ def bench_evaluation(episodes: int) -> None:
 
     import gymnasium as gym
 
+    from quarl.api import quantize
     from quarl.envs import EnvSpec
     from quarl.evaluation.episodes import evaluate
     from quarl.policies.base import Policy
-    from quarl.api import quantize
 
     zoo = Path(__file__).resolve().parents[1].parent / "shared" / "zoo" / "ppo" / "CartPole-v1_1"
     if zoo.exists():

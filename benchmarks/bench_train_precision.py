@@ -33,7 +33,7 @@ import os
 import platform
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

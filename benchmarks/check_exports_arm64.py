@@ -306,6 +306,7 @@ def record(agent: str, precision: str, folder: Path, work: Path, episodes: int, 
     """Play the export on x86 as ``quarl ptq`` of its folder does, keep every state it saw,
     and its outputs there (ONNX Runtime, batch 1, as deployed)."""
     import numpy as np
+
     import quarl
     from quarl.evaluation.episodes import evaluate, protocol
 

@@ -203,11 +203,10 @@ def make_pool(pool: Pool, out: Path, runs: Path, episodes: int, chunk: int, comm
     """Play ``pool``'s fp32 and precisions on seeds 0..episodes-1 into ``OUT/NAME.json``,
     a chunk at a time, resuming from what the file holds."""
     import quarl
-    from quarl.evaluation.cells import config_identity
-    from quarl.evaluation.record import RESULT_FORMAT
-    from quarl.evaluation.episodes import protocol
-    from quarl.evaluation.cells import EvalSettings
     from quarl.core.provenance import provenance
+    from quarl.evaluation.cells import EvalSettings, config_identity
+    from quarl.evaluation.episodes import protocol
+    from quarl.evaluation.record import RESULT_FORMAT
     from quarl.quant.config import QuantConfig
 
     first_seed = 0

@@ -71,7 +71,8 @@ def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     import shutil
 
     from quarl.training.checkpoints import has_checkpoint, latest_checkpoint
-    from quarl.training.sb3_train import TrainConfig, train as train_run
+    from quarl.training.sb3_train import TrainConfig
+    from quarl.training.sb3_train import train as train_run
 
     algo, env_id, steps, overrides, _ = AGENTS[name]
     steps = min(steps, steps_cap or steps)
@@ -116,13 +117,13 @@ def main() -> int:
         if args.out == Path("results/image-agents"):
             args.out = Path("results/image-agents-quick")
 
-    from quarl.envs import env_family
-    from quarl.evaluation.episodes import protocol
-    from quarl.evaluation.cells import EvalSettings
     from quarl.checkpoints import load_checkpoint
-    from quarl.ptq import run_ptq
     from quarl.core.records import ResultsLog
+    from quarl.envs import env_family
+    from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.episodes import protocol
     from quarl.evaluation.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows
+    from quarl.ptq import run_ptq
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     unknown = sorted(set(names) - set(AGENTS))

@@ -87,11 +87,11 @@ def main() -> int:
         if args.out == Path("results/own-agents"):
             args.out = Path("results/own-agents-quick")
 
-    from quarl.envs import EnvSpec
     from quarl.checkpoints import load_checkpoint
+    from quarl.envs import EnvSpec
     from quarl.evaluation.cells import EvalSettings
-    from quarl.ptq import run_ptq
     from quarl.evaluation.reports import mode_summary, paper_table, print_table, write_rows
+    from quarl.ptq import run_ptq
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     labels = args.precisions.split(",")

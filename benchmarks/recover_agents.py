@@ -57,7 +57,8 @@ def agents(only: list[str]) -> list[tuple[str, Path, str | None]]:
 
 def train_zoo(name: str, out: Path, quick: bool) -> Path:
     """``quarl train ALGO ENV --seed S`` (the RL Zoo's hyperparameters), once."""
-    from quarl.training.sb3_train import TrainConfig, train as zoo_train
+    from quarl.training.sb3_train import TrainConfig
+    from quarl.training.sb3_train import train as zoo_train
 
     algo, env, seed, steps = next(t for t in ZOO_TRAINED if f"trained-{t[0]}-{t[1].replace('/', '-')}" == name)
     stem = env.replace("/", "_")
@@ -71,9 +72,9 @@ def train_zoo(name: str, out: Path, quick: bool) -> Path:
 def measure(name: str, checkpoint: Path, env_id: str | None, out: Path, episodes: int, rounds: int) -> list[dict]:
     import quarl
     from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.reports import ptq_rows
     from quarl.ptq import run_ptq
     from quarl.recovery import RecoverConfig, run_recover
-    from quarl.evaluation.reports import ptq_rows
 
     agent = quarl.load(checkpoint, env=env_id)
     episodes = next((n for key, n in EPISODES.items() if key in agent.env_spec.env_id and episodes >= 20), episodes)

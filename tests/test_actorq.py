@@ -12,10 +12,10 @@ import torch
 
 from quarl.actorq import wire
 from quarl.actorq.acting import Actor, ActorPolicy, Broadcaster, env_info, make_network
-from quarl.actorq.config import ActorQConfig
 from quarl.actorq.algorithms import make_learner
-from quarl.actorq.options import DQNOptions
+from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import D4PGLearner, DQNLearner
+from quarl.actorq.options import DQNOptions
 from quarl.actorq.replay import Batch, NStep, PrioritizedReplay, RateLimiter, Replay, SumTree, stack
 from quarl.actorq.system import run_actorq
 from quarl.core.errors import QuarlError

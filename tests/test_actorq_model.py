@@ -10,9 +10,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from quarl.actorq.model import (
+    Cluster,
+    Costs,
+    background_cores,
+    costs_from_summaries,
+    load_runs,
+    machine_background,
+    predict,
+    scaling_rows,
+    validation_rows,
+)
 from quarl.actorq.summary import ActorQSummary
-from quarl.actorq.model import (Cluster, Costs, background_cores, costs_from_summaries, load_runs,
-                                machine_background, predict, scaling_rows, validation_rows)
 from quarl.cli import app
 from quarl.core.errors import QuarlError
 from tests.conftest import actorq_summary

@@ -17,8 +17,8 @@ from quarl.actorq.checkpoint import restore
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.replay import RateLimiter, Replay
 from quarl.actorq.summary import ActorQSummary, whole_provenance
-from quarl.core.errors import QuarlError
 from quarl.core.cpu_kind import cpu_kind
+from quarl.core.errors import QuarlError
 from quarl.core.provenance import Provenance, provenance
 from tests.conftest import actorq_summary
 

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, zoo_run
 
 PAGE = ROOT / "docs" / "api.md"
@@ -25,8 +24,7 @@ def _zoo_cartpole_as_sb3_zip(path: Path) -> None:
     import gymnasium as gym
     import stable_baselines3 as sb3
 
-    from quarl.core.limits import load_torch, torch_file_cap
-    from quarl.core.limits import open_zip
+    from quarl.core.limits import load_torch, open_zip, torch_file_cap
 
     run = zoo_run("ppo", "CartPole-v1")
     with open_zip(run / "CartPole-v1.zip", "an SB3 checkpoint") as archive:

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from quarl.checkpoints import load_checkpoint
 from quarl.envs import game_score, make_env
 from quarl.evaluation.episodes import evaluate
-from quarl.checkpoints import load_checkpoint
 
 ENV = "BreakoutNoFrameskip-v4"
 

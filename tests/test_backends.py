@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch import nn
 
+from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
-from quarl.quant.precisions import quantize_weights
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx, has_vnni, quantize_dynamic_int8
 from quarl.quant.backends.reference import simulate_dynamic_int8
 from quarl.quant.config import QuantConfig
+from quarl.quant.precisions import quantize_weights
 from quarl.quant.primitives import quantize_dequantize
 from tests.conftest import zoo_run
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.backends.batching import CertifiedArgmax, RowVerdicts, per_row
 from quarl.quant.backends.torch_backend import TorchEngine

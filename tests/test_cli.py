@@ -207,8 +207,8 @@ def test_atari_cnn_policy_through_ptq_int8(tmp_path: Path, monkeypatch: pytest.M
     import numpy as np
     import onnxruntime as ort
 
-    from quarl.envs import env_spec_for_policy
     from quarl.checkpoints import load_checkpoint
+    from quarl.envs import env_spec_for_policy
     from quarl.evaluation.calibration import calibration_inputs
 
     r = run_cli("export", str(tmp_path / "cnn.zip"), "--env", "BreakoutNoFrameskip-v4", "--max-steps", "60",
@@ -411,9 +411,9 @@ def test_the_api_knows_the_agents_env_and_says_so_in_python_where_it_cannot(tiny
     """quarl.evaluate(quarl.quantize(FOLDER, "int4")) plays the folder's env (it said
     "evaluate needs an env"); an SB3 model loaded without its env gets a Python hint, not
     the CLI's --env."""
-    import quarl as api
     from stable_baselines3 import PPO
 
+    import quarl as api
     from quarl.core.errors import QuarlError
 
     int4 = api.quantize(tiny_run, "int4")
@@ -703,9 +703,9 @@ def test_gym_packages_registers_a_custom_env_for_every_command_and_its_workers(t
         model = sb3.PPO("MlpPolicy", gym.make("QuarlCorridor-v0"), n_steps=128, batch_size=64, seed=0, device="cpu")
         model.learn(256)
         model.save(tmp_path / "corridor.zip")
-        from quarl.evaluation.episodes import evaluate
         from quarl.checkpoints import load_checkpoint
         from quarl.envs import EnvSpec
+        from quarl.evaluation.episodes import evaluate
 
         want = evaluate(load_checkpoint(tmp_path / "corridor.zip").policy, EnvSpec("QuarlCorridor-v0"), episodes=6,
                         n_envs=2).returns
@@ -855,11 +855,11 @@ def _bit_widths(text: str) -> list[int]:
     (lambda v: v.hyperparams(["=4"]), "--hp '=4' is not KEY=VALUE"),
 ])
 def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str) -> None:
+    from types import SimpleNamespace
+
     from quarl import registry_options
     from quarl.core import validate
     from quarl.core.errors import QuarlError
-
-    from types import SimpleNamespace
 
     validators = SimpleNamespace(**{**vars(validate), **vars(registry_options)})  # the pure ones and the registries'
     with pytest.raises(QuarlError) as caught:
@@ -954,7 +954,6 @@ def test_every_actorq_option_reaches_the_config_by_name(tmp_path: Path) -> None:
     RENAMED gives); a new option that names no field is refused, never dropped."""
     from quarl.actorq.config import ActorQConfig
     from quarl.actorq.launch import config_from_options
-
     from quarl.actorq.options import IMPALAOptions
     from quarl.core.errors import QuarlError
 

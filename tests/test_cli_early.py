@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import run_cli, zoo_run
 
 HEAVY = ("torch", "onnxruntime", "stable_baselines3")

@@ -5,15 +5,24 @@ help and defaults."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytest
 import typer
 
 from quarl.cli import actorq, export, play, ptq, recover, study, sweep, train
-from quarl.cli.groups import (acting_options, agents_acting_options, common_options, evaluation_options,
-                              group_parameters, int_mode_options, loading_options, with_options)
+from quarl.cli.groups import (
+    acting_options,
+    agents_acting_options,
+    common_options,
+    evaluation_options,
+    group_parameters,
+    int_mode_options,
+    loading_options,
+    with_options,
+)
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "ptq": ptq.ptq, "sweep": sweep.sweep, "analyze": sweep.analyze, "train": train.train_cmd, "qat": train.qat,

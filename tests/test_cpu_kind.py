@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 from torch import nn
 
-from conftest import run_cli
 from quarl.core.cpu_kind import CPU_KINDS, cpu_kind
 from quarl.core.errors import QuarlError
 from quarl.core.provenance import provenance, whole_provenance

@@ -36,7 +36,6 @@ from typing import Any
 
 import pytest
 import typer
-
 from conftest import ROOT, ZOO
 
 DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md"))]

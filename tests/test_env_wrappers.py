@@ -12,9 +12,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from quarl.envs import wrappers as env_wrappers
-from quarl.envs import EnvSpec, make_env
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, make_env
+from quarl.envs import wrappers as env_wrappers
 from quarl.policies.safe_load import load_zoo_yaml
 
 
@@ -212,8 +212,8 @@ def test_sticky_actions_make_a_deterministic_agents_seeds_different_games() -> N
     import torch
     from torch import nn
 
-    from quarl.envs import EnvSpec, with_sticky_actions
     from quarl.core.errors import QuarlError
+    from quarl.envs import EnvSpec, with_sticky_actions
     from quarl.evaluation.episodes import evaluate
     from quarl.policies.base import Policy
 

@@ -7,12 +7,12 @@ import os
 import numpy as np
 import pytest
 
-from quarl.evaluation import parallel
-from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
-from quarl.core.errors import QuarlError
-from quarl.evaluation.episodes import evaluate
 from quarl.checkpoints import load_checkpoint
+from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
+from quarl.evaluation import parallel
 from quarl.evaluation.calibration import calibration_inputs
+from quarl.evaluation.episodes import evaluate
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES

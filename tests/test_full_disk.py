@@ -10,8 +10,9 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import pytest
@@ -68,7 +69,7 @@ class FullDisk:
         monkeypatch.setattr(atomic, "_write_bytes", write_bytes)
         monkeypatch.setattr(atomic, "_call_writer", call_writer)
 
-    def on(self, fragment: str, after: int = 0) -> "FullDisk":
+    def on(self, fragment: str, after: int = 0) -> FullDisk:
         self.matches = lambda name: fragment in name
         self.after = after
         return self

@@ -22,15 +22,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from quarl.actorq.run_state import RunState, RunStateRecord, check_state as _check_state
+from quarl.actorq.run_state import RunState, RunStateRecord
+from quarl.actorq.run_state import check_state as _check_state
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.limits import check_tensors, open_zip, read_capped, read_zip_entry
 from quarl.quant.config import QATConfig
-from quarl.training.hyperparams import ZooEntry
-from quarl.training.qat_sb3 import QATStateRecord, read_qat_state
 from quarl.training.checkpoint_arrays import ARRAYS_CAP, ReplayPosition, load_arrays, load_replay, replay_arrays
 from quarl.training.checkpoints import CheckpointData
+from quarl.training.hyperparams import ZooEntry
+from quarl.training.qat_sb3 import QATStateRecord, read_qat_state
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -17,13 +17,13 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from quarl.actorq.run_loader import read_run_config
 from quarl.actorq.summary import ActorQSummary, ActorQSummaryRecord
 from quarl.core.errors import QuarlError
+from quarl.core.records import EvalFields, ResultsLog, disagreement
 from quarl.evaluation.record import EvalRecord
-from quarl.actorq.run_loader import read_run_config
 from quarl.policies.onnx_artifact import SidecarRecord, read_sidecar
 from quarl.policies.zoo_folder import EnvKwargs, ZooArgs, ZooConfig, zoo_env_spec
-from quarl.core.records import EvalFields, ResultsLog, disagreement
 from quarl.recovery import RECOVERY_FORMAT, RoundStats, read_recovery_record, read_state
 from quarl.study.store import StudyRecord, StudyStore
 from tests.conftest import actorq_summary

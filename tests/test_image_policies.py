@@ -12,8 +12,8 @@ import onnx
 import pytest
 import torch
 
-from quarl.evaluation.calibration import calibration_inputs
 from quarl.checkpoints import load_checkpoint
+from quarl.evaluation.calibration import calibration_inputs
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES

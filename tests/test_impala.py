@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from quarl.actorq.config import ActorQConfig
+from quarl.actorq.run_loader import load_actorq_run
 from quarl.actorq.system import run_actorq
 from quarl.actorq.vtrace import vtrace
-from quarl.actorq.run_loader import load_actorq_run
 from quarl.core.errors import QuarlError
 from tests.conftest import run_cli
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from quarl.core.errors import QuarlError
-from quarl.policies.legacy import read_pickle
 from quarl.checkpoints import load_checkpoint
+from quarl.core.errors import QuarlError
 from quarl.evaluation.cells import EvalSettings
+from quarl.policies.legacy import read_pickle
 from quarl.ptq import run_ptq
 from tests.conftest import ROOT
 

@@ -18,14 +18,19 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.evaluation.calibration import CALIBRATION_SEED_OFFSET, calibrate_if_needed, calibration_inputs, calibration_returns
-from quarl.evaluation.cells import Cell, EvalSettings, cell_key, config_identity, evaluate_cells
+from quarl.core.records import ResultsLog
 from quarl.envs import EnvSpec
+from quarl.evaluation.calibration import (
+    CALIBRATION_SEED_OFFSET,
+    calibrate_if_needed,
+    calibration_inputs,
+    calibration_returns,
+)
+from quarl.evaluation.cells import Cell, EvalSettings, cell_key, config_identity, evaluate_cells
 from quarl.evaluation.record import CellRecord, EvalRecord, json_fields, sql_columns
 from quarl.policies.base import Policy
 from quarl.ptq import run_ptq
 from quarl.quant.config import QuantConfig
-from quarl.core.records import ResultsLog
 
 CARTPOLE = EnvSpec("CartPole-v1")
 HEAVY = ("torch", "gymnasium", "onnxruntime", "numpy")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import gymnasium as gym
@@ -195,8 +194,8 @@ def test_block_granularity_for_simulated_widths() -> None:
 def test_calibration_and_evaluation_seeds_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
     import quarl.evaluation.calibration as calibration_episodes  # where calibration plays its episodes
     import quarl.evaluation.cells as cells
-    from quarl.evaluation import parallel
     from quarl.envs import EnvSpec
+    from quarl.evaluation import parallel
 
     seen = []
     real = calibration_episodes.evaluate
@@ -226,8 +225,8 @@ def test_every_seed_calibrates_on_the_same_seeds_so_every_command_picks_the_same
     """ptq --seed 0, a study's seed 100000 s and export calibrate on the same fixed seeds."""
     import quarl.evaluation.calibration as calibration_episodes  # where calibration plays its episodes
     import quarl.evaluation.cells as cells
-    from quarl.evaluation import parallel
     from quarl.envs import EnvSpec
+    from quarl.evaluation import parallel
 
     real, calls = calibration_episodes.evaluate, []
 
@@ -427,8 +426,8 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     """The choice is keyed by policy content, calibration and options: the second quantize
     builds only the stored mode and says so; another policy, or an unreadable entry, is
     chosen afresh; QUARL_CACHE=off never stores."""
-    from quarl.quant.layers import linear_layers
     from quarl.quant import choice_cache
+    from quarl.quant.layers import linear_layers
 
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
     policy, obs = _mlp_policy()

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import tests.multi_target_envs  # noqa: F401  (registers MultiTarget-v0 and BinaryTarget-v0)
+from quarl.checkpoints import load_checkpoint
 from quarl.envs import EnvSpec
 from quarl.evaluation.episodes import acting, evaluate
-from quarl.checkpoints import load_checkpoint
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 
@@ -156,12 +156,11 @@ def test_an_export_plays_as_it_was_judged_by_default(trained, tmp_path: Path) ->
 
 
 def test_a_dqn_export_keeps_its_exploration_rate() -> None:
-    from tests.conftest import zoo_run
+    import tempfile
 
     from quarl.deploy import export_policy
     from quarl.policies.onnx_artifact import load_artifact
-
-    import tempfile
+    from tests.conftest import zoo_run
 
     policy = load_checkpoint(zoo_run("dqn", "CartPole-v1")).policy
     with tempfile.TemporaryDirectory() as folder:

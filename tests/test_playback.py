@@ -58,10 +58,10 @@ def test_a_video_from_a_named_camera_at_a_set_size_with_progress(cheetah, tmp_pa
 ])
 def test_a_camera_the_env_lacks_is_one_line(camera: str, env_id: str, message: str, tmp_path: Path) -> None:
     """MuJoCo aborts the whole process on a fixed camera id out of range: checked first."""
+    from stable_baselines3 import SAC
+
     from quarl.envs import EnvSpec
     from quarl.evaluation.playback import play
-
-    from stable_baselines3 import SAC
 
     model = SAC("MlpPolicy", "Pendulum-v1", seed=0, device="cpu") if env_id == "CartPole-v1" else \
         SAC("MlpPolicy", env_id, seed=0, device="cpu")

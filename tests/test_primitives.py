@@ -31,8 +31,8 @@ def test_quarl_scheme_matches_paper_formula(bits: int, shift: float) -> None:
 
 
 def test_quarl_scheme_on_real_policy_weights() -> None:
-    from tests.conftest import zoo_run
     from quarl.checkpoints import load_checkpoint
+    from tests.conftest import zoo_run
 
     policy = load_checkpoint(zoo_run("dqn", "CartPole-v1")).policy
     for layer in [m for m in policy.network if isinstance(m, torch.nn.Linear)]:

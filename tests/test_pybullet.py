@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quarl.envs import EnvSpec, env_family, make_env
 from quarl.checkpoints import load_checkpoint
+from quarl.envs import EnvSpec, env_family, make_env
 
 ENV = "HopperBulletEnv-v0"
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import MODES, BuildRequest, int8_compute, student_modes
@@ -148,10 +148,10 @@ def test_recovery_restores_the_greedy_actions_that_int4_rounding_flips() -> None
 
 def test_distillation_never_plays_an_evaluation_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     import quarl.evaluation.calibration as calibration
-    from quarl.evaluation.calibration import CALIBRATION_SEEDS, DISTILLATION_SEEDS
-    from quarl.evaluation.cells import EvalSettings
     import quarl.recovery.dagger as distilling
     import quarl.recovery.judge as judging
+    from quarl.evaluation.calibration import CALIBRATION_SEEDS, DISTILLATION_SEEDS
+    from quarl.evaluation.cells import EvalSettings
 
     seen: list[range] = []
     for module in (distilling, judging, calibration):  # every module of recovery that plays episodes
@@ -212,9 +212,9 @@ def tiny_dqn(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_dqn: Path, tmp_path: Path) -> None:
-    import quarl
     from stable_baselines3 import DQN
 
+    import quarl
     from quarl.evaluation.cells import EvalSettings
     from quarl.recovery import load_recovered, run_recover
 
@@ -458,8 +458,8 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
     import json
 
     import quarl
-    from quarl.recovery import TEST_SEEDS, load_recovered, run_recover, shipped_line
     from quarl.quant.student import sb3_tensors
+    from quarl.recovery import TEST_SEEDS, load_recovered, run_recover, shipped_line
 
     calls = _worse_students(monkeypatch)
     agent = quarl.load(balancing_dqn, env="CartPole-v1")

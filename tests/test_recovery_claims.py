@@ -9,8 +9,9 @@ import contextlib
 import json
 import resource
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

@@ -19,8 +19,8 @@ import quarl
 from quarl.core.errors import QuarlError
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import int8_compute
-from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
 from quarl.quant.student import KernelSpec
+from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
 from quarl.recovery.report import RoundJson, RoundStats
 
 DATA = Path(__file__).parent / "data" / "recovery_v1"

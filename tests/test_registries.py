@@ -9,8 +9,9 @@ import copy
 import dataclasses
 import io
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -22,13 +23,13 @@ import quarl
 from quarl import envs
 from quarl.actorq.options import DQNOptions
 from quarl.core.errors import QuarlError
-from quarl.policies import sb3
-from quarl.quant.layers import linear_layers
 from quarl.evaluation.cells import EvalSettings
+from quarl.policies import sb3
 from quarl.ptq import run_ptq
 from quarl.quant import modes, precisions
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.config import QuantConfig
+from quarl.quant.layers import linear_layers
 
 if TYPE_CHECKING:
     from quarl.actorq.config import ActorQConfig
@@ -151,7 +152,7 @@ class PlainDQNLearner:
     the target network both picks and rates the next action. Its policy network is
     :func:`quarl.actorq.learners.policy_network`, the one actors and the loader rebuild."""
 
-    def __init__(self, config: "ActorQConfig", obs_dim: int, n_actions: int) -> None:
+    def __init__(self, config: ActorQConfig, obs_dim: int, n_actions: int) -> None:
         from quarl.actorq.learners import policy_network
 
         torch.manual_seed(config.seed)
@@ -161,7 +162,7 @@ class PlainDQNLearner:
         self.opt = torch.optim.Adam(self.q.parameters(), lr=config.learning_rate)
         self.steps = 0
 
-    def step(self, batch: "Batch") -> dict[str, Any]:
+    def step(self, batch: Batch) -> dict[str, Any]:
         obs, next_obs = torch.as_tensor(batch.obs), torch.as_tensor(batch.next_obs)
         q = self.q(obs).gather(1, torch.as_tensor(batch.action).long().view(-1, 1)).squeeze(1)
         with torch.no_grad():
@@ -199,8 +200,8 @@ def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> 
     from quarl.actorq import algorithms
     from quarl.actorq.acting import env_info
     from quarl.actorq.config import ActorQConfig
-    from quarl.actorq.system import run_actorq
     from quarl.actorq.run_loader import load_actorq_run
+    from quarl.actorq.system import run_actorq
 
     made: list[PlainDQNLearner] = []
 
@@ -306,8 +307,8 @@ def test_a_trainer_is_one_registration(tmp_path: Path) -> None:
     """CONTRIBUTING's training recipe: a trainer registered at run time is trained by
     ``quarl train`` (SB3 defaults where the RL Zoo has no entry for it), its action spaces
     are checked, and without the registration the name is refused in one line."""
-    from quarl.core.errors import QuarlError
     from quarl.checkpoints import load_checkpoint
+    from quarl.core.errors import QuarlError
     from quarl.training.hyperparams import TRAINERS, Trainer, register_trainer
     from quarl.training.sb3_train import TrainConfig, check_algo_env, train
 

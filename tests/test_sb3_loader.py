@@ -15,10 +15,10 @@ import stable_baselines3 as sb3
 import torch
 from torch import nn
 
+from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
 from quarl.core.literals import parse_literal
 from quarl.policies.safe_load import load_vecnormalize, load_zoo_yaml
-from quarl.checkpoints import load_checkpoint
 
 
 class ImageEnv(gym.Env):
@@ -304,8 +304,8 @@ def test_a_run_folder_is_one_policy_and_the_zoo_options_pick_its_zips(tiny_run: 
     --load-last-checkpoint, --load-best; a second final model is refused with both names."""
     import shutil
 
-    from quarl.core.errors import QuarlError
     from quarl.checkpoints import load_checkpoint
+    from quarl.core.errors import QuarlError
     from quarl.policies.zoo_folder import pick_zip
     from tests.conftest import run_cli
 

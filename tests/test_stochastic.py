@@ -9,10 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from quarl.envs import EnvSpec
-from quarl.core.errors import QuarlError
-from quarl.evaluation.episodes import acting, evaluate
 from quarl.checkpoints import load_checkpoint
+from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec
+from quarl.evaluation.episodes import acting, evaluate
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES

@@ -117,10 +117,9 @@ def test_one_eval_record_definition_serves_results_jsonl_and_the_store(tiny_run:
     import dataclasses
     import json
 
-    from quarl.evaluation.cells import EvalSettings
-
-    from quarl.evaluation.record import EvalRecord
     from quarl.checkpoints import load_checkpoint
+    from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.record import EvalRecord
     from quarl.ptq import run_ptq
     from quarl.study.store import TABLE, StudyStore
 

@@ -122,8 +122,8 @@ def _recover_case(tiny_run: Path, tmp_path: Path) -> list[str]:
 
 
 def _actorq_checkpoint_case(tiny_run: Path, tmp_path: Path) -> list[str]:
-    from quarl.actorq.config import ActorQConfig
     from quarl.actorq.algorithms import make_learner
+    from quarl.actorq.config import ActorQConfig
 
     out = tmp_path / "aq"
     out.mkdir()

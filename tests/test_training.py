@@ -15,10 +15,10 @@ import torch
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from quarl.envs import EnvSpec, make_env
-from quarl.core.errors import QuarlError
-from quarl.evaluation.episodes import evaluate
 from quarl.checkpoints import load_checkpoint
+from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, make_env
+from quarl.evaluation.episodes import evaluate
 from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers
 from quarl.training.hyperparams import TRAINERS

@@ -325,9 +325,9 @@ def test_ptq_plays_more_episodes_until_the_verdict_decides_and_a_rerun_reuses_th
 
     from quarl.envs import EnvSpec
     from quarl.evaluation.cells import EvalSettings
+    from quarl.evaluation.reports import ptq_rows
     from quarl.policies.base import Policy
     from quarl.ptq import run_ptq
-    from quarl.evaluation.reports import ptq_rows
 
     net = nn.Linear(4, 2)
     with torch.no_grad():  # push right when the pole leans right, on angle and angular velocity
@@ -357,10 +357,10 @@ def test_quarl_judge_on_a_hand_written_csv_gives_ptqs_verdict(tmp_path) -> None:
     same E, interval, verdict and range as ptq's table; the API function is the same."""
     import gymnasium as gym
     import torch
+    from conftest import run_cli
     from torch import nn
 
     import quarl
-    from conftest import run_cli
     from quarl.envs import EnvSpec
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.reports import ptq_rows

@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
+from quarl.checkpoints import load_checkpoint
+from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec, check_env_id, make_env
+from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 from quarl.evaluation.episodes import EvalResult
 from quarl.evaluation.episodes import evaluate as _evaluate
 from quarl.evaluation.playback import Playback
 from quarl.policies.base import Policy
-from quarl.checkpoints import load_checkpoint
 from quarl.policies.checkpoint import Checkpoint, resolve_env_spec
-from quarl.evaluation.calibration import calibration_inputs, calibration_returns
-from quarl.quant.precisions import needs_calibration
 from quarl.quant.api import quantize as _quantize
 from quarl.quant.config import ParseOptions, QuantConfig
-from quarl.core.errors import QuarlError
+from quarl.quant.precisions import needs_calibration
 
 if TYPE_CHECKING:
     from quarl.evaluation.record import CellRecord

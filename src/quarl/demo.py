@@ -4,19 +4,19 @@ int column ran. Without agents it first trains PPO on CartPole-v1."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
+from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
+from quarl.core.logs import about
 from quarl.core.table import Row
-from quarl.evaluation.record import CellRecord
 from quarl.evaluation.cells import EvalSettings, Progress
 from quarl.evaluation.episodes import protocol
-from quarl.core.logs import about
-from quarl.checkpoints import load_checkpoint
+from quarl.evaluation.record import CellRecord
+from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
 from quarl.policies.checkpoint import resolve_env_spec
 from quarl.ptq import run_ptq
-from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
 from quarl.verdict import Judging
 
 DEFAULT_ZOO = Path("../shared/zoo")

@@ -12,28 +12,28 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NotRequired, Sequence, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from quarl.core.table import Row
 from quarl.core.atomic import write_all_atomic
-from quarl.core.provenance import Provenance, provenance
-from quarl.envs import EnvJson, EnvSpec
 from quarl.core.errors import QuarlError
+from quarl.core.provenance import Provenance, provenance
+from quarl.core.table import Row
+from quarl.core.timing import median_us
+from quarl.envs import EnvJson, EnvSpec
 from quarl.policies.base import Policy
+from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
-from quarl.quant import precisions as registry
-from quarl.quant.precisions import QuantSummary
-from quarl.quant.config import QuantConfig
 from quarl.quant.choice import Returns
-from quarl.core.timing import median_us
-
+from quarl.quant.config import QuantConfig
+from quarl.quant.precisions import QuantSummary
 
 # ------------------------------------------------------------------ the sidecar OUT.json, as written (JSON objects)
 

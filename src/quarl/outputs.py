@@ -26,8 +26,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
@@ -149,7 +149,7 @@ def actorq_folder(run_name: str, env_id: str, actor_precision: str | None = None
     return RESULTS / "actorq" / (f"compare-{name}" if actor_precision is None else f"{name}-{actor_precision}")
 
 
-def apart_from_inputs(out: Path | None, inputs: "Iterable[Path | str | None]", option: str = "--out") -> Path | None:
+def apart_from_inputs(out: Path | None, inputs: Iterable[Path | str | None], option: str = "--out") -> Path | None:
     """``out`` when it is none of ``inputs`` (the checkpoint, run folder or agents a command
     reads), does not hold one and is not inside one; else one line, before anything is
     written: an output folder there could overwrite what the command reads (``recover

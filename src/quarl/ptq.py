@@ -12,18 +12,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Unpack
+from typing import Any, Unpack
 
-from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
-from quarl.policies.base import Policy
+from quarl.core.records import ResultsLog
+from quarl.envs import EnvSpec
 from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells, output_lock
 from quarl.evaluation.record import CellRecord, KeyExtras
+from quarl.evaluation.reports import paired_decision, plot_sweep, plot_verdicts, ptq_rows, write_rows
+from quarl.policies.base import Policy
 from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quant.config import ParseOptions, QuantConfig
-from quarl.core.records import ResultsLog
-from quarl.evaluation.reports import paired_decision, plot_sweep, plot_verdicts, ptq_rows, write_rows
 from quarl.verdict import CHUNK, Decision, Judging
 
 log = logging.getLogger(__name__)

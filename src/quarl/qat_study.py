@@ -11,18 +11,19 @@ Runs are kept under ``OUT/runs`` and reused; every evaluation is appended to
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from quarl.core.table import Row
-from quarl.core.errors import QuarlError
 from quarl.checkpoints import load_checkpoint
+from quarl.core.errors import QuarlError
+from quarl.core.records import ResultsLog
+from quarl.core.table import Row
 from quarl.evaluation.cells import Cell, EvalSettings, evaluate_cells
 from quarl.evaluation.record import KeyExtras
-from quarl.quant.config import QATConfig, QuantConfig
-from quarl.core.records import ResultsLog
 from quarl.evaluation.reports import relative_error, save_figure, write_rows
+from quarl.quant.config import QATConfig, QuantConfig
 from quarl.training.checkpoints import has_checkpoint
 from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
 

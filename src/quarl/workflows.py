@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from quarl import registry_options
-
-from quarl.core.table import Row
 from quarl.core import validate
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
+from quarl.core.table import Row
 
 if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
     from quarl.deploy import ExportJson
@@ -82,8 +82,8 @@ class TrainedScore:
 def evaluate_trained(run_dir: Path, episodes: int, seed: int) -> TrainedScore:
     """The run folder ``train`` wrote, loaded as any checkpoint is and played for
     ``episodes`` episodes on seeds of its own (:data:`POST_TRAINING_SEED_OFFSET`)."""
-    from quarl.evaluation.episodes import evaluate
     from quarl.checkpoints import load_checkpoint
+    from quarl.evaluation.episodes import evaluate
 
     ckpt = load_checkpoint(run_dir)
     if ckpt.env_spec is None:  # a run folder quarl trained names its env

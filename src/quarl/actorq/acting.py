@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -29,12 +30,12 @@ import torch
 
 from quarl.actorq import wire
 from quarl.actorq.actor_precisions import INT8_ACTOR_KEEP, onnx_mode
-from quarl.actorq.options import ReplayOptions, UnrollOptions
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.learners import policy_network
+from quarl.actorq.options import ReplayOptions, UnrollOptions
 from quarl.actorq.replay import Batch, NStep, Unroll, stack, stack_unrolls
-from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, check_env_id, make_env
 from quarl.policies.base import Policy, unscale_action
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.primitives import FLOAT_DTYPES

@@ -15,11 +15,11 @@ algorithm's name; adding an algorithm is one module with its options, a learner 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from quarl.actorq.options import (AlgorithmOptions, D4PGOptions, DQNOptions, IMPALAOptions, ReplayOptions,
-                                  UnrollOptions)
+from quarl.actorq.options import AlgorithmOptions, D4PGOptions, DQNOptions, IMPALAOptions, ReplayOptions, UnrollOptions
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the config imports this module; the rest is built on demand

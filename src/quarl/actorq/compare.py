@@ -12,15 +12,16 @@ import json
 import logging
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from quarl.actorq.config import ActorQConfig
-from quarl.actorq.summary import ActorQSummary, running_means
 from quarl.actorq.coordinator import OnProgress
+from quarl.actorq.summary import ActorQSummary, running_means
 from quarl.actorq.system import run_actorq
 from quarl.core.table import Row
 from quarl.evaluation.reports import save_figure, write_rows
@@ -82,9 +83,8 @@ def run_compare(
 def _check_same_run(summary_path: Path, config: ActorQConfig) -> None:
     """A finished run is reused only for the configuration it ran (never another target,
     policy or address's result)."""
-    from quarl.core.errors import QuarlError
-
     from quarl.actorq.actor_precisions import actor_quant
+    from quarl.core.errors import QuarlError
 
     summary = ActorQSummary.read(summary_path)
     stored = summary.config

@@ -7,16 +7,17 @@ load (:meth:`ActorQConfig.from_json`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, TypeAlias, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeAlias, get_type_hints
 
-from quarl.core.errors import QuarlError
-from quarl.core.validate import digits
-from quarl.core import validate
 from quarl.actorq.actor_precisions import actor_precisions
 from quarl.actorq.algorithms import get_algorithm
 from quarl.actorq.options import AlgorithmOptions
+from quarl.core import validate
+from quarl.core.errors import QuarlError
+from quarl.core.validate import digits
 
 MAX_ACTORS = 4096
 """Actors of one run at most (each takes a CPU of the cluster; Ray would not start with a

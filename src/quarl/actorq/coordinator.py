@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class Clock:
     started: float
 
     @classmethod
-    def resumed_at(cls, elapsed_s: float) -> "Clock":
+    def resumed_at(cls, elapsed_s: float) -> Clock:
         return cls(time.perf_counter() - elapsed_s)
 
     def __call__(self) -> float:

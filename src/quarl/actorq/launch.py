@@ -6,12 +6,12 @@ before anything starts, and the scaling model's cluster."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from quarl import outputs
-
 from quarl.core import validate
 from quarl.core.errors import QuarlError
 

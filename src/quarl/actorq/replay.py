@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, fields, replace
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol
 
 import numpy as np
 import torch
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -35,7 +36,7 @@ class Batch:
         """The stored fields (not the sampling ones), by name."""
         return {name: getattr(self, name) for name in TRANSITION_FIELDS}
 
-    def rows(self, idx: np.ndarray | slice) -> "Batch":
+    def rows(self, idx: np.ndarray | slice) -> Batch:
         return Batch(**{name: getattr(self, name)[idx] for name in TRANSITION_FIELDS})
 
 
@@ -238,7 +239,7 @@ class RateLimiter:
     samples: int = 0
 
     @classmethod
-    def from_tolerance(cls, samples_per_insert: float, min_size: int, tolerance: float) -> "RateLimiter":
+    def from_tolerance(cls, samples_per_insert: float, min_size: int, tolerance: float) -> RateLimiter:
         return cls(samples_per_insert, min_size, tolerance * samples_per_insert * min_size)
 
     @property

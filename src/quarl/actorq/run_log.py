@@ -7,9 +7,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from quarl.actorq.acting import ActorResult
 from quarl.actorq.run_state import RunState

@@ -241,7 +241,7 @@ class ActorQSummary:
         return str(self.config["actor_precision"])
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str = "summary") -> "ActorQSummary":
+    def from_json(cls, data: dict[str, Any], where: str = "summary") -> ActorQSummary:
         """A summary from its JSON object, checked as an :class:`ActorQSummaryRecord`
         (one line naming ``where`` and the field); the values are kept as stored."""
         names = {f.name for f in dataclasses.fields(cls)}
@@ -259,7 +259,7 @@ class ActorQSummary:
         return cls(**known)
 
     @classmethod
-    def read(cls, path: Path) -> "ActorQSummary":
+    def read(cls, path: Path) -> ActorQSummary:
         try:
             data = read_summary_json(path)  # not JSON: one line naming the file
         except OSError:

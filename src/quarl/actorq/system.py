@@ -55,8 +55,9 @@ def run_actorq(
     """Train until the target reward or the time budget; return the summary. ``on_tick(state,
     fleet)`` is called once per pass of the loop; returning True ends the run there, as a
     spent budget would (a caller's own stopping rule)."""
-    from quarl.training.guard import NonFiniteTraining
     from torch.utils.tensorboard import SummaryWriter
+
+    from quarl.training.guard import NonFiniteTraining
 
     torch.set_num_threads(1)
     parts, info = set_up(config, resume)
@@ -107,7 +108,7 @@ class Meters:
     machine_started: float
 
     @classmethod
-    def start(cls, out: Path) -> "Meters":
+    def start(cls, out: Path) -> Meters:
         return cls(start_energy(out), time.process_time(), machine_busy_s())
 
     def stop(self, state: RunState, fleet: Fleet) -> tuple[dict[str, float], Energy]:

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli.actorq_options import algorithm_parameters
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, with_options
 from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt
+from quarl.core import validate
 
 if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
     from quarl.actorq.run_log import Progress

@@ -12,7 +12,6 @@ from typing import Optional, get_type_hints
 
 import typer
 
-
 ALGORITHM_PANEL = "Options of one algorithm (--algo)"
 SWITCH_PANEL = "Switches of one algorithm (--algo)"
 """The on / off options (``--x/--no-x``): in a panel of their own, since their ``--no-x``
@@ -85,7 +84,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_classes(module: str) -> dict[str, ast.ClassDef]:
     import importlib.util
 

@@ -10,8 +10,9 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import typer
 from rich.console import Console

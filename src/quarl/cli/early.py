@@ -10,8 +10,8 @@ value to the full check. ``benchmarks/bench_cli_latency.py`` measures the refusa
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from quarl.core import validate
 

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.cli import early
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, int_mode_options, loading_options, with_options
-from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol
+from quarl.cli.options import PRECISIONS_HELP, CheckpointArg, EnvOpt, OutOpt, is_export, load, load_choice, protocol
+from quarl.core import validate
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the CLI imports deploy (torch) only when a command runs

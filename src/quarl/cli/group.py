@@ -5,7 +5,8 @@ lists filled from the registries when ``--help`` is asked for."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 import typer

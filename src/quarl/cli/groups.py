@@ -6,13 +6,27 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, Union
 
 import typer
 
-from quarl.cli.options import (AgentsStickyOpt, BlockSizeOpt, EpisodesOpt, GymPackagesOpt, Int8WeightsOpt, MaxStepsOpt,
-                               NEnvsOpt, SeedOpt, StickyOpt, StochasticOpt, TrustGymPackagesOpt, TrustOpt, VerboseOpt,
-                               WorkersOpt)
+from quarl.cli.options import (
+    AgentsStickyOpt,
+    BlockSizeOpt,
+    EpisodesOpt,
+    GymPackagesOpt,
+    Int8WeightsOpt,
+    MaxStepsOpt,
+    NEnvsOpt,
+    SeedOpt,
+    StickyOpt,
+    StochasticOpt,
+    TrustGymPackagesOpt,
+    TrustOpt,
+    VerboseOpt,
+    WorkersOpt,
+)
 
 
 def common_options(gym_packages: Optional[str] = GymPackagesOpt, verbose: bool = VerboseOpt) -> None:

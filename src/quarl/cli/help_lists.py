@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
-from quarl.core.atomic import write_atomic
 from quarl.cli.common import environment_defaults
+from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 
 

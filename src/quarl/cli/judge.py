@@ -31,7 +31,8 @@ def judge(
     """
     setup(verbose)
     from quarl.cli.ptq import judging_of
-    from quarl.evaluation.pairs import describe, judge as judge_pairs, read_pairs
+    from quarl.evaluation.pairs import describe, read_pairs
+    from quarl.evaluation.pairs import judge as judge_pairs
 
     judging = judging_of(insure, return_range)
     pairs = read_pairs(returns)

@@ -8,12 +8,11 @@ from typing import Optional
 import typer
 
 from quarl import registry_options
-
-from quarl.core import validate
 from quarl.cli import early
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.groups import acting_options, common_options, int_mode_options, loading_options, with_options
-from quarl.cli.options import CheckpointArg, EnvOpt, is_export, load, load_choice, MaxStepsOpt, protocol, SeedOpt
+from quarl.cli.options import CheckpointArg, EnvOpt, MaxStepsOpt, SeedOpt, is_export, load, load_choice, protocol
+from quarl.core import validate
 from quarl.core.errors import QuarlError
 
 

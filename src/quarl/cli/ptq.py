@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.cli import early
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.groups import (acting_options, common_options, deciding_options, evaluation_options, int_mode_options,
-                              loading_options, with_options)
-from quarl.cli.options import (CheckpointArg, EnvOpt, is_export, load, load_choice, OutOpt, PRECISIONS_HELP, protocol,
-                               WideOpt)
-
+from quarl.cli.groups import (
+    acting_options,
+    common_options,
+    deciding_options,
+    evaluation_options,
+    int_mode_options,
+    loading_options,
+    with_options,
+)
+from quarl.cli.options import (
+    PRECISIONS_HELP,
+    CheckpointArg,
+    EnvOpt,
+    OutOpt,
+    WideOpt,
+    is_export,
+    load,
+    load_choice,
+    protocol,
+)
+from quarl.core import validate
 from quarl.verdict import Decision, Judging, Verdict
 
 if TYPE_CHECKING:

@@ -10,12 +10,11 @@ import typer
 from rich.progress import TaskID
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.ptq import DECIDING, Deciding
 from quarl.cli.groups import common_options, evaluation_options, int_mode_options, loading_options, with_options
-from quarl.cli.options import EnvOpt, is_export, load, load_choice, OutOpt
+from quarl.cli.options import EnvOpt, OutOpt, is_export, load, load_choice
+from quarl.cli.ptq import DECIDING, Deciding
+from quarl.core import validate
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:

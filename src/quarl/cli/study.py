@@ -3,20 +3,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.cli import early
 from quarl.cli.common import console, log, out_console, progress, say_reused, setup, user_errors
-from quarl.cli.groups import (agents_acting_options, common_options, deciding_options, int_mode_options,
-                              loading_options, with_options)
-from quarl.cli.options import MaxStepsOpt, NEnvsOpt, PRECISIONS_HELP, TrustGymPackagesOpt, WideOpt, WorkersOpt
+from quarl.cli.groups import (
+    agents_acting_options,
+    common_options,
+    deciding_options,
+    int_mode_options,
+    loading_options,
+    with_options,
+)
+from quarl.cli.options import PRECISIONS_HELP, MaxStepsOpt, NEnvsOpt, TrustGymPackagesOpt, WideOpt, WorkersOpt
 from quarl.cli.ptq import budget_note, judging_of, warm
+from quarl.core import validate
 
 if TYPE_CHECKING:
     from quarl.evaluation.record import CellRecord
@@ -132,8 +138,8 @@ def study(
     early.precisions(precisions)
     from quarl.evaluation.reports import print_table
     from quarl.study.grid import StudyConfig, find_agents, run_study
-    from quarl.study.store import StudyRecord
     from quarl.study.grid import cells as study_cells
+    from quarl.study.store import StudyRecord
     from quarl.workflows import write_study_report
 
     options = registry_options.quant_options(int8_weights, block_size)

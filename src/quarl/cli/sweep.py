@@ -9,14 +9,23 @@ from typing import Optional
 import typer
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.cli import early
 from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
 from quarl.cli.groups import common_options, evaluation_options, loading_options, with_options
-from quarl.cli.options import (BitsOpt, BlockSizeOpt, CheckpointArg, checked_path, EnvOpt, GranularityOpt, load,
-                               load_choice, OutOpt, SchemeOpt)
+from quarl.cli.options import (
+    BitsOpt,
+    BlockSizeOpt,
+    CheckpointArg,
+    EnvOpt,
+    GranularityOpt,
+    OutOpt,
+    SchemeOpt,
+    checked_path,
+    load,
+    load_choice,
+)
 from quarl.cli.ptq import warm
+from quarl.core import validate
 
 
 @user_errors
@@ -50,9 +59,9 @@ def sweep(
     widths = validate.bit_widths(bits)  # before torch loads: a typo answers at once
     registry_options.check_eval_values(episodes, seed, n_envs, max_steps)
     worker_count = validate.workers(workers)
+    from quarl.evaluation.reports import print_table, ptq_rows
     from quarl.ptq import run_sweep
     from quarl.quant.config import QuantConfig
-    from quarl.evaluation.reports import print_table, ptq_rows
 
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
     settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
@@ -99,10 +108,10 @@ def analyze(
     checked_path(checkpoint)
     early.out_folder(out, [checkpoint])
     from quarl.checkpoints import load_checkpoint
+    from quarl.evaluation.reports import print_table
     from quarl.ptq import run_analyze
     from quarl.quant.analysis import kl_bins, per_layer_table
     from quarl.quant.config import QuantConfig
-    from quarl.evaluation.reports import print_table
 
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
     float_checkpoint(checkpoint, "analyze reads the float weights")

@@ -9,11 +9,10 @@ from typing import Optional
 import typer
 
 from quarl import outputs, registry_options
-
-from quarl.core import validate
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, with_options
 from quarl.cli.options import EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt
+from quarl.core import validate
 
 AlgoArg = typer.Argument(None, help="{train_algorithms}")
 EnvIdArg = typer.Argument(None, help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
@@ -109,9 +108,9 @@ def qat(
     validate.count(timesteps, 1, "--timesteps")
     validate.count(quant_delay, 0, "--quant-delay")
     registry_options.check_eval_values(episodes, seed, n_envs, None)
+    from quarl.evaluation.reports import print_table
     from quarl.qat_study import QATStudy, run_qat_study
     from quarl.quant.config import QuantConfig
-    from quarl.evaluation.reports import print_table
 
     settings = registry_options.eval_settings(episodes, seed, n_envs, None)
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,

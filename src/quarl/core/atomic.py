@@ -29,8 +29,9 @@ import json
 import os
 import stat
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from quarl.core.errors import QuarlError
 

@@ -28,8 +28,9 @@ import stat
 import struct
 import zipfile
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from quarl.core.errors import QuarlError
 

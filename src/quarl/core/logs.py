@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 AGENT: contextvars.ContextVar[str] = contextvars.ContextVar("quarl_agent", default="")
 

@@ -8,10 +8,13 @@ import functools
 import os
 import platform
 from importlib import metadata
-from typing import Annotated
+from typing import (
+    Annotated,
+    NotRequired,  # pydantic validates them on Python 3.11
+)
 
 from pydantic import Field, JsonValue, ValidationError
-from typing_extensions import NotRequired, TypedDict  # pydantic validates them on Python 3.11
+from typing_extensions import TypedDict
 
 from quarl.core.cpu_kind import cpu_kind
 from quarl.core.file_schema import Record

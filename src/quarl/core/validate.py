@@ -15,7 +15,6 @@ from typing import Any
 
 from quarl.core.errors import QuarlError
 
-
 MAX_SEED = 2**31 - 1 - 200_000
 """Seeds leave room for the evaluation (seed + i) and study (100000 s + i) offsets within a
 31-bit seed."""

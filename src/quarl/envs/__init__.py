@@ -20,17 +20,17 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 from pydantic import JsonValue
 from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (recovery.json's env)
 
-from quarl.envs import wrappers as env_wrappers
 from quarl.core.errors import QuarlError
 from quarl.core.registry import put_first
+from quarl.envs import wrappers as env_wrappers
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ def _module_name(name: object, where: str) -> str:
     return name
 
 
-def import_gym_packages(names: "Sequence[str] | str", where: str = "--gym-packages") -> None:
+def import_gym_packages(names: Sequence[str] | str, where: str = "--gym-packages") -> None:
     """Import the modules that register custom envs with gymnasium, as rl_zoo3's
     ``--gym-packages`` does: installed modules, or modules in the current folder (which
     ``python -m rl_zoo3.train`` finds, the folder being on its path); remembered
@@ -309,7 +309,7 @@ def import_gym_packages(names: "Sequence[str] | str", where: str = "--gym-packag
             _GYM_PACKAGES.append(name)
 
 
-def import_named_by_file(names: "Sequence[str] | str", where: str, origin: str = "") -> None:
+def import_named_by_file(names: Sequence[str] | str, where: str, origin: str = "") -> None:
     """The ``gym_packages`` a file names (a run folder's ``args.yml``, a sidecar): imported
     only where no new code runs (the user named them with ``--gym-packages``, or they are
     imported already) or with ``--trust-gym-packages``; otherwise one line saying which
@@ -341,7 +341,7 @@ def check_env_id(env_id: str) -> str:
     return new
 
 
-def with_sticky_actions(spec: "EnvSpec", probability: float) -> "EnvSpec":
+def with_sticky_actions(spec: EnvSpec, probability: float) -> EnvSpec:
     """``spec`` whose env repeats the agent's previous action with ``probability`` at each
     step (ALE's ``repeat_action_probability``: 0.25 in Machado et al. 2018 and ALE v5;
     MinAtar's ``sticky_action_prob``, 0.1 by default), so a deterministic agent's seeds are
@@ -357,7 +357,7 @@ def with_sticky_actions(spec: "EnvSpec", probability: float) -> "EnvSpec":
                    spec.frame_stack)
 
 
-def sticky_probability(spec: "EnvSpec") -> float | None:
+def sticky_probability(spec: EnvSpec) -> float | None:
     """The sticky-action probability ``spec`` sets (None: the env's own default)."""
     family = env_family(spec.env_id)
     value = spec.env_kwargs.get(family.sticky) if family.sticky else None

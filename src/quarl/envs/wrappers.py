@@ -14,8 +14,9 @@ Adding a kind is one :data:`KINDS` entry (and its test in ``tests/test_env_wrapp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import gymnasium as gym
 

@@ -14,8 +14,8 @@ from typing import TypedDict
 
 import numpy as np
 
-from quarl.envs import EnvJson, EnvSpec
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvJson, EnvSpec
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.quant import precisions as registry

@@ -21,26 +21,26 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from quarl.evaluation import parallel
-from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
-from quarl.envs import EnvSpec, sticky_probability
 from quarl.core.atomic import open_owned
 from quarl.core.errors import QuarlError
+from quarl.core.provenance import provenance
+from quarl.core.records import ResultsLog
+from quarl.core.timing import median_us
+from quarl.envs import EnvSpec, sticky_probability
+from quarl.evaluation import parallel
+from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
 from quarl.evaluation.record import RESULT_FORMAT, CellKey, CellRecord, EvalRecord, KeyExtras, SettingsKey
 from quarl.policies.base import Policy
-from quarl.core.provenance import provenance
 from quarl.quant import modes
 from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
 from quarl.quant.config import QuantConfig, QuantConfigJson
-from quarl.core.records import ResultsLog
-from quarl.core.timing import median_us
 
 log = logging.getLogger(__name__)
 

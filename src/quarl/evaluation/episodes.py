@@ -21,14 +21,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 
-from quarl.envs import EnvSpec, GameScore, game_score, make_env, restart_game
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, GameScore, game_score, make_env, restart_game
 from quarl.policies.base import Policy
 
 log = logging.getLogger(__name__)

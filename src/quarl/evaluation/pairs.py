@@ -18,14 +18,15 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from quarl.core.errors import QuarlError
-from quarl.verdict import DEFAULT_INSURE, TOLERANCE, Decision, Verdict, judge as _judge
+from quarl.verdict import DEFAULT_INSURE, TOLERANCE, Decision, Verdict
+from quarl.verdict import judge as _judge
 from quarl.verdict.bounds import ReturnsOutsideRange, check_insure
 
 HEADER = ("seed", "reference", "candidate")

@@ -29,17 +29,18 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 from torch import nn
 
-from quarl.envs import EnvSpec, gym_packages, make_env
 from quarl.core import lifeline
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, gym_packages, make_env
 from quarl.evaluation.episodes import EvalResult
 from quarl.evaluation.episodes import evaluate as evaluate_serial
 from quarl.policies.base import Policy

@@ -15,15 +15,16 @@ import gc
 import os
 import signal
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypedDict
+from typing import TypedDict
 
 import gymnasium as gym
 import numpy as np
 
 from quarl.core.atomic import write_atomic
-from quarl.envs import EnvSpec, make_env
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec, make_env
 from quarl.evaluation.episodes import EvalResult, evaluate
 from quarl.policies.base import Policy
 

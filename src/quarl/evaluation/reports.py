@@ -8,16 +8,17 @@ import csv
 import io
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from quarl.core.atomic import write_all_atomic, write_atomic
-from quarl.core.table import Cell, Row
 from quarl.core.errors import QuarlError
+from quarl.core.table import Cell, Row
 from quarl.verdict import Decision, Judging, ReturnsOutsideRange, Verdict, decision, games_of, judge, relative_error
 
 __all__ = ["Cell", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import gymnasium as gym
 import numpy as np
@@ -101,7 +102,7 @@ class StateNoise:
         return b"|".join(parts)
 
 
-def _box(policy: "Policy") -> gym.spaces.Box:
+def _box(policy: Policy) -> gym.spaces.Box:
     """The Box a continuous head acts in (checked against the env when the policy is made)."""
     return cast(gym.spaces.Box, policy.action_space)
 
@@ -111,18 +112,18 @@ def action_nvec(space: gym.spaces.Space[Any]) -> np.ndarray:
     return np.asarray(cast(gym.spaces.MultiDiscrete, space).nvec, np.int64).reshape(-1)
 
 
-def _segments(policy: "Policy", out: np.ndarray) -> list[np.ndarray]:
+def _segments(policy: Policy, out: np.ndarray) -> list[np.ndarray]:
     """A MultiDiscrete head's logits, one (batch, n_i) block per sub-action."""
     return np.split(np.asarray(out), np.cumsum(action_nvec(policy.action_space))[:-1], axis=1)
 
 
-def _multi_argmax(policy: "Policy", out: np.ndarray) -> np.ndarray:
+def _multi_argmax(policy: Policy, out: np.ndarray) -> np.ndarray:
     shape = cast(gym.spaces.MultiDiscrete, policy.action_space).shape
     actions = np.stack([block.argmax(axis=1) for block in _segments(policy, out)], axis=1)
     return actions.reshape(len(actions), *shape)
 
 
-HEADS: dict[str, Callable[["Policy", np.ndarray], np.ndarray]] = {
+HEADS: dict[str, Callable[[Policy, np.ndarray], np.ndarray]] = {
     # discrete: argmax of logits / Q-values
     "argmax": lambda policy, out: out.argmax(axis=-1),
     # QR-DQN: argmax of the mean over quantiles (its output is laid out as (quantile, action))
@@ -270,7 +271,7 @@ class Policy:
             actions = self.sample_rows(self.preprocess(batch), [(stream, int(s)) for s in steps])
         return (actions[0] if single else actions), None
 
-    def greedy(self) -> "Policy":
+    def greedy(self) -> Policy:
         """This policy acting greedily: itself, or for a sampling policy one greedy copy kept
         with it (calibration episodes know a policy by identity, so every cell of a run must
         hand them the same copy)."""
@@ -287,7 +288,7 @@ class Policy:
         a MultiDiscrete or MultiBinary head's logits are several distributions)."""
         return self.head == "argmax" and self.algo in LOGIT_ALGOS
 
-    def with_network(self, network: nn.Module, precision: str, engine: Engine) -> "Policy":
+    def with_network(self, network: nn.Module, precision: str, engine: Engine) -> Policy:
         """A copy that runs ``network`` through ``engine`` (used by quantize)."""
         return replace(self, network=network, precision=precision, engine=engine, meta=self.meta.copy())
 

@@ -4,9 +4,9 @@ themselves are registered in :mod:`quarl.policies.formats`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy

@@ -54,7 +54,7 @@ class _Inert(Record):
     """Stand-in for any non-numpy global: built, called or given state, it records and
     runs nothing (cloudpickle calls what it rebuilds, hence ``__call__``)."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "_Inert":
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
         return _Inert()
 
 

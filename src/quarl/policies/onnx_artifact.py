@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -16,11 +17,11 @@ import torch
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
-from quarl.envs import EnvSpec
 from quarl.core.atomic import reading_published
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, field_error, parse_json, parse_record
 from quarl.core.limits import model_file_cap, read_capped
+from quarl.envs import EnvSpec
 from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
 from quarl.policies.checkpoint import Checkpoint
 from quarl.quant.backends.onnxruntime import OrtEngine
@@ -225,7 +226,7 @@ class OnnxNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.engine(x.detach().float().numpy()))
 
-    def __deepcopy__(self, memo: dict[int, object]) -> "OnnxNetwork":
+    def __deepcopy__(self, memo: dict[int, object]) -> OnnxNetwork:
         return self
 
 
@@ -267,7 +268,7 @@ class SpaceRecord(Record):
     high: list[float | None] | None = None
 
     @model_validator(mode="after")
-    def _fits_its_type(self) -> "SpaceRecord":
+    def _fits_its_type(self) -> SpaceRecord:
         what = self.what
         if self.type in ("discrete", "multi_binary"):
             _count(self.n, f"{what} size", most=1024 if self.type == "multi_binary" else MAX_INPUT_VALUES)

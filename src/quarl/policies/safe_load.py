@@ -16,9 +16,10 @@ from __future__ import annotations
 import io
 import math
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import yaml
@@ -149,7 +150,7 @@ def _checked_array(budget: ArrayBudget) -> type[np.ndarray]:
     """An ndarray subclass that claims its bytes from ``budget`` when built or given state."""
 
     class CheckedArray(np.ndarray):
-        def __new__(cls, shape: Any, dtype: Any = float, *args: Any, **kwargs: Any) -> "CheckedArray":
+        def __new__(cls, shape: Any, dtype: Any = float, *args: Any, **kwargs: Any) -> CheckedArray:
             if args or kwargs:
                 raise Refused("an array over a buffer")
             dims, kind = budget.claim(shape, dtype)

@@ -22,8 +22,9 @@ import base64
 import copy
 import pickletools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

@@ -14,6 +14,7 @@ from pydantic import JsonValue
 from quarl.core.errors import QuarlError
 from quarl.core.literals import parse_literal
 
+
 def _field(entry: dict[str, JsonValue], *names: str) -> JsonValue:
     for name in names:
         if entry.get(name) is not None:

@@ -24,8 +24,15 @@ from quarl.policies.base import ObsNormalizer
 from quarl.policies.checkpoint import Checkpoint
 from quarl.policies.file_kind import not_a_policy
 from quarl.policies.safe_load import load_vecnormalize
-from quarl.policies.sb3 import (MAX_ABS_LOG_STD, PolicyKwargs, algo_from_data, layout_of, policy_class_name,
-                                build_policy, state_noise)
+from quarl.policies.sb3 import (
+    MAX_ABS_LOG_STD,
+    PolicyKwargs,
+    algo_from_data,
+    build_policy,
+    layout_of,
+    policy_class_name,
+    state_noise,
+)
 from quarl.policies.sb3_spaces import space_from_json
 from quarl.policies.zoo_folder import ZooConfig, read_zoo_config, zoo_env_spec, zoo_files
 

@@ -4,9 +4,9 @@ weight distributions: the wider the distribution, the larger the rounding error)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from scipy import stats

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from quarl.core.errors import QuarlError
-from quarl.quant.layers import linear_layers
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.config import QATState, QuantConfig
 from quarl.quant.choice import Returns
+from quarl.quant.config import QATState, QuantConfig
+from quarl.quant.layers import linear_layers
 from quarl.quant.precisions import get, with_activation_quant
 from quarl.quant.primitives import resolve_granularity
 

@@ -32,17 +32,18 @@ The steps, in order: :func:`supported_modes`, :func:`mode_groups` x :func:`keep_
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.quant.layers import linear_layers
-from quarl.quant.backends import onnxruntime as ortb
-from quarl.quant.modes import BuildRequest, Candidate, IntMode, build_candidate, modes_for, split_calibration
 from quarl.core.timing import median_us
+from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.layers import linear_layers
+from quarl.quant.modes import BuildRequest, Candidate, IntMode, build_candidate, modes_for, split_calibration
 from quarl.verdict import sequential_keeps
 
 if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here

@@ -107,7 +107,7 @@ class QuantConfig:
             raise QuarlError(f"action tolerance {self.action_tolerance!r} must be >= 0")
 
     @classmethod
-    def parse(cls, label: str, **kwargs: Unpack[ParseOptions]) -> "QuantConfig":
+    def parse(cls, label: str, **kwargs: Unpack[ParseOptions]) -> QuantConfig:
         """Build from a label as the CLI writes it: ``fp32``, ``fp16``, ``bf16``, ``int8`` /
         ``int4`` (real kernels, mode chosen automatically), ``int8-MODE`` / ``int4-MODE``
         (one mode), or ``sim2`` .. ``sim16`` (simulated n-bit weights, the paper's sweep)."""
@@ -139,7 +139,7 @@ class QuantConfig:
                 "activations": self.activations, "min_agreement": self.min_agreement,
                 "action_tolerance": self.action_tolerance}
 
-    def resolved(self) -> "QuantConfig":
+    def resolved(self) -> QuantConfig:
         """The config with ``int8_weights="auto"`` replaced by what this CPU runs (the key
         of a stored result must say what was really computed). Symmetric int8 weights on a
         CPU without VNNI are refused: its u8 x s8 kernels saturate and are not exact there."""

@@ -24,7 +24,7 @@ def int8_compute(bits: int) -> str:
     return "inexact" if cpu_kind() == "avx2" else probe_int8_compute(bits)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe_int8_compute(bits: int) -> str:
     """What ONNX Runtime's MatMulNBits at ``accuracy_level`` 4 really does on this CPU,
     probed once on a small layer: ``"int8"`` (activations rounded per block, as the
@@ -62,7 +62,7 @@ def runtime_key() -> dict[str, str]:
     return {**_runtime_key(), "vnni": str(ortb.has_vnni()), **({"cpu_kind": kind} if kind != "native" else {})}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _runtime_key() -> dict[str, str]:
     import onnxruntime
 

@@ -48,8 +48,9 @@ and whether ActorQ's actors can run it (``actor``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -156,7 +157,7 @@ class IntMode:
             return self
         return get_mode(self.fallback)
 
-    def request_for(self, request: "BuildRequest") -> "BuildRequest":
+    def request_for(self, request: BuildRequest) -> BuildRequest:
         """``request`` with a CNN's convolutions kept in fp32 when this mode does not quantize them."""
         if self.convolutions:
             return request

@@ -26,24 +26,36 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Callable, TypeGuard
-
-from pydantic import Field
-from typing_extensions import Required, TypedDict  # pydantic validates it on Python 3.11 (recovery.json)
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Required,  # pydantic validates it on Python 3.11 (recovery.json)
+    TypeGuard,
+)
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
+from typing_extensions import TypedDict
 
 from quarl.core.errors import QuarlError
-from quarl.quant.layers import linear_layers
+from quarl.quant import choice_cache
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant import choice_cache
 from quarl.quant.choice import Returns, choose
-from quarl.quant.modes import (MODES, BuildRequest, Candidate, CandidateSummary, build_candidate, get_mode,
-                              split_calibration)
+from quarl.quant.layers import linear_layers
+from quarl.quant.modes import (
+    MODES,
+    BuildRequest,
+    Candidate,
+    CandidateSummary,
+    build_candidate,
+    get_mode,
+    split_calibration,
+)
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
 if TYPE_CHECKING:  # config validates against this module, policies builds on it; only annotations need them
@@ -70,7 +82,7 @@ class Precision:
     real_int: bool = False
     """Runs integer kernels whose choice depends on this CPU and runtime (stored results
     are keyed by the runtime too, and an automatic mode is checked against fp32)."""
-    calibrates: Callable[["QuantConfig"], bool] = lambda config: False
+    calibrates: Callable[[QuantConfig], bool] = lambda config: False
     """Whether a config needs calibration observations (fp32 rollout states)."""
 
 
@@ -149,7 +161,7 @@ def real_bits() -> dict[str, int]:
     return {p.name: p.bits for p in PRECISIONS.values() if p.real_int and p.bits is not None}
 
 
-def needs_calibration(config: "QuantConfig") -> bool:
+def needs_calibration(config: QuantConfig) -> bool:
     """Activation ranges are calibrated on observations, and every real int mode is
     checked (or chosen) against fp32 on them."""
     return get(config.precision).calibrates(config)
@@ -158,7 +170,7 @@ def needs_calibration(config: "QuantConfig") -> bool:
 # ---------------------------------------------------------------- the builders
 
 
-def quantize_weights(network: nn.Module, config: "QuantConfig") -> nn.Module:
+def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
     """A copy of ``network`` whose Linear / Conv2d weights are rounded to ``config.bits``
     (biases stay fp32, as in the paper)."""
     net = copy.deepcopy(network)
@@ -199,18 +211,18 @@ def with_activation_quant(network: nn.Module, ranges: dict[str, tuple[float, flo
     return nn.Sequential(*layers)
 
 
-def _fp32(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None, returns: Returns | None) -> Policy:
+def _fp32(policy: Policy, config: QuantConfig, calibration: np.ndarray | None, returns: Returns | None) -> Policy:
     network = policy.clone_network().float()  # PyTorch, as Stable-Baselines3 runs it: the same bits, the same returns
     return policy.with_network(network, config.label, TorchEngine(network))
 
 
-def _float(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None, returns: Returns | None) -> Policy:
+def _float(policy: Policy, config: QuantConfig, calibration: np.ndarray | None, returns: Returns | None) -> Policy:
     dtype = FLOAT_DTYPES[config.precision]
     network = policy.clone_network().float().to(dtype)
     return policy.with_network(network, config.label, TorchEngine(network, dtype))
 
 
-def _nbit(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None, returns: Returns | None) -> Policy:
+def _nbit(policy: Policy, config: QuantConfig, calibration: np.ndarray | None, returns: Returns | None) -> Policy:
     rounded = quantize_weights(policy.clone_network().float(), config)
     if config.activations:
         if calibration is None:
@@ -238,13 +250,13 @@ def _explain(label: str, chosen: CandidateSummary, tried: list[CandidateSummary]
              if cached else "")
 
 
-def _choice_options(config: "QuantConfig", sampled: bool = False) -> dict[str, int | float | str | bool]:
+def _choice_options(config: QuantConfig, sampled: bool = False) -> dict[str, int | float | str | bool]:
     options: dict[str, int | float | str | bool] = {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
                "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
     return {**options, "sampled": True} if sampled else options  # a greedy choice keeps its older key
 
 
-def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, entry: choice_cache.ChoiceEntry) -> Candidate:
+def _rebuild(policy: Policy, config: QuantConfig, calibration: np.ndarray, entry: choice_cache.ChoiceEntry) -> Candidate:
     """The stored choice, built again (the only mode built on a cache hit); what the first
     choice measured on episodes comes with it."""
     mode = get_mode(entry["mode"])
@@ -265,7 +277,7 @@ def _rebuild(policy: Policy, config: "QuantConfig", calibration: np.ndarray, ent
     return best
 
 
-def quantize_int(policy: Policy, config: "QuantConfig", calibration: np.ndarray | None,
+def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | None,
                  returns: Returns | None = None) -> Policy:
     """Real int8 / int4: the mode ``config`` names, or the automatic choice (see
     :mod:`quarl.quant.modes`). The new policy's ``meta["quant"]`` says which mode runs,

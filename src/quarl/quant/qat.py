@@ -18,14 +18,21 @@ through (:func:`quarl.quant.primitives.fake_quantize`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
 
 from quarl.quant.observers import MinMaxObserver, MovingAverageMinMaxObserver
-from quarl.quant.primitives import ActivationFakeQuant, check_bits, fake_quantize, qparams, qparams_from_range, resolve_granularity
+from quarl.quant.primitives import (
+    ActivationFakeQuant,
+    check_bits,
+    fake_quantize,
+    qparams,
+    qparams_from_range,
+    resolve_granularity,
+)
 
 
 class QATLayer(nn.Module):

@@ -33,8 +33,9 @@ registration); this module reads the grid and names no mode. ``int8-static`` and
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Callable
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import torch
@@ -106,7 +107,7 @@ class KernelSpec:
                 "int8_weights": self.int8_weights, "compute_int8": self.compute_int8}
 
     @classmethod
-    def from_dict(cls, d: KernelSpecJson) -> "KernelSpec":
+    def from_dict(cls, d: KernelSpecJson) -> KernelSpec:
         return cls(str(d["mode"]), frozenset(int(i) for i in d["keep"]), int(d["block_size"]), str(d["int8_weights"]),
                    bool(d["compute_int8"]))
 

@@ -36,12 +36,39 @@ hold, typed) and :mod:`~quarl.recovery.workflow` (``quarl recover``).
 
 from __future__ import annotations
 
-from quarl.recovery.config import RecoverConfig, Q_ALGOS, RECOVERY_FILE, ORIGINAL_ZIP, EXPORT_DIR, STATE_FILE, RECOVERY_FORMAT, MIN_HELDOUT, TRAIN_SEEDS_END, TEST_SEEDS
+from quarl.recovery.config import (
+    EXPORT_DIR,
+    MIN_HELDOUT,
+    ORIGINAL_ZIP,
+    Q_ALGOS,
+    RECOVERY_FILE,
+    RECOVERY_FORMAT,
+    STATE_FILE,
+    TEST_SEEDS,
+    TRAIN_SEEDS_END,
+    RecoverConfig,
+)
+from quarl.recovery.dagger import RecoveryResult, distill, pick_spec, read_state
+from quarl.recovery.folder import (
+    Recovered,
+    find_recovery,
+    load_recovered,
+    read_recovery_record,
+    sha256_file,
+    write_recovered,
+)
+from quarl.recovery.judge import Judge, shipped_line
 from quarl.recovery.losses import distill_loss
 from quarl.recovery.report import RoundStats
-from quarl.recovery.dagger import RecoveryResult, pick_spec, distill, read_state
-from quarl.recovery.folder import write_recovered, Recovered, find_recovery, load_recovered, read_recovery_record, sha256_file
-from quarl.recovery.judge import Judge, shipped_line
-from quarl.recovery.workflow import run_recover, preflight, finished_record, RECOVERED_PREFIX, recovered_precision, recovered_kernel, recover_stages, finetune_stage
+from quarl.recovery.workflow import (
+    RECOVERED_PREFIX,
+    finetune_stage,
+    finished_record,
+    preflight,
+    recover_stages,
+    recovered_kernel,
+    recovered_precision,
+    run_recover,
+)
 
 __all__ = ["RecoverConfig", "Q_ALGOS", "RECOVERY_FILE", "ORIGINAL_ZIP", "EXPORT_DIR", "STATE_FILE", "RECOVERY_FORMAT", "MIN_HELDOUT", "TRAIN_SEEDS_END", "TEST_SEEDS", "distill_loss", "RoundStats", "RecoveryResult", "pick_spec", "distill", "read_state", "write_recovered", "Recovered", "find_recovery", "load_recovered", "read_recovery_record", "sha256_file", "Judge", "shipped_line", "run_recover", "preflight", "finished_record", "RECOVERED_PREFIX", "recovered_precision", "recovered_kernel", "recover_stages", "finetune_stage"]

@@ -7,33 +7,30 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from quarl.envs import EnvSpec
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
-from quarl.evaluation.episodes import evaluate
 from quarl.core.file_schema import parse_record
+from quarl.envs import EnvSpec
 from quarl.evaluation.calibration import DISTILLATION_SEEDS, calibration_inputs, calibration_returns
+from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
 from quarl.quant.modes import MODES, action_agreement, fp32_actions, get_mode, int8_compute
-from quarl.quant.student import (KernelSpec, make_student, real_model, student_mode)
-from quarl.verdict import sequential_keeps
-
-from quarl.recovery.config import MIN_HELDOUT
-from quarl.recovery.config import RECOVERY_FORMAT
-from quarl.recovery.config import RecoverConfig
-from quarl.recovery.losses import _loss_scale
-from quarl.recovery.losses import distill_loss
 from quarl.quant.precisions import QuantSummary
+from quarl.quant.student import KernelSpec, make_student, real_model, student_mode
+from quarl.recovery.config import MIN_HELDOUT, RECOVERY_FORMAT, RecoverConfig
+from quarl.recovery.losses import _loss_scale, distill_loss
 from quarl.recovery.report import RecoveryState, RoundStats, StateFile
+from quarl.verdict import sequential_keeps
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +112,8 @@ def _teacher_outputs(policy: Policy, states: np.ndarray) -> torch.Tensor:
 
 
 def _fp16_agreement(policy: Policy, states: np.ndarray, tolerance: float) -> float:
-    from quarl.quant.precisions import get
     from quarl.quant.config import QuantConfig
+    from quarl.quant.precisions import get
 
     half = get("fp16").build(policy, QuantConfig("fp16"), None, None)
     with torch.inference_mode():

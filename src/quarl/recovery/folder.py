@@ -16,23 +16,17 @@ from typing import Any, Literal, cast
 
 import torch
 
-from quarl.envs import EnvSpec
 from quarl.core.atomic import owned_folder, write_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json, parse_record
+from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.precisions import QuantSummary
-from quarl.quant.student import (plain_network, sb3_tensors)
-
-from quarl.recovery.config import EXPORT_DIR
-from quarl.recovery.config import ORIGINAL_ZIP
-from quarl.recovery.config import RECOVERY_FILE
-from quarl.recovery.config import RECOVERY_FORMAT
-from quarl.recovery.config import RecoverConfig
+from quarl.quant.student import plain_network, sb3_tensors
+from quarl.recovery.config import EXPORT_DIR, ORIGINAL_ZIP, RECOVERY_FILE, RECOVERY_FORMAT, RecoverConfig
 from quarl.recovery.dagger import RecoveryResult
 from quarl.recovery.report import RecoveryFile, RecoveryJson, RecoveryReport
-
 
 
 def sha256_file(path: Path, follow: bool = True) -> str:
@@ -194,8 +188,8 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     model built from the student's integers, with its sidecar); ``chosen`` is the automatic
     choice's record, ``report`` what :func:`quarl.recovery.workflow.recover_stages` reported.
     Returns recovery.json."""
-    from quarl.deploy import write_artifact
     from quarl.core.provenance import provenance
+    from quarl.deploy import write_artifact
 
     zip_path, config_dir = _zoo_paths(checkpoint)
     name = _zoo_name(checkpoint, env_spec)

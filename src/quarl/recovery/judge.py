@@ -5,23 +5,18 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+
 import numpy as np
 
-from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.student import KernelSpec
-from quarl.verdict import TOLERANCE, Sequential, sequential_at_least, sequential_keeps
-
-from quarl.recovery.dagger import RecoveryResult
-from quarl.recovery.config import TEST_CAPS
-from quarl.recovery.config import TEST_FIRST
-from quarl.recovery.config import TEST_SEEDS
-from quarl.recovery.config import TEST_STEPS
-from quarl.recovery.dagger import _acting
-from quarl.recovery.dagger import _ptq_model
+from quarl.recovery.config import TEST_CAPS, TEST_FIRST, TEST_SEEDS, TEST_STEPS
+from quarl.recovery.dagger import RecoveryResult, _acting, _ptq_model
 from quarl.recovery.report import RecoveryJson, TestOutcome
+from quarl.verdict import TOLERANCE, Sequential, sequential_at_least, sequential_keeps
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quarl.core.errors import QuarlError
 from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
 from quarl.policies.formats import register_format
 from quarl.policies.zoo import load_zoo
-from quarl.core.errors import QuarlError
 from quarl.recovery.folder import _zoo_paths, check_manifest, check_reads, find_recovery, read_recovery_record
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-
 import gymnasium as gym
 import torch
 from torch import nn
 
 from quarl.policies.base import Policy
-
 from quarl.recovery.config import Q_ALGOS
-
 
 
 def _q_values(policy: Policy, out: torch.Tensor) -> torch.Tensor:

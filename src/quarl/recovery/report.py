@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal, NotRequired
 
 import torch
-from pydantic import AfterValidator, ConfigDict, Field, JsonValue, RootModel, StringConstraints, \
-    with_config
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, RootModel, StringConstraints, with_config
 from typing_extensions import TypedDict  # pydantic validates only typing_extensions' TypedDict on Python 3.11
 
 from quarl.core.provenance import Provenance

@@ -7,33 +7,30 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-
-from quarl.evaluation.record import CellRecord
-from quarl.envs import EnvSpec
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec
+from quarl.evaluation.record import CellRecord
 from quarl.policies.base import Policy
 from quarl.quant.modes import fp32_actions
-from quarl.quant.student import (KernelSpec, make_student, real_model)
-
+from quarl.quant.student import KernelSpec, make_student, real_model
+from quarl.recovery.config import ORIGINAL_ZIP, RECOVERY_FILE, STATE_FILE, RecoverConfig
+from quarl.recovery.dagger import (
+    STATE_CAP,
+    Progress,
+    RecoveryResult,
+    _acting,
+    _agreement,
+    distill,
+    pick_spec,
+    read_state,
+    state_cap,
+)
+from quarl.recovery.folder import _zoo_paths, check_out_folders, find_recovery, load_recovered, write_recovered
 from quarl.recovery.judge import Judge
-from quarl.recovery.config import ORIGINAL_ZIP
-from quarl.recovery.dagger import Progress
-from quarl.recovery.config import RECOVERY_FILE
-from quarl.recovery.config import RecoverConfig
-from quarl.recovery.dagger import RecoveryResult
-from quarl.recovery.config import STATE_FILE
-from quarl.recovery.dagger import _acting
-from quarl.recovery.dagger import _agreement
-from quarl.recovery.folder import _zoo_paths
-from quarl.recovery.dagger import distill
-from quarl.recovery.folder import check_out_folders, find_recovery
-from quarl.recovery.folder import load_recovered
-from quarl.recovery.dagger import pick_spec
-from quarl.recovery.dagger import STATE_CAP, read_state, state_cap
-from quarl.recovery.folder import write_recovered
 from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, StageReport
 from quarl.verdict import Judging
 

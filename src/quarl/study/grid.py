@@ -15,14 +15,15 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from quarl.evaluation.cells import EvalSettings, config_identity, evaluate_config
-from quarl.envs import gym_packages, import_gym_packages
 from quarl.core.errors import QuarlError
+from quarl.envs import gym_packages, import_gym_packages
+from quarl.evaluation.cells import EvalSettings, config_identity, evaluate_config
 from quarl.evaluation.episodes import acting, protocol
 from quarl.quant.config import QuantConfig
 from quarl.study.store import StudyRecord, StudyStore
@@ -233,7 +234,7 @@ def _evaluate_cell(cell: StudyCell) -> StudyRecord:
         wall_s=time.perf_counter() - started,
         host=platform.node(),
         provenance=None,  # as studies have stored it so far (ptq's records carry it)
-        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
 

@@ -4,7 +4,8 @@ stores each record as its task finishes."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from quarl.core.errors import QuarlError
 from quarl.core.ray_cluster import start_ray

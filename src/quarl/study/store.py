@@ -15,10 +15,10 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from quarl.core.errors import QuarlError
-from quarl.core.provenance import Provenance, StoredProvenance
-from quarl.evaluation.record import EvalRecord, RowView, json_fields, sql_columns
 from quarl.core.file_schema import parse_json, parse_record
+from quarl.core.provenance import Provenance, StoredProvenance
 from quarl.core.records import EvalFields, disagreement
+from quarl.evaluation.record import EvalRecord, RowView, json_fields, sql_columns
 
 log = logging.getLogger("quarl")
 

@@ -4,7 +4,7 @@ per tenth of the budget."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback

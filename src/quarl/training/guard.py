@@ -12,7 +12,8 @@ writer checks again (:func:`non_finite_state`): a checkpoint on disk is never Na
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch

@@ -134,7 +134,7 @@ class QATLayerRecord(Record):
     w_max: _Bound
 
     @model_validator(mode="after")
-    def _ranges_mean_something(self) -> "QATLayerRecord":
+    def _ranges_mean_something(self) -> QATLayerRecord:
         for lo_name, hi_name in (("out_min", "out_max"), ("w_min", "w_max")):
             lo, hi = getattr(self, lo_name), getattr(self, hi_name)
             if lo == math.inf and hi == -math.inf:

@@ -14,8 +14,13 @@ from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json
 from quarl.core.limits import read_capped
-from quarl.training.checkpoint_arrays import (load_arrays, load_replay, load_vecnormalize_arrays, replay_arrays,
-                                              vecnormalize_arrays)
+from quarl.training.checkpoint_arrays import (
+    load_arrays,
+    load_replay,
+    load_vecnormalize_arrays,
+    replay_arrays,
+    vecnormalize_arrays,
+)
 from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
 from quarl.training.hyperparams import Hyperparams
 

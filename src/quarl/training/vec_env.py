@@ -3,7 +3,8 @@ per worker, with the RL Zoo's frame stack, channel order and normalization on to
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 from stable_baselines3.common.monitor import Monitor

@@ -44,15 +44,22 @@ game: copies add no confidence.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
 
 import numpy as np
 
 from quarl.verdict.betting import decisions, e_bounds, one_sided_bound
-from quarl.verdict.bounds import (DEFAULT_INSURE, ENV_RETURN_BOUNDS, ReturnRange, ReturnsOutsideRange, check_insure,
-                                  parse_range, return_range)
+from quarl.verdict.bounds import (
+    DEFAULT_INSURE,
+    ENV_RETURN_BOUNDS,
+    ReturnRange,
+    ReturnsOutsideRange,
+    check_insure,
+    parse_range,
+    return_range,
+)
 
 __all__ = ["TOLERANCE", "CONFIDENCE", "Decision", "Judging", "Verdict", "games_of", "relative_error", "interval",
            "judge", "decision", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange", "check_insure",

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 
+
 def _e_statistic(fp32: np.ndarray, quant: np.ndarray, axis: int = -1) -> np.ndarray:
     base = np.mean(fp32, axis=axis)
     with np.errstate(divide="ignore", invalid="ignore"):

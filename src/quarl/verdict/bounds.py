@@ -36,7 +36,6 @@ from typing import Literal
 
 import numpy as np
 
-
 ENV_RETURN_BOUNDS: dict[str, tuple[float, float]] = {
     # +1 per step, at most 500 (v1) / 200 (v0) steps
     "CartPole-v1": (0.0, 500.0),

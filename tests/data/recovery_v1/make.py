@@ -1,5 +1,6 @@
 """Writes tests/data/recovery_v1 (README.md): python make.py DEST WORK."""
-import shutil, sys
+import shutil
+import sys
 from pathlib import Path
 
 from stable_baselines3 import PPO

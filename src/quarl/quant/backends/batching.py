@@ -27,7 +27,7 @@ Two ways keep the batch-1 bits at batch speed, both checked rather than assumed:
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 import torch

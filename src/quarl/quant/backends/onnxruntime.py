@@ -24,8 +24,9 @@ import io
 import logging
 import tempfile
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import onnxruntime as ort
@@ -230,7 +231,7 @@ def has_vnni() -> bool:
     return cpu_kind() != "avx2" and _cpuinfo_vnni()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpuinfo_vnni() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()

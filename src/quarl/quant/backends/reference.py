@@ -18,12 +18,11 @@ agree up to float rounding.
 from __future__ import annotations
 
 import copy
-from typing import Callable
-
-import torch
-from torch import nn
+from collections.abc import Callable
 
 import numpy as np
+import torch
+from torch import nn
 
 from quarl.quant.primitives import (
     QParams,

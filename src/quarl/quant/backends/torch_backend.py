@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypedDict
+from collections.abc import Callable
+from typing import TypedDict
 
 import numpy as np
 import torch
