@@ -408,7 +408,11 @@ def test_quarl_judge_refuses_a_bad_returns_file_in_one_line(tmp_path, text: str,
     assert run_cli("judge", str(tmp_path)).returncode == 2  # a folder
     fifo = tmp_path / "fifo.csv"
     os.mkfifo(fifo)
-    assert "not a file" in run_cli("judge", str(fifo)).stderr  # refused before it is opened: no hang
+    assert "is a named pipe, not a regular file" in run_cli("judge", str(fifo)).stderr  # refused, never read: no hang
+    big = tmp_path / "big.csv"
+    with big.open("wb") as fh:  # a sparse file past the cap: refused by its size, never read
+        fh.truncate((64 << 20) + 1)
+    assert "more than the 67108864 bytes allowed" in run_cli("judge", str(big)).stderr
 
 
 def test_the_judge_api_checks_its_input() -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from quarl.core.errors import QuarlError
+from quarl.core.limits import read_capped
 from quarl.verdict import DEFAULT_INSURE, TOLERANCE, Decision, Verdict
 from quarl.verdict import judge as _judge
 from quarl.verdict.bounds import ReturnsOutsideRange, check_insure
@@ -86,16 +87,7 @@ class Pairs:
 def read_pairs(path: Path) -> Pairs:
     """``seed,reference,candidate`` rows of ``path``; one line naming the first bad row
     otherwise (header, a number that is not one, a repeated seed, an empty or huge file)."""
-    try:
-        size = path.stat().st_size
-        if not path.is_file():
-            raise QuarlError(f"{path}: not a file: give a CSV of paired returns (header seed,reference,candidate)")
-        if size > MAX_CSV_BYTES:
-            raise QuarlError(f"{path}: {size:,} bytes, over {MAX_CSV_BYTES >> 20} MB: not a returns file")
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_CSV_BYTES + 1)
-    except OSError as exc:
-        raise QuarlError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    raw = read_capped(path, MAX_CSV_BYTES, "a CSV of paired returns (header seed,reference,candidate)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
