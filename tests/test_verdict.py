@@ -412,7 +412,7 @@ def test_quarl_judge_refuses_a_bad_returns_file_in_one_line(tmp_path, text: str,
     big = tmp_path / "big.csv"
     with big.open("wb") as fh:  # a sparse file past the cap: refused by its size, never read
         fh.truncate((64 << 20) + 1)
-    assert "more than the 67108864 bytes allowed" in run_cli("judge", str(big)).stderr
+    assert "has 67108865 bytes, more than the 67108864 allowed" in run_cli("judge", str(big)).stderr
 
 
 def test_the_judge_api_checks_its_input() -> None:
