@@ -82,10 +82,9 @@ class Deciding:
 def judging_of(insure: float, return_range: Optional[str]) -> Judging:
     """--insure and --return-range checked into a :class:`quarl.verdict.Judging`."""
     from quarl.core.errors import QuarlError
-    from quarl.verdict.bounds import check_insure, parse_range
+    from quarl.verdict.bounds import parse_range
 
-    try:
-        check_insure(insure)
+    try:  # Judging checks --insure itself
         return Judging(insure, None if return_range is None else parse_range(return_range))
     except ValueError as exc:
         raise QuarlError(str(exc)) from None
