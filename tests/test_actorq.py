@@ -437,7 +437,7 @@ def test_actor_precisions_come_from_the_precision_registry() -> None:
         config = ActorQConfig("CartPole-v1", actor_precision="int8-alt", local=True)
         assert Broadcaster(config, env_info(config)).mode == "int8-dyn-tensor"
     finally:
-        precisions.PRECISIONS.pop("int8-alt")
+        precisions.PRECISIONS.remove("int8-alt")
     with pytest.raises(QuarlError, match="unknown --actor-precision 'int8-alt': allowed fp32, fp16, bf16, int8, int4"):
         ActorQConfig("CartPole-v1", actor_precision="int8-alt", local=True)
 

@@ -57,7 +57,7 @@ def tiny_format() -> Iterator[CheckpointFormat]:
     try:
         yield fmt
     finally:
-        formats.FORMATS.pop("tiny")
+        formats.FORMATS.remove("tiny")
 
 
 def _tiny_file(folder: Path) -> Path:

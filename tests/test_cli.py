@@ -1006,15 +1006,14 @@ def test_help_lists_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) ->
     from quarl.quant import modes, precisions
     from quarl.training.hyperparams import TRAINERS, Trainer
 
-    monkeypatch.setitem(precisions.PRECISIONS, "fp8sim", precisions.Precision("fp8sim", "made up",
-                                                                             build=precisions.PRECISIONS["fp32"].build))
+    fp8sim = precisions.Precision("fp8sim", "made up", build=precisions.PRECISIONS["fp32"].build)
     monkeypatch.setitem(modes.MODES, "int4-madeup", modes.MODES["int4-block"])
-    monkeypatch.setitem(TRAINERS, "ars", Trainer("ars", "sb3_contrib", "ARS"))
-    r = run_cli("ptq", "--help")
-    text = " ".join(r.stdout.replace("│", " ").split())
-    assert r.returncode == 0 and "fp8sim" in text and "int4-madeup" in text
-    assert all(label in text for label in modes.MODES)
-    train = " ".join(run_cli("train", "--help").stdout.replace("│", " ").split())
+    with precisions.PRECISIONS.replaced("fp8sim", fp8sim), TRAINERS.replaced("ars", Trainer("ars", "sb3_contrib", "ARS")):
+        r = run_cli("ptq", "--help")
+        text = " ".join(r.stdout.replace("│", " ").split())
+        assert r.returncode == 0 and "fp8sim" in text and "int4-madeup" in text
+        assert all(label in text for label in modes.MODES)
+        train = " ".join(run_cli("train", "--help").stdout.replace("│", " ").split())
     assert "trpo or ars (qrdqn, tqc, trpo, ars: sb3-contrib)" in train
     assert help_lists.runs([32, 16, 8, 7, 6, 5, 4, 3, 2]) == ["32", "16", "8..2"]
     assert help_lists.runs([8, 7, 5]) == ["8", "7", "5"] and help_lists.spoken(["a"]) == "a"

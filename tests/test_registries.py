@@ -92,9 +92,9 @@ def registered() -> Iterator[None]:
     try:
         yield
     finally:
-        envs.ENV_FAMILIES.pop("toy")
-        sb3.LAYOUTS.pop("brain")
-        precisions.PRECISIONS.pop("fp8")
+        envs.ENV_FAMILIES.remove("toy")
+        sb3.LAYOUTS.remove("brain")
+        precisions.PRECISIONS.remove("fp8")
 
 
 def _brain_checkpoint(path: Path) -> Path:
@@ -228,7 +228,7 @@ def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> 
         with pytest.raises(QuarlError, match="plain-dqn needs discrete actions but Pendulum-v1 .*: use --algo d4pg"):
             env_info(ActorQConfig("Pendulum-v1", algo="plain-dqn"))
     finally:
-        del algorithms.ALGORITHMS["plain-dqn"]
+        algorithms.ALGORITHMS.remove("plain-dqn")
     with pytest.raises(QuarlError, match="unknown --algo 'plain-dqn': allowed dqn, d4pg, impala, ppo"):
         ActorQConfig("CartPole-v1", algo="plain-dqn")
 
@@ -323,6 +323,6 @@ def test_a_trainer_is_one_registration(tmp_path: Path) -> None:
         assert run.parent.name == "myac" and (run / "CartPole-v1.zip").exists()
         assert load_checkpoint(run).policy.head == "argmax"
     finally:
-        TRAINERS.pop("myac", None)
+        TRAINERS.remove("myac")
     with pytest.raises(QuarlError, match="unknown algorithm 'myac'"):
         check_algo_env("myac", "CartPole-v1")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from quarl.actorq.options import AlgorithmOptions, D4PGOptions, DQNOptions, IMPALAOptions, ReplayOptions, UnrollOptions
 from quarl.core.errors import QuarlError
+from quarl.core.registry import Registry
 
 if TYPE_CHECKING:  # the config imports this module; the rest is built on demand
     import numpy as np
@@ -104,7 +105,8 @@ class Algorithm:
         return "argmax" if discrete else "unscale"
 
 
-ALGORITHMS: dict[str, Algorithm] = {}
+ALGORITHMS: Registry[Algorithm] = Registry("--algo")
+"""Every ActorQ algorithm, in registration order (``--algo``'s help lists them so)."""
 
 
 def register_algorithm(algorithm: Algorithm) -> Algorithm:
@@ -114,8 +116,7 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
     family = UnrollOptions if algorithm.unrolls else ReplayOptions  # what its actors read
     if not issubclass(algorithm.options, family):
         raise ValueError(f"{algorithm.name}'s options {algorithm.options.__name__} must extend {family.__name__}")
-    ALGORITHMS[algorithm.name] = algorithm
-    return algorithm
+    return ALGORITHMS.register(algorithm.name, algorithm)
 
 
 ENTRY_MODULES: tuple[str, ...] = ("quarl.actorq.ppo",)
@@ -133,9 +134,7 @@ def _load_entry_modules() -> None:
 
 def get_algorithm(name: str) -> Algorithm:
     _load_entry_modules()
-    if name not in ALGORITHMS:
-        raise QuarlError(f"unknown --algo {name!r}: allowed {', '.join(algorithm_names())}")
-    return ALGORITHMS[name]
+    return ALGORITHMS.lookup(name)
 
 
 def find_algorithm(name: str) -> Algorithm | None:
@@ -158,7 +157,7 @@ def make_learner(config: ActorQConfig, obs_dim: int, act_dim: int, discrete: boo
 def algorithms_help() -> str:
     """``name: summary`` of every algorithm."""
     _load_entry_modules()
-    return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
+    return "; ".join(ALGORITHMS.listing(lambda a: a.summary))
 
 
 def option_owners() -> dict[str, list[str]]:

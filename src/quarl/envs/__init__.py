@@ -29,7 +29,7 @@ from pydantic import JsonValue
 from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (recovery.json's env)
 
 from quarl.core.errors import QuarlError
-from quarl.core.registry import put_first
+from quarl.core.registry import Registry
 from quarl.envs import wrappers as env_wrappers
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,6 @@ _RENAMED = {
     "CarRacing-v2": "CarRacing-v3",
     "Pendulum-v0": "Pendulum-v1",
 }
-
-WRAPPERS = tuple(env_wrappers.KINDS)
-"""Env wrappers quarl applies by name (from a zoo config's ``env_wrapper``)."""
 
 _noted: set[str] = set()
 
@@ -81,13 +78,13 @@ class EnvFamily:
     actions, Machado et al. 2018), where the family has one."""
 
 
-ENV_FAMILIES: dict[str, EnvFamily] = {}
+ENV_FAMILIES: Registry[EnvFamily] = Registry("env family", newest_first=True)
 """Asked in order, newest registered first; ``gymnasium`` (any registered id) is last."""
 
 
 def register_env_family(family: EnvFamily) -> EnvFamily:
     """Add a family, asked before those registered earlier; returns it."""
-    return put_first(ENV_FAMILIES, family.name, family)
+    return ENV_FAMILIES.register(family.name, family)
 
 
 def env_family(env_id: str) -> EnvFamily:
@@ -391,7 +388,7 @@ class EnvSpec:
     env_id: str
     env_kwargs: dict = field(default_factory=dict)
     wrappers: tuple[env_wrappers.Wrapper, ...] = ()
-    """Names from :data:`WRAPPERS` (or (name, arguments) pairs), applied in order."""
+    """Names from :data:`quarl.envs.wrappers.KINDS` (or (name, arguments) pairs), applied in order."""
     frame_stack: int = 1
 
     def __post_init__(self) -> None:

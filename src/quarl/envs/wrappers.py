@@ -9,7 +9,7 @@ lost life as the end of its episode (and FIRE starts the next life), while evalu
 on to the end of the game and scores it inside the wrappers (raw rewards, the game's score;
 :class:`quarl.envs.GameScore`).
 
-Adding a kind is one :data:`KINDS` entry (and its test in ``tests/test_env_wrappers.py``).
+Adding a kind is one :data:`KINDS` entry (``KINDS.register(name, WrapperKind(...))``) (and its test in ``tests/test_env_wrappers.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Union
 import gymnasium as gym
 
 from quarl.core.errors import QuarlError
+from quarl.core.registry import Registry
 
 Wrapper = Union[str, tuple[str, tuple[tuple[str, Any], ...]]]
 
@@ -76,7 +77,7 @@ def _minigrid_flat(env: gym.Env, **kw: Any) -> gym.Env:
     return FlatObsWrapper(env, **kw)
 
 
-KINDS: dict[str, WrapperKind] = {
+KINDS: Registry[WrapperKind] = Registry("env wrapper", {
     "time_feature": WrapperKind(_time_feature, ("max_steps", "test_mode"), (
         "sb3_contrib.common.wrappers.TimeFeatureWrapper", "rl_zoo3.wrappers.TimeFeatureWrapper",
         "utils.wrappers.TimeFeatureWrapper")),
@@ -103,9 +104,9 @@ KINDS: dict[str, WrapperKind] = {
     "action_smoothing": WrapperKind(_zoo("ActionSmoothingWrapper"), ("smoothing_coef",),
                                     ("rl_zoo3.wrappers.ActionSmoothingWrapper",)),
     "minigrid_flat_obs": WrapperKind(_minigrid_flat, ("max_words_in_mission",), ("minigrid.wrappers.FlatObsWrapper",)),
-}
+})
+"""Every wrapper kind by quarl's name (a kind's entry is its builder, arguments and class paths)."""
 
-_BY_PATH = {path: name for name, kind in KINDS.items() for path in kind.paths}
 _REFUSED = {
     "ae.wrapper.AutoencoderWrapper": "it needs a trained autoencoder from the aae-train-donkeycar project",
 }
@@ -126,11 +127,10 @@ def canonical(wrapper: Any) -> Wrapper:
         name, kwargs = wrapper, {}
     else:
         raise QuarlError(f"env wrapper {wrapper!r} is not a name or a (name, arguments) pair")
-    if name not in KINDS:
-        raise QuarlError(f"unknown env wrapper {name!r}: allowed {', '.join(KINDS)}")
-    bad = sorted(set(kwargs) - set(KINDS[name].kwargs))
+    allowed_kwargs = KINDS.lookup(name).kwargs
+    bad = sorted(set(kwargs) - set(allowed_kwargs))
     if bad:
-        allowed = ", ".join(KINDS[name].kwargs) or "none"
+        allowed = ", ".join(allowed_kwargs) or "none"
         raise QuarlError(f"env wrapper {name} does not take {bad[0]!r}: allowed {allowed}")
     return name if not kwargs else (name, tuple(sorted((k, _plain(v)) for k, v in kwargs.items())))
 
@@ -155,11 +155,12 @@ def from_zoo(entry: object) -> tuple[Wrapper, ...]:
             path, kwargs = str(item), None
         if path in _REFUSED:
             raise QuarlError(f"env wrapper {path} is not supported: {_REFUSED[path]}")
-        if path not in _BY_PATH:
-            raise QuarlError(f"env wrapper {path!r} is not supported: allowed {', '.join(sorted(_BY_PATH))}")
+        by_path = {path: name for name, kind in KINDS.items() for path in kind.paths}
+        if path not in by_path:
+            raise QuarlError(f"env wrapper {path!r} is not supported: allowed {', '.join(sorted(by_path))}")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise QuarlError(f"env wrapper {path} arguments {kwargs!r} must be a mapping")
-        out.append(canonical((_BY_PATH[path], kwargs or {})))
+        out.append(canonical((by_path[path], kwargs or {})))
     return tuple(out)
 
 

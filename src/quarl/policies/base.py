@@ -19,6 +19,7 @@ import numpy as np
 from torch import nn
 
 from quarl.core.errors import QuarlError
+from quarl.core.registry import Registry
 from quarl.quant.backends.torch_backend import TorchEngine
 
 if TYPE_CHECKING:  # the precisions' registry builds policies: only annotations name its summary here
@@ -123,7 +124,7 @@ def _multi_argmax(policy: Policy, out: np.ndarray) -> np.ndarray:
     return actions.reshape(len(actions), *shape)
 
 
-HEADS: dict[str, Callable[[Policy, np.ndarray], np.ndarray]] = {
+HEADS: Registry[Callable[[Policy, np.ndarray], np.ndarray]] = Registry("action head", {
     # discrete: argmax of logits / Q-values
     "argmax": lambda policy, out: out.argmax(axis=-1),
     # QR-DQN: argmax of the mean over quantiles (its output is laid out as (quantile, action))
@@ -137,8 +138,9 @@ HEADS: dict[str, Callable[[Policy, np.ndarray], np.ndarray]] = {
     "clip": lambda policy, out: np.clip(out, _box(policy).low, _box(policy).high),
     # continuous, the network ends in tanh: [-1, 1] mapped onto the bounds (SAC, TD3, DDPG, TQC)
     "unscale": lambda policy, out: unscale_action(_box(policy), out),
-}
-"""Action heads by name: network output (batch) -> env actions. A new head is one entry."""
+})
+"""Action heads by name: network output (batch) -> env actions. A new head is one
+``HEADS.register(name, head)``."""
 
 
 class PolicyMeta(TypedDict, total=False):
@@ -187,8 +189,7 @@ class Policy:
     keep it."""
 
     def __post_init__(self) -> None:
-        if self.head not in HEADS:
-            raise QuarlError(f"unknown action head {self.head!r}: allowed {', '.join(HEADS)}")
+        HEADS.lookup(self.head)  # one line naming the heads allowed
         self.network.eval()
         self.network.requires_grad_(False)
         if self.engine is None:

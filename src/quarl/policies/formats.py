@@ -28,24 +28,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from quarl.core.errors import QuarlError
-from quarl.core.registry import put_first
+from quarl.core.registry import Registry
 from quarl.policies import hub, legacy, onnx_artifact, zoo
 from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
 
-FORMATS: dict[str, CheckpointFormat] = {}
-"""name -> format, in the order they are asked."""
+FORMATS: Registry[CheckpointFormat] = Registry("checkpoint format", newest_first=True)
+"""name -> format, in the order they are asked (newest registered first)."""
 
 
 def register_format(fmt: CheckpointFormat) -> CheckpointFormat:
-    """Add a format, asked before those registered earlier (replacing one of the same
-    name); returns it."""
-    return put_first(FORMATS, fmt.name, fmt)
+    """Add a format, asked before those registered earlier; returns it."""
+    return FORMATS.register(fmt.name, fmt)
 
 
 def format_of(path: str | Path) -> CheckpointFormat | None:
     """The first registered format that claims ``path``, or None."""
     path = Path(path)
-    return next((fmt for fmt in FORMATS.values() if fmt.detect(path)), None)
+    return FORMATS.first(lambda fmt: fmt.detect(path))
 
 
 def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:

@@ -33,7 +33,7 @@ from pydantic import JsonValue
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.core.registry import put_first
+from quarl.core.registry import Registry
 from quarl.policies.base import Policy, StateNoise, check_outputs
 from quarl.policies.sb3_layers import _linear, _mlp, set_sb3_name
 
@@ -153,17 +153,17 @@ class Layout:
     """SB3 / sb3-contrib algorithm names saved with this layout (as their policy module names them)."""
 
 
-LAYOUTS: dict[str, Layout] = {}
+LAYOUTS: Registry[Layout] = Registry("policy layout", newest_first=True)
 
 
 def register_layout(layout: Layout) -> Layout:
     """Add a layout, asked before those registered earlier; returns it."""
-    return put_first(LAYOUTS, layout.name, layout)
+    return LAYOUTS.register(layout.name, layout)
 
 
 def algos() -> tuple[str, ...]:
     """Every algorithm name a registered layout loads."""
-    return tuple(dict.fromkeys(a for layout in reversed(LAYOUTS.values()) for a in (*layout.algos, layout.name)))
+    return tuple(dict.fromkeys(a for layout in reversed(tuple(LAYOUTS.values())) for a in (*layout.algos, layout.name)))
 
 
 def layout_of(sd: dict[str, torch.Tensor]) -> Layout:

@@ -42,6 +42,7 @@ from torch import nn
 from typing_extensions import TypedDict
 
 from quarl.core.errors import QuarlError
+from quarl.core.registry import Registry
 from quarl.quant import choice_cache
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
@@ -141,24 +142,18 @@ def _counts_in_range(value: object) -> bool:
     return all(not isinstance(v, int) or isinstance(v, bool) or 0 <= v <= SUMMARY_COUNT for v in ints)
 
 
-PRECISIONS: dict[str, Precision] = {}
+PRECISIONS: Registry[Precision] = Registry("precision")
+"""Every precision by name, in registration order (the order help lists them in)."""
 
 
 def register(precision: Precision) -> Precision:
-    """Add (or replace) a precision; returns it."""
-    PRECISIONS[precision.name] = precision
-    return precision
+    """Add a precision (a name already taken is refused); returns it."""
+    return PRECISIONS.register(precision.name, precision)
 
 
 def get(name: str) -> Precision:
-    if name not in PRECISIONS:
-        raise QuarlError(f"unknown precision {name!r}: allowed {', '.join(PRECISIONS)}")
-    return PRECISIONS[name]
-
-
-def real_bits() -> dict[str, int]:
-    """Precisions with real integer kernels and their widths (``{"int8": 8, "int4": 4}``)."""
-    return {p.name: p.bits for p in PRECISIONS.values() if p.real_int and p.bits is not None}
+    """The precision named ``name``, or one line naming those allowed."""
+    return PRECISIONS.lookup(name)
 
 
 def needs_calibration(config: QuantConfig) -> bool:

@@ -24,6 +24,7 @@ from pydantic import ConfigDict, Field
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, parse_record
 from quarl.core.limits import read_capped
+from quarl.core.registry import Registry
 from quarl.envs import env_family, is_atari
 
 if TYPE_CHECKING:
@@ -56,12 +57,22 @@ class Trainer:
 
 def trainer(algo: str) -> Trainer:
     """The registered trainer named ``algo``, else one line naming the algorithms allowed."""
-    if algo not in TRAINERS:
-        raise QuarlError(f"unknown algorithm {algo!r}: allowed {', '.join(TRAINERS)}")
-    return TRAINERS[algo]
+    return TRAINERS.lookup(algo)
 
 
-TRAINERS: dict[str, Trainer] = {t.name: t for t in (
+TRAINERS: Registry[Trainer] = Registry("algorithm")
+"""The algorithms ``quarl train`` runs, in registration order (``--algo``'s help lists them so)."""
+
+
+def register_trainer(trainer: Trainer) -> Trainer:
+    """Add an algorithm ``quarl train`` runs (its hyperparameters come from rl_zoo3's
+    ``<name>.yml`` or ``--hp``); a name already taken is refused."""
+    if trainer.actions not in ("discrete", "continuous", "both"):
+        raise QuarlError(f"trainer {trainer.name!r}: actions {trainer.actions!r} is not discrete, continuous or both")
+    return TRAINERS.register(trainer.name, trainer)
+
+
+for _trainer in (
     Trainer("a2c", "stable_baselines3", "A2C"),
     Trainer("ppo", "stable_baselines3", "PPO"),
     Trainer("dqn", "stable_baselines3", "DQN", "discrete"),
@@ -73,20 +84,8 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("trpo", "sb3_contrib", "TRPO", qat_refused=(
         "trpo's natural-gradient step needs second derivatives, which fake quantization's straight-through "
         "estimator does not give (its line search divides by zero): train trpo without --qat-bits")),
-)}
-TRAIN_ALGOS = tuple(TRAINERS)
-"""The trainers registered at import (the checks read :data:`TRAINERS` itself)."""
-
-
-def register_trainer(trainer: Trainer) -> Trainer:
-    """Add an algorithm ``quarl train`` runs (its hyperparameters come from rl_zoo3's
-    ``<name>.yml`` or ``--hp``); a name already taken is refused."""
-    if trainer.name in TRAINERS:
-        raise QuarlError(f"a trainer named {trainer.name!r} is registered already")
-    if trainer.actions not in ("discrete", "continuous", "both"):
-        raise QuarlError(f"trainer {trainer.name!r}: actions {trainer.actions!r} is not discrete, continuous or both")
-    TRAINERS[trainer.name] = trainer
-    return trainer
+):
+    register_trainer(_trainer)
 
 
 Hyperparams = dict[str, Any]
