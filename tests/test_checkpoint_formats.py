@@ -104,6 +104,16 @@ def test_the_order_of_claim_and_the_formats_registered_from_above() -> None:
     assert formats.format_of("/nowhere/at/all.onnx") is None  # detect reads the disk, never raises
 
 
+def test_the_docs_list_of_formats_is_the_registry() -> None:
+    """quickstart.md's list of checkpoint formats is what its Python block prints: each
+    registered format's name and ``describes``, in the order they are asked (no hand-written list)."""
+    page = (Path(__file__).parents[1] / "docs" / "quickstart.md").read_text()
+    marker = "<!-- made-by: tests/test_checkpoint_formats.py::test_the_docs_list_of_formats_is_the_registry -->"
+    code = page.split(marker)[0].rsplit("```python\n", 1)[1].split("```")[0]
+    shown = page.split(marker, 1)[1].split("```\n", 1)[1].split("```")[0]
+    assert _fresh(code) + "\n" == shown
+
+
 def _fresh(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 

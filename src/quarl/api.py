@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 
 def load(path: str | Path | Any, env: str | None = None, trust_pickle: bool = False) -> Checkpoint:
-    """An SB3 zip, RL Zoo run folder, legacy stable-baselines pickle or exported ONNX
-    model, or an SB3 / sb3-contrib model object as you hold it after ``PPO.load`` or
+    """A checkpoint of any format quarl reads (:func:`quarl.checkpoints.describe_formats`
+    lists them), or an SB3 / sb3-contrib model object as you hold it after ``PPO.load`` or
     ``model.learn`` (its VecNormalize statistics come with it, and its env id where it holds
     its env: SB3 keeps none in its zip, so a model loaded without one needs ``env``);
     ``checkpoint.env_spec`` is its env (``env`` overrides it, and is needed for a bare zip).

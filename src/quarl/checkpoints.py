@@ -17,11 +17,12 @@ from quarl.policies.checkpoint import Checkpoint
 
 
 def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
-    """Load an SB3 ``.zip`` or RL Zoo run folder (``ppo/CartPole-v1_1``; acting with its
-    trained quantizers where QAT wrote it), a legacy stable-baselines pickle of
-    rl-baselines-zoo (``ppo2/CartPole-v1.pkl``), a model written by ``quarl export``
-    (``NAME.onnx`` with its sidecar), a ``quarl actorq`` output folder, or an agent on the
-    Hugging Face Hub (``hf://ORG/REPO``): through the first format of
-    :data:`quarl.policies.formats.FORMATS` that claims it. A path none claims is refused in
-    one line (QuarlError)."""
+    """Load ``path`` through the first format of :data:`quarl.policies.formats.FORMATS` that
+    claims it (every format quarl has: :func:`describe_formats` lists them). A path none
+    claims is refused in one line (QuarlError)."""
     return formats.load_checkpoint(path, trust_pickle)
+
+
+def describe_formats() -> list[str]:
+    """``name: what it reads`` of every checkpoint format, in the order they are asked."""
+    return formats.describe_formats()

@@ -1,16 +1,13 @@
-"""The checkpoint formats quarl loads, one registry entry each, asked newest registered
-first (a specific claim before a general one)::
+"""The checkpoint formats quarl loads: :data:`FORMATS`, one registry entry each, asked
+newest registered first (a specific claim before a general one). Each entry says what it
+reads (``describes``); :func:`describe_formats` lists them (the docs' list is its
+output). The built-in ones are registered at the
+end of this module (the zoo format, which claims any existing path, first, so asked last).
 
-    hub          hf://ORG/REPO, fetched into a cache as a zoo folder  (quarl.policies.hub)
-    onnx         quarl export's NAME.onnx + NAME.json, or its folder  (quarl.policies.onnx_artifact)
-    legacy       stable-baselines (TF) pickles of rl-baselines-zoo    (quarl.policies.legacy)
-    zoo          an SB3 .zip or RL Zoo run folder; any other path     (quarl.policies.zoo)
-
-Formats whose code lives above this package are registered from above, when their module
-is imported: ``actorq-run`` (:mod:`quarl.actorq.run_loader`), ``qat``
-(:mod:`quarl.training.qat_loader`) and ``recovered`` (:mod:`quarl.recovery.loader`). :mod:`quarl.checkpoints` imports them all: the entry
-points (``quarl.load``, the CLI) load through it. This module imports nothing above
-:mod:`quarl.policies`.
+Formats whose code lives above this package (ActorQ's run folder, the QAT-trained and the
+recovered zoo folder) register themselves when their module is imported;
+:mod:`quarl.checkpoints` imports them all, and the entry points (``quarl.load``, the CLI)
+load through it. This module imports nothing above :mod:`quarl.policies`.
 
 A folder ``quarl recover`` wrote loads as the zoo folder it is (its zip holds the student's
 weights on the grid), once ``recovered`` has checked its files against recovery.json's
@@ -55,6 +52,11 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
     if fmt is None:
         raise QuarlError(f"checkpoint {str(Path(path))!r} does not exist")
     return fmt.load(Path(path), trust_pickle)
+
+
+def describe_formats() -> list[str]:
+    """``name: what it reads`` of every format registered so far, in the order they are asked."""
+    return FORMATS.listing(lambda fmt: fmt.describes)
 
 
 # registered first = asked last: the zoo format claims any existing path
