@@ -10,6 +10,8 @@ the reports read records without loading an evaluator.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,19 +25,9 @@ if TYPE_CHECKING:  # the schema imports nothing heavy: these modules import torc
     from quarl.quant.precisions import QuantSummary
 
 RESULT_FORMAT = 14
-"""Bumped when what a stored record means changes (2: fp32 in PyTorch, int modes, content keys;
-3: static int8 left to CNNs and checked on states it was not fit to, closed-loop fallback;
-4: every env acts at batch 1, so fp32 equals SB3 on chaotic envs whatever n_envs;
-5: int modes chosen in registry order unless 1.5x faster: the same choice run after run;
-6: an int mode must also keep fp32's return on calibration episodes;
-7: an MLP's input layer stays fp32 in the automatic int modes;
-8: a later int mode must also save 50 us per call, and modes are timed interleaved;
-9: an Atari episode is a whole game scored as the RL Zoo's player scores it;
-10: an int mode keeps fp32's return by a paired sequential test on 4..16 calibration episodes;
-11: ...doubling them up to a budget of ~20k steps (16..64 episodes);
-12: calibration seeds are fixed (10,000..10,199) whatever the evaluation's seed;
-13: a CNN tries every fp32-layer option of the convolution modes before the MatMul modes;
-14: the fastest agreeing int mode wins (5 % and 2 us margins), and the choice is stored)."""
+"""Part of every stored cell's key: bumped when the same command would store a different number
+or meaning for the same cell, so finished cells of an older format are evaluated anew
+(CONTRIBUTING, "When to bump the result format"; CHANGELOG.md lists each format's change)."""
 
 
 @dataclass(frozen=True)
@@ -77,31 +69,34 @@ class EvalRecord:
         return cls(**{f.name: stored[f.name] for f in dataclasses.fields(cls) if f.name in stored})
 
 
-_JSON_TYPES = ("list", "dict", "QuantSummary")
-"""Base types stored as JSON text (a TypedDict is a JSON object)."""
-_SQL_TYPES = {"str": "TEXT", "float": "REAL", "int": "INTEGER", **{name: "TEXT" for name in _JSON_TYPES}}
-"""SQLite type of each field's base type: lists and dicts are stored as JSON text."""
+_SQL_TYPES: dict[type, str] = {str: "TEXT", float: "REAL", int: "INTEGER", list: "TEXT", dict: "TEXT"}
+"""SQLite type of each field's base type: lists and dicts (a TypedDict is a dict) are stored as JSON text."""
 
 
-def _base_type(annotation: object) -> tuple[str, bool]:
-    """(``list``, nullable) for an annotation such as ``"list[float] | None"``."""
-    text = str(annotation)
-    return text.split("[")[0].split(" ")[0], text.endswith("| None")
+def _column_types() -> dict[str, tuple[type, bool]]:
+    """Each :class:`EvalRecord` field's base type (``list`` for ``list[float] | None``) and
+    whether it may be None, from its resolved annotation."""
+    # QuantSummary (a TypedDict: a dict) lives beside the precisions, which import torch: this
+    # module imports nothing heavy, so its name resolves to what it is stored as
+    hints = typing.get_type_hints(EvalRecord, localns={"QuantSummary": dict})
+    columns = {}
+    for f in dataclasses.fields(EvalRecord):
+        hint = hints[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        (base,) = [a for a in args if a is not type(None)]
+        columns[f.name] = (typing.get_origin(base) or base, type(None) in args)
+    return columns
 
 
 def sql_columns() -> dict[str, str]:
     """SQLite column types of :class:`EvalRecord`'s fields (lists and dicts as JSON text;
     a field that may be None is a nullable column)."""
-    columns = {}
-    for f in dataclasses.fields(EvalRecord):
-        base, nullable = _base_type(f.type)
-        columns[f.name] = _SQL_TYPES[base] + ("" if nullable else " NOT NULL")
-    return columns
+    return {name: _SQL_TYPES[base] + ("" if nullable else " NOT NULL") for name, (base, nullable) in _column_types().items()}
 
 
 def json_fields() -> tuple[str, ...]:
     """:class:`EvalRecord` fields stored as JSON text."""
-    return tuple(f.name for f in dataclasses.fields(EvalRecord) if _base_type(f.type)[0] in _JSON_TYPES)
+    return tuple(name for name, (base, _) in _column_types().items() if base in (list, dict))
 
 
 class SettingsKey(TypedDict):
