@@ -857,7 +857,7 @@ def _bit_widths(text: str) -> list[int]:
 def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str) -> None:
     from types import SimpleNamespace
 
-    from quarl import registry_options
+    from quarl.cli import registry_options
     from quarl.core import validate
     from quarl.core.errors import QuarlError
 
@@ -868,7 +868,7 @@ def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str)
 
 
 def test_validators_return_the_values_converted() -> None:
-    from quarl import registry_options
+    from quarl.cli import registry_options
     from quarl.core import validate
 
     assert validate.items(" 8, 4,8 ,,2", "--bits") == ["8", "4", "2"]  # a set: in order, once each

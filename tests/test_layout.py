@@ -117,7 +117,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training", "ptq"),
     ("recovery", "actorq"),
     ("checkpoints",),  # the checkpoint formats registered from above (ActorQ runs, QAT folders)
-    ("study", "qat_study", "registry_options"),
+    ("study", "qat_study"),
     ("workflows", "demo"),
     ("api",),
     ("cli",),

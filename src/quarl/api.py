@@ -116,9 +116,9 @@ def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None =
     reset with seed ``seed + i`` (see :mod:`quarl.evaluation.episodes`). ``policy`` as
     :func:`quantize` takes it; ``env_spec``: an :class:`EnvSpec` (``quarl.load(...).env_spec``)
     or a gymnasium env id, by default the agent's own."""
-    from quarl.registry_options import eval_settings
+    from quarl.core.validate import eval_values
 
-    eval_settings(episodes, seed, n_envs, max_steps)  # what quarl ptq checks: seeds in range, not the calibration's
+    eval_values(episodes, seed, n_envs)  # what quarl ptq checks: seeds in range, not the calibration's
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
         raise QuarlError(NO_ENV.format(what="evaluate"))
@@ -137,10 +137,9 @@ def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = Non
     from quarl.core import validate
     from quarl.evaluation.episodes import protocol
     from quarl.evaluation.playback import play as _play
-    from quarl.registry_options import eval_settings
     from quarl.workflows import file_label
 
-    eval_settings(episodes, seed, 1, max_steps)  # what quarl play checks, with the same validators
+    validate.eval_values(episodes, seed, 1)  # what quarl play checks, with the same validators
     if video is not None:
         validate.out_folder(validate.out_option(video), "video")  # a folder: not /dev/null, not a file
     if video_size is None or isinstance(video_size, str):

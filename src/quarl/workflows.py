@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quarl import registry_options
 from quarl.core import validate
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
@@ -124,10 +123,11 @@ def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Pa
     from quarl.deploy import export_policy
     from quarl.evaluation.calibration import calibration_inputs, calibration_returns
     from quarl.policies.onnx_artifact import ARTIFACT_NAME
+    from quarl.quant.config import QuantConfig
 
-    labels = registry_options.precisions(precision, **options)
+    config = QuantConfig.parse(precision, **options)  # an unknown label refused in one line
     validate.count(max_steps, 1, "--max-steps", unset="")
-    calibration = None if labels == ["fp32"] else calibration_inputs(policy, env_spec, max_steps)
+    calibration = None if config.precision == "fp32" else calibration_inputs(policy, env_spec, max_steps)
     returns = calibration_returns(env_spec, max_steps)
     stem = out / ARTIFACT_NAME
     meta = export_policy(policy, precision, stem, calibration, env_spec, returns, portable=portable, **options)

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from quarl import outputs, registry_options
+from quarl import outputs
 from quarl.actorq.algorithms import algorithms_help
+from quarl.cli import registry_options
 from quarl.cli.actorq_options import algorithm_parameters
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, with_options

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from quarl import outputs, registry_options
-from quarl.cli import early
+from quarl import outputs
+from quarl.cli import early, registry_options
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import PRECISIONS_HELP, CheckpointArg, EnvOpt, OutOpt, is_export, load, load_choice, protocol

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from quarl import registry_options
-from quarl.cli import early
+from quarl.cli import early, registry_options
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.groups import acting_options, common_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import CheckpointArg, EnvOpt, MaxStepsOpt, SeedOpt, is_export, load, load_choice, protocol

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from quarl import outputs, registry_options
-from quarl.cli import early
+from quarl import outputs
+from quarl.cli import early, registry_options
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
 from quarl.cli.groups import (
     acting_options,
@@ -36,12 +36,12 @@ from quarl.core import validate
 from quarl.verdict import Decision, Judging, Verdict
 
 if TYPE_CHECKING:
+    from quarl.cli.registry_options import QuantOptions
     from quarl.envs import EnvSpec
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.record import CellRecord
     from quarl.policies.base import Policy
     from quarl.policies.checkpoint import Checkpoint
-    from quarl.registry_options import QuantOptions
 
 
 DECIDE_EPISODES = 2000

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.progress import TaskID
 
-from quarl import outputs, registry_options
+from quarl import outputs
+from quarl.cli import registry_options
 from quarl.cli.common import out_console, progress, setup, user_errors
 from quarl.cli.groups import common_options, evaluation_options, int_mode_options, loading_options, with_options
 from quarl.cli.options import EnvOpt, OutOpt, is_export, load, load_choice

@@ -1,14 +1,15 @@
 """Option values checked against quarl's registries and settings classes (precisions and
-their options, ActorQ actor precisions and wire widths, evaluation settings): apart from
-:mod:`quarl.core.validate`, which the registries themselves import and so must import none of
-them."""
+their options, ActorQ actor precisions and wire widths, evaluation settings): the CLI's, apart
+from :mod:`quarl.core.validate`, which the registries themselves import and so must import none
+of them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from quarl.core.errors import QuarlError
-from quarl.core.validate import MAX_N_ENVS, items, positive_ints, seed
+from quarl.core import validate
+from quarl.core.validate import items, positive_ints
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
@@ -75,11 +76,7 @@ def wire_widths(text: str) -> list[int]:
 def check_eval_values(episodes: int, seed_value: int, n_envs: int, max_steps: int | None) -> None:
     """The plain evaluation values, checked without importing anything heavy (a bad value
     answers at once)."""
-    if episodes < 1:
-        raise QuarlError(f"--episodes {episodes} must be at least 1")
-    if not 1 <= n_envs <= MAX_N_ENVS:
-        raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
-    seed(seed_value)
+    validate.eval_values(episodes, seed_value, n_envs)
 
 
 def eval_settings(episodes: int, seed_value: int, n_envs: int, max_steps: int | None,

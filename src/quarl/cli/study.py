@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from quarl import outputs, registry_options
-from quarl.cli import early
+from quarl import outputs
+from quarl.cli import early, registry_options
 from quarl.cli.common import console, log, out_console, progress, say_reused, setup, user_errors
 from quarl.cli.groups import (
     agents_acting_options,

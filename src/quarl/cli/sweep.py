@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, registry_options
-from quarl.cli import early
+from quarl import outputs
+from quarl.cli import early, registry_options
 from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
 from quarl.cli.groups import common_options, evaluation_options, loading_options, with_options
 from quarl.cli.options import (

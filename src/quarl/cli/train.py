@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from quarl import outputs, registry_options
+from quarl import outputs
+from quarl.cli import registry_options
 from quarl.cli.common import console, out_console, setup, user_errors
 from quarl.cli.groups import common_options, with_options
 from quarl.cli.options import EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt

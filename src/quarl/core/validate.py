@@ -226,6 +226,16 @@ MAX_BENCH_BUDGET_S = 600.0
 """Seconds of timing per bench cell: a larger value (or inf) is a typo, not a wish."""
 
 
+def eval_values(episodes: int, seed_value: int, n_envs: int) -> None:
+    """The plain evaluation values (``--episodes``, ``--seed``, ``--n-envs``), checked without
+    importing anything heavy (a bad value answers at once)."""
+    if episodes < 1:
+        raise QuarlError(f"--episodes {episodes} must be at least 1")
+    if not 1 <= n_envs <= MAX_N_ENVS:
+        raise QuarlError(f"--n-envs {n_envs} must be in 1..{MAX_N_ENVS}")
+    seed(seed_value)
+
+
 MAX_WORKERS = 256
 
 
