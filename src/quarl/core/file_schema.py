@@ -13,12 +13,15 @@ start from bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import reprlib
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from quarl.core.errors import QuarlError
 
@@ -32,6 +35,34 @@ class Record(BaseModel):
     """A record read from a file: strict, finite, closed (unknown fields are refused)."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True)
+
+
+def record_of(name: str, shape: type, *, base: type[R], flatten: Mapping[str, type] | None = None,
+              types: Mapping[str, Any] | None = None, names: Mapping[str, Any] | None = None) -> type[R]:
+    """The file's image of the dataclass ``shape``: a ``base`` subclass whose fields are
+    ``shape``'s, in order, with their annotations (``Annotated`` checks included) and defaults,
+    so a record is defined once (the dataclass) and read back checked by the model made from it.
+    A field named in ``flatten`` stands for that dataclass's own fields, laid flat in its place
+    (a row that holds a nested record's columns); ``types`` gives a field the type its file
+    holds instead (a JSON object read back as plain containers); ``names`` resolves annotation
+    names the dataclasses' modules import only for the type checker (as the file holds them)."""
+    fields: dict[str, Any] = {}
+    for source, shape_field in _flat_fields(shape, flatten or {}):
+        hint = (types or {}).get(shape_field.name) or _hints(source, names or {})[shape_field.name]
+        default = shape_field.default if shape_field.default is not dataclasses.MISSING else ...
+        fields[shape_field.name] = (hint, default)
+    return typing.cast(type[R], create_model(name, __base__=base, __module__=shape.__module__, **fields))
+
+
+def _flat_fields(shape: type, flatten: Mapping[str, type]) -> list[tuple[type, dataclasses.Field[Any]]]:
+    out: list[tuple[type, dataclasses.Field[Any]]] = []
+    for f in dataclasses.fields(shape):
+        out.extend(_flat_fields(flatten[f.name], {}) if f.name in flatten else [(shape, f)])
+    return out
+
+
+def _hints(shape: type, names: Mapping[str, Any]) -> dict[str, Any]:
+    return typing.get_type_hints(shape, localns=dict(names), include_extras=True)
 
 
 def _field(loc: tuple[int | str, ...]) -> str:

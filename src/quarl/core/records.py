@@ -8,51 +8,16 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel
 
-from quarl.core.file_schema import Record, parse_record
-from quarl.core.provenance import StoredProvenance
+from quarl.core.file_schema import parse_record
 
 log = logging.getLogger("quarl")
 
 RESULTS_CAP = 256 << 20
 """A results log of 256 MB holds ~50,000 records of 1,000 episodes: more is not one of quarl's."""
-
-
-_Measured = Annotated[float, Field(allow_inf_nan=True)]
-"""A return as measured: an env's rewards may be infinite (read back as they were written)."""
-_Cost = Annotated[float, Field(ge=0)]
-
-
-class EvalFields(Record):
-    """What one evaluation measured, as a file holds it (:class:`quarl.evaluation.record.EvalRecord`'s
-    fields, typed): a ``results.jsonl`` line and a study store's row are checked with it."""
-
-    model_config = ConfigDict(extra="allow")  # the cell's key and identity, matched by equality
-    env_id: str
-    mean: _Measured
-    std: _Measured
-    returns: list[_Measured]
-    lengths: list[Annotated[int, Field(ge=0)]]
-    quant: dict[str, Any] | None
-    steps_per_s: _Cost | None
-    latency_us: _Cost | None
-    model_bytes: Annotated[int, Field(ge=0)] | None
-    build_s: _Cost | None
-    endings: list[str] | None = None
-    acting: str | None = None
-    sticky_actions: Annotated[float, Field(ge=0, lt=1)] | None = None
-
-
-class StoredCell(EvalFields):
-    """A ``results.jsonl`` line: the cell's key fields (any, matched by equality), whose policy
-    it is, what was measured (:class:`EvalFields`) and the provenance."""
-
-    algo: str | None = None
-    checkpoint: str | None = None
-    provenance: StoredProvenance | None = None
 
 
 STORED_DIGITS_TOLERANCE = 1e-4
@@ -114,14 +79,14 @@ class ResultsLog:
                 records.append((number, record))
         return records
 
-    def find(self, **key: Any) -> dict[str, Any] | None:
-        """The last record whose fields equal ``key``, checked as a :class:`StoredCell` (one
-        line naming the file, the line and the field when it does not fit; it is returned
-        as stored); None (the cell is evaluated again, and its new record appended) when
+    def find(self, check: type[BaseModel], **key: Any) -> dict[str, Any] | None:
+        """The last record whose fields equal ``key``, checked as a ``check`` (the record its
+        writer reads back, e.g. :class:`quarl.evaluation.record.StoredCell`: one line naming the
+        file, the line and the field when it does not fit; it is returned as stored); None (the cell is evaluated again, and its new record appended) when
         its mean or std is not that of its own returns, or a return is not finite."""
         for number, record in reversed(self._records()):
             if all(record.get(k) == v for k, v in key.items()):
-                parse_record(StoredCell, record, f"{self.path} line {number}")
+                parse_record(check, record, f"{self.path} line {number}")
                 why = disagreement(record)
                 if why:
                     log.warning("%s line %d: %s: not reused, evaluated again", self.path, number, why)

@@ -35,7 +35,7 @@ from quarl.core.timing import median_us
 from quarl.envs import EnvSpec, sticky_probability
 from quarl.evaluation import parallel
 from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, calibrate_if_needed
-from quarl.evaluation.record import RESULT_FORMAT, CellKey, CellRecord, EvalRecord, KeyExtras, SettingsKey
+from quarl.evaluation.record import RESULT_FORMAT, CellKey, CellRecord, EvalRecord, KeyExtras, SettingsKey, StoredCell
 from quarl.policies.base import Policy
 from quarl.quant import modes
 from quarl.quant import precisions as registry
@@ -177,7 +177,7 @@ def evaluate_cells(
     fingerprint = policy.fingerprint()
     for cell in cells:
         key = cell_key(env_spec, cell, settings, fingerprint)
-        done = log_file.find(**key)
+        done = log_file.find(StoredCell, **key)
         if done is not None:
             log.info("%s: reusing the result in %s", cell.label, log_file.path)
             records.append(CellRecord.from_stored(key, done, policy.algo, source))

@@ -15,8 +15,11 @@ import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, TypedDict
 
+from pydantic import ConfigDict, Field
+
+from quarl.core.file_schema import Record, record_of
 from quarl.core.provenance import Provenance, StoredProvenance
 
 if TYPE_CHECKING:  # the schema imports nothing heavy: these modules import torch and gymnasium
@@ -30,6 +33,12 @@ or meaning for the same cell, so finished cells of an older format are evaluated
 (CONTRIBUTING, "When to bump the result format"; CHANGELOG.md lists each format's change)."""
 
 
+Measured = Annotated[float, Field(allow_inf_nan=True)]
+"""A return as measured: an env's rewards may be infinite (read back as they were written)."""
+Cost = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0)]
+
+
 @dataclass(frozen=True)
 class EvalRecord:
     """What evaluating one policy at one precision measured. ``ptq`` / ``sweep`` append it
@@ -37,18 +46,18 @@ class EvalRecord:
     (:func:`sql_columns`), the tables read it."""
 
     env_id: str
-    mean: float
-    std: float
-    returns: list[float]
+    mean: Measured
+    std: Measured
+    returns: list[Measured]
     """Per-episode returns (rounded to 4 digits), episode i reset with seed ``seed + i``."""
-    lengths: list[int]
+    lengths: list[Count]
     quant: QuantSummary | None
     """A real int cell's mode, fp32 layers, agreement with fp32 and every mode tried."""
-    steps_per_s: float | None
-    latency_us: float | None
+    steps_per_s: Cost | None
+    latency_us: Cost | None
     """Batch-1 engine call, rough (``quarl bench`` measures properly)."""
-    model_bytes: int | None
-    build_s: float | None
+    model_bytes: Count | None
+    build_s: Cost | None
     """Seconds to quantize (calibration and the automatic mode choice included)."""
     endings: list[str] | None = None
     """Per episode, a digest of how it ended (:func:`quarl.evaluation.episodes.ending`): equal digests
@@ -56,7 +65,7 @@ class EvalRecord:
     acting: str | None = None
     """``sampled`` (the policy drew its actions, :func:`quarl.evaluation.episodes.acting`) or
     ``greedy`` (older records have none: greedy)."""
-    sticky_actions: float | None = None
+    sticky_actions: Annotated[float, Field(ge=0, lt=1)] | None = None
     """The env's sticky-action probability where one was set (:func:`quarl.envs.with_sticky_actions`)."""
 
     def to_dict(self) -> dict[str, Any]:  # JSON: a results.jsonl line's measured fields, a study row's columns
@@ -69,34 +78,68 @@ class EvalRecord:
         return cls(**{f.name: stored[f.name] for f in dataclasses.fields(cls) if f.name in stored})
 
 
-_SQL_TYPES: dict[type, str] = {str: "TEXT", float: "REAL", int: "INTEGER", list: "TEXT", dict: "TEXT"}
-"""SQLite type of each field's base type: lists and dicts (a TypedDict is a dict) are stored as JSON text."""
+AS_STORED = {"QuantSummary": dict[str, Any]}
+""":class:`EvalRecord`'s annotation names as a file holds them (a TypedDict is a JSON object):
+the records made from it import nothing heavy to resolve them."""
 
 
-def _column_types() -> dict[str, tuple[type, bool]]:
-    """Each :class:`EvalRecord` field's base type (``list`` for ``list[float] | None``) and
-    whether it may be None, from its resolved annotation."""
-    # QuantSummary (a TypedDict: a dict) lives beside the precisions, which import torch: this
-    # module imports nothing heavy, so its name resolves to what it is stored as
-    hints = typing.get_type_hints(EvalRecord, localns={"QuantSummary": dict})
+class _CellLine(Record):
+    """What a ``results.jsonl`` line holds besides the measurements: whose policy it is, its provenance."""
+
+    model_config = ConfigDict(extra="allow")  # the cell's key and identity, matched by equality
+    algo: str | None = None
+    checkpoint: str | None = None
+    provenance: StoredProvenance | None = None
+
+
+StoredCell = record_of("StoredCell", EvalRecord, base=_CellLine, names=AS_STORED)
+"""A ``results.jsonl`` line as read back: the cell's key fields (any, matched by equality), whose
+policy it is and its provenance, and what was measured: :class:`EvalRecord`'s fields, typed and
+checked as its annotations say (made from it: one definition)."""
+
+
+_SQL_TYPES: dict[type, str] = {str: "TEXT", float: "REAL", int: "INTEGER"}
+"""SQLite type of a field's base type; any other (a list, a dict, a TypedDict, a record) is
+stored as JSON text."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A SQLite column made from a record's field."""
+
+    sql: str
+    """Its type, ``NOT NULL`` unless the field may be None."""
+    json: bool
+    """Stored as JSON text (a list, a dict, a record)."""
+
+
+def columns_of(shape: type, flatten: Mapping[str, type] | None = None) -> dict[str, Column]:
+    """The SQLite columns of the dataclass ``shape``'s fields, in order, from their resolved
+    annotations (a field named in ``flatten`` stands for that dataclass's columns)."""
     columns = {}
-    for f in dataclasses.fields(EvalRecord):
+    hints = typing.get_type_hints(shape, localns=AS_STORED)
+    for f in dataclasses.fields(shape):
+        if f.name in (flatten or {}):
+            columns.update(columns_of((flatten or {})[f.name]))
+            continue
         hint = hints[f.name]
-        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        (base,) = [a for a in args if a is not type(None)]
-        columns[f.name] = (typing.get_origin(base) or base, type(None) in args)
+        args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        kinds = {_SQL_TYPES.get(typing.get_origin(a) or a, "JSON") for a in args if a is not type(None)}
+        (kind,) = kinds  # one kind of column per field
+        columns[f.name] = Column(("TEXT" if kind == "JSON" else kind) + ("" if type(None) in args else " NOT NULL"),
+                                 kind == "JSON")
     return columns
 
 
 def sql_columns() -> dict[str, str]:
     """SQLite column types of :class:`EvalRecord`'s fields (lists and dicts as JSON text;
     a field that may be None is a nullable column)."""
-    return {name: _SQL_TYPES[base] + ("" if nullable else " NOT NULL") for name, (base, nullable) in _column_types().items()}
+    return {name: column.sql for name, column in columns_of(EvalRecord).items()}
 
 
 def json_fields() -> tuple[str, ...]:
     """:class:`EvalRecord` fields stored as JSON text."""
-    return tuple(name for name, (base, _) in _column_types().items() if base in (list, dict))
+    return tuple(name for name, column in columns_of(EvalRecord).items() if column.json)
 
 
 class SettingsKey(TypedDict):
@@ -208,7 +251,7 @@ class CellRecord(RowView):
     @classmethod
     def from_stored(cls, key: CellKey, stored: Mapping[str, Any], algo: str, checkpoint: str | None) -> CellRecord:
         """A record read back from ``results.jsonl`` (checked as a
-        :class:`quarl.core.records.StoredCell`) whose fields matched ``key``, with this run's
+        :class:`StoredCell`) whose fields matched ``key``, with this run's
         identity (``algo``, ``checkpoint``)."""
         return cls(key, algo, checkpoint, EvalRecord.from_dict(stored), stored.get("provenance") or None, reused=True)
 

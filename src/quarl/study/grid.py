@@ -26,7 +26,7 @@ from quarl.envs import gym_packages, import_gym_packages
 from quarl.evaluation.cells import EvalSettings, config_identity, evaluate_config
 from quarl.evaluation.episodes import acting, protocol
 from quarl.quant.config import QuantConfig
-from quarl.study.store import StudyRecord, StudyStore
+from quarl.study.store import StudyKey, StudyRecord, StudyStore
 from quarl.verdict import Judging
 
 log = logging.getLogger(__name__)
@@ -90,17 +90,11 @@ class StudyConfig:
 
 
 @dataclass(frozen=True)
-class StudyCell:
-    checkpoint: str
-    policy_sha256: str
-    """Content of the policy the checkpoint held when the study was planned."""
-    precision: str
-    config_key: str
-    """Hash of the full quantization config as this CPU runs it, and the result format."""
-    seed: int
-    episodes: int
+class StudyCell(StudyKey):
+    """A cell the study plans: its key (:class:`~quarl.study.store.StudyKey`, the row it will
+    be stored as) and how to evaluate it."""
+
     n_envs: int
-    max_steps: int | None
     int8_weights: str
     block_size: int
     trust_pickle: bool = False
@@ -112,10 +106,6 @@ class StudyCell:
     """Applied to this agent's env (part of ``config_key``)."""
     gym_packages: tuple[str, ...] = ()
     """Modules that register custom envs (``--gym-packages``), imported where the cell runs (a Ray worker too)."""
-
-    def key(self) -> tuple[Any, ...]:
-        return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
-                self.max_steps or 0)
 
     def quant_config(self) -> QuantConfig:
         return QuantConfig.parse(_base_label(self.precision), int8_weights=self.int8_weights,
@@ -164,7 +154,7 @@ def cells(config: StudyConfig) -> list[StudyCell]:
                 folder = str(Path(config.out).resolve() / "recovered" / f"{sha[:12]}-{_base_label(p)}") if recovered \
                     else ""
                 out.append(StudyCell(path, sha, p, config_key(quant, recovered, sticky), seed, config.episodes,
-                                     config.n_envs, config.max_steps, config.int8_weights, config.block_size,
+                                     config.max_steps or 0, config.n_envs, config.int8_weights, config.block_size,
                                      config.trust_pickle, folder, policy.stochastic, sticky, gym_packages()))
     return out
 
@@ -208,7 +198,7 @@ def _evaluate_cell(cell: StudyCell) -> StudyRecord:
     spec, policy = protocol(ckpt.policy, spec, cell.stochastic, cell.sticky_actions)
     config = cell.quant_config()
     settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
-                            max_steps=cell.max_steps)
+                            max_steps=cell.max_steps or None)
     quantized = None
     if cell.recover_out:  # a recovered column: recovered once per agent (the first cell), its real kernel evaluated
         from quarl.core.atomic import check_folder
@@ -227,7 +217,7 @@ def _evaluate_cell(cell: StudyCell) -> StudyRecord:
         config_key=cell.config_key,
         seed=cell.seed,
         episodes=cell.episodes,
-        max_steps=cell.max_steps or 0,
+        max_steps=cell.max_steps,
         policy=f"{ckpt.algo} {spec.env_id}",
         algo=ckpt.algo,
         result=result,

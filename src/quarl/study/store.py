@@ -7,115 +7,90 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from quarl.core.errors import QuarlError
-from quarl.core.file_schema import parse_json, parse_record
+from quarl.core.file_schema import Record, parse_json, parse_record, record_of
 from quarl.core.provenance import Provenance, StoredProvenance
-from quarl.core.records import EvalFields, disagreement
-from quarl.evaluation.record import EvalRecord, RowView, json_fields, sql_columns
+from quarl.core.records import disagreement
+from quarl.evaluation.record import AS_STORED, EvalRecord, RowView, columns_of
 
 log = logging.getLogger("quarl")
 
 BUSY_TIMEOUT_S = 120.0
 """How long a write waits for a store another process holds before it fails."""
 
-KEY = ("checkpoint", "policy_sha256", "precision", "config_key", "seed", "episodes", "max_steps")
-"""What identifies a cell: the same key is never evaluated twice."""
+@dataclass(frozen=True)
+class StudyKey:
+    """What identifies a study cell (a planned one, :class:`quarl.study.grid.StudyCell`, and a
+    stored one, :class:`StudyRecord`): the same key is never evaluated twice."""
 
-_COLUMNS = {
-    "checkpoint": "TEXT NOT NULL",
-    "policy_sha256": "TEXT NOT NULL",  # the policy's content (Policy.fingerprint)
-    "precision": "TEXT NOT NULL",
-    "config_key": "TEXT NOT NULL",  # the quantization config as run, and the result format
-    "seed": "INTEGER NOT NULL",
-    "episodes": "INTEGER NOT NULL",
-    "max_steps": "INTEGER NOT NULL",  # 0: the env's own limit
-    "policy": "TEXT NOT NULL",
-    "algo": "TEXT NOT NULL",
-    **sql_columns(),  # what the evaluation measured: quarl.evaluation.record.EvalRecord, one definition
-    "wall_s": "REAL",
-    "host": "TEXT",
-    "provenance": "TEXT",  # JSON: package versions, CPU model and flags
-    "finished_at": "TEXT NOT NULL",
-}
-_JSON = (*json_fields(), "provenance")
-TABLE = "cells_v2"
-"""Versioned with the key: a store written by an older quarl keeps its old table, unread."""
-
-
-class StudyRow(EvalFields):
-    """A row as the store reads it back (its JSON columns parsed): the key's columns, whose
-    policy it is, what was measured (:class:`quarl.core.records.EvalFields`), where and when.
-    Checked before it becomes a :class:`StudyRecord`."""
-
-    model_config = ConfigDict(extra="forbid")
     checkpoint: str
     policy_sha256: str
+    """The policy's content (``Policy.fingerprint``)."""
     precision: str
     config_key: str
+    """Hash of the quantization config as run, and the result format."""
     seed: int
     episodes: Annotated[int, Field(ge=0)]
     max_steps: Annotated[int, Field(ge=0)]
-    policy: str
-    algo: str
-    wall_s: Annotated[float, Field(ge=0)] | None = None
-    host: str | None = None
-    provenance: StoredProvenance | None = None
-    finished_at: str
+    """0: the env's own limit."""
+
+    def key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in KEY)
+
+
+KEY = tuple(f.name for f in fields(StudyKey))
+"""The key's columns, in order."""
 
 
 @dataclass(frozen=True)
-class StudyRecord(RowView):
-    """One study cell as its row holds it: the cell's key (:data:`KEY`), whose policy it is,
+class StudyRecord(StudyKey, RowView):
+    """One study cell as its row holds it: the cell's key (:class:`StudyKey`), whose policy it is,
     what was measured, where and when. Read it by attribute (``record.result.mean``); it also
-    reads as its row (``record["mean"]``), as the tables take it."""
+    reads as its row (``record["mean"]``), as the tables take it. Its row's columns and the
+    check of a row read back (:data:`StudyRow`) are made from these fields."""
 
-    checkpoint: str
-    policy_sha256: str
-    """The content of the policy evaluated."""
-    precision: str
-    config_key: str
-    seed: int
-    episodes: int
-    max_steps: int
-    """0: the env's own limit."""
     policy: str
     """``"algo env"``, the table's label."""
     algo: str
     result: EvalRecord
-    wall_s: float | None
+    wall_s: Annotated[float, Field(ge=0)] | None
     host: str | None
     provenance: Provenance | StoredProvenance | None
+    """JSON: package versions, CPU model and flags."""
     finished_at: str
     """UTC, ISO 8601 to the second."""
-
-    def key(self) -> tuple[Any, ...]:
-        return (self.checkpoint, self.policy_sha256, self.precision, self.config_key, self.seed, self.episodes,
-                self.max_steps)
 
     @cached_property
     def _row(self) -> dict[str, Any]:
         return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:  # JSON (SQLite): the row
-        """The row as a dict, in the table's column order."""
-        return {"checkpoint": self.checkpoint, "policy_sha256": self.policy_sha256, "precision": self.precision,
-                "config_key": self.config_key, "seed": self.seed, "episodes": self.episodes,
-                "max_steps": self.max_steps, "policy": self.policy, "algo": self.algo, **self.result.to_dict(),
-                "wall_s": self.wall_s, "host": self.host, "provenance": self.provenance,
-                "finished_at": self.finished_at}
+        """The row as a dict, in the table's column order (the result's fields in its place)."""
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: w for k, v in row.items() for k, w in (self.result.to_dict().items() if k == "result" else [(k, v)])}
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> StudyRecord:  # JSON (SQLite): a row checked as a StudyRow
-        return cls(row["checkpoint"], row["policy_sha256"], row["precision"], row["config_key"], row["seed"],
-                   row["episodes"], row["max_steps"], row["policy"], row["algo"], EvalRecord.from_dict(row),
-                   row.get("wall_s"), row.get("host"), row.get("provenance"), row["finished_at"])
+        own: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls) if f.name != "result"}
+        return cls(**own, result=EvalRecord.from_dict(row))
+
+
+StudyRow = record_of("StudyRow", StudyRecord, base=Record, flatten={"result": EvalRecord},
+                     types={"provenance": StoredProvenance | None}, names=AS_STORED)
+"""A row as the store reads it back (its JSON columns parsed), checked before it becomes a
+:class:`StudyRecord`: made from its fields (the result's laid flat)."""
+
+_COLUMNS = {name: column.sql for name, column in columns_of(StudyRecord, {"result": EvalRecord}).items()}
+_JSON = tuple(name for name, column in columns_of(StudyRecord, {"result": EvalRecord}).items() if column.json)
+TABLE = "cells_v2"
+"""Versioned with the key: a store written by an older quarl keeps its old table, unread."""
 
 
 FULL_BELOW = 1 << 20
