@@ -336,7 +336,8 @@ def test_each_mode_declares_its_student_grid_fallback_and_actor_kernel() -> None
     grids = {m.label: (m.student.weights, m.student.activations) for m in modes.student_modes() if m.student}
     assert grids == {"int8-block": ("block", "int8-block"), "int8-dyn-channel": ("channel", "uint8-row"),
                      "int8-dyn-tensor": ("tensor", "uint8-row"), "int8-weight-only": ("block", "fp32"),
-                     "int4-block": ("block", "int8-block"), "int4-weight-only": ("block", "fp32")}
+                     "int4-block": ("block", "int8-block"), "int4-weight-only": ("block", "fp32"),
+                     "int4-block-head8": ("block", "int8-block"), "int4-weight-only-head8": ("block", "fp32")}
     assert modes.student_mode_for(MODES["int8-static"]) is MODES["int8-block"]
     assert modes.student_mode_for(MODES["int4-mixed"]) is MODES["int4-block"]
     for mode in MODES.values():

@@ -459,12 +459,21 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
 
     import quarl
     from quarl.quant.student import sb3_tensors
-    from quarl.recovery import TEST_SEEDS, load_recovered, run_recover, shipped_line
+    from quarl.recovery import TEST_SEEDS, load_recovered, run_recover, shipped_line, workflow
 
     calls = _worse_students(monkeypatch)
     agent = quarl.load(balancing_dqn, env="CartPole-v1")
-    out = tmp_path / "rec"
     config = RecoverConfig(precision="int4-block", rounds=1, updates_per_round=5, max_rounds=2, finetune_steps=0)
+    # PTQ keeps fp32 here: recover ships it without a round
+    record, _ = run_recover(balancing_dqn, agent.env_spec, agent.policy, config, tmp_path / "as-is")
+    assert calls == [] and record["shipped"] == "ptq" and record["stopped"] == "kept" and record["stages"] == []
+    assert record["rounds"] == [] and record["budget"]["rounds_played"] == 0 and record["against_fp32"]["kept"]
+    assert record["sizes"]["shipped"] == record["sizes"]["ptq"] > 0  # a tiny net: the graph outweighs its weights
+    assert "it already keeps the original fp32's return, nothing to repair" in shipped_line(record)
+    assert load_recovered(tmp_path / "as-is") is not None
+    # asked to repair anyway (as where PTQ's first look were undecided), the worse student is still never written
+    monkeypatch.setattr(workflow, "ptq_keeps", lambda judge: False)
+    out = tmp_path / "rec"
     record, _ = run_recover(balancing_dqn, agent.env_spec, agent.policy, config, out)
     assert calls == [1]  # PTQ's model keeps fp32: no second stage
     assert record["shipped"] == "ptq" and record["stopped"] == "kept" and record["best_round"] == -1
@@ -493,7 +502,8 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
         assert torch.equal(sb3.policy.state_dict()[name], value.reshape(sb3.policy.state_dict()[name].shape))
     line = shipped_line(record)
     kernel = MODES["int4-block"].runnable(agent.policy.network).label  # its fallback where this CPU cannot run it
-    assert spec.mode == kernel and line.startswith(f"wrote PTQ's own {kernel} model, not a student")
+    assert spec.mode == kernel and line.startswith(f"wrote PTQ's own {kernel} model, ")
+    assert f"bytes (fp32 {record['sizes']['fp32']:,}), not a student" in line
     assert "stopped: kept" in line
 
 
@@ -518,9 +528,16 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
     config = RecoverConfig(precision="int4-block", rounds=1, updates_per_round=5, max_rounds=3, finetune_steps=0)
     spec = _spec("int4-block", frozenset({0}))
     result, report = recover_stages(Path("unused.zip"), policy, CARTPOLE, config, spec)
-    assert calls == [1, 2, 3]  # distill, then a round more at a time up to max_rounds
+    # distill, then (a DQN at int4) the repairs' kernels a round each (the mixed int4/int8 head, blocks of 16), then
+    # a round more at a time up to max_rounds
+    assert calls == [1, 1, 1, 2, 3]
     assert report["stopped"] == "budget" and not report["against_fp32"]["kept"]
-    assert [s["stage"] for s in report["stages"]] == ["distill", "rounds 2", "rounds 3"]
+    stages = [s["stage"] for s in report["stages"]]
+    assert stages[:3] == ["distill", "int4-block-head8", "blocks of 16"]
+    assert [(s.get("mode"), s.get("block_size")) for s in report["stages"][:3]] == [
+        (None, None), ("int4-block-head8", 32), ("int4-block", 16)]
+    # the rounds go on with the kernel of the best candidate (here all fall at once: a tie with PTQ is a candidate)
+    assert [s.split(" ")[:2] for s in stages[3:]] == [["rounds", "2"], ["rounds", "3"]]
     assert report["budget"]["rounds_played"] == 3
     fp32, written = report["against_fp32"]["means"]
     assert fp32 == 500.0 and written < 100
@@ -530,7 +547,7 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
     from quarl.recovery.report import RecoveryReport, StageReport, TestOutcome
 
     assert set(report) == set(RecoveryReport.__annotations__) - {"finetune"}  # no fine-tune was asked for
-    assert all(set(s) == set(StageReport.__annotations__) - {"steps"} for s in report["stages"])
+    assert all(set(s) | {"mode", "block_size"} == set(StageReport.__annotations__) - {"steps"} for s in report["stages"])
     assert all(set(s[t]) <= set(TestOutcome.__annotations__) for s in report["stages"] for t in ("against_ptq",
                                                                                                   "against_fp32"))
 

@@ -18,6 +18,11 @@ weight-only        8/4  MatMulNBits with fp32 activations: only the weights are 
 static             8    QDQ, weights per channel, activation ranges calibrated (CNNs)
 mixed              4    per layer: convolutions as ``static`` (int8), Linear layers as
                         ``block`` (4-bit MatMulNBits); CNNs only
+block-head8        4    mixed int4/int8: ``block`` with 4-bit weights but the last layer (the
+                        Q-value or logits head) in 8-bit blocks; recover's repair where one
+                        4-bit rounding of the head flips near-tied actions, never chosen by
+                        the automatic choice (its size is not int4's)
+weight-only-head8  4    the same with fp32 activations (its fallback)
 ================  ====  =====================================================================
 
 On a CNN the MatMul modes (dyn-*, block, weight-only) quantize its Linear layers only and
@@ -104,6 +109,9 @@ class StudentGrid:
     block_size: int | None = None
     """Inputs per weight (and activation) block whatever the request asks; None: the
     request's ``block_size``."""
+    head_bits: int | None = None
+    """``block`` weights of the last weight layer (the action head) at these bits instead of
+    the mode's (a mixed int4/int8 mode); None: every layer at the mode's bits."""
 
     def blocks(self, requested: int) -> int:
         """Inputs per block this grid uses when ``requested`` is asked for."""
@@ -140,6 +148,10 @@ class IntMode:
     (:class:`quarl.actorq.acting.ActorModelTemplate` refills MatMulInteger per-tensor uint8
     and 4-bit MatMulNBits weights; no calibration to redo). The first registered such mode
     of a width is the actor kernel of the real int precisions of that width."""
+    automatic: bool = True
+    """Whether the automatic choice of ``intN`` tries it (:func:`modes_for`); False for a mode
+    that is not plainly its width (a mixed int4/int8 mode: ``int4`` must not come back as a
+    model with 8-bit layers), run only where named."""
 
     @property
     def label(self) -> str:
@@ -193,6 +205,54 @@ def _mixed_reference(bits: int) -> Callable[[BuildRequest, bytes], nn.Module]:
         return simulate_qdq(r.network, model, lambda layer: simulate_nbits(layer, bits, r.block_size, compute))
 
     return reference
+
+
+def head_index(network: nn.Module) -> int:
+    """The index of ``network``'s last weight layer (Linear / Conv2d in module order): its
+    action head (Q-values, logits, means)."""
+    from quarl.quant.layers import linear_layers
+
+    return len(linear_layers(network)) - 1
+
+
+def _head8(compute_int8: bool) -> Callable[[BuildRequest], bytes]:
+    """4-bit MatMulNBits on every quantized layer but the head, then 8-bit MatMulNBits on the
+    head (two passes: the quantizer rounds every MatMul it is given at one width)."""
+
+    def build(r: BuildRequest) -> bytes:
+        head = ortb.weight_node_names(r.model)[head_index(r.network)]
+        excluded = r.excluded_nodes()
+        body = ortb.quantize_nbits(r.model, 4, r.block_size, compute_int8, [*excluded, head])
+        if head in excluded:
+            return body
+        return ortb.quantize_nbits(body, 8, r.block_size, compute_int8, excluded)
+
+    return build
+
+
+def _head8_reference(compute_int8: Callable[[], bool]) -> Callable[[BuildRequest, bytes], nn.Module]:
+    """What ``block-head8`` computes: ``block``'s 4-bit reference with the head replaced by
+    the 8-bit one."""
+    from quarl.quant.layers import linear_layers
+
+    def reference(r: BuildRequest, model: bytes) -> nn.Module:
+        head = head_index(r.network)
+        compute = compute_int8()
+        body = simulate_nbits(r.network, 4, r.block_size, compute, r.keep | {head})
+        if head in r.keep:
+            return body
+        name, layer = linear_layers(r.network)[head]
+        if not name:  # the network is its head alone
+            return simulate_nbits(layer, 8, r.block_size, compute)
+        parent, _, attr = name.rpartition(".")
+        setattr(body.get_submodule(parent) if parent else body, attr, simulate_nbits(layer, 8, r.block_size, compute))
+        return body.eval()
+
+    return reference
+
+
+def _head8_cpu() -> str | None:
+    return _block_cpu(4)() or _block_cpu(8)()
 
 
 def _static(r: BuildRequest) -> bytes:
@@ -271,10 +331,19 @@ register_mode(IntMode("block", 4, "MatMulNBits, 4-bit block weights, activations
 register_mode(IntMode("weight-only", 4, "MatMulNBits, 4-bit block weights, fp32 activations", _nbits(4, False),
                       lambda r, _: simulate_nbits(r.network, 4, r.block_size, False, r.keep), student=_WEIGHT_ONLY,
                       actor=True))
+# mixed int4/int8 (recover's repair of Q-value heads, issue 50): named only, never the automatic choice's
+register_mode(IntMode("block-head8", 4, "mixed int4/int8: MatMulNBits 4-bit blocks, the head 8-bit blocks, "
+                      "activations int8 per block", _head8(True), _head8_reference(lambda: int8_compute(4) == "int8"),
+                      cpu_unsupported=_head8_cpu, fallback="int4-weight-only-head8",
+                      student=StudentGrid("block", "int8-block", head_bits=8), automatic=False))
+register_mode(IntMode("weight-only-head8", 4, "mixed int4/int8: MatMulNBits 4-bit blocks, the head 8-bit blocks, "
+                      "fp32 activations", _head8(False), _head8_reference(lambda: False),
+                      student=StudentGrid("block", "fp32", head_bits=8), automatic=False))
 
 
 def modes_for(bits: int) -> list[IntMode]:
-    return [m for m in MODES.values() if m.bits == bits]
+    """The modes of ``bits`` the automatic choice tries (those registered ``automatic``)."""
+    return [m for m in MODES.values() if m.bits == bits and m.automatic]
 
 
 def get_mode(label: str) -> IntMode:
@@ -298,6 +367,16 @@ def student_mode_for(mode: IntMode) -> IntMode:
         raise QuarlError(f"{mode.label} has no student and no int{mode.bits} mode has one: allowed "
                          f"{', '.join(m.label for m in student_modes())}")
     return stand_in
+
+
+def wider_head_mode(mode: IntMode) -> IntMode | None:
+    """The registered mixed mode that is ``mode`` with its head in wider blocks (its student
+    grid the same but for ``head_bits``: ``int4-block`` -> ``int4-block-head8``), or None."""
+    grid = mode.student
+    if grid is None or grid.head_bits is not None:
+        return None
+    return next((m for m in student_modes() if m.bits == mode.bits and m.student is not None
+                 and m.student.head_bits is not None and replace(m.student, head_bits=None) == grid), None)
 
 
 def actor_modes() -> dict[int, IntMode]:

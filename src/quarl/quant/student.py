@@ -22,6 +22,7 @@ int8/int4-weight-   affine per block, ``MatMulNBits`` layout     fp32
 only
 int8-dyn-tensor     uint8 affine (or int8 symmetric) per tensor  uint8 per row (its range)
 int8-dyn-channel    ... per output channel                       uint8 per row
+int4-block-head8    as int4-block, the last layer's blocks 8-bit int8 per row and block
 ==================  ==========================================  ===========================
 
 Each mode declares its grid (:class:`quarl.quant.modes.StudentGrid`, the ``student`` of its
@@ -145,18 +146,20 @@ def block_qparams(w: torch.Tensor, bits: int, block_size: int) -> QParams:
     return qparams(_blocks(w.detach(), block_size), bits, "affine", "channel", 0)
 
 
-def weight_qparams(w: torch.Tensor, spec: KernelSpec) -> QParams:
-    """The grid the kernel puts a Linear weight (N, K) on."""
+def weight_qparams(w: torch.Tensor, spec: KernelSpec, bits: int | None = None) -> QParams:
+    """The grid the kernel puts a Linear weight (N, K) on (``bits``: this layer's block
+    width where it is not the mode's, a mixed mode's head)."""
     weights = spec.grid.weights
     if weights == "block":
-        return block_qparams(w, spec.bits, spec.blocks)
+        return block_qparams(w, bits or spec.bits, spec.blocks)
     scheme = "affine" if spec.int8_weights == "asymmetric" else "symmetric"
     return qparams(w.detach(), 8, scheme, weights, 0)
 
 
-def weight_on_grid(w: torch.Tensor, spec: KernelSpec) -> torch.Tensor:
-    """``w`` rounded onto its kernel grid, the gradient passed straight through."""
-    qp = weight_qparams(w, spec)
+def weight_on_grid(w: torch.Tensor, spec: KernelSpec, bits: int | None = None) -> torch.Tensor:
+    """``w`` rounded onto its kernel grid (``bits``: as :func:`weight_qparams`), the
+    gradient passed straight through."""
+    qp = weight_qparams(w, spec, bits)
     if spec.grid.weights == "block":
         n, k = w.shape
         rounded = dequantize(quantize(_blocks(w, spec.blocks), qp), qp)
@@ -202,17 +205,25 @@ def activation_rounding(spec: KernelSpec) -> Callable[[torch.Tensor], torch.Tens
 class StudentLinear(nn.Module):
     """A Linear layer as the kernel computes it, trainable: ``linear(round_act(x), on_grid(W), b)``."""
 
-    def __init__(self, layer: nn.Linear, spec: KernelSpec) -> None:
+    def __init__(self, layer: nn.Linear, spec: KernelSpec, bits: int | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.spec = spec
+        self.bits = bits or spec.bits
+        """This layer's weight width (a mixed mode's head: its ``head_bits``)."""
         self.round_act = activation_rounding(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.round_act is not None:
             flat = x.reshape(-1, x.shape[-1])
             x = _ste(flat, self.round_act(flat)).reshape(x.shape)
-        return nn.functional.linear(x, weight_on_grid(self.layer.weight, self.spec), self.layer.bias)
+        return nn.functional.linear(x, weight_on_grid(self.layer.weight, self.spec, self.bits), self.layer.bias)
+
+
+def layer_bits(spec: KernelSpec, index: int, count: int) -> int | None:
+    """The weight width of weight layer ``index`` of ``count`` where it is not the mode's
+    (a mixed mode's head: its grid's ``head_bits``), else None."""
+    return spec.grid.head_bits if index == count - 1 else None
 
 
 def _weight_layers(network: nn.Module) -> list[tuple[str, nn.Linear | nn.Conv2d]]:
@@ -229,10 +240,12 @@ def make_student(network: nn.Module, spec: KernelSpec) -> nn.Module:
     net = copy.deepcopy(network)
     if isinstance(net, nn.Linear):
         net = nn.Sequential(net)
-    for i, (name, layer) in enumerate(_weight_layers(net)):
+    layers = _weight_layers(net)
+    for i, (name, layer) in enumerate(layers):
         if isinstance(layer, nn.Linear) and i not in spec.keep:
             parent, _, attr = name.rpartition(".")
-            setattr(net.get_submodule(parent) if parent else net, attr, StudentLinear(layer, spec))
+            setattr(net.get_submodule(parent) if parent else net, attr,
+                    StudentLinear(layer, spec, layer_bits(spec, i, len(layers))))
     net.requires_grad_(True)
     return net.train()
 
@@ -251,7 +264,7 @@ def plain_network(student: nn.Module, on_grid: bool) -> nn.Module:
             layer = module.layer
             if on_grid:
                 with torch.no_grad():
-                    layer.weight.copy_(weight_on_grid(layer.weight, module.spec))
+                    layer.weight.copy_(weight_on_grid(layer.weight, module.spec, module.bits))
             parent, _, attr = name.rpartition(".")
             setattr(net.get_submodule(parent) if parent else net, attr, layer)
     net.requires_grad_(False)
@@ -343,7 +356,7 @@ def real_model(student: nn.Module, spec: KernelSpec, input_shape: tuple[int, ...
         if id(original) not in students:
             continue  # fp32: the builder copied the student's values
         if node.op_type == "MatMulNBits":
-            b, scales, zeros = nbits_initializers(weight, spec.bits, spec.blocks)
+            b, scales, zeros = nbits_initializers(weight, students[id(original)].bits, spec.blocks)
             put(node.input[1], b)
             put(node.input[2], scales)
             put(node.input[3], zeros)

@@ -12,6 +12,7 @@ from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
+from quarl.quant.modes import MODES
 from quarl.quant.student import KernelSpec
 from quarl.recovery.config import TEST_CAPS, TEST_FIRST, TEST_SEEDS, TEST_STEPS
 from quarl.recovery.dagger import RecoveryResult, _acting, _ptq_model
@@ -106,10 +107,12 @@ class Judge:
 
     def offer(self, stage: str, result: RecoveryResult) -> TestOutcome:
         """Test ``result``'s student against PTQ's model; a candidate where it is at least
-        as good. Returns the test's record (``same`` where the student is PTQ's model)."""
-        if result.model == self.ptq_model or result.best_round < 0:
+        as good. Returns the test's record (``same`` where the student is PTQ's model).
+        ``result`` may run another kernel than PTQ's (the mixed int4/int8 repair, even its
+        own PTQ model): the same test decides."""
+        if result.model == self.ptq_model or (result.best_round < 0 and result.spec == self.spec):
             return {"kept": False, "verdict": "the student is PTQ's own model", "same": True}
-        acting = _acting(self.policy, self.spec, result.model)
+        acting = _acting(self.policy, result.spec, result.model)
         cap = self.episodes.cap(self.ptq)
         outcome = sequential_at_least(lambda n: self.episodes(self.ptq, n), lambda n: self.episodes(acting, n),
                                       first=TEST_FIRST, cap=cap, env_id=self.env_spec.env_id)
@@ -170,16 +173,26 @@ def shipped_line(record: RecoveryJson) -> str:
     mode = record.get("kernel", {}).get("mode", f"int{record.get('precision', '')}")
     if "shipped" not in record or "against_fp32" not in record:
         return f"wrote {'PTQ' if record.get('shipped') == 'ptq' else 'the student'} ({mode})"
+    sizes = record.get("sizes")
+    size = "" if sizes is None else f", {sizes['shipped']:,} bytes (fp32 {sizes['fp32']:,})"
+    if record["shipped"] == "ptq" and not record.get("stages"):
+        return (f"wrote PTQ's own {mode} model{size}: it already keeps the original fp32's return, nothing to repair; "
+                f"{_against_fp32_text(record['against_fp32'])}")
     if record["shipped"] == "ptq":
         tried = [_against_ptq_text(str(s["stage"]), s["against_ptq"]) for s in record.get("stages", [])
                  if not s["against_ptq"].get("same")]
-        what = (f"wrote PTQ's own {mode} model, not a student: no student was shown to play at least as well on "
+        what = (f"wrote PTQ's own {mode} model{size}, not a student: no student was shown to play at least as well on "
                 f"recovery's test episodes ({'; '.join(tried) or 'distillation did not beat PTQ on held-out states'})")
     else:
         stage = str(record["shipped_stage"])
         name = {"distill": "distilled", "finetune": "fine-tuned"}.get(stage, f"distilled ({stage})")
-        what = (f"wrote the {name} student: it plays at least as well as PTQ's own {mode} model on "
-                f"recovery's test episodes ({_against_ptq_text(stage, record['against_ptq'])})")
+        kernel = f"{mode}, blocks of {record.get('kernel', {}).get('block_size', '?')}{size}"
+        grid = MODES[mode].student if mode in MODES else None
+        if grid is not None and grid.head_bits is not None:
+            kernel = f"mixed int4/int{grid.head_bits} head: {kernel}"
+        what = (f"wrote the {name} student ({kernel}): it plays at least as well as PTQ's own "
+                f"{record.get('ptq_mode', mode)} model on recovery's test episodes "
+                f"({_against_ptq_text(stage, record['against_ptq'])})")
     budget = record.get("budget", {})
     tuned = record.get("finetune", {})
     spent = f"{budget.get('rounds_played', '?')} of {budget.get('rounds', '?')} rounds"

@@ -99,6 +99,11 @@ class StageReport(TypedDict):
     wall_s: Duration
     steps: NotRequired[Tally]
     """The fine-tune's env steps."""
+    mode: NotRequired[Text]
+    """The kernel this stage's student runs where it is not the run's (a repair: the mixed
+    int4/int8 head, finer blocks)."""
+    block_size: NotRequired[Annotated[int, Field(ge=1, le=1 << 20)]]
+    """Its block size, beside ``mode``."""
 
 
 class BudgetReport(TypedDict):
@@ -123,12 +128,24 @@ FinetuneNote = TypedDict("FinetuneNote", {
 """The fine-tune stage: its steps, and why it was skipped or how long it took and what it started from."""
 
 
+class SizesReport(TypedDict):
+    """Bytes of the ONNX models: fp32, PTQ's own model of the run's kernel, the one written."""
+
+    fp32: Count
+    ptq: Count
+    shipped: Count
+
+
 class RecoveryReport(TypedDict):
     """What was written and why the run ended, as recovery.json records it
     (:func:`quarl.recovery.workflow.recover_stages`)."""
 
     shipped: Literal["ptq", "student"]
     shipped_stage: Text | None
+    ptq_mode: NotRequired[Text]
+    """The run's own kernel, PTQ's (``kernel`` is what was written: the mixed int4/int8 mode
+    where that repair was; absent from an older quarl's files: the same)."""
+    sizes: NotRequired[SizesReport]
     stopped: Literal["kept", "budget"]
     against_ptq: CheckedTest
     against_fp32: CheckedTest

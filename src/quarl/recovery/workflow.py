@@ -15,9 +15,9 @@ from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec
 from quarl.evaluation.record import CellRecord
 from quarl.policies.base import Policy
-from quarl.quant.modes import fp32_actions
+from quarl.quant.modes import fp32_actions, head_index, wider_head_mode
 from quarl.quant.student import KernelSpec, make_student, real_model
-from quarl.recovery.config import ORIGINAL_ZIP, RECOVERY_FILE, STATE_FILE, RecoverConfig
+from quarl.recovery.config import ORIGINAL_ZIP, Q_ALGOS, RECOVERY_FILE, STATE_FILE, RecoverConfig
 from quarl.recovery.dagger import (
     STATE_CAP,
     Progress,
@@ -31,7 +31,7 @@ from quarl.recovery.dagger import (
 )
 from quarl.recovery.folder import _zoo_paths, check_out_folders, find_recovery, load_recovered, write_recovered
 from quarl.recovery.judge import Judge
-from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, StageReport
+from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, SizesReport, StageReport
 from quarl.verdict import Judging
 
 if TYPE_CHECKING:
@@ -146,16 +146,66 @@ def recovered_kernel(checkpoint: Path, policy: Policy, env_spec: EnvSpec, precis
     return recovered.kernel
 
 
+FINE_BLOCK = 16
+"""The smallest block MatMulNBits takes (ONNX Runtime: a power of two, at least 16)."""
+
+
+def mixed_spec(policy: Policy, spec: KernelSpec) -> KernelSpec | None:
+    """The mixed int4/int8 repair of a Q-value agent's ``spec``: its mode with the head in
+    8-bit blocks (:func:`quarl.quant.modes.wider_head_mode`: ``int4-block`` ->
+    ``int4-block-head8``), where the head is quantized; None elsewhere. One 4-bit rounding
+    of the head moves every action's value at once, and where values nearly tie (LunarLander,
+    MountainCar) it flips the greedy action on many states (docs/recover.md, "Q-value heads")."""
+    wider = wider_head_mode(spec.kernel)
+    if wider is None or policy.algo not in Q_ALGOS or head_index(policy.network) in spec.keep:
+        return None
+    return dataclasses.replace(spec, mode=wider.label)
+
+
+def finer_spec(policy: Policy, spec: KernelSpec) -> KernelSpec | None:
+    """The finer-grid repair of a Q-value agent's ``spec``: the same kernel in blocks of
+    :data:`FINE_BLOCK` inputs (twice the scales and zero points of 32, the same 4-bit codes),
+    where its grid is blocks of a size it does not fix, larger than that; None elsewhere."""
+    grid = spec.kernel.student
+    if grid is None or grid.weights != "block" or grid.block_size is not None or spec.block_size <= FINE_BLOCK \
+            or policy.algo not in Q_ALGOS:
+        return None
+    return dataclasses.replace(spec, block_size=FINE_BLOCK)
+
+
+def repairs(policy: Policy, spec: KernelSpec) -> list[tuple[str, KernelSpec]]:
+    """The kernels recover distils into after ``spec``'s own, in order, each with its stage
+    name: the mixed int4/int8 head (:func:`mixed_spec`), then blocks of 16 (:func:`finer_spec`)."""
+    found = []
+    mixed = mixed_spec(policy, spec)
+    if mixed is not None:
+        found.append((mixed.mode, mixed))
+    finer = finer_spec(policy, spec)
+    if finer is not None:
+        found.append((f"blocks of {finer.block_size}", finer))
+    return found
+
+
+def _state_path(state_path: Path, base: KernelSpec, spec: KernelSpec) -> Path:
+    """Where the distillation onto ``spec`` keeps its state (``base``'s own: ``state_path``)."""
+    if spec == base:
+        return state_path
+    return state_path.with_name(f"{state_path.stem}-{spec.mode}-b{spec.block_size}{state_path.suffix}")
+
+
 def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec,
                    state_path: Path | None = None, progress: Progress | None = None
                    ) -> tuple[RecoveryResult, RecoveryReport]:
-    """Distil, then go on until what would be written keeps the ORIGINAL fp32 policy's
-    return on recovery's test episodes or the budget is spent: ``config.rounds`` more DAgger
-    rounds at a time up to ``config.total_rounds``, then ``config.finetune_steps`` of the
-    agent's own algorithm (:func:`finetune_stage`), no stage starting after
-    ``config.budget_minutes``. Each stage's student is written only where it plays at least
-    as well as PTQ's own model (:class:`Judge`); else PTQ's model is. Returns (the result
-    written, the report recovery.json records: ``shipped``, ``stopped``, the tests)."""
+    """PTQ's own model where it already keeps the ORIGINAL fp32 policy's return on recovery's
+    test episodes; else the repairs until what would be written keeps it or the budget is
+    spent: ``config.rounds`` DAgger rounds on ``spec``'s kernel, then (a Q-value agent at
+    int4) as many on the mixed int4/int8 kernel (:func:`mixed_spec`), then ``config.rounds``
+    more at a time on the kernel of the best candidate up to ``config.total_rounds``, then
+    ``config.finetune_steps`` of the agent's own algorithm (:func:`finetune_stage`), no stage
+    starting after ``config.budget_minutes``. A stage's student is a candidate only where it
+    plays at least as well as PTQ's own model of ``spec`` (:class:`Judge`); the best
+    candidate is written, else PTQ's model. Returns (the result written, the report
+    recovery.json records: ``shipped``, ``ptq_mode``, ``sizes``, ``stopped``, the tests)."""
     if state_path is None:  # each stage continues the one before from its state: kept in a temporary folder
         import tempfile
 
@@ -173,23 +223,39 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
         report: StageReport = {"stage": name, "rounds": len(result.history), "agreement": result.agreement,
                                "against_ptq": against_ptq, "written": "ptq" if best is None else best.stage,
                                "against_fp32": keeps, "wall_s": round(time.perf_counter() - started, 2)}
+        if result.spec != spec:  # another kernel than the run's (a repair's)
+            report["mode"] = result.spec.mode
+            report["block_size"] = result.spec.block_size
         if steps is not None:
             report["steps"] = steps
         stages.append(report)
         return bool(keeps["kept"])
 
+    if ptq_keeps(judge):  # nothing to repair: PTQ's own model is shipped as it is
+        written = ptq_result(policy, env_spec, config, spec, judge.ptq_model)
+        return written, _report(judge, written, config, stages, True, None, started, len(written.history))
     limit = config.rounds
-    result = distill(policy, env_spec, config, spec, state_path, progress, rounds=limit)
-    kept = stage("distill", result)
-    last = result
+    last = {spec: distill(policy, env_spec, config, spec, state_path, progress, rounds=limit)}
+    kept = stage("distill", last[spec])
+    names = {spec: ""}
+    for name, other in repairs(policy, spec):  # other kernels, each judged by the same paired tests
+        if kept or time.perf_counter() >= deadline:
+            break
+        names[other] = f" {name}"
+        last[other] = distill(policy, env_spec, config, other, _state_path(state_path, spec, other), progress,
+                              rounds=limit)
+        kept = stage(name, last[other])
     while not kept and limit < config.total_rounds and time.perf_counter() < deadline:
         limit = min(limit + config.rounds, config.total_rounds)
-        last = distill(policy, env_spec, config, spec, state_path, progress, rounds=limit, keep_going=True)
-        kept = stage(f"rounds {limit}", last)
+        chosen = judge.best()
+        on = chosen.result.spec if chosen is not None else spec  # go on with the kernel that plays best
+        last[on] = distill(policy, env_spec, config, on, _state_path(state_path, spec, on), progress, rounds=limit,
+                           keep_going=True)
+        kept = stage(f"rounds {limit}{names[on]}", last[on])
     finetune_note: FinetuneNote | None = None
     if not kept and config.finetune_steps and time.perf_counter() < deadline:
         chosen = judge.best()
-        start = chosen.result if chosen is not None else last
+        start = chosen.result if chosen is not None else last[spec]
         try:
             tuned = finetune_stage(zip_path, policy, env_spec, config, start)
         except QuarlError as exc:  # an algorithm quarl does not train, reward statistics it cannot read...
@@ -203,27 +269,65 @@ def recover_stages(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
     if best is not None:
         written = best.result
     else:  # PTQ's own model: the real kernel ptq runs for this mode, no distillation
-        written = dataclasses.replace(last, student=make_student(policy.network, spec), model=judge.ptq_model,
-                                      best_round=-1, agreement=last.ptq_agreement)
-    written = dataclasses.replace(written, wall_s=last.wall_s)
+        written = dataclasses.replace(last[spec], student=make_student(policy.network, spec), model=judge.ptq_model,
+                                      best_round=-1, agreement=last[spec].ptq_agreement)
+    played = max(len(r.history) for r in last.values())
+    written = dataclasses.replace(written, wall_s=max(r.wall_s for r in last.values()))
+    return written, _report(judge, written, config, stages, kept, finetune_note, started, played)
+
+
+def ptq_keeps(judge: Judge) -> bool:
+    """Whether PTQ's own model already keeps the original fp32's return on recovery's test
+    episodes (strict: undecided is not kept), before any repair is tried."""
+    return bool(judge.keeps()["kept"])
+
+
+def ptq_result(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: KernelSpec, model: bytes
+               ) -> RecoveryResult:
+    """PTQ's own model of ``spec`` as a result of no rounds (its agreement with the teacher
+    on the calibration states)."""
+    from quarl.evaluation.calibration import calibration_inputs
+
+    states = calibration_inputs(policy, env_spec)
+    agreement = _agreement(policy, _acting(policy, spec, model), states, fp32_actions(policy, states),
+                           config.action_tolerance)
+    target = config.target_agreement or config.min_agreement
+    return RecoveryResult(spec, make_student(policy.network, spec), model, [], -1, agreement, agreement, target, [],
+                          "target")
+
+
+def model_sizes(policy: Policy, ptq_model: bytes, written: bytes) -> SizesReport:
+    """Bytes of the fp32 ONNX model, PTQ's own model and the written one (initializers and graph)."""
+    from quarl.quant.backends.onnxruntime import export_onnx
+
+    return {"fp32": len(export_onnx(policy.network, policy.input_shape)), "ptq": len(ptq_model),
+            "shipped": len(written)}
+
+
+def _report(judge: Judge, written: RecoveryResult, config: RecoverConfig, stages: list[StageReport], kept: bool,
+            finetune_note: FinetuneNote | None, started: float, played: int) -> RecoveryReport:
+    """recovery.json's report of a run (what :func:`recover_stages` returns beside the result)."""
+    best = judge.best()
     against_fp32 = judge.keeps()
     report: RecoveryReport = {
         "shipped": "ptq" if best is None else "student",
         "shipped_stage": None if best is None else best.stage,
+        "ptq_mode": judge.spec.mode,
+        "sizes": model_sizes(judge.policy, judge.ptq_model, written.model),
         "stopped": "kept" if kept else "budget",
         "against_ptq": {"verdict": "no student was shown at least as good"} if best is None else best.against_ptq,
         "against_fp32": against_fp32,
         "stages": stages,
-        "budget": {"rounds": config.total_rounds, "rounds_played": len(last.history),
+        "budget": {"rounds": config.total_rounds, "rounds_played": played,
                    "finetune_steps": config.finetune_steps, "minutes": config.budget_minutes},
         "total_s": round(time.perf_counter() - started, 2),
     }
     if finetune_note:
         report["finetune"] = finetune_note
-    log.info("recovery wrote %s (%s); %s against the original fp32 on %d test episodes: %s",
-             report["shipped"], report["shipped_stage"] or "PTQ's own model", report["stopped"],
-             against_fp32["episodes"], against_fp32["verdict"])
-    return written, report
+    log.info("recovery wrote %s (%s, %s, %d bytes); %s against the original fp32 on %d test episodes: %s",
+             report["shipped"], report["shipped_stage"] or "PTQ's own model", written.spec.mode,
+             len(written.model), report["stopped"], against_fp32.get("episodes", 0), against_fp32["verdict"])
+    return report
 
 
 def finetune_stage(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: RecoverConfig,

@@ -33,7 +33,7 @@ from quarl.core.limits import load_torch, open_zip, read_zip_entry, torch_file_c
 from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.quant.layers import linear_layers
-from quarl.quant.student import KernelSpec, StudentLinear, make_student, sb3_tensors
+from quarl.quant.student import KernelSpec, StudentLinear, layer_bits, make_student, sb3_tensors
 from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, raise_if_non_finite
 from quarl.training.hp_checks import check_net_arch
@@ -100,7 +100,8 @@ def _wrap(sb3_policy: nn.Module, policy: Policy, spec: KernelSpec) -> list[tuple
     """Put the acting layers of ``sb3_policy`` (found by the SB3 names the loader gave
     quarl's network) on the student's grid, in place."""
     wrapped = []
-    for i, (_, layer) in enumerate(linear_layers(policy.network)):
+    layers = linear_layers(policy.network)
+    for i, (_, layer) in enumerate(layers):
         if not isinstance(layer, nn.Linear) or i in spec.keep:
             continue
         name = getattr(layer, "sb3_name", None)
@@ -111,7 +112,7 @@ def _wrap(sb3_policy: nn.Module, policy: Policy, spec: KernelSpec) -> list[tuple
         target = getattr(owner, attr)
         if not isinstance(target, nn.Linear):
             raise QuarlError(f"{name} of the SB3 policy is a {type(target).__name__}, not the Linear layer quarl loaded")
-        student = StudentLinear(target, spec)
+        student = StudentLinear(target, spec, layer_bits(spec, i, len(layers)))
         setattr(owner, attr, student)
         wrapped.append((name, student))
     return wrapped
