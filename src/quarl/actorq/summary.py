@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,7 +15,7 @@ from pydantic import ConfigDict, Field, JsonValue, field_validator, with_config
 from typing_extensions import TypedDict
 
 from quarl.core.errors import QuarlError
-from quarl.core.file_schema import Record, parse_json, parse_record
+from quarl.core.file_schema import Record, parse_json, parse_record, record_of
 from quarl.core.limits import read_capped
 from quarl.core.provenance import Provenance, whole_provenance
 
@@ -28,7 +29,7 @@ WINDOW = 10
 """Evaluations in the running mean that time-to-reward uses (as the paper)."""
 
 
-def running_means(evals: list) -> np.ndarray:
+def running_means(evals: Sequence[Sequence[float]]) -> np.ndarray:
     """The running mean over the last :data:`WINDOW` evaluations, after each evaluation."""
     v = np.array([e[2] for e in evals], dtype=float)
     return np.array([v[max(0, i - WINDOW + 1) : i + 1].mean() for i in range(len(v))])
@@ -88,50 +89,6 @@ class ActorQuant(TypedDict, total=False):
     """An int precision: the layers kept in fp32."""
 
 
-class ActorQSummaryRecord(Record):
-    """``summary.json`` as read back: :class:`ActorQSummary`'s fields, typed (counts whole
-    and non-negative, times and rates finite and non-negative; returns as measured)."""
-
-    config: dict[str, _Measured | JsonValue]
-    """The run's config as JSON (an old config's non-finite number included)."""
-    machine: MachineInfo
-    target_reward: float | None
-    reached: bool
-    time_to_reward_s: _Rate | None
-    elapsed_s: _Rate
-    final_running_mean: _Measured | None
-    evals: list[Annotated[list[_Measured], Field(min_length=3, max_length=4)]]
-    env_steps: _Count
-    learner_steps: _Count
-    env_steps_per_s: _Rate
-    learner_steps_per_s: _Rate
-    actor_env_steps_per_s: dict[str, _Rate]
-    actor_ms_per_step: dict[str, _Rate]
-    actor_time_share: dict[str, float]
-    actor_busy_ms_per_step: _Rate
-    actor_wall_ms_per_step: _Rate
-    evaluator_busy_s: _Rate | None
-    coordinator_ms_per_step: _Rate
-    learner_ms_per_step: _Rate
-    env_steps_at_target: _Count | None
-    learner_time_share: dict[str, float]
-    learner_busy_s: _Rate
-    weight_versions: _Count
-    pulls: _Count
-    loads: _Count
-    restarts: _Count
-    actor_nodes: dict[str, str | list[str]]
-    episodes: _Count
-    broadcast: dict[str, float | None]
-    energy: Energy
-    actor_quant: ActorQuant = {}
-    provenance: dict[str, _Measured | JsonValue] = {}
-    """Any JSON object: one that is not a whole :class:`Provenance` is read as None."""
-    machine_busy_cores: _Rate | None = None
-    steady_env_steps_per_s: _Rate | None = None
-    mismatch: dict[str, _Measured] | None = None
-
-
 class ActorQRunConfig(Record):
     """The part of a summary's ``config`` that loading the run's policy needs."""
 
@@ -171,42 +128,42 @@ class ActorQSummary:
     target_reward: float | None
     reached: bool
     """The running mean of evaluations reached ``target_reward`` within the budget."""
-    time_to_reward_s: float | None
-    elapsed_s: float
-    final_running_mean: float | None
-    evals: list
+    time_to_reward_s: _Rate | None
+    elapsed_s: _Rate
+    final_running_mean: _Measured | None
+    evals: Sequence[Annotated[Sequence[_Measured], Field(min_length=3, max_length=4)]]
     """[seconds, weight version, mean return, env steps] per evaluation, at the weights'
     snapshot (see :func:`running_means`; runs stored by older quarl versions lack the env steps)."""
-    env_steps: int
-    learner_steps: int
-    env_steps_per_s: float
-    learner_steps_per_s: float
-    actor_env_steps_per_s: dict[str, float]
+    env_steps: _Count
+    learner_steps: _Count
+    env_steps_per_s: _Rate
+    learner_steps_per_s: _Rate
+    actor_env_steps_per_s: dict[str, _Rate]
     """By actor index."""
-    actor_ms_per_step: dict[str, float]
+    actor_ms_per_step: dict[str, _Rate]
     """Actor time per part: inference, env, pull, deserialize, load."""
     actor_time_share: dict[str, float]
     """Share of the actors' wall time per part, waiting on the rate limiter and Ray's dispatch included."""
-    actor_busy_ms_per_step: float
-    actor_wall_ms_per_step: float
+    actor_busy_ms_per_step: _Rate
+    actor_wall_ms_per_step: _Rate
     """An actor's wall time per step when not held by the rate limiter (Ray's dispatch included)."""
-    evaluator_busy_s: float | None
-    coordinator_ms_per_step: float
+    evaluator_busy_s: _Rate | None
+    coordinator_ms_per_step: _Rate
     """The coordinator's CPU beyond learner steps (receiving chunks, replay, logging)."""
-    learner_ms_per_step: float
-    env_steps_at_target: int | None
+    learner_ms_per_step: _Rate
+    env_steps_at_target: _Count | None
     learner_time_share: dict[str, float]
     """``learning`` and ``waiting`` shares of the run's wall time."""
-    learner_busy_s: float
-    weight_versions: int
-    pulls: int
-    loads: int
+    learner_busy_s: _Rate
+    weight_versions: _Count
+    pulls: _Count
+    loads: _Count
     """Pulls that installed new weights (a pull of an unchanged version loads nothing)."""
-    restarts: int
-    actor_nodes: dict[str, list[str]]
+    restarts: _Count
+    actor_nodes: dict[str, str | list[str]]
     """Ray nodes each actor index ran on, in order (``local`` in process; a single node in
     runs of quarl before restarts were followed)."""
-    episodes: int
+    episodes: _Count
     broadcast: dict[str, float]
     """The last broadcast: bytes, build seconds, version."""
     energy: Energy
@@ -216,14 +173,14 @@ class ActorQSummary:
     provenance: Provenance | None = None
     """The software and machine that made it (:func:`quarl.core.provenance.provenance`); None
     in a summary stored without a whole one (written as ``{}``, as quarl wrote a missing one)."""
-    machine_busy_cores: float | None = None
+    machine_busy_cores: _Rate | None = None
     """Cores the driver's machine kept busy on average (every process on it: Ray's daemons
     and the OS too); None in runs of quarl before it was recorded."""
-    steady_env_steps_per_s: float | None = None
+    steady_env_steps_per_s: _Rate | None = None
     """Env steps per second once every actor had returned its first chunk (worker start-up,
     env creation and the first weight pull left out); None for a run too short to tell, or
     stored by a quarl before it was measured. ``env_steps_per_s`` counts from the start."""
-    mismatch: dict[str, float] | None = None
+    mismatch: dict[str, _Measured] | None = None
     """impala: the actors' policy mu against the learner's pi on the states the actors met,
     averaged over learner steps: ``kl`` (KL(mu || pi) per state), ``rho_mean``, ``rho_std``
     and ``rho_clipped`` (the importance ratios pi / mu and the share above rho-bar), and
@@ -242,7 +199,7 @@ class ActorQSummary:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], where: str = "summary") -> ActorQSummary:
-        """A summary from its JSON object, checked as an :class:`ActorQSummaryRecord`
+        """A summary from its JSON object, checked as an :data:`ActorQSummaryRecord`
         (one line naming ``where`` and the field); the values are kept as stored."""
         names = {f.name for f in dataclasses.fields(cls)}
         required = {f.name for f in dataclasses.fields(cls)
@@ -270,3 +227,14 @@ class ActorQSummary:
         from quarl.core.atomic import write_atomic
 
         write_atomic(Path(path), json.dumps(self.to_json(), indent=1))
+
+
+_JSON_OBJECT = dict[str, _Measured | JsonValue]
+"""A JSON object as stored (an old config's non-finite number included)."""
+ActorQSummaryRecord = record_of("ActorQSummaryRecord", ActorQSummary, base=Record, names={"ConfigJSON": _JSON_OBJECT},
+                                types={"config": _JSON_OBJECT, "provenance": _JSON_OBJECT,
+                                       "broadcast": dict[str, float | None]})  # a build time not measured: null
+"""``summary.json`` as read back: :class:`ActorQSummary`'s fields, typed and checked as its
+annotations say (counts whole and non-negative, times and rates finite and non-negative,
+returns as measured); its config and provenance any JSON object (a provenance that is not
+a whole :class:`Provenance` is read as None). Made from the dataclass: one definition."""

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from quarl.core.errors import QuarlError
 
@@ -49,9 +49,17 @@ def record_of(name: str, shape: type, *, base: type[R], flatten: Mapping[str, ty
     fields: dict[str, Any] = {}
     for source, shape_field in _flat_fields(shape, flatten or {}):
         hint = (types or {}).get(shape_field.name) or _hints(source, names or {})[shape_field.name]
-        default = shape_field.default if shape_field.default is not dataclasses.MISSING else ...
-        fields[shape_field.name] = (hint, default)
+        fields[shape_field.name] = (hint, _default(shape_field))
     return typing.cast(type[R], create_model(name, __base__=base, __module__=shape.__module__, **fields))
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """What a dataclass field defaults to, as a pydantic field (``...``: required)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return Field(default_factory=f.default_factory)
+    return ...
 
 
 def _flat_fields(shape: type, flatten: Mapping[str, type]) -> list[tuple[type, dataclasses.Field[Any]]]:
