@@ -27,11 +27,11 @@ from quarl.actorq.run_state import check_state as _check_state
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.limits import check_tensors, open_zip, read_capped, read_zip_entry
-from quarl.quant.config import QATConfig
+from quarl.quant.config import QATConfig, QATState
 from quarl.training.checkpoint_arrays import ARRAYS_CAP, ReplayPosition, load_arrays, load_replay, replay_arrays
 from quarl.training.checkpoints import CheckpointData
 from quarl.training.hyperparams import ZooEntry
-from quarl.training.qat_sb3 import QATStateRecord, read_qat_state
+from quarl.training.qat_sb3 import read_qat_state
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -54,7 +54,7 @@ def _one_line(exc: QuarlError, starts: str) -> str:
 # ---------------------------------------------------------------------------- records
 
 
-RECORDS = [QATStateRecord, RunStateRecord, CheckpointData, ZooEntry, ReplayPosition]
+RECORDS = [QATState, RunStateRecord, CheckpointData, ZooEntry, ReplayPosition]
 
 
 @FUZZ
@@ -69,14 +69,14 @@ def test_any_parsed_object_is_a_record_or_one_line_naming_the_field(record_type:
     assert isinstance(record, record_type)
     for value in record.model_dump().values():  # strict and finite: what was accepted means something
         if isinstance(value, float):
-            assert math.isfinite(value) or record_type is QATStateRecord
+            assert math.isfinite(value) or record_type is QATState
 
 
 def test_deep_nesting_is_one_line() -> None:
     deep: Any = 0
     for _ in range(100_000):  # built without recursion; deeper than Python's stack
         deep = [deep]
-    for record_type in (QATStateRecord, RunStateRecord, ReplayPosition, CheckpointData):
+    for record_type in (QATState, RunStateRecord, ReplayPosition, CheckpointData):
         with pytest.raises(QuarlError) as caught:
             parse_record(record_type, {"layers": deep, "config": deep, "env_steps": deep, "pos": deep}, "f.json")
         _one_line(caught.value, "f.json: field ")
@@ -149,10 +149,10 @@ def test_a_qat_state_is_ranges_that_mean_something_or_one_line(tmp_path: Path, t
     except QuarlError as exc:
         _one_line(exc, str(path))
         return
-    QATConfig(**state["config"])
-    for layer in state["layers"].values():
-        assert isinstance(layer["quantize"], bool)
-        assert _range_ok(layer["out_min"], layer["out_max"]) and _range_ok(layer["w_min"], layer["w_max"]), layer
+    assert isinstance(state.config, QATConfig)
+    for layer in state.layers.values():
+        assert isinstance(layer.quantize, bool)
+        assert _range_ok(layer.out_min, layer.out_max) and _range_ok(layer.w_min, layer.w_max), layer
 
 
 # ---------------------------------------------------------------------------- limits.py

@@ -370,7 +370,7 @@ NEVER = " (allowed: finite numbers, or Infinity..-Infinity for a layer never obs
 ])
 def test_a_qat_runs_state_is_checked_when_its_policy_is_loaded(tiny_run: Path, tmp_path: Path, edit: dict | None,
                                                                message: str | None) -> None:
-    """qat.json beside config.yml is read as the QATStateRecord a resume reads: NaN, inf or
+    """qat.json beside config.yml is read as the QATState a resume reads: NaN, inf or
     zero-width ranges are refused at load time too (they used to load: a NaN range was
     skipped, a zero-width one divided by zero), in one line naming the file and the layer."""
     import json

@@ -23,7 +23,7 @@ from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers
 from quarl.training.hyperparams import TRAINERS
 from quarl.training.mixed_precision import LossScale, enable_mixed_precision, fp32_outputs
-from quarl.training.qat_sb3 import QATCallback, load_qat_state, qat_targets, wrap_policy, wrapped_layers
+from quarl.training.qat_sb3 import QATCallback, load_qat_state, qat_targets, read_qat_state, wrap_policy, wrapped_layers
 from quarl.training.sb3_train import TrainConfig, train
 from quarl.training.train_setup import prepare
 
@@ -136,7 +136,7 @@ def test_qat_state_restores_into_a_fresh_model(tmp_path: Path) -> None:
     env_id, hp = TINY["dqn"]
     result = train(TrainConfig("dqn", env_id, timesteps=600, qat=QATConfig(3, 200), hyperparams=hp, out=tmp_path,
                                eval_freq=0, tensorboard=False))
-    state = json.loads((result.run_dir / "CartPole-v1" / "qat.json").read_text())
+    state = read_qat_state(result.run_dir / "CartPole-v1" / "qat.json")
     fresh = sb3.DQN.load(result.run_dir / "CartPole-v1.zip", device="cpu")
     wrap_policy(fresh.policy, QATConfig(3, 200))
     load_qat_state(fresh.policy, state)
@@ -576,7 +576,7 @@ def test_a_qat_state_that_means_nothing_is_refused_naming_file_and_field(tmp_pat
     state = json.loads(json.dumps(_STATE))
     path = tmp_path / "rl_model_600_steps.qat.json"
     path.write_text(json.dumps(state))
-    assert read_qat_state(path, QATConfig(3, 200))["layers"]["q_net.q_net.0"] == _LAYER  # as written, it loads
+    assert read_qat_state(path, QATConfig(3, 200)).layers["q_net.q_net.0"].model_dump() == _LAYER  # as written, it loads
     edit(state)
     path.write_text(json.dumps(state))
     with pytest.raises(QuarlError, match=message) as caught:
@@ -593,7 +593,7 @@ def test_a_layer_never_observed_keeps_its_sentinel_range(tmp_path: Path) -> None
     state["layers"]["q_net.q_net.0"].update(out_min=float("inf"), out_max=float("-inf"))
     path = tmp_path / "qat.json"
     path.write_text(json.dumps(state))
-    assert read_qat_state(path)["layers"]["q_net.q_net.0"]["out_max"] == float("-inf")
+    assert read_qat_state(path).layers["q_net.q_net.0"].out_max == float("-inf")
     state["layers"]["q_net.q_net.0"].update(out_min=float("-inf"), out_max=float("inf"))  # not the sentinel
     path.write_text(json.dumps(state))
     with pytest.raises(QuarlError, match=r"out_min..out_max = -inf..inf is not a finite range"):

@@ -41,23 +41,22 @@ def from_qat_state(policy: Policy, state: QATState) -> Policy:
 
     ``state``: ``qat.json`` as read (:class:`~quarl.quant.config.QATState`), its layers keyed
     by each layer's ``sb3_name`` (set by the SB3 loader)."""
-    from quarl.quant.config import QATConfig
     from quarl.quant.qat import QATLayer
 
-    config = QATConfig(**state["config"])
-    if not state.get("enabled"):
+    config = state.config
+    if not state.enabled:
         return policy
     network = policy.clone_network()
     ranges: dict[str, tuple[float, float]] = {}
     for name, layer in linear_layers(network):
         sb3_name = getattr(layer, "sb3_name", None)
-        saved = state["layers"].get(sb3_name) if sb3_name is not None else None
-        if saved is None or not saved["quantize"]:
+        saved = state.layers.get(sb3_name) if sb3_name is not None else None
+        if saved is None or not saved.quantize:
             raise QuarlError(f"the QAT state has no quantized layer for {sb3_name or name!r}")
         wrapper = QATLayer(layer, config.bits, config.scheme, resolve_granularity(config.granularity, layer.weight.dim()))
         with torch.no_grad():
             layer.weight.copy_(wrapper.quantized_weight())
-        if saved["out_min"] <= saved["out_max"]:
-            ranges[name] = (saved["out_min"], saved["out_max"])
+        if saved.out_min <= saved.out_max:
+            ranges[name] = (saved.out_min, saved.out_max)
     network = with_activation_quant(network, ranges, config.bits)
     return policy.with_network(network, f"qat{config.bits}", TorchEngine(network))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TypedDict, Unpack
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Annotated, Any, TypedDict, Unpack
+
+from pydantic import Field, field_validator, model_validator
 
 from quarl.core.errors import QuarlError
+from quarl.core.file_schema import Record, record_of
 from quarl.core.validate import bit_widths, digits, unknown_precision  # noqa: F401  (bit_widths: named here as before)
 from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
@@ -25,20 +29,9 @@ class ParseOptions(TypedDict, total=False):
     action_tolerance: float
 
 
-class QuantConfigJson(TypedDict):
-    """A :class:`QuantConfig` as plain fields (:meth:`QuantConfig.to_json`): part of every stored
-    result's key."""
-
-    precision: str
-    bits: int
-    mode: str
-    scheme: str
-    granularity: str
-    block_size: int
-    int8_weights: str
-    activations: bool
-    min_agreement: float
-    action_tolerance: float
+QuantConfigJson = dict[str, str | int | float | bool]
+"""A :class:`QuantConfig` as plain fields (:meth:`QuantConfig.to_json`): part of every stored
+result's key."""
 
 
 @dataclass(frozen=True)
@@ -133,11 +126,8 @@ class QuantConfig:
         return self.precision
 
     def to_json(self) -> QuantConfigJson:
-        """The fields in their order (what ``dataclasses.asdict`` gives), as stored keys hold them."""
-        return {"precision": self.precision, "bits": self.bits, "mode": self.mode, "scheme": self.scheme,
-                "granularity": self.granularity, "block_size": self.block_size, "int8_weights": self.int8_weights,
-                "activations": self.activations, "min_agreement": self.min_agreement,
-                "action_tolerance": self.action_tolerance}
+        """The fields in their order, as stored keys hold them."""
+        return asdict(self)
 
     def resolved(self) -> QuantConfig:
         """The config with ``int8_weights="auto"`` replaced by what this CPU runs (the key
@@ -151,37 +141,6 @@ class QuantConfig:
             raise QuarlError("--int8-weights symmetric needs a CPU with VNNI (AVX512-VNNI or AVX-VNNI), which this one "
                              "lacks: its u8 x s8 kernels saturate int16 sums; use asymmetric or auto")
         return self
-
-
-class QATConfigJson(TypedDict):
-    """A :class:`QATConfig` as plain fields (:meth:`QATConfig.to_json`): ``qat.json``'s ``config``."""
-
-    bits: int
-    quant_delay: int
-    scheme: str
-    granularity: str
-    critic: bool
-
-
-class QATLayerState(TypedDict):
-    """One fake-quantized layer in ``qat.json``: whether it quantizes, and its monitored output
-    and weight ranges (``Infinity, -Infinity``: never observed)."""
-
-    quantize: bool
-    out_min: float
-    out_max: float
-    w_min: float
-    w_max: float
-
-
-class QATState(TypedDict):
-    """The JSON object ``qat.json`` holds (checked as ``quarl.training.qat_sb3.QATStateRecord`` when
-    read): what a QAT run's wrappers restore from and :func:`quarl.quant.api.from_qat_state` rebuilds
-    the quantized policy from, layers keyed by name."""
-
-    config: QATConfigJson
-    enabled: bool
-    layers: dict[str, QATLayerState]
 
 
 @dataclass(frozen=True)
@@ -207,10 +166,64 @@ class QATConfig:
         if isinstance(self.quant_delay, bool) or not isinstance(self.quant_delay, int) or self.quant_delay < 0:
             raise QuarlError(f"quant delay {self.quant_delay!r} must be an integer >= 0")
 
-    def to_json(self) -> QATConfigJson:
-        """The fields in their order (what ``dataclasses.asdict`` gives)."""
-        return {"bits": self.bits, "quant_delay": self.quant_delay, "scheme": self.scheme,
-                "granularity": self.granularity, "critic": self.critic}
+
+
+_Bound = Annotated[float, Field(allow_inf_nan=True)]
+"""A monitored bound: finite, or the observer's never-observed sentinel (+inf, -inf) as a pair."""
+
+
+class QATLayerState(Record):
+    """One fake-quantized layer in ``qat.json``: whether it quantizes, and its monitored output
+    and weight ranges, each a finite interval of positive width, or never observed (the
+    observer's initial +inf, -inf, which ``json.dumps`` writes as ``Infinity, -Infinity``); NaN,
+    other infinities, zero or negative widths are refused when read (fake quantization divides
+    by the width)."""
+
+    quantize: bool
+    out_min: _Bound
+    out_max: _Bound
+    w_min: _Bound
+    w_max: _Bound
+
+    @model_validator(mode="after")
+    def _ranges_mean_something(self) -> QATLayerState:
+        for lo_name, hi_name in (("out_min", "out_max"), ("w_min", "w_max")):
+            lo, hi = getattr(self, lo_name), getattr(self, hi_name)
+            if lo == math.inf and hi == -math.inf:
+                continue  # never observed
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} is not a finite range (allowed: finite numbers, "
+                                 "or Infinity..-Infinity for a layer never observed)")
+            if not hi > lo:
+                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} has width {hi - lo!r}: a range must be wider "
+                                 "than zero")
+        return self
+
+
+_QAT_CONFIG_FIELDS = record_of("QATConfigFields", QATConfig, base=Record)
+"""A :class:`QATConfig`'s fields as ``qat.json`` holds them, typed (checked before it is built)."""
+
+
+class QATState(Record):
+    """What ``qat.json`` holds: the run's settings, whether fake quantization was on, and each
+    wrapped layer's state by name; what a QAT run's wrappers restore from and
+    :func:`quarl.quant.api.from_qat_state` rebuilds the quantized policy from. Read back with
+    :func:`quarl.training.qat_sb3.read_qat_state`."""
+
+    config: QATConfig
+    enabled: bool
+    layers: dict[str, QATLayerState]
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _settings(cls, config: Any) -> QATConfig:
+        if isinstance(config, QATConfig):
+            return config
+        fields = _QAT_CONFIG_FIELDS.model_validate(config)
+        try:
+            return QATConfig(**fields.model_dump())
+        except QuarlError as exc:  # one line naming the field, as the types' own refusals
+            raise ValueError(str(exc)) from None
 
 
 def allowed_precisions() -> str:

@@ -39,7 +39,7 @@ def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
     state_file = qat_file(path)
     checkpoint = load_zoo(path, trust_pickle)
     if state_file is not None:
-        # a typed QATStateRecord: NaN, inf or zero-width ranges refused here as on resume
+        # a typed QATState: NaN, inf or zero-width ranges refused here as on resume
         checkpoint.policy = from_qat_state(checkpoint.policy, read_qat_state(state_file))
     return checkpoint
 

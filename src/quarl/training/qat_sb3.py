@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
-from typing import Annotated
 
 import torch
-from pydantic import Field, model_validator
 from stable_baselines3.common.callbacks import BaseCallback
 from torch import nn
 
 from quarl.core.errors import QuarlError
-from quarl.core.file_schema import Record, parse_json, parse_record
+from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.limits import read_capped
 from quarl.quant.config import QATConfig, QATLayerState, QATState
 from quarl.quant.primitives import resolve_granularity
@@ -76,26 +73,26 @@ def _range(layer: QATLayer, observer: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def qat_state(policy: nn.Module, settings: QATConfig) -> QATState:
-    """Everything needed to restore the wrappers or to rebuild the quantized policy (the
-    JSON object ``qat.json`` holds, a :class:`QATStateRecord`)."""
+    """Everything needed to restore the wrappers or to rebuild the quantized policy (what
+    ``qat.json`` holds). Built as measured, unchecked: a range read back is checked then."""
     layers: dict[str, QATLayerState] = {}
     for name, layer in wrapped_layers(policy).items():
         (out_min, out_max), (w_min, w_max) = _range(layer, "output_observer"), _range(layer, "weight_observer")
-        layers[name] = {"quantize": layer.quantize, "out_min": float(out_min), "out_max": float(out_max),
-                        "w_min": float(w_min), "w_max": float(w_max)}
-    enabled = any(v["quantize"] for v in layers.values())
-    return {"config": settings.to_json(), "enabled": enabled, "layers": layers}
+        layers[name] = QATLayerState.model_construct(quantize=layer.quantize, out_min=float(out_min),
+                                                     out_max=float(out_max), w_min=float(w_min), w_max=float(w_max))
+    enabled = any(v.quantize for v in layers.values())
+    return QATState.model_construct(config=settings, enabled=enabled, layers=layers)
 
 
 def load_qat_state(policy: nn.Module, state: QATState) -> None:
-    """Restore the wrappers of ``policy`` from :func:`read_qat_state`'s object."""
+    """Restore the wrappers of ``policy`` from :func:`read_qat_state`'s state."""
     for name, layer in wrapped_layers(policy).items():
-        saved = state["layers"].get(name)
+        saved = state.layers.get(name)
         if saved is None:
             raise QuarlError(f"the saved QAT state has no layer {name!r}: it belongs to another network")
-        layer.quantize = bool(saved["quantize"])
-        for observer, low_value, high_value in (("output_observer", saved["out_min"], saved["out_max"]),
-                                                ("weight_observer", saved["w_min"], saved["w_max"])):
+        layer.quantize = bool(saved.quantize)
+        for observer, low_value, high_value in (("output_observer", saved.out_min, saved.out_max),
+                                                ("weight_observer", saved.w_min, saved.w_max)):
             low, high = _range(layer, observer)
             low.fill_(low_value)
             high.fill_(high_value)
@@ -104,68 +101,20 @@ def load_qat_state(policy: nn.Module, state: QATState) -> None:
 def write_qat_state(path: Path, policy: nn.Module, settings: QATConfig) -> None:
     from quarl.core.atomic import write_atomic
 
-    write_atomic(path, json.dumps(qat_state(policy, settings), indent=1))
+    write_atomic(path, json.dumps(qat_state(policy, settings).model_dump(), indent=1))
 
 
 QAT_STATE_CAP = 1 << 20
 """Bytes a qat.json may have (a few hundred per layer)."""
-_Bound = Annotated[float, Field(allow_inf_nan=True)]
-"""A monitored bound: finite, or the observer's never-observed sentinel (+inf, -inf) as a pair."""
-
-
-class QATConfigRecord(Record):
-    bits: int
-    quant_delay: int
-    scheme: str
-    granularity: str
-    critic: bool = False
-
-
-class QATLayerRecord(Record):
-    """One wrapped layer's monitored ranges: each a finite interval of positive width, or
-    never observed (the observer's initial +inf, -inf, which ``json.dumps`` writes as
-    ``Infinity, -Infinity``); NaN, other infinities, zero or negative widths are refused
-    (fake quantization divides by the width)."""
-
-    quantize: bool
-    out_min: _Bound
-    out_max: _Bound
-    w_min: _Bound
-    w_max: _Bound
-
-    @model_validator(mode="after")
-    def _ranges_mean_something(self) -> QATLayerRecord:
-        for lo_name, hi_name in (("out_min", "out_max"), ("w_min", "w_max")):
-            lo, hi = getattr(self, lo_name), getattr(self, hi_name)
-            if lo == math.inf and hi == -math.inf:
-                continue  # never observed
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} is not a finite range (allowed: finite numbers, "
-                                 "or Infinity..-Infinity for a layer never observed)")
-            if not hi > lo:
-                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} has width {hi - lo!r}: a range must be wider "
-                                 "than zero")
-        return self
-
-
-class QATStateRecord(Record):
-    """What ``qat.json`` holds (see :func:`qat_state`)."""
-
-    config: QATConfigRecord
-    enabled: bool
-    layers: dict[str, QATLayerRecord]
 
 
 def read_qat_state(path: Path, expected: QATConfig | None = None) -> QATState:
-    """A ``qat.json`` (the final one or a checkpoint's) read and validated as a
-    :class:`QATStateRecord`, as the :class:`~quarl.quant.config.QATState` :func:`load_qat_state`
-    and :func:`quarl.quant.api.from_qat_state` take. With ``expected``, its settings must be
+    """A ``qat.json`` (the final one or a checkpoint's) read and checked as a
+    :class:`~quarl.quant.config.QATState`, as :func:`load_qat_state` and
+    :func:`quarl.quant.api.from_qat_state` take it. With ``expected``, its settings must be
     those of the run resuming it (another bit width would be another run)."""
-    record = parse_record(QATStateRecord, parse_json(read_capped(path, QAT_STATE_CAP, "a QAT state"), path), path)
-    try:
-        saved = QATConfig(**record.config.model_dump())
-    except (QuarlError, TypeError) as exc:
-        raise QuarlError(f"{path}: field config: {exc}") from None
+    state = parse_record(QATState, parse_json(read_capped(path, QAT_STATE_CAP, "a QAT state"), path), path)
+    saved = state.config
     # the quant delay may move (its default follows the budget, which a resume may extend)
     differ = [k for k in ("bits", "scheme", "granularity", "critic") if expected is not None
               and getattr(saved, k) != getattr(expected, k)]
@@ -173,10 +122,7 @@ def read_qat_state(path: Path, expected: QATConfig | None = None) -> QATState:
         name = differ[0]
         raise QuarlError(f"{path}: field config.{name}: the run was trained with {name}={getattr(saved, name)!r}, this "
                          f"one asks {getattr(expected, name)!r}: resume with the same QAT options")
-    layers: dict[str, QATLayerState] = {
-        name: {"quantize": layer.quantize, "out_min": layer.out_min, "out_max": layer.out_max, "w_min": layer.w_min,
-               "w_max": layer.w_max} for name, layer in record.layers.items()}
-    return {"config": saved.to_json(), "enabled": record.enabled, "layers": layers}
+    return state
 
 
 class QATCallback(BaseCallback):
