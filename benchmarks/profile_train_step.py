@@ -29,10 +29,11 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 torch.set_num_threads(1)
 
 
-def profile_update(policy: str, precision: str, device: str, steps: int, rows: int) -> tuple[float, str]:
+def profile_update(policy: str, precision: str, device: str, steps: int, rows: int,
+                   fused: bool) -> tuple[float, str]:
     """Mean seconds of one update over ``steps`` (outside the profiler) and the profiler's table."""
     set_tf32(precision == "tf32")
-    model = make_model(policy, precision, device, compiled=False)
+    model = make_model(policy, precision, device, compiled=False, fused=fused)
     model.learn(200)  # fills the buffer past learning_starts
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=20, help="updates timed and profiled")
     parser.add_argument("--rows", type=int, default=15, help="operators shown per precision")
+    parser.add_argument("--optimizer", choices=("fused", "foreach"), default="foreach",
+                        help="Adam's implementation (foreach: SB3's default)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: policy A, fp32 and bf16, 2 steps")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
@@ -81,10 +84,10 @@ def main() -> None:
     console = Console()
     filters, fc = POLICIES[args.policy]
     console.print(f"{device_name(args.device)}, torch {torch.__version__}, policy {args.policy} "
-                  f"(3 conv x {filters} + FC {fc}), DQN on Pong, batch 32, {args.steps} updates per precision")
+                  f"(3 conv x {filters} + FC {fc}), DQN on Pong, batch 32, Adam {args.optimizer}, {args.steps} updates per precision")
     timings = {}
     for p in precisions:
-        seconds, table = profile_update(args.policy, p, args.device, args.steps, args.rows)
+        seconds, table = profile_update(args.policy, p, args.device, args.steps, args.rows, args.optimizer == "fused")
         timings[p] = seconds
         console.print(f"\n== {p}: {seconds * 1e3:.2f} ms per update")
         console.print(table, markup=False, highlight=False, soft_wrap=True)

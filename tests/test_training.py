@@ -192,14 +192,17 @@ def _dqn_batches(model: sb3.DQN) -> list:
     return seen
 
 
-@pytest.mark.parametrize("init_scale", [2.0**24, 2.0**40])
-def test_fp16_updates_are_gradscaler_updates(init_scale: float) -> None:
+@pytest.mark.parametrize(("init_scale", "fused"), [(2.0**24, False), (2.0**40, False), (2.0**40, True)])
+def test_fp16_updates_are_gradscaler_updates(init_scale: float, fused: bool) -> None:
     """SB3's DQN update at fp16 with quarl's loss scale, against torch.amp.GradScaler driving an
     identical copy of the network and optimizer on the same batches: the same scale after
     every step (halved on overflow, doubled after 3 clean steps), the same skipped steps, the
-    same weights bit for bit."""
+    same weights bit for bit. With a fused Adam both skip an overflowed step inside the
+    optimizer's kernel (GradScaler's path for optimizers that declare amp support)."""
     model = sb3.DQN("MlpPolicy", "CartPole-v1", learning_starts=10**6, seed=0, device="cpu", max_grad_norm=1.0,
-                    learning_rate=1e-3, policy_kwargs={"net_arch": [64, 64]})
+                    learning_rate=1e-3,
+                    policy_kwargs={"net_arch": [64, 64], "optimizer_kwargs": {"fused": True} if fused else {}})
+    assert getattr(model.policy.optimizer, "_step_supports_amp_scaling", False) == fused
     model.learn(400)  # fills the buffer, no update yet
     import copy
 
@@ -262,6 +265,37 @@ def test_loss_scale_syncs_once_per_update() -> None:
     finally:
         torch.Tensor.item = item
     assert len(reads) == 3 and scale.skipped == 0
+
+
+def test_loss_scale_with_a_fused_optimizer_never_syncs() -> None:
+    """A fused Adam is handed the overflow flag and skips on the device: no host read at all,
+    an overflowed step leaves the weights and Adam's step count as they were."""
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=0.1, fused=True)
+    scale = LossScale("cpu", init_scale=2.0**127)  # the first scaled gradients overflow fp32
+    reads = []
+    item = torch.Tensor.item
+
+    def counting(self):
+        reads.append(self.shape)
+        return item(self)
+
+    before = [p.detach().clone() for p in net.parameters()]
+    torch.Tensor.item = counting
+    try:
+        for _ in range(3):
+            opt.zero_grad()
+            scale.scale_loss(net(torch.ones(2, 4)).sum() * 1e6).backward()
+            scale.step(opt, opt.step)
+        first_skipped = not reads
+    finally:
+        torch.Tensor.item = item
+    assert first_skipped and scale.steps == 3
+    assert scale.skipped >= 1 and scale.scale < 2.0**127  # halved on each overflow
+    steps = {float(opt.state[p]["step"]) for p in net.parameters()}
+    assert steps == {3.0 - scale.skipped}  # a skipped step is not counted by Adam either
+    if scale.skipped == 3:
+        assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
 
 
 class BrightSide(gym.Env):

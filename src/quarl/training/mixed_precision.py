@@ -22,7 +22,9 @@ flushing to zero, with ``torch.amp.GradScaler``'s algorithm and kernels
 - the optimizer's ``step`` reads the overflow flag (one host sync per optimizer step, as
   ``GradScaler.step``), skips the step on overflow, and the scale is updated on the device
   (``torch._amp_update_scale_``): halved on overflow, doubled after ``growth_interval``
-  clean steps.
+  clean steps. A fused optimizer (``torch.optim.Adam(..., fused=True)``, e.g. SB3's
+  ``policy_kwargs={"optimizer_kwargs": {"fused": True}}``) skips on the device itself: no
+  host sync at all.
 
 An SB3 update with one optimizer (DQN, PPO, A2C, QR-DQN) is therefore exactly a
 ``GradScaler`` loop (``scale(loss).backward(); unscale_(opt); clip; step(opt); update()``);
@@ -71,10 +73,15 @@ class LossScale:
         self._scale = torch.full((), init_scale, dtype=torch.float32, device=self.device)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=self.device)
         self._found_inf: dict[int, torch.Tensor] = {}  # optimizer id -> its flag, unscaled since the last step
+        self._skipped = torch.zeros((), dtype=torch.float32, device=self.device)
         self.steps = 0
         """Optimizer steps asked for."""
-        self.skipped = 0
-        """Of those, skipped for an inf / NaN gradient."""
+
+    @property
+    def skipped(self) -> int:
+        """Of :attr:`steps`, those skipped for an inf / NaN gradient (a host sync: for reports
+        and tests, not the update)."""
+        return int(self._skipped.item())
 
     @property
     def scale(self) -> float:
@@ -104,14 +111,24 @@ class LossScale:
         self._found_inf[id(optimizer)] = found_inf
 
     def step(self, optimizer: torch.optim.Optimizer, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``step(*args, **kwargs)`` unless ``optimizer``'s gradients overflowed (one host
-        sync), then the scale's update (on the device)."""
+        """``step(*args, **kwargs)`` unless ``optimizer``'s gradients overflowed, then the
+        scale's update (on the device). A fused optimizer (``fused=True``: it declares
+        ``_step_supports_amp_scaling``) is handed the overflow flag and skips its own update on
+        the device, as ``GradScaler`` does: no host sync. Any other optimizer costs one host sync
+        (reading the flag)."""
         self.unscale_(optimizer)
         found_inf = self._found_inf.pop(id(optimizer))
         self.steps += 1
+        self._skipped += found_inf.squeeze()
         result = None
-        if found_inf.item():
-            self.skipped += 1
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            # the gradients are unscaled already: only the flag, read by the fused kernel
+            optimizer.found_inf = found_inf.reshape(())  # type: ignore[attr-defined]  # Adam subtracts it from its scalar step counts
+            try:
+                result = step(*args, **kwargs)
+            finally:
+                del optimizer.found_inf  # type: ignore[attr-defined]
+        elif found_inf.item():
             log.debug("fp16 overflow: step skipped")
         else:
             result = step(*args, **kwargs)
