@@ -145,3 +145,19 @@ def test_a_qat_folder_is_the_qat_formats_and_refused_by_the_zoo_format_alone(tmp
         zoo.load(run)
     with pytest.raises(QuarlError, match=r"qat.json"):  # read as a typed record: {} lacks its fields
         quarl.load(run)
+
+
+def test_a_loaded_checkpoint_says_its_format_and_carries_its_payload() -> None:
+    """What a command asks instead of sniffing the path: the format that loaded it and that
+    format's typed payload (an export's model and sidecar as read, once)."""
+    from quarl.checkpoints import load_checkpoint
+    from quarl.policies.onnx_artifact import ExportedModel
+
+    folder = Path(__file__).parent / "data" / "recovery_v1" / "folder"  # written by an earlier quarl recover
+    exported = load_checkpoint(folder / "export")
+    payload = exported.payload_of(ExportedModel)
+    assert exported.format == "onnx" and payload is not None and payload.model.name == "policy.onnx"
+    assert payload.sidecar.algo == exported.algo and payload.sidecar.quant == exported.policy.meta["quant"]
+    original = load_checkpoint(folder / "CartPole-v1" / "original.zip")
+    assert original.format == "zoo" and original.payload is None and original.payload_of(ExportedModel) is None
+    assert load_checkpoint(folder).format == "recovered"

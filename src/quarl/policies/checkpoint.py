@@ -7,21 +7,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy
 from quarl.policies.base import Policy
 
+P = TypeVar("P")
+
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: the policy and how to build its env."""
+    """A loaded checkpoint: the policy, how to build its env, which format read it, and what
+    that format knows beyond the policy (its typed payload)."""
 
     policy: Policy
     env_spec: EnvSpec | None
     """From the zoo folder's config; ``None`` for a bare zip (pass the env id)."""
     algo: str
     path: Path
+    format: str = ""
+    """The name of the registered format that loaded it (set by
+    :func:`quarl.policies.formats.load_checkpoint`; empty for a checkpoint built by hand)."""
+    payload: object = None
+    """What the format read besides the policy, as its own type (an export's
+    :class:`~quarl.policies.onnx_artifact.ExportedModel`, ...), or None: read it with
+    :meth:`payload_of`, so a command asks what it loaded instead of sniffing the path or
+    loading it again."""
+
+    def payload_of(self, kind: type[P]) -> P | None:
+        """The payload if it is a ``kind``, else None."""
+        return self.payload if isinstance(self.payload, kind) else None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ A format is a :class:`~quarl.policies.checkpoint.CheckpointFormat` (``detect(pat
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from quarl.core.errors import QuarlError
@@ -51,7 +52,7 @@ def load_checkpoint(path: str | Path, trust_pickle: bool = False) -> Checkpoint:
     fmt = format_of(path)
     if fmt is None:
         raise QuarlError(f"checkpoint {str(Path(path))!r} does not exist")
-    return fmt.load(Path(path), trust_pickle)
+    return dataclasses.replace(fmt.load(Path(path), trust_pickle), format=fmt.name)
 
 
 def describe_formats() -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -394,9 +395,26 @@ def is_artifact(path: Path) -> bool:
     return path.suffix == ".onnx" or (path.is_dir() and (path / f"{ARTIFACT_NAME}.onnx").is_file())
 
 
+@dataclass(frozen=True)
+class ExportedModel:
+    """The payload of a checkpoint the ``onnx`` format loaded (``checkpoint.payload_of(ExportedModel)``):
+    the model file and its sidecar, as read and checked once. A command that treats an export
+    apart (evaluated as it is, never re-quantized) asks for it instead of sniffing the path."""
+
+    model: Path
+    """``NAME.onnx``."""
+    sidecar: SidecarRecord
+    """``NAME.json`` as read."""
+
+
 def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
     """The policy of ``NAME.onnx`` (with ``NAME.json`` beside it), or of an export folder
     holding ``policy.onnx``, and its env, if named."""
+    policy, spec, _ = _load_export(path)
+    return policy, spec
+
+
+def _load_export(path: Path) -> tuple[Policy, EnvSpec | None, ExportedModel]:
     from quarl.quant.modes import MODES
 
     if path.is_dir():
@@ -451,7 +469,7 @@ def load_artifact(path: Path) -> tuple[Policy, EnvSpec | None]:
             spec = EnvSpec(env.env_id, env.env_kwargs or {}, tuple(env.wrappers or ()), int(env.frame_stack or 1))
         except QuarlError as exc:
             raise field_error(meta_path, "env", str(exc)) from None
-    return policy, spec
+    return policy, spec, ExportedModel(path, meta)
 
 
 def detect(path: Path) -> bool:
@@ -460,5 +478,5 @@ def detect(path: Path) -> bool:
 
 def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
     """``quarl export``'s model, evaluated as exported (it holds no pickle)."""
-    policy, spec = load_artifact(path)
-    return Checkpoint(policy=policy, env_spec=spec, algo=policy.algo, path=path)
+    policy, spec, exported = _load_export(path)
+    return Checkpoint(policy=policy, env_spec=spec, algo=policy.algo, path=path, payload=exported)
