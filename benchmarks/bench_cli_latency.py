@@ -1,6 +1,7 @@
 """How fast the CLI answers when it has nothing to compute: ``--version``, ``--help`` (the
-top level and a command's, first with the help lists made from the registries, then from
-their cache), and refusals of bad input (a missing checkpoint, an unknown precision, an
+top level and a command's, twice: a quarl before issue 48 made its help lists from the
+registries, loading torch, the first time and kept them in a cache under HOME; quarl now reads
+the built-in lists, :mod:`quarl.cli.builtin_lists`, and keeps nothing), and refusals of bad input (a missing checkpoint, an unknown precision, an
 unknown env id, a text file given as a checkpoint, ``--out`` naming the input, bad counts,
 contradicting flags, train's and sweep's options). Each is a fresh process, as a user types
 it; the median of ``--repeats`` runs beside a bare ``python -c pass``, so the ratio is what
@@ -51,8 +52,9 @@ def rows(quarl: list[str], folder: Path, agent: Path | None) -> list[tuple[str, 
         ("python -c pass", [sys.executable, "-c", "pass"], False),
         ("quarl --version", [*quarl, "--version"], False),
         ("quarl --help", [*quarl, "--help"], False),
-        ("quarl ptq --help (lists made)", [*quarl, "ptq", "--help"], True),
-        ("quarl ptq --help (lists cached)", [*quarl, "ptq", "--help"], False),
+        ("quarl ptq --help (first)", [*quarl, "ptq", "--help"], True),
+        ("quarl ptq --help (again)", [*quarl, "ptq", "--help"], False),
+        ("quarl actorq run --help", [*quarl, "actorq", "run", "--help"], False),
         ("ptq MISSING", [*quarl, "ptq", "no/such/agent"], False),
         ("ptq a text file", [*quarl, "ptq", str(notes)], False),
         ("ptq policy.json", [*quarl, "ptq", str(sidecar)], False),
@@ -90,7 +92,7 @@ def main() -> None:
         base_env = {**os.environ, "OMP_NUM_THREADS": "1"}
         base_env.pop("QUARL_CACHE", None)
         envs = {}
-        for name, src in trees.items():  # a home each: each tree's help-list cache starts empty and stays its own
+        for name, src in trees.items():  # a home each: a tree that keeps a help-list cache starts it empty
             (folder / name).mkdir()
             envs[name] = base_env | {"HOME": str(folder / name)} | ({"PYTHONPATH": str(src)} if src else {})
         quarl = [sys.executable, "-m", "quarl.cli"]

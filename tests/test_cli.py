@@ -470,23 +470,52 @@ def test_verbose_explains_the_automatic_choice(tiny_run: Path, tmp_path: Path) -
     assert f"int8: tried {first}" in text and "agreement" in text and "int8 runs int8-" in text
 
 
-def test_old_option_spellings_map_to_the_new_names_with_a_notice() -> None:
-    """One meaning per option name: the renamed spellings are rewritten per command (and
-    only for that command), with one notice each; none of them is shown in --help."""
-    from quarl.cli.group import RENAMED_OPTIONS, rename_options
+RENAMED_OPTIONS = {
+    ("train", "--episodes"): "--eval-episodes",
+    ("actorq run", "--eval-every"): "--eval-seconds",
+    ("actorq run", "--eval-every-steps"): "--eval-freq",
+    ("actorq compare", "--eval-every"): "--eval-seconds",
+    ("actorq compare", "--eval-every-steps"): "--eval-freq",
+    **{(command, "--precision"): "--precisions" for command in ("ptq", "bench", "demo", "study", "actorq compare")},
+    ("export", "--precisions"): "--precision",
+    ("play", "--precisions"): "--precision",
+}
+"""Old option spellings kept for one release: (command, old) -> new."""
 
-    notices: list[str] = []
-    args = rename_options(["actorq", "run", "CartPole-v1", "--eval-every=3", "--eval-every-steps", "500"],
-                          notices.append)
-    assert args == ["actorq", "run", "CartPole-v1", "--eval-seconds=3", "--eval-freq", "500"]
-    assert notices == ["note: quarl actorq run --eval-every is now --eval-seconds (the old name goes in the next release)",
-                       "note: quarl actorq run --eval-every-steps is now --eval-freq (the old name goes in the next "
-                       "release)"]
-    assert rename_options(["ptq", "x.zip", "--precision", "int8"], notices.append)[2] == "--precisions"
-    assert rename_options(["export", "x.zip", "--precisions", "int8"], notices.append)[2] == "--precision"
-    # a name that is current for a command is left alone there
-    assert rename_options(["ptq", "x.zip", "--episodes", "3"], notices.append) == ["ptq", "x.zip", "--episodes", "3"]
-    assert rename_options(["export", "x.zip", "--precision", "int8"], notices.append)[2] == "--precision"
+
+def test_old_option_spellings_map_to_the_new_names_with_a_notice() -> None:
+    """One meaning per option name: the renamed spellings are read as the new ones per command
+    (and only for that command), with one notice each; none of them is shown in --help."""
+    import typer.main
+
+    from quarl.cli import app
+    from quarl.cli.actorq import run_options
+    from quarl.cli.command import renamed
+
+    normalize = renamed("actorq run", {"--eval-every": "--eval-seconds"})["token_normalize_func"]
+    assert normalize("eval-every") == "eval-seconds" and normalize("eval-freq") == "eval-freq"
+    group = typer.main.get_command(app)
+    run = group.commands["actorq"].commands["run"]  # type: ignore[attr-defined]
+    with run.make_context("run", ["CartPole-v1", "--eval-every=3", "--eval-every-steps", "500"]) as ctx:
+        options = run_options(ctx)
+    assert (options["eval_seconds"], options["eval_freq"]) == (3.0, 500)
+    required = {"ptq": ["x.zip"], "bench": ["x.zip"], "export": ["x.zip"], "play": ["x.zip"], "study": ["x"],
+                "actorq run": ["CartPole-v1"], "actorq compare": ["CartPole-v1"]}
+    for (command, old), new in RENAMED_OPTIONS.items():  # each old spelling reads as the new one
+        words = command.split()
+        click_command = group.commands[words[0]] if len(words) == 1 else \
+            group.commands[words[0]].commands[words[1]]  # type: ignore[attr-defined]
+        with click_command.make_context(command, [*required.get(command, []), old, "3"]) as ctx:
+            assert str(ctx.params[new[2:].replace("-", "_")]) in ("3", "3.0"), (command, old)
+    # a name that is current for a command is left alone there; an old one of another command is unknown there
+    r = run_cli("ptq", "no/such/agent", "--episodes", "3")
+    assert "note:" not in r.stderr and "checkpoint 'no/such/agent' does not exist" in r.stderr
+    r = run_cli("ptq", "no/such/agent", "--precision", "int8")
+    assert r.stderr.splitlines()[0] == "note: quarl ptq --precision is now --precisions (the old name goes in the next " \
+                                       "release)"
+    r = run_cli("export", "no/such/agent", "--precisions", "int8")
+    assert r.stderr.splitlines()[0] == "note: quarl export --precisions is now --precision (the old name goes in the " \
+                                       "next release)"
     for (command, old), new in RENAMED_OPTIONS.items():
         r = run_cli(*command.split(), "--help")
         assert r.returncode == 0 and new in r.stdout and f"{old} " not in r.stdout.replace(new, ""), (command, old)
@@ -940,13 +969,15 @@ def test_play_table_and_file_names() -> None:
 
 def _actorq_defaults() -> dict[str, Any]:
     """What ``actorq run`` passes on when given nothing but the env (its own --resume and
-    --gym-packages aside): the shared options' defaults, and None for every algorithm's."""
-    import inspect
+    --gym-packages aside): the options click parsed, the shared ones' defaults (no algorithm's)."""
+    import typer.main
 
-    from quarl.cli.actorq import actorq_run
+    from quarl.cli import app
+    from quarl.cli.actorq import run_options
 
-    return {name: p.default.default for name, p in inspect.signature(actorq_run).parameters.items()
-            if name not in ("env_id", "resume", "gym_packages")}
+    run = typer.main.get_command(app).commands["actorq"].commands["run"]  # type: ignore[attr-defined]
+    with run.make_context("run", ["CartPole-v1"]) as ctx:
+        return run_options(ctx)
 
 
 def test_every_actorq_option_reaches_the_config_by_name(tmp_path: Path) -> None:

@@ -121,12 +121,12 @@ def test_torch_s_own_write_failure_is_one_line(tmp_path: Path, monkeypatch: pyte
 
 def test_a_stray_enospc_is_still_one_line_from_the_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A writer not yet through quarl.core.atomic (recovery's): the CLI names the file."""
-    import quarl.cli.ptq as ptq_cli
+    from quarl.cli.settings import Evaluation
 
     def disk_full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "x.pt"))
 
-    monkeypatch.setattr(ptq_cli.registry_options, "eval_settings", disk_full)
+    monkeypatch.setattr(Evaluation, "settings", disk_full)
     r = run_cli("ptq", str(_agent(tmp_path)), "--env", "CartPole-v1", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "x.pt could not be written (No space left on device)" in _one_line(r.stderr)
 

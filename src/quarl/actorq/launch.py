@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_origin, get_type_hints
 
 from quarl import outputs
 from quarl.core import validate
@@ -35,7 +35,7 @@ def flag(name: str) -> str:
 def algorithm_options(options: Mapping[str, Any]) -> AlgorithmOptions:
     """The options of ``options["algo"]``'s entry from those given (None: not given, the
     field's default); an option of another algorithm given is refused in one line, a comma
-    list of widths is parsed."""
+    list of widths given as text is parsed."""
     from quarl.actorq.algorithms import get_algorithm, option_owners
 
     algo = options["algo"]
@@ -51,8 +51,8 @@ def algorithm_options(options: Mapping[str, Any]) -> AlgorithmOptions:
             raise QuarlError(f"{said} is an option of --algo {', '.join(owners[name])}, not of {algo}")
         values[name] = value
     hints = get_type_hints(entry)
-    for name, value in values.items():
-        if isinstance(value, str) and "tuple" in str(hints[name]):
+    for name, value in values.items():  # a comma list of widths given as text (the CLI gives it parsed)
+        if isinstance(value, str) and get_origin(hints[name]) is tuple:
             values[name] = validate.layer_widths(value, flag(name))
     return entry(**values)
 

@@ -28,6 +28,10 @@ class AlgorithmOptions:
     A field's name is its key in the run's flat JSON (``summary.json``, ``checkpoint.pt``), so
     no field may share a name with :class:`~quarl.actorq.config.ActorQConfig`'s own."""
 
+    __pydantic_config__ = {"use_attribute_docstrings": True}
+    """pydantic reads each field's docstring as its description (the CLI's help,
+    :func:`quarl.cli.actorq_options.field_docs`); a plain dict, so this module imports no pydantic."""
+
     def validate(self, config: ActorQConfig) -> None:
         """Checks of these options (one line each), ``config`` for the ones that need a shared
         field too; a subclass extends its base's."""

@@ -1,63 +1,28 @@
 """The ``quarl`` command. It only parses arguments, calls the library and prints what it
 returns; a user mistake (QuarlError) prints one line and exits with status 2.
 
-One module per command group: :mod:`~quarl.cli.ptq`, :mod:`~quarl.cli.sweep` (sweep,
-analyze), :mod:`~quarl.cli.train` (train, qat), :mod:`~quarl.cli.actorq`,
-:mod:`~quarl.cli.export` (export, bench), :mod:`~quarl.cli.recover`, :mod:`~quarl.cli.judge`, :mod:`~quarl.cli.play`,
-:mod:`~quarl.cli.study` (demo, study); what they share is in :mod:`~quarl.cli.common`,
-:mod:`~quarl.cli.options` (single options), :mod:`~quarl.cli.groups` (option groups, each declared
-once and attached with ``with_options``) and :mod:`~quarl.cli.group`; ActorQ's per-algorithm
-options are made in :mod:`~quarl.cli.actorq_options`."""
+One module per command group, each registering its commands on :data:`quarl.cli.app.app`
+(``@command(app, "name")``); the imports below are the registration, in the order
+``quarl --help`` lists the commands. What they share is in :mod:`~quarl.cli.common`, the
+option groups (a dataclass each, its options declared once as typer ``Annotated`` types) in
+:mod:`~quarl.cli.settings`, and the click classes they run in in :mod:`~quarl.cli.command`."""
 
 from __future__ import annotations
 
 import sys
 
-import typer
+# isort: off
+from quarl.cli.app import app
+from quarl.cli import ptq, sweep, train, export  # noqa: F401  (each import registers its module's commands)
+from quarl.cli import recover
+from quarl.cli.command import QuarlCommand
 
-from quarl.cli import actorq, export, judge, play, ptq, recover, study, sweep, train
-from quarl.cli.common import out_console, stop_on_signal
-from quarl.cli.group import QuarlGroup
+app.command("recover", cls=QuarlCommand)(recover.recover)  # until recover registers itself
+from quarl.cli import judge, play, bench, study, actorq  # noqa: E402, F401
+from quarl.cli.common import stop_on_signal  # noqa: E402
+# isort: on
 
-app = typer.Typer(
-    cls=QuarlGroup,
-    add_completion=False,
-    no_args_is_help=True,
-    help="quarl: quantize trained RL policies and measure what it costs in reward. Every command also takes "
-         "--gym-packages MODULE (rl_zoo3's option): MODULE is imported first, so the custom envs it registers are "
-         "known (evaluation workers import it too; the current folder is searched as rl_zoo3 does). An RL Zoo "
-         "folder's args.yml gym_packages are imported only when named so, or with --trust-gym-packages.",
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        import quarl
-
-        out_console.print(f"quarl {quarl.__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print quarl's version and exit")) -> None:
-    """quarl: quantize trained RL policies and measure what it costs in reward."""
-
-
-# in the order of `quarl --help`
-app.command()(ptq.ptq)
-app.command()(sweep.sweep)
-app.command()(sweep.analyze)
-app.command("train")(train.train_cmd)
-app.command()(train.qat)
-app.add_typer(actorq.actorq_app, name="actorq")
-app.command()(export.export)
-app.command()(recover.recover)
-app.command()(judge.judge)
-app.command()(play.play)
-app.command()(export.bench)
-app.command()(study.demo)
-app.command()(study.study)
+__all__ = ["app", "main"]
 
 
 def main() -> None:

@@ -4,30 +4,64 @@ the same run per actor precision (``compare``), and the scaling model (``model``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from quarl import outputs
 from quarl.actorq.algorithms import algorithms_help
 from quarl.cli import registry_options
-from quarl.cli.actorq_options import algorithm_parameters
+from quarl.cli.actorq_options import AlgorithmOptionsCommand, given
+from quarl.cli.app import app
+from quarl.cli.command import QuarlGroup, command
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.groups import common_options, with_options
-from quarl.cli.options import OutOpt, SeedOpt, VerboseOpt
+from quarl.cli.settings import GymPackages, Out, Seed, Verbose
 from quarl.core import validate
 
 if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
     from quarl.actorq.run_log import Progress
 
-actorq_app = typer.Typer(no_args_is_help=True, help="ActorQ: distributed actor-learner training with a "
+actorq_app = typer.Typer(cls=QuarlGroup, no_args_is_help=True, help="ActorQ: distributed actor-learner training with a "
                          "full-precision learner and quantized actors, on Ray.")
+app.add_typer(actorq_app, name="actorq")
 
-ALGORITHMS_HELP = algorithms_help()
-"""--algo's help, from the registry (quarl.actorq.algorithms)."""
+# the options run and compare share, each the ActorQConfig field of its name (quarl.actorq.launch)
+Algo = Annotated[str, typer.Option("--algo", help=algorithms_help())]
+Actors = Annotated[int, typer.Option("--actors", help="actor processes")]
+ActorPrecision = Annotated[str, typer.Option("--actor-precision", help="{actor_precisions} (ONNX Runtime)")]
+WireBits = Annotated[int, typer.Option("--wire-bits", help="weights sent to float actors at {wire_bits} bits")]
+UpdatePeriod = Annotated[int, typer.Option("--update-period", help="actor env steps between weight pulls")]
+PushPeriod = Annotated[int, typer.Option("--push-period", help="learner steps between weight pushes")]
+PolicyLayers = Annotated[str, typer.Option("--policy-layers", help="hidden widths of the policy")]
+TargetReward = Annotated[float | None, typer.Option(
+    "--target-reward", help="stop at this running-mean eval return (default: env's threshold)")]
+MaxMinutes = Annotated[float, typer.Option("--max-minutes", help="time budget of one run")]
+MaxEnvSteps = Annotated[int | None, typer.Option("--max-env-steps", help="also stop after this many env steps")]
+LearningRate = Annotated[float, typer.Option("--lr")]
+BatchSize = Annotated[int, typer.Option("--batch-size")]
+CheckpointReplay = Annotated[bool, typer.Option("--checkpoint-replay", help="also checkpoint replay (for --resume)")]
+EvalSeconds = Annotated[float, typer.Option(
+    "--eval-seconds", help="seconds between evaluations (without --eval-freq)")]
+EvalFreq = Annotated[int | None, typer.Option(
+    "--eval-freq", help="evaluate every N env steps instead, as train's --eval-freq (fleets of different speeds "
+                        "compared at the same learning progress)")]
+EvalEpisodes = Annotated[int, typer.Option("--eval-episodes")]
+Address = Annotated[str | None, typer.Option(
+    "--address", help="join this Ray cluster, HOST:PORT (default: start a local one)")]
+Local = Annotated[bool, typer.Option("--local", help="everything in this process (no Ray)")]
+LearnerDevice = Annotated[str, typer.Option("--learner-device", help="cpu, or cuda / cuda:N for a GPU learner")]
+OWN = frozenset({"env_id", "resume", "precisions", "repeats", "gym_packages"})
+"""The parameters of run / compare that are no option of the run's config."""
+RENAMES = {"--eval-every": "--eval-seconds", "--eval-every-steps": "--eval-freq"}
 
 
-def number(value: Optional[float]) -> str:
+def run_options(ctx: typer.Context) -> dict[str, Any]:
+    """The options of the run (each by its name, as :func:`quarl.actorq.launch.prepare` takes
+    them): the shared ones click parsed (``ctx.params``) and the algorithm's own given."""
+    return {**{k: v for k, v in ctx.params.items() if k not in OWN}, **given(ctx)}
+
+
+def number(value: float | None) -> str:
     """A progress field; '-' until there is one (no evaluation has finished yet)."""
     return "-" if value is None or value != value else f"{value:.2f}"
 
@@ -41,39 +75,6 @@ def progress_line(state: Any, line: Progress) -> None:
         highlight=False,
         soft_wrap=True,
     )
-
-
-def actorq_options(
-    algo: str = typer.Option("dqn", help=ALGORITHMS_HELP),
-    actors: int = typer.Option(2, help="actor processes"),
-    actor_precision: str = typer.Option("int8", help="{actor_precisions} (ONNX Runtime)"),
-    wire_bits: int = typer.Option(32, help="weights sent to float actors at {wire_bits} bits"),
-    update_period: int = typer.Option(300, help="actor env steps between weight pulls"),
-    push_period: int = typer.Option(100, help="learner steps between weight pushes"),
-    policy_layers: str = typer.Option("2048,2048,2048", help="hidden widths of the policy"),
-    target_reward: Optional[float] = typer.Option(None, help="stop at this running-mean eval return (default: env's threshold)"),
-    max_minutes: float = typer.Option(10.0, help="time budget of one run"),
-    max_env_steps: Optional[int] = typer.Option(None, help="also stop after this many env steps"),
-    learning_rate: float = typer.Option(1e-4, "--lr"),
-    batch_size: int = typer.Option(256),
-    checkpoint_replay: bool = typer.Option(False, "--checkpoint-replay", help="also checkpoint replay (for --resume)"),
-    eval_seconds: float = typer.Option(10.0, help="seconds between evaluations (without --eval-freq)"),
-    eval_freq: Optional[int] = typer.Option(
-        None, help="evaluate every N env steps instead, as train's --eval-freq (fleets of different speeds compared "
-                   "at the same learning progress)"),
-    eval_episodes: int = typer.Option(5),
-    seed: int = SeedOpt,
-    address: Optional[str] = typer.Option(None, help="join this Ray cluster, HOST:PORT (default: start a local one)"),
-    local: bool = typer.Option(False, "--local", help="everything in this process (no Ray)"),
-    learner_device: str = typer.Option("cpu", help="cpu, or cuda / cuda:N for a GPU learner"),
-    out: Optional[Path] = OutOpt,
-) -> None:
-    """The options ``actorq run`` and ``actorq compare`` share (typer reads this signature);
-    each algorithm's own follow (:func:`algorithm_parameters`)."""
-
-
-ALGORITHM_OPTIONS = algorithm_parameters()
-"""--algo's own options, one per field of each entry's options (:mod:`quarl.cli.actorq_options`)."""
 
 
 def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Path]:
@@ -91,21 +92,43 @@ def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Pat
     return config, out
 
 
-@actorq_app.command("run")
+@command(actorq_app, "run", renames=RENAMES, path="actorq run", cls=AlgorithmOptionsCommand)
 @user_errors
-@with_options(actorq_options, ALGORITHM_OPTIONS, common_options)
 def actorq_run(
-    env_id: str = typer.Argument(..., help="environment id, e.g. CartPole-v1 or dm_control/cartpole-balance-v0"),
+    ctx: typer.Context,
+    env_id: Annotated[str, typer.Argument(
+        help="environment id, e.g. CartPole-v1 or dm_control/cartpole-balance-v0")],
     *,
-    resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
-    gym_packages: Optional[str],
-    **opts: Any,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from OUT/checkpoint.pt")] = False,
+    gym_packages: GymPackages = None,
+    algo: Algo = "dqn",
+    actors: Actors = 2,
+    actor_precision: ActorPrecision = "int8",
+    wire_bits: WireBits = 32,
+    update_period: UpdatePeriod = 300,
+    push_period: PushPeriod = 100,
+    policy_layers: PolicyLayers = "2048,2048,2048",
+    target_reward: TargetReward = None,
+    max_minutes: MaxMinutes = 10.0,
+    max_env_steps: MaxEnvSteps = None,
+    learning_rate: LearningRate = 1e-4,
+    batch_size: BatchSize = 256,
+    checkpoint_replay: CheckpointReplay = False,
+    eval_seconds: EvalSeconds = 10.0,
+    eval_freq: EvalFreq = None,
+    eval_episodes: EvalEpisodes = 5,
+    seed: Seed = 0,
+    address: Address = None,
+    local: Local = False,
+    learner_device: LearnerDevice = "cpu",
+    out: Out = None,
+    verbose: Verbose = False,
 ) -> None:
     """Train with a full-precision learner and quantized actors until the target reward.
 
     Example: quarl actorq run CartPole-v1 --algo dqn --actors 2 --actor-precision int8 --policy-layers 256,256
     """
-    config, out = start(env_id, False, opts)
+    config, out = start(env_id, False, run_options(ctx))
     from quarl.actorq.system import run_actorq
 
     summary = run_actorq(config, resume=resume, on_progress=progress_line)
@@ -119,16 +142,38 @@ def actorq_run(
     )
 
 
-@actorq_app.command("compare")
+@command(actorq_app, "compare", renames={**RENAMES, "--precision": "--precisions"}, path="actorq compare",
+         cls=AlgorithmOptionsCommand)
 @user_errors
-@with_options(actorq_options, ALGORITHM_OPTIONS, common_options)
 def actorq_compare(
-    env_id: str = typer.Argument(..., help="environment id"),
+    ctx: typer.Context,
+    env_id: Annotated[str, typer.Argument(help="environment id")],
     *,
-    precisions: str = typer.Option("fp32,int8", help="actor precisions, one run each"),
-    repeats: int = typer.Option(3, help="runs per precision (seeds seed, seed+1, ...)"),
-    gym_packages: Optional[str],
-    **opts: Any,
+    precisions: Annotated[str, typer.Option("--precisions", help="actor precisions, one run each")] = "fp32,int8",
+    repeats: Annotated[int, typer.Option("--repeats", help="runs per precision (seeds seed, seed+1, ...)")] = 3,
+    gym_packages: GymPackages = None,
+    algo: Algo = "dqn",
+    actors: Actors = 2,
+    actor_precision: ActorPrecision = "int8",
+    wire_bits: WireBits = 32,
+    update_period: UpdatePeriod = 300,
+    push_period: PushPeriod = 100,
+    policy_layers: PolicyLayers = "2048,2048,2048",
+    target_reward: TargetReward = None,
+    max_minutes: MaxMinutes = 10.0,
+    max_env_steps: MaxEnvSteps = None,
+    learning_rate: LearningRate = 1e-4,
+    batch_size: BatchSize = 256,
+    checkpoint_replay: CheckpointReplay = False,
+    eval_seconds: EvalSeconds = 10.0,
+    eval_freq: EvalFreq = None,
+    eval_episodes: EvalEpisodes = 5,
+    seed: Seed = 0,
+    address: Address = None,
+    local: Local = False,
+    learner_device: LearnerDevice = "cpu",
+    out: Out = None,
+    verbose: Verbose = False,
 ) -> None:
     """The same run once per actor precision and repeat, then the paper's table (time to
     reward, speedup, actor steps/s, where actor time goes), convergence, breakdown and
@@ -138,7 +183,7 @@ def actorq_compare(
     """
     labels = registry_options.actor_precisions(precisions)
     validate.repeats(repeats)
-    config, out = start(env_id, True, opts)
+    config, out = start(env_id, True, run_options(ctx))
     from quarl.actorq.compare import run_compare
     from quarl.evaluation.reports import print_table
 
@@ -146,28 +191,33 @@ def actorq_compare(
                          on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
                          on_progress=progress_line)
     print_table(result.table, f"ActorQ {config.algo} {env_id}: {config.actors} actors, policy "
-                f"{opts['policy_layers']}", out_console)
+                f"{policy_layers}", out_console)
     print_table(result.breakdown, "share of the actors' wall time per part (and the learner's busy share)",
                 out_console)
     out_console.print(f"wrote {out}/compare.csv, compare.md, compare.json, breakdown.csv, breakdown.md, "
                       "breakdown.json, convergence.png, breakdown.png, energy.png")
 
 
-@actorq_app.command("model")
+@command(actorq_app, "model")
 @user_errors
 def actorq_model(
-    runs: list[Path] = typer.Argument(..., help="run or compare folders whose summary.json give the component costs"),
-    actors: str = typer.Option("1,2,4,8,16,32,64,128", help="actor counts to predict"),
-    nodes: int = typer.Option(1, help="nodes the actors are spread over"),
-    cores_per_node: Optional[int] = typer.Option(None, help="CPU cores per node (default: this machine's)"),
-    learner_speedup: float = typer.Option(1.0, help="learner steps this many times faster than measured (a GPU)"),
-    bandwidth_gbps: Optional[float] = typer.Option(None, help="broadcaster-to-actor network, Gbit/s (default: "
-                                                              "the measured same-machine pulls)"),
-    wire_bits: str = typer.Option("", help="also model float actors pulling weights at these widths, e.g. 16,8,4"),
-    validate_runs: Optional[list[Path]] = typer.Option(None, "--validate",
-                                                       help="runs to predict from RUNS' costs (e.g. 2-actor runs)"),
-    out: Path = typer.Option(outputs.ACTORQ_MODEL, "--out", help="output folder"),
-    verbose: bool = VerboseOpt,
+    runs: Annotated[list[Path], typer.Argument(
+        help="run or compare folders whose summary.json give the component costs")],
+    actors: Annotated[str, typer.Option("--actors", help="actor counts to predict")] = "1,2,4,8,16,32,64,128",
+    nodes: Annotated[int, typer.Option("--nodes", help="nodes the actors are spread over")] = 1,
+    cores_per_node: Annotated[int | None, typer.Option(
+        "--cores-per-node", help="CPU cores per node (default: this machine's)")] = None,
+    learner_speedup: Annotated[float, typer.Option(
+        "--learner-speedup", help="learner steps this many times faster than measured (a GPU)")] = 1.0,
+    bandwidth_gbps: Annotated[float | None, typer.Option(
+        "--bandwidth-gbps", help="broadcaster-to-actor network, Gbit/s (default: the measured same-machine pulls)")
+    ] = None,
+    wire_bits: Annotated[str, typer.Option(
+        "--wire-bits", help="also model float actors pulling weights at these widths, e.g. 16,8,4")] = "",
+    validate_runs: Annotated[list[Path] | None, typer.Option(
+        "--validate", help="runs to predict from RUNS' costs (e.g. 2-actor runs)")] = None,
+    out: Annotated[Path, typer.Option("--out", help="output folder")] = outputs.ACTORQ_MODEL,
+    verbose: Verbose = False,
 ) -> None:
     """Predict ActorQ at cluster scale from measured component costs: the bound (actors,
     learner, cores or network), env steps/s and time-to-reward speedup over fp32 actors for

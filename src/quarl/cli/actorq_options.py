@@ -1,16 +1,27 @@
 """``quarl actorq run`` / ``compare``'s options of one algorithm, made from each registry
-entry's options dataclass (:mod:`quarl.actorq.options`): one option per field, its help the
-field's docstring (CleanRL's style)."""
+entry's options dataclass (:mod:`quarl.actorq.options`): one option per field, ``--field-name``
+(``--x/--no-x`` for a bool, a comma list for a tuple of widths), its help the field's docstring
+(CleanRL's style), read by pydantic (``use_attribute_docstrings``) when the help is shown.
+
+The options are click parameters the command's class adds (:class:`AlgorithmOptionsCommand`):
+which exist depends on the registry, so no function signature can list them. Each defaults to
+None (not given: the field's default, shown in the help), so an option of another algorithm
+is refused rather than ignored (:func:`quarl.actorq.launch.algorithm_options`); the values
+given go to ``ctx.meta`` (:func:`given`), already typed."""
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-from pathlib import Path
-from typing import Optional, get_type_hints
+import dataclasses
+import typing
+from collections.abc import Callable
+from typing import Any
 
 import typer
+import typer.main
+from typer.models import ParamMeta
+
+from quarl.cli.command import QuarlCommand
+from quarl.core import validate
 
 ALGORITHM_PANEL = "Options of one algorithm (--algo)"
 SWITCH_PANEL = "Switches of one algorithm (--algo)"
@@ -18,46 +29,81 @@ SWITCH_PANEL = "Switches of one algorithm (--algo)"
 column would squeeze the names beside it (``--samples-per-insert-tolerance`` cut to 21
 characters at 80 columns)."""
 SCALARS: tuple[type, ...] = (bool, int, float, str)
-"""Field types an option takes as they are; any other (a tuple of widths) is a comma list."""
+"""Field types an option takes as they are; a tuple of ints is a comma list."""
+META_KEY = "quarl.algorithm_options"
+"""Where the algorithm options given are kept in the click context's ``meta``."""
 
 
-def algorithm_parameters() -> list[inspect.Parameter]:
-    """One option per field of every registered algorithm's options dataclass
-    (:mod:`quarl.actorq.algorithms`), ``--field-name``, its help the field's docstring after
-    the algorithms that take it. Each defaults to None (not given: the field's default, shown
-    in the help), so an option of another algorithm is refused rather than ignored."""
-    from dataclasses import fields
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
+
+def field_kinds() -> dict[str, type | None]:
+    """Every option field of every registered algorithm -> its type where it is one of
+    :data:`SCALARS`; None: a tuple of widths (a comma list)."""
     from quarl.actorq.algorithms import ALGORITHMS, option_owners
 
-    owners = option_owners()
+    option_owners()  # loads the algorithms registered in modules of their own
+    kinds: dict[str, type | None] = {}
+    for algorithm in ALGORITHMS.values():
+        hints = typing.get_type_hints(algorithm.options)
+        for f in dataclasses.fields(algorithm.options):
+            hint = hints[f.name]
+            kinds[f.name] = hint if hint in SCALARS else None
+    return kinds
+
+
+def keep(name: str, kind: type | None) -> Callable[[typer.Context, Any], None]:
+    """The callback of option ``name``: its value, typed (a comma list as a tuple of widths),
+    in ``ctx.meta`` where given."""
+
+    def store(ctx: typer.Context, value: Any) -> None:
+        if value is None:
+            return
+        typed = validate.layer_widths(value, flag(name)) if kind is None else value
+        ctx.meta.setdefault(META_KEY, {})[name] = typed
+
+    return store
+
+
+def algorithm_parameters() -> list[Any]:
+    """One option per field of every registered algorithm's options dataclass, in
+    registration order, made by typer from its type (help filled when shown: :func:`describe`)."""
+    parameters = []
+    for name, kind in field_kinds().items():
+        names = [f"{flag(name)}/--no-{flag(name)[2:]}"] if kind is bool else [flag(name)]
+        option = typer.Option(None, *names, show_default=False, expose_value=False, callback=keep(name, kind),
+                              rich_help_panel=SWITCH_PANEL if kind is bool else ALGORITHM_PANEL,
+                              metavar="W,W,..." if kind is None else None)
+        # typer's own conversion of an annotated parameter into a click option (the one it makes for a signature)
+        parameters.append(typer.main._get_param(ParamMeta(name=name, default=option, annotation=(kind or str) | None)))
+    return parameters
+
+
+def describe(parameters: list[Any]) -> None:
+    """Each algorithm option's help: the field's docstring after the algorithms that take it,
+    and its default (per algorithm where they differ)."""
+    from quarl.actorq.algorithms import ALGORITHMS
+
     docs: dict[str, dict[str, list[str]]] = {}
     defaults: dict[str, dict[str, list[str]]] = {}
-    kinds: dict[str, type | None] = {}
-    """The field's type where it is one of :data:`SCALARS`; None: a comma list."""
     for algorithm in ALGORITHMS.values():
-        hints, helps = get_type_hints(algorithm.options), field_docs(algorithm.options)
-        for f in fields(algorithm.options):
+        helps = field_docs(algorithm.options)
+        for f in dataclasses.fields(algorithm.options):
             docs.setdefault(f.name, {}).setdefault(helps.get(f.name, ""), []).append(algorithm.name)
             shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
             defaults.setdefault(f.name, {}).setdefault(shown, []).append(algorithm.name)
-            hint = hints[f.name]
-            kinds[f.name] = hint if hint in SCALARS else None
-    parameters = []
-    for name in owners:
-        flag = "--" + name.replace("_", "-")
-        kind = kinds[name]
-        names = [f"{flag}/--no-{name.replace('_', '-')}"] if kind is bool else [flag]
+    for param in parameters:
+        name = param.name
         helped = "; ".join(f"{', '.join(algos)}: {_plain(doc)}" for doc, algos in docs[name].items())
         shown = next(iter(defaults[name])) if len(defaults[name]) == 1 else \
             "; ".join(f"{', '.join(algos)}: {value}" for value, algos in defaults[name].items())
-        annotation: object = Optional[kind or str]  # what typer reads: the value given, or None
-        option = typer.Option(None, *names, help=f"{helped} \\[default: {shown}]", show_default=False,
-                              rich_help_panel=SWITCH_PANEL if kind is bool else ALGORITHM_PANEL,
-                              metavar="W,W,..." if kind is None else None)
-        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                            annotation=annotation))
-    return parameters
+        param.help = f"{helped} \\[default: {shown}]"
+
+
+def given(ctx: typer.Context) -> dict[str, Any]:
+    """The algorithm options given on the command line (typed), by field name."""
+    return dict(ctx.meta.get(META_KEY, {}))
 
 
 def _plain(doc: str) -> str:
@@ -70,30 +116,30 @@ def _plain(doc: str) -> str:
 
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass and its bases (CleanRL's style: the
-    field's help), whitespace collapsed and reST's double backquotes dropped."""
+    field's help), as pydantic reads them (``use_attribute_docstrings``, set on
+    :class:`quarl.actorq.options.AlgorithmOptions`), whitespace collapsed and reST's double
+    backquotes dropped. pydantic reads a class's own fields' docstrings, so each base is asked."""
+    from pydantic import TypeAdapter
+
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        node = _class_node(klass.__module__, klass.__qualname__)
-        if node is None:
+        if not dataclasses.is_dataclass(klass) or not dataclasses.fields(klass):
             continue
-        for field, after in zip(node.body, node.body[1:]):
-            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) \
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
-                    and isinstance(after.value.value, str):
-                docs[field.target.id] = " ".join(after.value.value.replace("``", "").split())
+        for name, schema in TypeAdapter(klass).json_schema()["properties"].items():
+            if schema.get("description"):
+                docs[name] = " ".join(schema["description"].replace("``", "").split())
     return docs
 
 
-@functools.cache
-def _module_classes(module: str) -> dict[str, ast.ClassDef]:
-    import importlib.util
+class AlgorithmOptionsCommand(QuarlCommand):
+    """``actorq run`` / ``compare``: typer's options, then every registered algorithm's (their
+    help made when it is shown)."""
 
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return {}
-    tree = ast.parse(Path(spec.origin).read_text())
-    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.algorithm_params = algorithm_parameters()
+        self.params.extend(self.algorithm_params)
 
-
-def _class_node(module: str, name: str) -> ast.ClassDef | None:
-    return _module_classes(module).get(name)
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        describe(self.algorithm_params)
+        super().format_help(ctx, formatter)

@@ -1,51 +1,80 @@
-"""``quarl export`` (the acting network as ONNX with its sidecar) and ``quarl bench``
-(latency and model size per precision)."""
+"""``quarl export``: the acting network as ONNX with its sidecar."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from quarl import outputs
 from quarl.cli import early, registry_options
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.groups import common_options, int_mode_options, loading_options, with_options
-from quarl.cli.options import PRECISIONS_HELP, CheckpointArg, EnvOpt, OutOpt, is_export, load, load_choice, protocol
+from quarl.cli.loading import is_export, load, protocol
+from quarl.cli.settings import (
+    INT_OPTIONS,
+    LOADING,
+    BlockSize,
+    CheckpointArg,
+    Env,
+    GymPackages,
+    Int8Weights,
+    IntOptions,
+    LoadBest,
+    LoadCheckpoint,
+    Loading,
+    LoadLastCheckpoint,
+    Out,
+    TrustGymPackages,
+    TrustPickle,
+    Verbose,
+)
 from quarl.core import validate
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the CLI imports deploy (torch) only when a command runs
     from quarl.deploy import PortableCheck
 
+Precision = Annotated[str, typer.Option(
+    "--precision", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode (int8-dyn-channel, "
+                        "int4-weight-only...)")]
+IgnoredSeed = Annotated[int, typer.Option(
+    "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)")]
+CalibrationSteps = Annotated[int | None, typer.Option(
+    "--max-steps", help="cut calibration episodes after this many steps")]
+Portable = Annotated[bool, typer.Option(
+    "--portable", help="int4 / int8-block: standard ONNX only (blocked DequantizeLinear + MatMul, opset 21) instead "
+                       "of ONNX Runtime's MatMulNBits, the same weights; the sidecar says how it computes against "
+                       "MatMulNBits")]
+DeployedStochastic = Annotated[bool | None, typer.Option(
+    "--stochastic/--deterministic", help="how the deployed policy acts: a sampling categorical policy's int mode "
+    "must keep its action distributions, a greedy one its argmax; default: the RL Zoo's (stochastic on Atari and "
+    "MinAtar), as ptq")]
 
+
+@command(app, "export", renames={"--precisions": "--precision"})
 @user_errors
-@load_choice
-@with_options(int_mode_options, loading_options, common_options)
 def export(
-    checkpoint: Path = CheckpointArg,
+    checkpoint: CheckpointArg,
     *,
-    env: Optional[str] = EnvOpt,
-    precision: str = typer.Option("int8", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode "
-                                               "(int8-dyn-channel, int4-weight-only...)"),
-    out: Optional[Path] = OutOpt,
-    int8_weights: str,
-    block_size: int,
-    seed: int = typer.Option(0, "--seed", hidden=True, help="ignored: calibration seeds are fixed (10,000..10,199)"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="cut calibration episodes after this many steps"),
-    portable: bool = typer.Option(False, "--portable", help="int4 / int8-block: standard ONNX only (blocked "
-                                  "DequantizeLinear + MatMul, opset 21) instead of ONNX Runtime's MatMulNBits, "
-                                  "the same weights; the sidecar says how it computes against MatMulNBits"),
-    stochastic: Optional[bool] = typer.Option(None, "--stochastic/--deterministic", help="how the deployed policy "
-                                              "acts: a sampling categorical policy's int mode must keep its action "
-                                              "distributions, a greedy one its argmax; default: the RL Zoo's "
-                                              "(stochastic on Atari and MinAtar), as ptq"),
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    gym_packages: Optional[str],
-    verbose: bool,
+    env: Env = None,
+    precision: Precision = "int8",
+    out: Out = None,
+    int8_weights: Int8Weights = INT_OPTIONS.int8_weights,
+    block_size: BlockSize = INT_OPTIONS.block_size,
+    seed: IgnoredSeed = 0,
+    max_steps: CalibrationSteps = None,
+    portable: Portable = False,
+    stochastic: DeployedStochastic = None,
+    trust_pickle: TrustPickle = False,
+    trust_gym_packages: TrustGymPackages = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
+    load_best: LoadBest = LOADING.load_best,
+    load_checkpoint: LoadCheckpoint = None,
+    load_last_checkpoint: LoadLastCheckpoint = LOADING.load_last_checkpoint,
 ) -> None:
     """Export the acting network as OUT/policy.onnx (fp32 or real int8 / int4) plus
     OUT/policy.json, a sidecar with the observation normalization, the action head and the
@@ -54,10 +83,12 @@ def export(
     Example: quarl export ../shared/zoo/ppo/LunarLander-v2_1 --precision int8 --out lunar-int8
     """
     setup(verbose)
+    loading = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint)
+    checkpoint = loading.policy_path(checkpoint, env, out)
     from quarl.workflows import export_checkpoint
 
     early.precisions(precision)
-    options = registry_options.quant_options(int8_weights, block_size)
+    options = IntOptions(int8_weights, block_size).checked()
     registry_options.precisions(precision, **options)
     validate.seed(seed)
     if seed:
@@ -92,52 +123,3 @@ def portable_note(check: Mapping[str, PortableCheck]) -> str:
     return (f"note: under ONNX Runtime the portable file is not the contrib kernel's arithmetic here (largest output "
             f"difference {diff:.3g}, identical actions on {100 * agree:.1f}% of 512 calibration states; sidecar "
             "'portable'): ptq of the export folder judges the file as it runs")
-
-
-@user_errors
-@load_choice
-@with_options(loading_options, common_options)
-def bench(
-    checkpoint: Path = CheckpointArg,
-    *,
-    env: Optional[str] = EnvOpt,
-    precisions: Optional[str] = typer.Option(None, help=PRECISIONS_HELP + " (default fp16,bf16,int8,int4; an "
-                                             "exported model is timed as exported); PyTorch and ONNX Runtime fp32 "
-                                                                                 "are always measured"),
-    batches: str = typer.Option("1,256", help="comma list of batch sizes"),
-    budget: float = typer.Option(1.0, help="seconds of timing per cell"),
-    out: Optional[Path] = typer.Option(None, "--out", help="also write bench.csv, bench.md, bench.json here"),
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    gym_packages: Optional[str],
-    verbose: bool,
-) -> None:
-    """Latency of the policy at each precision next to PyTorch fp32 (median per call, one
-    thread), with the model's size in bytes (process memory is not reported: ONNX Runtime's
-    arenas, not the model, set it).
-
-    Example: quarl bench ../shared/zoo/dqn/CartPole-v1_1 --precisions fp32,int8
-    """
-    setup(verbose)
-    early.precisions(precisions)
-    validate.bench_budget(budget)
-    validate.batch_sizes(batches)
-    from quarl.evaluation.reports import print_table
-    from quarl.workflows import bench_checkpoint, write_bench
-
-    exported = is_export(checkpoint)
-    if precisions is not None and exported:
-        raise QuarlError(f"{checkpoint} is an exported model: bench times it as exported; drop --precisions (or bench "
-                         "the checkpoint it came from)")
-    labels = registry_options.precisions(precisions or "fp16,bf16,int8,int4")
-    validate.bench_budget(budget)
-    sizes = validate.batch_sizes(batches)
-    outputs.apart_from_inputs(out, [checkpoint])
-    ckpt, spec = load(checkpoint, env, trust_pickle)
-    rows = bench_checkpoint(ckpt.policy, spec, labels, sizes, budget, as_exported=exported)
-    against = "itself (an exported model has no float network beside it)" if exported else "PyTorch fp32"
-    print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup over "
-                      f"{against}", out_console)
-    if out is not None:
-        write_bench(rows, out, checkpoint, ckpt.policy)
-        out_console.print(f"wrote {out}/bench.csv, bench.md, bench.json, provenance.json")

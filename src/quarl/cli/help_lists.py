@@ -2,25 +2,23 @@
 from the registries that define them, so a registered entry shows up in ``--help``.
 
 The registries load torch and ONNX Runtime (a second), so an option's help holds a
-placeholder such as ``{precisions}``, and :func:`fill` replaces it only when ``--help`` is
-asked for, and only in the command whose help is shown (``quarl --help`` lists commands,
-no option needs a list). The lists of the built-in registries are kept on disk per quarl
-version (``~/.cache/quarl/help-lists-VERSION.json``; ``QUARL_CACHE=off`` skips it), so a
-second ``quarl ptq --help`` answers without loading torch; a ``--gym-packages`` module,
-which may register entries, bypasses it."""
+placeholder such as ``{precisions}``, replaced only when a command's help is shown
+(:class:`quarl.cli.command.QuarlCommand`). Where a list's registry is already loaded (an entry
+registered in this process) or a ``--gym-packages`` module may have registered entries, the
+list is made from the registry; otherwise from :mod:`quarl.cli.builtin_lists`, the lists of the
+built-in registries written by ``python -m quarl.cli.help_lists`` (a test holds it equal to the
+registries), so ``quarl ptq --help`` and the refusals of :mod:`quarl.cli.early` answer without
+loading torch."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from quarl.cli.common import environment_defaults
-from quarl.core.atomic import write_atomic
-from quarl.core.errors import QuarlError
 
 
 def spoken(items: Sequence[object]) -> str:
@@ -105,128 +103,58 @@ LISTS: dict[str, Callable[[], str]] = {
     "wire_bits": wire_bits,
 }
 """Placeholder name (``{name}`` in a help text) -> its list."""
+REGISTRIES: dict[str, tuple[str, ...]] = {
+    "precisions": ("quarl.quant.precisions", "quarl.quant.modes"),
+    "precision_labels": ("quarl.quant.precisions", "quarl.quant.modes"),
+    "precision_allowed": ("quarl.quant.precisions", "quarl.quant.modes"),
+    "train_algorithms": ("quarl.training.hyperparams",),
+    "train_precisions": ("quarl.training.mixed_precision",),
+    "actor_precisions": ("quarl.quant.precisions", "quarl.quant.modes"),
+    "wire_bits": (),
+}
+"""The modules that hold each list's entries: where they are loaded, the list is made from them."""
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
-def commands(command: Any) -> Iterator[Any]:
-    """``command`` and every command under it (typer carries its own copy of click, so a
-    group is what has subcommands, whatever its class)."""
-    yield command
-    for sub in (getattr(command, "commands", None) or {}).values():
-        yield from commands(sub)
+def live(name: str) -> bool:
+    """Whether the list ``name`` is made from its registry here (rather than the built-in lists)."""
+    envs = sys.modules.get("quarl.envs")
+    if envs is not None and envs.gym_packages():  # a module may have registered entries
+        return True
+    return all(module in sys.modules for module in REGISTRIES[name])
 
 
-def render(text: str, cache: dict[str, str]) -> str:
+def get(name: str) -> str:
+    """The list ``name``: from its registry where :func:`live`, else the built-in one."""
+    if not live(name):
+        from quarl.cli.builtin_lists import BUILTIN_LISTS
+
+        if name in BUILTIN_LISTS:
+            return BUILTIN_LISTS[name]
+    environment_defaults()  # the registries load torch: its thread settings first
+    return LISTS[name]()
+
+
+def render(text: str) -> str:
     """``text`` with each ``{name}`` of :data:`LISTS` replaced by its list."""
-
-    def one(match: re.Match[str]) -> str:
-        name = match[1]
-        if name not in LISTS:
-            return match[0]
-        if name not in cache:
-            cache[name] = LISTS[name]()
-        return cache[name]
-
-    return PLACEHOLDER.sub(one, text)
+    return PLACEHOLDER.sub(lambda match: get(match[1]) if match[1] in LISTS else match[0], text)
 
 
-MAX_CACHE_BYTES = 1 << 16
+def write_builtin_lists(path: Path | None = None) -> Path:
+    """Write :mod:`quarl.cli.builtin_lists` from the registries (run after adding a built-in
+    precision, int mode, trainer or train precision: ``python -m quarl.cli.help_lists``)."""
+    path = path or Path(__file__).with_name("builtin_lists.py")
+    environment_defaults()
+    entries = []
+    for name, make in LISTS.items():
+        pieces = textwrap.wrap(make(), 100, drop_whitespace=False, break_on_hyphens=False)
+        entries.append(f"    {name!r}: (\n" + "".join(f"        {piece!r}\n" for piece in pieces) + "    ),")
+    path.write_text(
+        '"""The help lists of the built-in registries, written by ``python -m quarl.cli.help_lists``\n'
+        "(:mod:`quarl.cli.help_lists`); ``tests/test_cli_help.py`` holds them equal to the registries.\"\"\"\n\n"
+        "BUILTIN_LISTS: dict[str, str] = {\n" + "\n".join(entries) + "\n}\n", encoding="utf-8")
+    return path
 
 
-def cache_file() -> Path | None:
-    """Where the built-in lists are kept (None: ``QUARL_CACHE=off``)."""
-    from quarl import __version__
-
-    if os.environ.get("QUARL_CACHE", "").strip().lower() == "off":
-        return None
-    return Path.home() / ".cache" / "quarl" / f"help-lists-{__version__}.json"
-
-
-def source_key() -> str:
-    """What the lists were made from: quarl's own files (their newest change and count), so
-    a registry edited in a checkout is read again, without importing it."""
-    root = Path(__file__).resolve().parents[1]
-    stamps = [p.stat().st_mtime_ns for p in root.rglob("*.py")]
-    return f"{len(stamps)}-{max(stamps, default=0)}"
-
-
-def read_cache() -> dict[str, str]:
-    """The stored lists (only string values of known names, made from these sources;
-    anything else: none)."""
-    path = cache_file()
-    try:
-        if path is None or not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_CACHE_BYTES:
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(data, dict) or data.get("key") != source_key() or not isinstance(data.get("lists"), dict):
-        return {}
-    return {k: v for k, v in data["lists"].items() if k in LISTS and isinstance(v, str)}
-
-
-def write_cache(lists: dict[str, str]) -> None:
-    path = cache_file()
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"key": source_key(), "lists": lists}))
-    except (OSError, QuarlError):  # a read-only home or a full disk: the lists are made again next time
-        pass
-
-
-def shown(group: Any, args: Sequence[str]) -> list[Any]:
-    """The commands whose option help ``args`` asks for: the command named before
-    ``--help`` (``quarl actorq run --help``: run), none for ``quarl --help``."""
-    command, chosen = group, []
-    for arg in args:
-        if arg.startswith("-"):
-            continue
-        sub = (getattr(command, "commands", None) or {}).get(arg)
-        if sub is None:
-            break
-        command = sub
-        chosen = [sub]
-    return list(commands(chosen[0])) if chosen else []
-
-
-def bare_flags(command: Any) -> None:
-    """A flag (``--wide``, ``--stochastic/--deterministic``, ``--help``) shows no ``<bool>`` in the
-    help: it takes no value."""
-    if getattr(command, "quarl_bare_flags", False):  # once per command object
-        return
-    command.quarl_bare_flags = True
-    original = command.get_help_option
-
-    def help_option(ctx: Any) -> Any:
-        option = original(ctx)
-        if option is not None and option.metavar is None:
-            option.metavar = ""
-        return option
-
-    command.get_help_option = help_option
-    for param in command.params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-
-
-def fill(group: Any, args: Sequence[str] | None = None, use_cache: bool = True) -> None:
-    """Replace the placeholders in the help of every option and argument of the commands
-    ``args`` shows the help of (all under ``group`` where ``args`` is None); flags shown bare."""
-    targets = list(commands(group)) if args is None else shown(group, args)
-    for command in [group, *targets]:
-        bare_flags(command)
-    if not targets:
-        return
-    stored = read_cache() if use_cache else {}
-    cache: dict[str, str] = dict(stored)
-    if set(LISTS) - set(cache):
-        environment_defaults()  # the registries load torch: its thread settings first
-    for command in targets:
-        for param in command.params:
-            text = getattr(param, "help", None)
-            if isinstance(text, str) and "{" in text:
-                setattr(param, "help", render(text, cache))
-    if use_cache and cache != stored:
-        write_cache(cache)
+if __name__ == "__main__":
+    write_builtin_lists()

@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import say, setup, user_errors
+from quarl.cli.settings import judging_of
+
+Returns = Annotated[Path, typer.Argument(
+    help="CSV of paired returns: header seed,reference,candidate, one row per paired episode in the order played")]
+JudgedEnv = Annotated[str | None, typer.Option(
+    "--env", help="the env the episodes played, for its own range of returns (CartPole-v1, Acrobot-v1, "
+                  "Pendulum-v1...)")]
+Insure = Annotated[float, typer.Option(
+    "--insure", metavar="K", help="where the env defines no range of returns, insure against an unseen failure costing "
+                                  "up to K mean returns beyond the worst paired loss seen")]
+ReturnRange = Annotated[str | None, typer.Option(
+    "--return-range", metavar="LO:HI", help="every return lies in LO:HI: the verdict assumes exactly that range")]
+DebugVerbose = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
 
 
+@command(app, "judge")
 @user_errors
 def judge(
-    returns: Path = typer.Argument(..., help="CSV of paired returns: header seed,reference,candidate, one row per "
-                                             "paired episode in the order played"),
-    env: Optional[str] = typer.Option(None, "--env", help="the env the episodes played, for its own range of returns "
-                                                          "(CartPole-v1, Acrobot-v1, Pendulum-v1...)"),
-    insure: float = typer.Option(1.0, "--insure", metavar="K", help="where the env defines no range of returns, "
-                                 "insure against an unseen failure costing up to K mean returns beyond the worst "
-                                 "paired loss seen"),
-    return_range: Optional[str] = typer.Option(None, "--return-range", metavar="LO:HI", help="every return lies in "
-                                               "LO:HI: the verdict assumes exactly that range"),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),
+    returns: Returns,
+    env: JudgedEnv = None,
+    insure: Insure = 1.0,
+    return_range: ReturnRange = None,
+    verbose: DebugVerbose = False,
 ) -> None:
     """Does the candidate keep the reference's return? The verdict ptq, study and recover
     give (E, its 95 % interval, keeps / loses / undecided, the range it assumed), for any
@@ -30,7 +41,6 @@ def judge(
     Example: quarl judge returns.csv --env CartPole-v1
     """
     setup(verbose)
-    from quarl.cli.ptq import judging_of
     from quarl.evaluation.pairs import describe, read_pairs
     from quarl.evaluation.pairs import judge as judge_pairs
 

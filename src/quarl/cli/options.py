@@ -1,26 +1,22 @@
-"""Options and arguments several commands take, and the decorators that add option sets
-(rl_zoo3.enjoy's ``--load-*``, ActorQ's shared options) to a command."""
+"""The options of ``quarl recover`` until it takes the option groups of
+:mod:`quarl.cli.settings`: declared as typer defaults and attached by
+:func:`quarl.cli.groups.with_options` and :func:`load_choice`."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import typer
 
 from quarl.cli import early
 from quarl.cli.common import setup
+from quarl.cli.loading import is_export, load, protocol  # noqa: F401  (recover's, until it takes settings)
+from quarl.cli.settings import checked_path, gym_packages_callback, trust_gym_packages_callback
 from quarl.core import validate
-from quarl.core.errors import QuarlError
-
-if TYPE_CHECKING:
-    from quarl.envs import EnvSpec
-    from quarl.policies.base import Policy
-    from quarl.policies.checkpoint import Checkpoint
 
 CheckpointArg = typer.Argument(..., help="the policy: an SB3 .zip, an RL Zoo run folder (ppo/CartPole-v1_1), a legacy "
                                          "stable-baselines .pkl, hf://ORG/REPO (Hugging Face Hub), a quarl actorq run "
@@ -36,14 +32,15 @@ WorkersOpt = typer.Option(None, "--workers", help="processes playing episodes si
 OutOpt = typer.Option(None, "--out", parser=validate.out_option, help="output folder (default results/<command>/<policy>)")
 TrustOpt = typer.Option(False, "--trust-pickle", help="allow arbitrary unpickling of vecnormalize.pkl")
 VerboseOpt = typer.Option(False, "--verbose", "-v")
-GymPackagesOpt = typer.Option(None, "--gym-packages", metavar="MODULE",
+GymPackagesOpt = typer.Option(None, "--gym-packages", metavar="MODULE", is_eager=True, callback=gym_packages_callback,
                               help="modules to import first, so the envs they register are known here and in every "
                                    "worker (rl_zoo3's option; repeatable or comma-separated; installed modules or "
                                    "modules in the current folder). A run folder's args.yml gym_packages are imported "
                                    "only when named here, or with --trust-gym-packages (a file naming code to run)")
 """Shown in each command's help; the group takes the option before any command parses
-(:func:`quarl.cli.group.take_gym_packages`), so the parameter is always None."""
-TrustGymPackagesOpt = typer.Option(False, "--trust-gym-packages", help="import the gym_packages a run folder's "
+(an eager option, :func:`quarl.cli.settings.gym_packages_callback`)."""
+TrustGymPackagesOpt = typer.Option(False, "--trust-gym-packages", is_eager=True, callback=trust_gym_packages_callback,
+                                   help="import the gym_packages a run folder's "
                                    "args.yml names (code a file asks to run) without naming them with --gym-packages; "
                                    "taken, like --gym-packages, before the command parses")
 """Shown where a command loads run folders; taken by the group first, so always False here."""
@@ -103,57 +100,3 @@ def load_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(fn)
     setattr(wrapper, "__signature__", signature.replace(parameters=[*signature.parameters.values(), *extra]))
     return wrapper
-
-
-def checked_path(checkpoint: Path) -> None:
-    """A checkpoint path that exists and, if a file, is one a format reads
-    (:func:`quarl.policies.file_kind.not_a_policy`), checked before anything heavy loads. Where a
-    format may have been registered beside the built-in ones (in this process, or by a
-    ``--gym-packages`` module), the formats themselves decide, when the policy loads."""
-    import sys
-
-    if str(checkpoint).startswith("hf:"):  # fetched when it loads
-        return
-    if not checkpoint.exists():
-        raise QuarlError(f"checkpoint {str(checkpoint)!r} does not exist")
-    envs = sys.modules.get("quarl.envs")
-    if "quarl.policies.formats" in sys.modules or (envs is not None and envs.gym_packages()):
-        return
-    from quarl.policies.file_kind import not_a_policy
-
-    reason = not_a_policy(checkpoint)
-    if reason is not None:
-        raise QuarlError(reason)
-
-
-def load(checkpoint: Path, env: Optional[str], trust_pickle: bool) -> tuple[Checkpoint, EnvSpec]:
-    """quarl.load: fails before any work when the env does not fit the policy."""
-    from quarl.api import load_checkpoint_and_env as load_policy
-
-    ckpt = load_policy(checkpoint, env, trust_pickle)
-    if ckpt.env_spec is None:  # quarl.load gives the env or raises; this says so to the type checker
-        raise QuarlError(f"{checkpoint} names no env: pass --env ENV_ID")
-    if checkpoint.suffix == ".zip" and ckpt.policy.obs_normalizer is None and not ckpt.policy.scale_images \
-            and not is_export(checkpoint) and not (checkpoint.parent / checkpoint.stem / "config.yml").exists():
-        from quarl.training.hyperparams import missing_statistics
-
-        note = missing_statistics(ckpt.algo, ckpt.env_spec.env_id, checkpoint.name)
-        if note:
-            logging.getLogger("quarl").warning("%s", note)
-    return ckpt, ckpt.env_spec
-
-
-def protocol(policy: Policy, spec: EnvSpec, stochastic: Optional[bool],
-             sticky_actions: Optional[float]) -> tuple[EnvSpec, Policy]:
-    """The env spec with ``--sticky-actions`` and the policy acting as ``--stochastic`` /
-    ``--deterministic`` say (or the RL Zoo's default)."""
-    from quarl.evaluation.episodes import protocol as acting_protocol
-
-    return acting_protocol(policy, spec, stochastic, sticky_actions)
-
-
-def is_export(checkpoint: Path) -> bool:
-    """Whether ``checkpoint`` is an exported model (a quarl export folder or .onnx)."""
-    from quarl.policies.onnx_artifact import is_artifact
-
-    return is_artifact(checkpoint)

@@ -3,45 +3,79 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
 from quarl.cli import early, registry_options
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.groups import acting_options, common_options, int_mode_options, loading_options, with_options
-from quarl.cli.options import CheckpointArg, EnvOpt, MaxStepsOpt, SeedOpt, is_export, load, load_choice, protocol
+from quarl.cli.loading import is_export, load, protocol
+from quarl.cli.settings import (
+    EVALUATION,
+    INT_OPTIONS,
+    LOADING,
+    BlockSize,
+    CheckpointArg,
+    Env,
+    Evaluation,
+    GymPackages,
+    Int8Weights,
+    IntOptions,
+    LoadBest,
+    LoadCheckpoint,
+    Loading,
+    LoadLastCheckpoint,
+    MaxSteps,
+    Seed,
+    StickyActions,
+    Stochastic,
+    TrustGymPackages,
+    TrustPickle,
+    Verbose,
+)
 from quarl.core import validate
 from quarl.core.errors import QuarlError
 
+Precision = Annotated[str, typer.Option(
+    "--precision", help="one precision, as in ptq's --precisions (int8 chooses its mode on the calibration seeds, as "
+                        "ptq does)")]
+PlayEpisodes = Annotated[int, typer.Option("--episodes", help="episodes to play (episode i uses seed + i, as in ptq)")]
+Video = Annotated[Path | None, typer.Option(
+    "--video", parser=validate.out_option, help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
+                                                "needed)")]
+Camera = Annotated[str | None, typer.Option(
+    "--camera", help="MuJoCo camera to record from: an id (0, 1, ...) or a name (e.g. track); default the env's own "
+                     "view")]
+VideoSize = Annotated[str | None, typer.Option(
+    "--video-size", help="video frame size WIDTHxHEIGHT, e.g. 640x480 (MuJoCo; default the env's own)")]
 
+
+@command(app, "play", renames={"--precisions": "--precision"})
 @user_errors
-@load_choice
-@with_options(acting_options, int_mode_options, loading_options, common_options)
 def play(
-    checkpoint: Path = CheckpointArg,
+    checkpoint: CheckpointArg,
     *,
-    env: Optional[str] = EnvOpt,
-    precision: str = typer.Option("fp32", help="one precision, as in ptq's --precisions (int8 chooses its mode on the "
-                                               "calibration seeds, as ptq does)"),
-    episodes: int = typer.Option(3, "--episodes", help="episodes to play (episode i uses seed + i, as in ptq)"),
-    seed: int = SeedOpt,
-    sticky_actions: Optional[float],
-    stochastic: Optional[bool],
-    video: Optional[Path] = typer.Option(None, "--video", parser=validate.out_option,
-                                         help="record each episode as VIDEO/<precision>-episode-K.mp4 (no display "
-                                              "needed)"),
-    camera: Optional[str] = typer.Option(None, "--camera", help="MuJoCo camera to record from: an id (0, 1, ...) or "
-                                                               "a name (e.g. track); default the env's own view"),
-    video_size: Optional[str] = typer.Option(None, "--video-size", help="video frame size WIDTHxHEIGHT, e.g. 640x480 "
-                                                                        "(MuJoCo; default the env's own)"),
-    max_steps: Optional[int] = MaxStepsOpt,
-    int8_weights: str,
-    block_size: int,
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    gym_packages: Optional[str],
-    verbose: bool,
+    env: Env = None,
+    precision: Precision = "fp32",
+    episodes: PlayEpisodes = 3,
+    seed: Seed = EVALUATION.seed,
+    sticky_actions: StickyActions = None,
+    stochastic: Stochastic = None,
+    video: Video = None,
+    camera: Camera = None,
+    video_size: VideoSize = None,
+    max_steps: MaxSteps = None,
+    int8_weights: Int8Weights = INT_OPTIONS.int8_weights,
+    block_size: BlockSize = INT_OPTIONS.block_size,
+    trust_pickle: TrustPickle = False,
+    trust_gym_packages: TrustGymPackages = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
+    load_best: LoadBest = LOADING.load_best,
+    load_checkpoint: LoadCheckpoint = None,
+    load_last_checkpoint: LoadLastCheckpoint = LOADING.load_last_checkpoint,
 ) -> None:
     """Play a policy at one precision, print each episode's return and length (the same
     numbers ptq gets on those seeds) and, with --video, record each episode.
@@ -51,7 +85,8 @@ def play(
     Example: quarl play ../shared/zoo/ppo/HalfCheetah-v3_1 --video videos --camera track --video-size 640x480
     """
     setup(verbose)
-    registry_options.check_eval_values(episodes, seed, 1, max_steps)  # before torch loads: a typo answers at once
+    checkpoint = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint).policy_path(checkpoint, env)
+    evaluation = Evaluation(episodes, seed, 1, max_steps).checked()  # before torch loads: a typo answers at once
     validate.count(max_steps, 1, "--max-steps")
     early.precisions(precision)
     from quarl.api import quantize
@@ -59,11 +94,11 @@ def play(
     from quarl.evaluation.reports import print_table
     from quarl.workflows import episode_rows, file_label
 
-    options = registry_options.quant_options(int8_weights, block_size)
+    options = IntOptions(int8_weights, block_size).checked()
     labels = registry_options.precisions(precision, **options)
     if len(labels) != 1:
         raise QuarlError(f"--precision {precision!r} names {len(labels)} precisions: play takes one")
-    registry_options.eval_settings(episodes, seed, 1, max_steps)
+    evaluation.settings()
     validate.count(max_steps, 1, "--max-steps")
     validate.out_folder(video, "--video")
     size = validate.video_size(video_size)
@@ -93,7 +128,8 @@ def play(
     quant = policy.meta.get("quant")
     mode = quant["mode"] if quant is not None else None
     print_table(rows, None, out_console)
-    out_console.print(f"{ckpt.algo} {spec.env_id} at {file_label(policy.precision)}" + (f" (mode {mode})" if mode else "") +
+    out_console.print(f"{ckpt.algo} {spec.env_id} at {file_label(policy.precision)}"
+                      + (f" (mode {mode})" if mode else "") +
                       f": mean return {result.mean:.2f} over {episodes} episodes" +
                       (", sampled actions" if policy.stochastic else ""), soft_wrap=True)
     if video is not None:

@@ -3,34 +3,51 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from quarl import outputs
 from quarl.cli import early, registry_options
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.groups import (
-    acting_options,
-    common_options,
-    deciding_options,
-    evaluation_options,
-    int_mode_options,
-    loading_options,
-    with_options,
-)
-from quarl.cli.options import (
+from quarl.cli.groups import deciding_options
+from quarl.cli.loading import is_export, load, protocol
+from quarl.cli.settings import (
+    EVALUATION,
+    INT_OPTIONS,
+    LOADING,
     PRECISIONS_HELP,
+    BlockSize,
     CheckpointArg,
-    EnvOpt,
-    OutOpt,
-    WideOpt,
-    is_export,
-    load,
-    load_choice,
-    protocol,
+    DecideMinutes,
+    Deciding,
+    Env,
+    Episodes,
+    Evaluation,
+    GymPackages,
+    Insure,
+    Int8Weights,
+    IntOptions,
+    LoadBest,
+    LoadCheckpoint,
+    Loading,
+    LoadLastCheckpoint,
+    MaxSteps,
+    NEnvs,
+    Out,
+    ReturnRange,
+    Seed,
+    StickyActions,
+    Stochastic,
+    TrustGymPackages,
+    TrustPickle,
+    Verbose,
+    Wide,
+    Workers,
+    decide_episodes_option,
 )
 from quarl.core import validate
 from quarl.verdict import Decision, Judging, Verdict
@@ -45,49 +62,12 @@ if TYPE_CHECKING:
 
 
 DECIDE_EPISODES = 2000
-DECIDING = deciding_options(DECIDE_EPISODES, 5.0)
-"""--decide-episodes / --decide-minutes of ptq and recover."""
-
-
-def budget_note(decide_episodes: int, decide_seconds: float | None) -> str:
-    """``deciding up to 640 episodes / 5 min`` for a title ('' where deciding is off)."""
-    if not decide_episodes:
-        return ""
-    return f"deciding up to {decide_episodes} episodes" + (
-        f" / {decide_seconds / 60:g} min" if decide_seconds else "")
-
-
-@dataclass(frozen=True)
-class Deciding:
-    """--decide-episodes / --decide-minutes / --insure / --return-range, checked."""
-
-    episodes: int
-    """The episodes a cell may play while its verdict is undecided (0: off)."""
-    seconds: float | None
-    """The wall-clock budget for deciding (None: no limit)."""
-    judging: Judging
-    """The range the verdicts assume (:class:`quarl.verdict.Judging`)."""
-
-    @classmethod
-    def parse(cls, episodes: Optional[int], minutes: float, insure: float, return_range: Optional[str],
-              default: int = DECIDE_EPISODES) -> Deciding:
-        return cls(validate.decide_episodes(episodes, default=default), validate.decide_minutes(minutes),
-                   judging_of(insure, return_range))
-
-    def note(self, episodes: int) -> str:
-        """:func:`budget_note` for a title where deciding may play past ``episodes``, else ''."""
-        return budget_note(self.episodes, self.seconds) if self.episodes > episodes else ""
-
-
-def judging_of(insure: float, return_range: Optional[str]) -> Judging:
-    """--insure and --return-range checked into a :class:`quarl.verdict.Judging`."""
-    from quarl.core.errors import QuarlError
-    from quarl.verdict.bounds import parse_range
-
-    try:  # Judging checks --insure itself
-        return Judging(insure, None if return_range is None else parse_range(return_range))
-    except ValueError as exc:
-        raise QuarlError(str(exc)) from None
+"""--decide-episodes' default in ptq and recover."""
+DECIDE_MINUTES = 5.0
+DecideEpisodes = Annotated[int | None, decide_episodes_option(DECIDE_EPISODES)]
+Precisions = Annotated[str, typer.Option("--precisions", help=PRECISIONS_HELP)]
+DECIDING = deciding_options(DECIDE_EPISODES, DECIDE_MINUTES)
+"""recover's deciding options until it takes the option groups of :mod:`quarl.cli.settings`."""
 
 
 def warm(workers: int) -> None:
@@ -121,53 +101,57 @@ def recover_hint(judged: Sequence[tuple[str, Verdict | None]], checkpoint: Path,
         elif verdict.verdict == Decision.LOSES:
             say(f"{label} loses: recover it with quarl recover {checkpoint} --precision {label}")
         elif verdict.verdict == Decision.UNDECIDED:  # more episodes may show it keeps: say both ways out
-            say(f"{label} undecided: play more episodes (a larger --decide-episodes / --decide-minutes), or recover it with "
-                f"quarl recover {checkpoint} --precision {label}")
+            say(f"{label} undecided: play more episodes (a larger --decide-episodes / --decide-minutes), or recover it "
+                f"with quarl recover {checkpoint} --precision {label}")
 
 
 DEFAULT_PRECISIONS = "fp32,fp16,bf16,int8,int4"
 
 
+@command(app, "ptq", renames={"--precision": "--precisions"})
 @user_errors
-@load_choice
-@with_options(evaluation_options, DECIDING, acting_options, int_mode_options, loading_options, common_options)
 def ptq(
-    checkpoint: Path = CheckpointArg,
+    checkpoint: CheckpointArg,
     *,
-    env: Optional[str] = EnvOpt,
-    precisions: str = typer.Option(DEFAULT_PRECISIONS, help=PRECISIONS_HELP),
-    episodes: int,
-    decide_episodes: Optional[int],
-    decide_minutes: float,
-    insure: float,
-    return_range: Optional[str],
-    sticky_actions: Optional[float],
-    stochastic: Optional[bool],
-    seed: int,
-    n_envs: int,
-    max_steps: Optional[int],
-    workers: Optional[int],
-    int8_weights: str,
-    block_size: int,
-    out: Optional[Path] = OutOpt,
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    wide: bool = WideOpt,
-    gym_packages: Optional[str],
-    verbose: bool,
+    env: Env = None,
+    precisions: Precisions = DEFAULT_PRECISIONS,
+    episodes: Episodes = EVALUATION.episodes,
+    decide_episodes: DecideEpisodes = None,
+    decide_minutes: DecideMinutes = DECIDE_MINUTES,
+    insure: Insure = 1.0,
+    return_range: ReturnRange = None,
+    sticky_actions: StickyActions = None,
+    stochastic: Stochastic = None,
+    seed: Seed = EVALUATION.seed,
+    n_envs: NEnvs = EVALUATION.n_envs,
+    max_steps: MaxSteps = None,
+    workers: Workers = None,
+    int8_weights: Int8Weights = INT_OPTIONS.int8_weights,
+    block_size: BlockSize = INT_OPTIONS.block_size,
+    out: Out = None,
+    trust_pickle: TrustPickle = False,
+    trust_gym_packages: TrustGymPackages = False,
+    wide: Wide = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
+    load_best: LoadBest = LOADING.load_best,
+    load_checkpoint: LoadCheckpoint = None,
+    load_last_checkpoint: LoadLastCheckpoint = LOADING.load_last_checkpoint,
 ) -> None:
     """Evaluate a policy at several precisions and print precision | mean | std | E%.
 
     Example: quarl ptq ../shared/zoo/ppo/LunarLander-v2_1 --precisions fp32,fp16,int8 --episodes 20
     """
     setup(verbose)
+    loading = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint)
+    checkpoint = loading.policy_path(checkpoint, env, out)
     # the plain values first, before torch loads: a typo answers at once
-    registry_options.check_eval_values(episodes, seed, n_envs, max_steps)
-    worker_count = validate.workers(workers)
+    evaluation = Evaluation(episodes, seed, n_envs, max_steps, workers).checked()
+    worker_count = evaluation.worker_count()
     early.precisions(precisions)
-    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
-    options = registry_options.quant_options(int8_weights, block_size)
+    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range, DECIDE_EPISODES)
+    settings = evaluation.settings(worker_count)
+    options = IntOptions(int8_weights, block_size).checked()
     labels = registry_options.precisions(precisions, **options)
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
@@ -256,4 +240,5 @@ def report_cells(records: list[CellRecord], title: str, episodes: int, out: Path
     as_fp32 = frozenset(r.precision for r in records if base is not None and r is not base and plays_as_fp32(base, r))
     recover_hint(judged, checkpoint, recovered, as_fp32)
     say_reused(records, out / "results.jsonl")
-    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json" + (", ptq.png" if len(records) > 1 else ""))
+    out_console.print(f"wrote {out}/results.jsonl, ptq.csv, ptq.md, ptq.json"
+                      + (", ptq.png" if len(records) > 1 else ""))

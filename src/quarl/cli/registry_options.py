@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
-from quarl.core.errors import QuarlError
 from quarl.core import validate
+from quarl.core.errors import QuarlError
 from quarl.core.validate import items, positive_ints
 
 if TYPE_CHECKING:

@@ -3,68 +3,91 @@ weights themselves: statistics, histograms, KL and SQNR per width)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
 from quarl import outputs
-from quarl.cli import early, registry_options
+from quarl.cli import early
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import float_checkpoint, out_console, progress, say_reused, setup, user_errors
-from quarl.cli.groups import common_options, evaluation_options, loading_options, with_options
-from quarl.cli.options import (
-    BitsOpt,
-    BlockSizeOpt,
-    CheckpointArg,
-    EnvOpt,
-    GranularityOpt,
-    OutOpt,
-    SchemeOpt,
-    checked_path,
-    load,
-    load_choice,
-)
+from quarl.cli.loading import load
 from quarl.cli.ptq import warm
+from quarl.cli.settings import (
+    EVALUATION,
+    INT_OPTIONS,
+    LOADING,
+    Bits,
+    BlockSize,
+    CheckpointArg,
+    Env,
+    Episodes,
+    Evaluation,
+    Granularity,
+    GymPackages,
+    LoadBest,
+    LoadCheckpoint,
+    Loading,
+    LoadLastCheckpoint,
+    MaxSteps,
+    NEnvs,
+    Out,
+    Scheme,
+    Seed,
+    TrustGymPackages,
+    TrustPickle,
+    Verbose,
+    Workers,
+    checked_path,
+)
 from quarl.core import validate
 
+BITS = "8,7,6,5,4,3,2"
+Activations = Annotated[bool, typer.Option("--activations", help="also quantize layer outputs (calibrated ranges)")]
 
+
+@command(app, "sweep")
 @user_errors
-@load_choice
-@with_options(evaluation_options, loading_options, common_options)
 def sweep(
-    checkpoint: Path = CheckpointArg,
+    checkpoint: CheckpointArg,
     *,
-    env: Optional[str] = EnvOpt,
-    bits: str = BitsOpt,
-    scheme: str = SchemeOpt,
-    granularity: str = GranularityOpt,
-    activations: bool = typer.Option(False, "--activations", help="also quantize layer outputs (calibrated ranges)"),
-    episodes: int,
-    seed: int,
-    n_envs: int,
-    max_steps: Optional[int],
-    workers: Optional[int],
-    block_size: int = BlockSizeOpt,
-    out: Optional[Path] = OutOpt,
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    gym_packages: Optional[str],
-    verbose: bool,
+    env: Env = None,
+    bits: Bits = BITS,
+    scheme: Scheme = "quarl",
+    granularity: Granularity = "auto",
+    activations: Activations = False,
+    episodes: Episodes = EVALUATION.episodes,
+    seed: Seed = EVALUATION.seed,
+    n_envs: NEnvs = EVALUATION.n_envs,
+    max_steps: MaxSteps = None,
+    workers: Workers = None,
+    block_size: BlockSize = INT_OPTIONS.block_size,
+    out: Out = None,
+    trust_pickle: TrustPickle = False,
+    trust_gym_packages: TrustGymPackages = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
+    load_best: LoadBest = LOADING.load_best,
+    load_checkpoint: LoadCheckpoint = None,
+    load_last_checkpoint: LoadLastCheckpoint = LOADING.load_last_checkpoint,
 ) -> None:
     """Evaluate fp32 and simulated n-bit weights for each width; write a CSV and the reward-vs-bits plot.
 
     Example: quarl sweep ../shared/zoo/dqn/CartPole-v1_1 --bits 8,6,4,3,2 --episodes 10
     """
     setup(verbose)
+    loading = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint)
+    checkpoint = loading.policy_path(checkpoint, env, out)
     widths = validate.bit_widths(bits)  # before torch loads: a typo answers at once
-    registry_options.check_eval_values(episodes, seed, n_envs, max_steps)
-    worker_count = validate.workers(workers)
+    evaluation = Evaluation(episodes, seed, n_envs, max_steps, workers).checked()
+    worker_count = evaluation.worker_count()
     from quarl.evaluation.reports import print_table, ptq_rows
     from quarl.ptq import run_sweep
     from quarl.quant.config import QuantConfig
 
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
+    settings = evaluation.settings(worker_count)
     float_checkpoint(checkpoint, "sweep re-quantizes the float weights")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     warm(settings.workers)
@@ -85,19 +108,19 @@ def sweep(
     out_console.print(f"wrote {out}/results.jsonl, sweep.csv, sweep.md, sweep.json, sweep.png")
 
 
+@command(app, "analyze")
 @user_errors
-@with_options(loading_options, common_options)
 def analyze(
-    checkpoint: Path = CheckpointArg,
+    checkpoint: CheckpointArg,
     *,
-    bits: str = BitsOpt,
-    scheme: str = SchemeOpt,
-    granularity: str = GranularityOpt,
-    out: Optional[Path] = OutOpt,
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    gym_packages: Optional[str],
-    verbose: bool,
+    bits: Bits = BITS,
+    scheme: Scheme = "quarl",
+    granularity: Granularity = "auto",
+    out: Out = None,
+    trust_pickle: TrustPickle = False,
+    trust_gym_packages: TrustGymPackages = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
 ) -> None:
     """Per-layer weight statistics, histograms, and the KL divergence of n-bit weights.
 

@@ -4,54 +4,68 @@ mixed precision) and ``quarl qat`` (QAT against PTQ at several widths)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
 from quarl import outputs
-from quarl.cli import registry_options
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.groups import common_options, with_options
-from quarl.cli.options import EpisodesOpt, NEnvsOpt, OutOpt, SchemeOpt, SeedOpt
+from quarl.cli.settings import EVALUATION, Episodes, Evaluation, GymPackages, NEnvs, Out, Scheme, Seed, Verbose
 from quarl.core import validate
 
-AlgoArg = typer.Argument(None, help="{train_algorithms}")
-EnvIdArg = typer.Argument(None, help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")
-AlgoOpt = typer.Option(None, "--algo", help="the algorithm, as the RL Zoo's train.py takes it (or as the first argument)")
-EnvOptZoo = typer.Option(None, "--env", help="the env id, as the RL Zoo's train.py takes it (or as the second argument)")
-TimestepsOpt = typer.Option(None, "--timesteps", "-n", "--n-timesteps",
-                            help="env steps (default: the RL Zoo's budget for this env)")
-HpOpt = typer.Option([], "--hp", "--hyperparams", help="override a zoo hyperparameter, KEY=VALUE or KEY:VALUE "
-                                                       "as the RL Zoo writes it (repeatable)")
+AlgoArg = Annotated[str | None, typer.Argument(help="{train_algorithms}")]
+EnvIdArg = Annotated[str | None, typer.Argument(
+    help="gymnasium env id, e.g. CartPole-v1, Pendulum-v1, PongNoFrameskip-v4")]
+AlgoOpt = Annotated[str | None, typer.Option(
+    "--algo", help="the algorithm, as the RL Zoo's train.py takes it (or as the first argument)")]
+EnvOptZoo = Annotated[str | None, typer.Option(
+    "--env", help="the env id, as the RL Zoo's train.py takes it (or as the second argument)")]
+Timesteps = Annotated[int | None, typer.Option(
+    "--timesteps", "-n", "--n-timesteps", help="env steps (default: the RL Zoo's budget for this env)")]
+Hp = Annotated[list[str], typer.Option(
+    "--hp", "--hyperparams", help="override a zoo hyperparameter, KEY=VALUE or KEY:VALUE as the RL Zoo writes it "
+                                  "(repeatable)")]
+TrainOut = Annotated[Path, typer.Option(
+    "--out", "-f", "--log-folder", parser=validate.out_option, help="run folders go to OUT/ALGO/ENV_N")]
+TrainPrecision = Annotated[str, typer.Option(
+    "--train-precision", help="gradient updates in {train_precisions} (autocast)")]
+QatBits = Annotated[int | None, typer.Option(
+    "--qat-bits", help="quantization-aware training at this width (2..16)")]
+EvalFreq = Annotated[int, typer.Option("--eval-freq", help="evaluate every N env steps (0: never)")]
+CheckpointFreq = Annotated[int, typer.Option(
+    "--checkpoint-freq", "--save-freq", help="checkpoint every N env steps (0: a tenth of the run)")]
+Resume = Annotated[bool, typer.Option("--resume", help="continue the newest run that has a checkpoint")]
+EvalEpisodes = Annotated[int, typer.Option(
+    "--eval-episodes", help="episodes of each evaluation (every --eval-freq steps, and the final one)")]
+ResumeTrustPickle = Annotated[bool, typer.Option(
+    "--trust-pickle", help="--resume: allow the replay / normalization pickles of an older quarl's checkpoint")]
 
 
+@command(app, "train", renames={"--episodes": "--eval-episodes"})
 @user_errors
-@with_options(common_options)
 def train_cmd(
-    algo: Optional[str] = AlgoArg,
+    algo: AlgoArg = None,
+    env_id: EnvIdArg = None,
     *,
-    env_id: Optional[str] = EnvIdArg,
-    algo_opt: Optional[str] = AlgoOpt,
-    env_opt: Optional[str] = EnvOptZoo,
-    timesteps: Optional[int] = TimestepsOpt,
-    seed: int = SeedOpt,
-    out: Path = typer.Option(outputs.TRAIN_RUNS, "--out", "-f", "--log-folder", parser=validate.out_option,
-                             help="run folders go to OUT/ALGO/ENV_N"),
-    precision: str = typer.Option("fp32", "--train-precision",
-                                  help="gradient updates in {train_precisions} (autocast)"),
-    qat_bits: Optional[int] = typer.Option(None, "--qat-bits", help="quantization-aware training at this width (2..16)"),
-    quant_delay: Optional[int] = typer.Option(None, "--quant-delay", help="QAT: fp32 steps first (default: half)"),
-    hp: list[str] = HpOpt,
-    eval_freq: int = typer.Option(10_000, help="evaluate every N env steps (0: never)"),
-    checkpoint_freq: int = typer.Option(0, "--checkpoint-freq", "--save-freq",
-                                        help="checkpoint every N env steps (0: a tenth of the run)"),
-    resume: bool = typer.Option(False, "--resume", help="continue the newest run that has a checkpoint"),
-    eval_episodes: int = typer.Option(5, "--eval-episodes", help="episodes of each evaluation (every --eval-freq "
-                                                                 "steps, and the final one)"),
-    trust_pickle: bool = typer.Option(False, "--trust-pickle", help="--resume: allow the replay / normalization "
-                                                                    "pickles of an older quarl's checkpoint"),
-    gym_packages: Optional[str],
-    verbose: bool,
+    algo_opt: AlgoOpt = None,
+    env_opt: EnvOptZoo = None,
+    timesteps: Timesteps = None,
+    seed: Seed = EVALUATION.seed,
+    out: TrainOut = outputs.TRAIN_RUNS,
+    precision: TrainPrecision = "fp32",
+    qat_bits: QatBits = None,
+    quant_delay: Annotated[int | None, typer.Option(
+        "--quant-delay", help="QAT: fp32 steps first (default: half)")] = None,
+    hp: Hp = [],  # noqa: B006  (typer copies a list default; it is never mutated)
+    eval_freq: EvalFreq = 10_000,
+    checkpoint_freq: CheckpointFreq = 0,
+    resume: Resume = False,
+    eval_episodes: EvalEpisodes = 5,
+    trust_pickle: ResumeTrustPickle = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
 ) -> None:
     """Train with Stable-Baselines3 and the RL Zoo's hyperparameters; save an RL Zoo run
     folder (with TensorBoard logs and checkpoints) that ptq / sweep load as is.
@@ -77,25 +91,26 @@ def train_cmd(
     )
 
 
+@command(app, "qat")
 @user_errors
-@with_options(common_options)
 def qat(
-    algo: Optional[str] = AlgoArg,
+    algo: AlgoArg = None,
+    env_id: EnvIdArg = None,
     *,
-    env_id: Optional[str] = EnvIdArg,
-    algo_opt: Optional[str] = AlgoOpt,
-    env_opt: Optional[str] = EnvOptZoo,
-    bits: str = typer.Option("8,6,4,3,2", help="comma list of widths in 2..16"),
-    quant_delay: Optional[int] = typer.Option(None, "--quant-delay", help="fp32 steps before quantizing (default: half)"),
-    timesteps: Optional[int] = TimestepsOpt,
-    seed: int = SeedOpt,
-    scheme: str = SchemeOpt,
-    hp: list[str] = HpOpt,
-    episodes: int = EpisodesOpt,
-    n_envs: int = NEnvsOpt,
-    out: Optional[Path] = OutOpt,
-    gym_packages: Optional[str],
-    verbose: bool,
+    algo_opt: AlgoOpt = None,
+    env_opt: EnvOptZoo = None,
+    bits: Annotated[str, typer.Option("--bits", help="comma list of widths in 2..16")] = "8,6,4,3,2",
+    quant_delay: Annotated[int | None, typer.Option(
+        "--quant-delay", help="fp32 steps before quantizing (default: half)")] = None,
+    timesteps: Timesteps = None,
+    seed: Seed = EVALUATION.seed,
+    scheme: Scheme = "quarl",
+    hp: Hp = [],  # noqa: B006  (typer copies a list default; it is never mutated)
+    episodes: Episodes = EVALUATION.episodes,
+    n_envs: NEnvs = EVALUATION.n_envs,
+    out: Out = None,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
 ) -> None:
     """Quantization-aware training against post-training quantization: trains an fp32
     policy and one QAT policy per width (same budget and seed), evaluates PTQ of the fp32
@@ -108,12 +123,12 @@ def qat(
     widths = validate.bit_widths(bits)  # before torch loads: a typo answers at once
     validate.count(timesteps, 1, "--timesteps")
     validate.count(quant_delay, 0, "--quant-delay")
-    registry_options.check_eval_values(episodes, seed, n_envs, None)
+    evaluation = Evaluation(episodes, seed, n_envs).checked()
     from quarl.evaluation.reports import print_table
     from quarl.qat_study import QATStudy, run_qat_study
     from quarl.quant.config import QuantConfig
 
-    settings = registry_options.eval_settings(episodes, seed, n_envs, None)
+    settings = evaluation.settings()
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,
                      tuple(validate.hyperparams(hp).items()))
     QuantConfig(precision="nbit", scheme=scheme)  # validates the scheme before any training
