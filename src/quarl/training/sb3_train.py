@@ -27,7 +27,7 @@ import gymnasium as gym
 import yaml
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-from quarl.core.atomic import write_atomic
+from quarl.core.atomic import check_folder, owned_folder, write_atomic
 from quarl.core.errors import QuarlError, StoppedRun
 from quarl.core.validate import digits
 from quarl.envs import EnvSpec, check_env_id, gym_packages, make_env
@@ -112,6 +112,7 @@ def run_folder(config: TrainConfig, resume: bool) -> Path:
     """OUT/ALGO/ENV_N: the next free N for a new run, the latest unfinished one to resume."""
     if config.run_dir is not None:
         return Path(config.run_dir)
+    check_folder(config.out, config.algo)  # OUT/ALGO a link: refused before anything is trained, not written through
     base = Path(config.out) / config.algo
     name = config.env_id.replace("/", "_")
     ids = sorted(int(p.name.rsplit("_", 1)[1]) for p in base.glob(f"{name}_*") if digits(p.name.rsplit("_", 1)[1]))
@@ -282,8 +283,7 @@ def _save_run(config: TrainConfig, setup: TrainSetup, run_dir: Path, total: int,
     """The run folder's final files, every one atomic and the final zip last (it marks the
     run finished): a full disk leaves the run resumable."""
     env_name = config.env_id.replace("/", "_")
-    config_dir = run_dir / env_name
-    config_dir.mkdir(exist_ok=True)
+    config_dir = owned_folder(run_dir, env_name)
     saved = {k: v for k, v in setup.raw.items()}
     saved.update(n_envs=setup.n_envs, n_timesteps=total, policy=setup.policy)
     write_atomic(config_dir / "config.yml", yaml.safe_dump(saved, sort_keys=True))
@@ -312,7 +312,10 @@ def train(config: TrainConfig, resume: bool = False) -> TrainResult:
     start = _start(config, run_dir, total, resume)
     torch.manual_seed(config.seed)
     env = _open_env(config, setup)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if config.run_dir is None:  # OUT/ALGO/ENV_N made by quarl: no part of it a link
+        owned_folder(config.out, config.algo, run_dir.name)
+    else:  # a run folder the caller named: followed, as any --out is
+        owned_folder(run_dir)
     if start is None:  # what --resume continues with, written before the first step (a stopped run has no args.yml)
         RunSettings(config.hyperparams, total).write(run_dir)
     model, done, qat_restore = _build_model(config, setup, env, run_dir, start)
