@@ -31,7 +31,9 @@ RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip
                                                  "folder (ppo/CartPole-v1_1)")
 PrecisionOpt = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: int8-block, "
                                          "int8-dyn-channel, int8-dyn-tensor, int8-weight-only, int4-block, "
-                                         "int4-weight-only")
+                                         "int4-weight-only, int4-block-head8 (mixed int4/int8: the head in 8-bit "
+                                         "blocks); a DQN / QR-DQN at int4 also tries the mixed head and blocks of 16 "
+                                         "where int4 does not keep")
 RoundsOpt = typer.Option(12, "--rounds", help="DAgger rounds at most (round 0 plays the teacher)")
 UpdatesOpt = typer.Option(400, "--updates", help="student updates (Adam steps) per round")
 EpisodesPerRoundOpt = typer.Option(4, "--episodes-per-round", help="distillation episodes per round")
@@ -168,6 +170,13 @@ def print_recovery(record: RecoveryJson, out: Path) -> None:
     and the files."""
     from quarl.recovery import MIN_HELDOUT, shipped_line
 
+    if not record["rounds"] and record["shipped"] == "ptq":  # PTQ kept fp32's return: nothing was distilled
+        out_console.print(f"PTQ already keeps: no distillation (agreement with the teacher on calibration states "
+                          f"{100 * record['agreement']:.1f}%)", highlight=False)
+        out_console.print(shipped_line(record), highlight=False, soft_wrap=True)
+        out_console.print(f"wrote {out}/ (RL Zoo run folder), {out}/export/policy.onnx, {out}/verdict/ptq.csv",
+                          soft_wrap=True, highlight=False)
+        return
     kept = "the fine-tuned model's" if record.get("shipped_stage") == "finetune" else "the written model's"
     distilled = record.get("distill_stopped", record["stopped"])
     stopped = "target reached" if distilled == "target" else "round budget spent"
