@@ -70,7 +70,7 @@ def train(name: str, out: Path, steps_cap: int | None = None) -> Path:
     """The agent's run folder, trained (or resumed) if it has no final model yet."""
     import shutil
 
-    from quarl.training.checkpoints import has_checkpoint, latest_checkpoint
+    from quarl.training.periodic_saves import has_checkpoint, latest_checkpoint
     from quarl.training.sb3_train import TrainConfig
     from quarl.training.sb3_train import train as train_run
 

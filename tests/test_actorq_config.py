@@ -99,9 +99,9 @@ def test_an_old_run_folder_is_reused_resumed_and_loaded(tmp_path: Path) -> None:
     import torch
 
     import quarl
-    from quarl.actorq.checkpoint import _check_resumed_config
     from quarl.actorq.compare import _check_same_run
     from quarl.actorq.learners import policy_network
+    from quarl.actorq.snapshot import _check_resumed_config
 
     run = tmp_path / "run"
     run.mkdir()

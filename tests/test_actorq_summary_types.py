@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from quarl.actorq.algorithms import make_learner
-from quarl.actorq.checkpoint import restore
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.replay import RateLimiter, Replay
+from quarl.actorq.snapshot import restore
 from quarl.actorq.summary import ActorQSummary, whole_provenance
 from quarl.core.cpu_kind import cpu_kind
 from quarl.core.errors import QuarlError

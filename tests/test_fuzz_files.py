@@ -29,8 +29,8 @@ from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.limits import check_tensors, open_zip, read_capped, read_zip_entry
 from quarl.quant.config import QATConfig, QATState
 from quarl.training.checkpoint_arrays import ARRAYS_CAP, ReplayPosition, load_arrays, load_replay, replay_arrays
-from quarl.training.checkpoints import CheckpointData
 from quarl.training.hyperparams import ZooEntry
+from quarl.training.periodic_saves import CheckpointData
 from quarl.training.qat_sb3 import read_qat_state
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
@@ -459,7 +459,7 @@ def test_a_zip_whose_data_nests_deep_is_one_line(tmp_path: Path, depth: int) -> 
     import stable_baselines3 as sb3
 
     from quarl.checkpoints import load_checkpoint
-    from quarl.training.checkpoints import read_checkpoint_data
+    from quarl.training.periodic_saves import read_checkpoint_data
 
     good = tmp_path / "ppo.zip"
     sb3.PPO("MlpPolicy", "CartPole-v1", seed=0, device="cpu", n_steps=64).save(good)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from quarl.core.errors import QuarlError
-from quarl.training.checkpoints import latest_checkpoint
 from quarl.training.guard import NonFiniteTraining, non_finite_loss, non_finite_transition
+from quarl.training.periodic_saves import latest_checkpoint
 from quarl.training.sb3_train import TrainConfig, train
 
 EPISODE = 20

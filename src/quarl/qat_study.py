@@ -24,7 +24,7 @@ from quarl.evaluation.cells import Cell, EvalSettings, evaluate_cells
 from quarl.evaluation.record import KeyExtras
 from quarl.evaluation.reports import relative_error, save_figure, write_rows
 from quarl.quant.config import QATConfig, QuantConfig
-from quarl.training.checkpoints import has_checkpoint
+from quarl.training.periodic_saves import has_checkpoint
 from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
 
 log = logging.getLogger(__name__)

@@ -26,12 +26,12 @@ import numpy as np
 
 from quarl.actorq.acting import ActorResult
 from quarl.actorq.algorithms import Algorithm, Learner, Metrics
-from quarl.actorq.checkpoint import non_finite_metric, save_checkpoint
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.fleet import ActorFailure, Fleet
 from quarl.actorq.replay import Batch, Limiter, PrioritizedReplay, Store
 from quarl.actorq.run_log import Progress, account, progress, write_evals, write_nodes
 from quarl.actorq.run_state import MISMATCH_KEYS, RunState
+from quarl.actorq.snapshot import non_finite_metric, save_checkpoint
 from quarl.core.errors import QuarlError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from quarl.envs import EnvSpec, current_env_id, make_env
 from quarl.policies.base import Policy, check_outputs
 from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
 from quarl.policies.formats import register_format
-from quarl.policies.sb3_layers import _mlp  # the slot-by-slot Sequential rebuild
+from quarl.policies.sb3_layers import mlp_from  # the slot-by-slot Sequential rebuild
 
 POLICY_FILE, SUMMARY_FILE = "policy.pt", "summary.json"
 
@@ -52,7 +52,7 @@ def load_actorq_run(path: Path) -> tuple[Policy, EnvSpec, str]:
         raise QuarlError(f"{path / POLICY_FILE} holds a {type(sd).__name__}, not a state dict of tensors")
     check_tensors(sd, str(path / POLICY_FILE))
     try:
-        layers = _mlp({k: v.float() for k, v in sd.items()}, "", nn.ReLU, trailing=False)
+        layers = mlp_from({k: v.float() for k, v in sd.items()}, "", nn.ReLU, trailing=False)
     except (RuntimeError, KeyError, ValueError, IndexError) as exc:  # a bias that is not its weight's size...
         raise QuarlError(f"{path / POLICY_FILE} does not hold the layers of a policy (their shapes do not fit each "
                          f"other: {(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]})") from None

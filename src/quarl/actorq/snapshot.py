@@ -1,4 +1,4 @@
-"""An ActorQ run's ``checkpoint.pt``: written atomically, never holding NaN or inf, and
+"""An ActorQ run's snapshot, ``checkpoint.pt``: written atomically, never holding NaN or inf, and
 read back (``--resume``) only after every part is checked: the same run's config, a
 learner of the same shapes without NaN, counters a run can have, a replay that fits."""
 

@@ -21,12 +21,12 @@ import torch
 
 from quarl.actorq.acting import EnvInfo, env_info
 from quarl.actorq.algorithms import get_algorithm, make_learner
-from quarl.actorq.checkpoint import restore
 from quarl.actorq.config import ActorQConfig
 from quarl.actorq.coordinator import Clock, Coordinator, OnProgress, OnTick, Parts
 from quarl.actorq.fleet import Fleet
 from quarl.actorq.machine import machine_busy_s, start_energy, stop_energy
 from quarl.actorq.run_state import RunState
+from quarl.actorq.snapshot import restore
 from quarl.actorq.summarize import make_summary
 from quarl.actorq.summary import ActorQSummary, Energy
 from quarl.core.atomic import write_atomic

@@ -1,9 +1,9 @@
-"""The cells and rows of quarl's tables (terminal, CSV, Markdown, JSON), typed for every
+"""The cell values and rows of quarl's tables (terminal, CSV, Markdown, JSON), typed for every
 layer that builds one."""
 
 from __future__ import annotations
 
-Cell = str | float | int | None
+CellValue = str | float | int | None
 """One table cell: a label, a number, or empty (``""``; None in JSON)."""
-Row = dict[str, Cell]
+Row = dict[str, CellValue]
 """One table row, column name -> cell, in column order."""

@@ -18,10 +18,10 @@ from rich.table import Table
 
 from quarl.core.atomic import write_all_atomic, write_atomic
 from quarl.core.errors import QuarlError
-from quarl.core.table import Cell, Row
+from quarl.core.table import CellValue, Row
 from quarl.verdict import Decision, Judging, ReturnsOutsideRange, Verdict, decision, games_of, judge, relative_error
 
-__all__ = ["Cell", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
+__all__ = ["CellValue", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
            "plot_sweep", "plot_verdicts", "save_figure"]
 
 
@@ -174,7 +174,7 @@ def paper_table(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], precision
     return rows
 
 
-def print_table(rows: Sequence[Mapping[str, Cell]], title: str | None, console: Console | None = None,
+def print_table(rows: Sequence[Mapping[str, CellValue]], title: str | None, console: Console | None = None,
                 wide: bool = False) -> None:
     """``rows`` as one table; where it is wider than the terminal (and not ``wide``), as one
     field | value block per row instead, so nothing is cut or folded into a column of
@@ -214,7 +214,7 @@ def print_table(rows: Sequence[Mapping[str, Cell]], title: str | None, console: 
         console.print(block)
 
 
-def markdown_lines(rows: Sequence[Mapping[str, Cell]], columns: Sequence[str]) -> list[str]:
+def markdown_lines(rows: Sequence[Mapping[str, CellValue]], columns: Sequence[str]) -> list[str]:
     """``rows`` as a Markdown table's lines (what ``stem.md`` holds)."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return lines + ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
@@ -240,7 +240,7 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def write_rows(rows: Sequence[Mapping[str, Cell]], out_dir: Path, stem: str) -> list[Path]:
+def write_rows(rows: Sequence[Mapping[str, CellValue]], out_dir: Path, stem: str) -> list[Path]:
     """``stem.csv``, ``stem.md`` and ``stem.json`` in ``out_dir``, written together through
     temporaries renamed over the old ones (a reader never sees half a table; a full disk
     leaves the old three, :func:`quarl.core.atomic.write_all_atomic`)."""

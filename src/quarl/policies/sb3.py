@@ -35,7 +35,7 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.core.registry import Registry
 from quarl.policies.base import Policy, StateNoise, check_outputs
-from quarl.policies.sb3_layers import _linear, _mlp, set_sb3_name
+from quarl.policies.sb3_layers import linear_from, mlp_from, set_sb3_name
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "ReLU": nn.ReLU,
@@ -73,7 +73,7 @@ def _features(sd: dict[str, torch.Tensor], prefix: str, obs_shape: tuple[int, ..
         set_sb3_name(conv, key[: -len(".weight")])
         layers += [conv, nn.ReLU()]
     layers.append(nn.Flatten())
-    layers += _mlp(sd, prefix + "linear.", nn.ReLU, trailing=True)
+    layers += mlp_from(sd, prefix + "linear.", nn.ReLU, trailing=True)
     return layers
 
 
@@ -188,13 +188,13 @@ def _has_prefix(prefix: str) -> Callable[[dict[str, torch.Tensor]], bool]:
 
 
 def _dqn(x: LayoutInput) -> Acting:
-    return Acting(_features(x.sd, "q_net.features_extractor.", x.obs_shape) + _mlp(x.sd, "q_net.q_net.", x.activation, False),
+    return Acting(_features(x.sd, "q_net.features_extractor.", x.obs_shape) + mlp_from(x.sd, "q_net.q_net.", x.activation, False),
                   "argmax")
 
 
 def _qrdqn(x: LayoutInput) -> Acting:
     layers = _features(x.sd, "quantile_net.features_extractor.", x.obs_shape)
-    layers += _mlp(x.sd, "quantile_net.quantile_net.", x.activation, False)
+    layers += mlp_from(x.sd, "quantile_net.quantile_net.", x.activation, False)
     if not isinstance(x.action_space, gym.spaces.Discrete):
         raise QuarlError("a qrdqn network with box actions is not supported")
     last = layers[-1] if layers else None
@@ -204,7 +204,7 @@ def _qrdqn(x: LayoutInput) -> Acting:
 
 
 def _ars(x: LayoutInput) -> Acting:
-    layers = _features(x.sd, "features_extractor.", x.obs_shape) + _mlp(x.sd, "action_net.", x.activation, False)
+    layers = _features(x.sd, "features_extractor.", x.obs_shape) + mlp_from(x.sd, "action_net.", x.activation, False)
     if x.continuous and x.policy_kwargs.squash_output in (None, True):  # ARS's MLP squashes unless told
         return Acting([*layers, nn.Tanh()], "unscale")
     return Acting(layers, "clip" if x.continuous else "argmax")
@@ -214,18 +214,18 @@ def _sac(x: LayoutInput) -> Acting:
     sd = x.sd
     # CrossQ's latent_pi has Batch Renorm slots and no trailing activation after them
     crossq = any(k.startswith("actor.latent_pi.") and k.endswith(".ra_mean") for k in sd)
-    latent = _mlp(sd, "actor.latent_pi.", x.activation, not crossq, x.policy_kwargs.batch_norm_eps)
+    latent = mlp_from(sd, "actor.latent_pi.", x.activation, not crossq, x.policy_kwargs.batch_norm_eps)
     layers = _features(sd, "actor.features_extractor.", x.obs_shape) + latent
     if "actor.mu.0.weight" in sd:  # gSDE: mu = Sequential(Linear, Hardtanh(-clip_mean, clip_mean))
         clip_mean = x.policy_kwargs.clip_mean
-        layers += [_linear(sd, "actor.mu.0"), nn.Hardtanh(-clip_mean, clip_mean)]
+        layers += [linear_from(sd, "actor.mu.0"), nn.Hardtanh(-clip_mean, clip_mean)]
     else:
-        layers.append(_linear(sd, "actor.mu"))
+        layers.append(linear_from(sd, "actor.mu"))
     return Acting([*layers, nn.Tanh()], "unscale")
 
 
 def _td3(x: LayoutInput) -> Acting:
-    layers = _features(x.sd, "actor.features_extractor.", x.obs_shape) + _mlp(x.sd, "actor.mu.", x.activation, False)
+    layers = _features(x.sd, "actor.features_extractor.", x.obs_shape) + mlp_from(x.sd, "actor.mu.", x.activation, False)
     return Acting([*layers, nn.Tanh()], "unscale")
 
 
@@ -233,9 +233,9 @@ def _actor_critic(x: LayoutInput) -> Acting:
     sd = x.sd
     fe = "pi_features_extractor." if any(k.startswith("pi_features_extractor.") for k in sd) else "features_extractor."
     layers = _features(sd, fe, x.obs_shape)
-    layers += _mlp(sd, "mlp_extractor.shared_net.", x.activation, True)
-    layers += _mlp(sd, "mlp_extractor.policy_net.", x.activation, True)
-    layers.append(_linear(sd, "action_net"))
+    layers += mlp_from(sd, "mlp_extractor.shared_net.", x.activation, True)
+    layers += mlp_from(sd, "mlp_extractor.policy_net.", x.activation, True)
+    layers.append(linear_from(sd, "action_net"))
     if x.continuous and x.policy_kwargs.squash_output:
         return Acting([*layers, nn.Tanh()], "unscale")
     return Acting(layers, "clip" if x.continuous else "argmax")
@@ -353,7 +353,7 @@ def state_noise(sd: dict[str, torch.Tensor], policy_kwargs: PolicyKwargs, policy
     latent = copy.deepcopy(nn.Sequential(*layers[:action_layer]))
     width = action.in_features
     if "actor.log_std.weight" in sd:  # SAC without gSDE: log_std = Linear(latent_pi), clamped in sampling
-        head = _linear(sd, "actor.log_std")
+        head = linear_from(sd, "actor.log_std")
         if head.in_features != width or head.out_features != int(np.prod(policy.action_space.shape or ())):
             raise QuarlError(f"{what}: actor.log_std of shape {tuple(head.weight.shape)} does not fit the actor")
         return StateNoise("squashed_gaussian", nn.Sequential(*latent, head).eval().requires_grad_(False))

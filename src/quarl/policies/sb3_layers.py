@@ -24,7 +24,7 @@ def set_sb3_name(layer: nn.Module, name: str) -> None:
     setattr(layer, SB3_NAME, name)
 
 
-def _linear(sd: dict[str, torch.Tensor], name: str) -> nn.Linear:
+def linear_from(sd: dict[str, torch.Tensor], name: str) -> nn.Linear:
     """The Linear layer stored under ``name`` in the state dict (with or without a bias);
     it remembers that name (``sb3_name``) so that per-layer state saved by name (QAT
     ranges) finds it again."""
@@ -61,7 +61,7 @@ class BatchRenormEval(nn.Module):
         return self.scale * x + self.bias
 
 
-def _mlp(sd: dict[str, torch.Tensor], prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3) -> list[nn.Module]:
+def mlp_from(sd: dict[str, torch.Tensor], prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3) -> list[nn.Module]:
     """An SB3 ``create_mlp`` Sequential at ``prefix``, rebuilt slot by slot from the state
     dict: Linear layers (with or without bias), Batch Renorm layers (CrossQ), and
     ``activation`` in every slot without parameters (plus one after the last layer when
@@ -75,7 +75,7 @@ def _mlp(sd: dict[str, torch.Tensor], prefix: str, activation: type[nn.Module], 
     for idx in range(max(slots) + 1 if slots else 0):
         name = f"{prefix}{idx}"
         if slots.get(idx) == "weight":
-            layers.append(_linear(sd, name))
+            layers.append(linear_from(sd, name))
         elif slots.get(idx) == "ra_mean":
             layers.append(BatchRenormEval(sd[f"{name}.ra_mean"], sd[f"{name}.ra_var"], sd[f"{name}.scale"],
                                           sd[f"{name}.bias"], eps))

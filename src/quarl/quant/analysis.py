@@ -13,7 +13,7 @@ from scipy import stats
 from torch import nn
 
 from quarl.core.atomic import write_atomic
-from quarl.core.table import Cell, Row
+from quarl.core.table import CellValue, Row
 from quarl.quant.layers import linear_layers
 from quarl.quant.primitives import quantize_dequantize, resolve_granularity
 
@@ -22,7 +22,7 @@ KL_BINS = 128
 KL_EPS = 1e-10
 
 
-def _rounded(value: Cell, digits: int | None) -> Cell:
+def _rounded(value: CellValue, digits: int | None) -> CellValue:
     return round(value, digits) if digits is not None and isinstance(value, float) else value
 
 

@@ -1,5 +1,5 @@
 """The callbacks a training run adds to SB3's ``learn``: a checkpoint every so many env steps
-(:class:`~quarl.training.checkpoints.Checkpointer`) and the rolling training return, a line
+(:class:`~quarl.training.periodic_saves.Checkpointer`) and the rolling training return, a line
 per tenth of the budget."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from quarl.training.checkpoints import Checkpointer
+from quarl.training.periodic_saves import Checkpointer
 
 REWARD_LINES = 10
 """Lines of rolling training reward a run prints (one per tenth of its budget)."""

@@ -34,10 +34,10 @@ from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.quant.layers import linear_layers
 from quarl.quant.student import KernelSpec, StudentLinear, layer_bits, make_student, sb3_tensors
-from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, raise_if_non_finite
 from quarl.training.hp_checks import check_net_arch
 from quarl.training.hyperparams import TRAINERS, SB3Kwargs
+from quarl.training.periodic_saves import check_algorithm, read_checkpoint_data
 from quarl.training.train_setup import TrainSetup, prepare
 from quarl.training.vec_env import training_vec_env
 

@@ -1,4 +1,4 @@
-"""A training run's checkpoints: ``rl_model_N_steps.zip`` in the run folder (what
+"""A training run's periodic saves (its checkpoints): ``rl_model_N_steps.zip`` in the run folder (what
 ``rl_zoo3.enjoy --load-checkpoint N`` opens), the replay buffer, normalization statistics
 (:mod:`quarl.training.checkpoint_arrays`) and QAT state beside it; the ``data`` entry of an
 SB3 zip read as a typed record, and the algorithm that saved it."""

@@ -21,8 +21,8 @@ from quarl.training.checkpoint_arrays import (
     replay_arrays,
     vecnormalize_arrays,
 )
-from quarl.training.checkpoints import check_algorithm, read_checkpoint_data
 from quarl.training.hyperparams import Hyperparams
+from quarl.training.periodic_saves import check_algorithm, read_checkpoint_data
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm

@@ -35,10 +35,10 @@ from quarl.quant.config import QATConfig, QATState
 from quarl.quant.qat import plain_layers
 from quarl.training.buffer_memory import check_buffer_memory
 from quarl.training.callbacks import REWARD_LINES, CheckpointEvery, RollingReward
-from quarl.training.checkpoints import Checkpointer, latest_checkpoint, run_checkpoints
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite
 from quarl.training.hyperparams import TRAINERS, Hyperparams, trainer
 from quarl.training.mixed_precision import TRAIN_PRECISIONS, enable_mixed_precision
+from quarl.training.periodic_saves import Checkpointer, latest_checkpoint, run_checkpoints
 from quarl.training.qat_sb3 import QATCallback, read_qat_state, write_qat_state
 from quarl.training.resume import RUN_SETTINGS, RunSettings, check_checkpoint_step, resume_from, resumed_hyperparams
 from quarl.training.train_setup import TrainSetup, prepare
