@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 
 import gymnasium as gym
@@ -469,7 +470,9 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
     assert calls == [] and record["shipped"] == "ptq" and record["stopped"] == "kept" and record["stages"] == []
     assert record["rounds"] == [] and record["budget"]["rounds_played"] == 0 and record["against_fp32"]["kept"]
     assert record["sizes"]["shipped"] == record["sizes"]["ptq"] > 0  # a tiny net: the graph outweighs its weights
-    assert "it already keeps the original fp32's return, nothing to repair" in shipped_line(record)
+    assert "as it is" in shipped_line(record) and "it already keeps the original fp32's return" in shipped_line(record)
+    assert shipped_line(record).endswith("stopped: kept, nothing to repair")
+    _in_the_docs(shipped_line(record))
     assert load_recovered(tmp_path / "as-is") is not None
     # asked to repair anyway (as where PTQ's first look were undecided), the worse student is still never written
     monkeypatch.setattr(workflow, "ptq_keeps", lambda judge: False)
@@ -505,6 +508,19 @@ def test_recover_writes_ptqs_own_model_where_the_student_plays_worse(balancing_d
     assert spec.mode == kernel and line.startswith(f"wrote PTQ's own {kernel} model, ")
     assert f"bytes (fp32 {record['sizes']['fp32']:,}), not a student" in line
     assert "stopped: kept" in line
+    _in_the_docs(line)
+
+
+def _in_the_docs(line: str) -> None:
+    """docs/recover.md shows ``line`` as printed (its model sizes, which the ONNX version
+    decides, left out of the comparison)."""
+    from tests.conftest import ROOT
+
+    def sizes_out(text: str) -> str:
+        return re.sub(r"[\d,]+ bytes \(fp32 [\d,]+\)", "N bytes (fp32 M)", text)
+
+    docs = sizes_out((ROOT / "docs" / "recover.md").read_text())
+    assert sizes_out(line) in docs.splitlines(), sizes_out(line)
 
 
 def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -176,8 +176,8 @@ def shipped_line(record: RecoveryJson) -> str:
     sizes = record.get("sizes")
     size = "" if sizes is None else f", {sizes['shipped']:,} bytes (fp32 {sizes['fp32']:,})"
     if record["shipped"] == "ptq" and not record.get("stages"):
-        return (f"wrote PTQ's own {mode} model{size}: it already keeps the original fp32's return, nothing to repair; "
-                f"{_against_fp32_text(record['against_fp32'])}")
+        return (f"wrote PTQ's own {mode} model as it is{size}: it already {_against_fp32_text(record['against_fp32'])}; "
+                "stopped: kept, nothing to repair")
     if record["shipped"] == "ptq":
         tried = [_against_ptq_text(str(s["stage"]), s["against_ptq"]) for s in record.get("stages", [])
                  if not s["against_ptq"].get("same")]
