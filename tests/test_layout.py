@@ -7,6 +7,7 @@ the cluster helper."""
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -109,21 +110,31 @@ def test_ray_only_in_the_ray_runners() -> None:
     assert users == {"quarl.actorq.ray_fleet", "quarl.study.ray_runner", "quarl.core.ray_cluster"}
 
 
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("core", "verdict"),  # errors, atomic writes, typed readers, limits, option checks; E's statistics
-    ("quant", "envs"),  # quantization primitives, modes and precisions; env families
-    ("policies",),  # a Policy, and the checkpoint formats that load one (a registry the layers above fill)
-    ("evaluation", "deploy", "outputs"),  # playing episodes, cells, reports; export; output folders
-    ("training", "ptq"),
-    ("recovery", "actorq"),
-    ("checkpoints",),  # the checkpoint formats registered from above (ActorQ runs, QAT folders)
-    ("study", "qat_study"),
-    ("workflows", "demo"),
-    ("api",),
-    ("cli",),
-)
-"""quarl's layers, bottom first: a package or loose module imports only units of lower layers
-(where a lower layer needs a plug-in from above, a registry is filled from above)."""
+LAYOUT_DOC = ROOT.parents[1] / "docs" / "how-it-works.md"
+"""Where quarl's layers are written: its Layout's tree, one ``# layer N: units`` comment above
+each layer's modules (``# layer 6: checkpoints (...); 7: study, qat_study`` names two)."""
+
+
+def layers_of(text: str) -> tuple[tuple[str, ...], ...]:
+    """The layers the doc's ``# layer`` comments name, bottom first: each ``N: unit, unit`` in
+    order, numbered from 0 without a gap (a unit is a package or a loose module under quarl)."""
+    found = [(int(number), tuple(units.split(", "))) for line in text.splitlines()
+             if line.strip().startswith("# layer")
+             for number, units in re.findall(r"(\d+): ([a-z_]+(?:, [a-z_]+)*)", line)]
+    assert [number for number, _ in found] == list(range(len(found))), f"layers numbered {[n for n, _ in found]}"
+    return tuple(units for _, units in found)
+
+
+LAYERS = layers_of(LAYOUT_DOC.read_text())
+"""quarl's layers, bottom first, as docs/how-it-works.md writes them: a package or loose module
+imports only units of lower layers (where a lower layer needs a plug-in from above, a registry
+is filled from above)."""
+
+
+def test_the_layers_are_read_from_the_doc() -> None:
+    assert LAYERS[:3] == (("core", "verdict"), ("quant", "envs"), ("policies",)) and LAYERS[-1] == ("cli",)
+    assert layers_of("  # layer 0: core (x)\n  a.py\n  # layer 1: quant, envs; 2: cli\n") == (
+        ("core",), ("quant", "envs"), ("cli",))
 
 
 def _unit(module: str) -> str:
