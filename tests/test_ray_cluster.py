@@ -37,10 +37,10 @@ class Node:
     """One ``ray start --block`` in its own process group: SIGTERM to the group stops this
     node's raylet, workers and (for a head) GCS, and nothing else."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] = ENV) -> None:
         self.log = log.open("w")
         self.proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args], stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=ENV)
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -166,3 +166,27 @@ def test_losing_the_cpus_the_actors_need_is_one_line(tmp_path: Path) -> None:
     assert run.returncode == 2, stderr[-2000:]
     errors = [line for line in stderr.splitlines() if line.lower().startswith("error")]
     assert len(errors) == 1 and "the Ray cluster lost nodes: 1 CPUs are left for --actors 2" in errors[0], stderr[-2000:]
+
+
+def test_a_remote_clusters_workers_answer_as_the_cpu_kind_asked(tmp_path: Path) -> None:
+    """QUARL_CPU_KIND set for a run reaches the workers of a cluster started without it (a
+    remote node's workers do not inherit the driver's environment)."""
+    clean = {k: v for k, v in ENV.items() if k != "QUARL_CPU_KIND"}
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    head = Node(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus=1",
+                 "--include-dashboard=false"], tmp_path / "head.log", env=clean)
+    code = ("import os, ray\nfrom quarl.core.ray_cluster import start_ray\n"
+            f"start_ray({address!r}, 1)\n"
+            "print('worker:', ray.get(ray.remote(lambda: os.environ.get('QUARL_CPU_KIND'))"
+            ".options(num_cpus=1).remote()))\n")
+    try:
+        for _ in range(30):
+            if _nodes_alive(address) >= 1:
+                break
+            time.sleep(2)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                           env={**clean, "QUARL_CPU_KIND": "avx2"})
+    finally:
+        head.stop()
+    assert "worker: avx2" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

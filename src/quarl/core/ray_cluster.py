@@ -34,7 +34,12 @@ def start_ray(address: str | None, num_cpus: int) -> bool:
     if ray.is_initialized():
         return False
     # one thread per worker: two threads on shared cores are slower and noisier
-    env = {"env_vars": {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
+    env_vars = {"OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    from quarl.core.cpu_kind import CPU_KIND_ENV
+
+    if os.environ.get(CPU_KIND_ENV):  # a remote node's workers answer as the kind this run was asked to (docs/ptq.md)
+        env_vars[CPU_KIND_ENV] = os.environ[CPU_KIND_ENV]
+    env = {"env_vars": env_vars}
     if address and address != "auto":
         check_reachable(address)
     import signal
