@@ -1,12 +1,12 @@
 """How fast the CLI answers when it has nothing to compute: ``--version``, ``--help`` (the
 top level and a command's, twice: a quarl before issue 48 made its help lists from the
 registries, loading torch, the first time and kept them in a cache under HOME; quarl now reads
-the built-in lists, :mod:`quarl.cli.builtin_lists`, and keeps nothing), and refusals of bad input (a missing checkpoint, an unknown precision, an
-unknown env id, a text file given as a checkpoint, ``--out`` naming the input, bad counts,
-contradicting flags, train's and sweep's options). Each is a fresh process, as a user types
-it; the median of ``--repeats`` runs beside a bare ``python -c pass``, so the ratio is what
-quarl adds. Every refusal must exit 2; its first words are printed so a row that refused
-for another reason shows.
+the built-in lists, :mod:`quarl.cli.builtin_lists`, and keeps nothing), and refusals of bad
+input (a missing checkpoint, an unknown precision, an unknown env id, a text file given as a
+checkpoint, ``--out`` naming the input, bad counts, contradicting flags, train's and sweep's
+options). Each is a fresh process, as a user types it; the median of ``--repeats`` runs beside
+a bare ``python -c pass``, so the ratio is what quarl adds. Every refusal must exit 2; its
+first words are printed so a row that refused for another reason shows.
 
 ``--baseline DIR`` times another quarl source tree (DIR/src, e.g. ``git archive HEAD src | tar
 -x -C DIR`` before a change) in the same run, each command alternating between the two, so

@@ -31,7 +31,8 @@ def test_the_switches_are_beside_the_other_options_of_their_algorithm() -> None:
     option is in exactly one of the two."""
     r = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["actorq", "run", "--help"])
     text = r.output
-    options, switches = text.index("Options of one algorithm (--algo)"), text.index("Switches of one algorithm (--algo)")
+    options = text.index("Options of one algorithm (--algo)")
+    switches = text.index("Switches of one algorithm (--algo)")
     assert options < switches
     bools = {f.name for a in ALGORITHMS.values() for f in fields(a.options) if f.type in (bool, "bool")}
     assert bools == {"correction"}

@@ -143,15 +143,19 @@ def test_demo_table_on_the_zoo(tmp_path: Path) -> None:
         (["train", "ppo", "CartPole-v1", "--qat-bits", "1"], "bits '1' is out of range: allowed integers 2..16"),
         (["train", "ppo", "CartPole-v1", "--train-precision", "fp8"], "unknown training precision 'fp8'"),
         (["train", "ppo", "CartPole-v1", "--hp", "n_envs"], "--hp 'n_envs' is not KEY=VALUE"),
-        (["train", "ppo", "CartPole-v1", "--hp", "no_such_key=3"], "--hp no_such_key: not a ppo hyperparameter; allowed: "),
+        (["train", "ppo", "CartPole-v1", "--hp", "no_such_key=3"],
+         "--hp no_such_key: not a ppo hyperparameter; allowed: "),
         (["train", "ppo", "CartPole-v1", "--hp", "n_steps=banana"], "--hp n_steps='banana': n_steps is a number"),
-        (["train", "ppo", "CartPole-v1", "-n", "0"], "--timesteps 0 is out of range: allowed 1.."),  # RL Zoo's names too
-        (["train", "ppo", "CartPole-v1", "--hyperparams", "no_such_key:3"], "--hp no_such_key: not a ppo hyperparameter"),
+        (["train", "ppo", "CartPole-v1", "-n", "0"],  # RL Zoo's names too
+         "--timesteps 0 is out of range: allowed 1.."),
+        (["train", "ppo", "CartPole-v1", "--hyperparams", "no_such_key:3"],
+         "--hp no_such_key: not a ppo hyperparameter"),
         (["train", "ppo", "CartPole-v1", "--hyperparams", "n_steps:banana"], "n_steps is a number"),
         (["train", "ppo", "CartPole-v1", "--resume", "--out", "{missing}"], "nothing to resume"),
         (["qat", "sac", "CartPole-v1"], "sac needs continuous actions"),
         (["qat", "ppo", "CartPole-v1", "--bits", "4,0"], "bits '0' is out of range"),
-        (["qat", "ppo", "CartPole-v1", "--timesteps", "100", "--quant-delay", "100"], "quant delay 100 must be in 0..99"),
+        (["qat", "ppo", "CartPole-v1", "--timesteps", "100", "--quant-delay", "100"],
+         "quant delay 100 must be in 0..99"),
     ],
 )
 def test_bad_input_gives_one_line(tiny_run: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -323,7 +327,8 @@ def test_export_runs_in_onnxruntime_like_the_policy(tiny_run: Path, tmp_path: Pa
     assert r.returncode == 0, r.stderr
     out = tmp_path / precision / "policy"  # --out is a folder, as for every command
     meta = json.loads(out.with_suffix(".json").read_text())
-    assert meta["precision"] == precision and meta["head"] == "argmax" and meta["action_space"] == {"type": "discrete", "n": 2}
+    assert meta["precision"] == precision and meta["head"] == "argmax"
+    assert meta["action_space"] == {"type": "discrete", "n": 2}
     session = ort.InferenceSession(str(out.with_suffix(".onnx")), providers=["CPUExecutionProvider"])
     policy = load_checkpoint(tiny_run).policy
     obs = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
@@ -511,8 +516,8 @@ def test_old_option_spellings_map_to_the_new_names_with_a_notice() -> None:
     r = run_cli("ptq", "no/such/agent", "--episodes", "3")
     assert "note:" not in r.stderr and "checkpoint 'no/such/agent' does not exist" in r.stderr
     r = run_cli("ptq", "no/such/agent", "--precision", "int8")
-    assert r.stderr.splitlines()[0] == "note: quarl ptq --precision is now --precisions (the old name goes in the next " \
-                                       "release)"
+    assert r.stderr.splitlines()[0] == ("note: quarl ptq --precision is now --precisions (the old name goes in the "
+                                        "next release)")
     r = run_cli("export", "no/such/agent", "--precisions", "int8")
     assert r.stderr.splitlines()[0] == "note: quarl export --precisions is now --precision (the old name goes in the " \
                                        "next release)"
@@ -528,8 +533,8 @@ def test_play_scores_what_ptq_scores_and_records_each_episode(tiny_run: Path, tm
 
     r = run_cli("play", str(tiny_run), "--precision", "int8", "--episodes", "2", "--video", str(tmp_path / "v"))
     assert r.returncode == 0, r.stderr
-    # no warnings from the recorder or pygame: the progress bar alone, but for the timing note a loaded machine may add (int8 measured slower
-    # than fp32 at batch 1: a fact of that moment, not of play)
+    # no warnings from the recorder or pygame: the progress bar alone, but for the timing note a loaded machine may
+    # add (int8 measured slower than fp32 at batch 1: a fact of that moment, not of play)
     said = " ".join(r.stderr.split())
     timing = "is slower than ONNX Runtime fp32" in said
     lines = [line for line in r.stderr.splitlines() if line.strip()]
@@ -578,7 +583,8 @@ def test_ptq_with_workers_stores_the_serial_runs_returns(tiny_run: Path, tmp_pat
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
 
     def returns(folder: Path) -> dict:
-        return {r["precision"]: r["returns"] for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())}
+        lines = (folder / "results.jsonl").read_text().splitlines()
+        return {r["precision"]: r["returns"] for r in map(json.loads, lines)}
 
     for workers in ("1", "2"):
         r = run_cli("ptq", str(tiny_run), "--precisions", "fp32,int8", "--episodes", "6", "--workers", workers,
@@ -905,14 +911,15 @@ def test_validators_return_the_values_converted() -> None:
     assert validate.positive_ints("1,2,2,8", "--actors") == [1, 2, 8]
     assert validate.seed_list("2,0,2") == [2, 0]
     assert validate.batch_sizes("256,1") == [256, 1]
-    assert registry_options.precisions("FP32, int8-block,sim6,rec-int4", recovered=True) == ["fp32", "int8-block", "sim6",
-                                                                                    "rec-int4"]
+    assert registry_options.precisions("FP32, int8-block,sim6,rec-int4", recovered=True) == [
+        "fp32", "int8-block", "sim6", "rec-int4"]
     assert registry_options.quant_options("symmetric", 64) == {"int8_weights": "symmetric", "block_size": 64}
     assert registry_options.wire_widths("") == [] and registry_options.wire_widths("16,4") == [16, 4]
     assert validate.decide_episodes(0, 20) == 0 and validate.decide_episodes(200, 20) == 200
     assert validate.count(None, 1, "--max-steps") is None and validate.count(5, 1, "--max-steps") == 5
     settings = registry_options.eval_settings(7, 3, 4, 100, 2)
-    assert (settings.episodes, settings.seed, settings.n_envs, settings.max_steps, settings.workers) == (7, 3, 4, 100, 2)
+    assert (settings.episodes, settings.seed, settings.n_envs, settings.max_steps, settings.workers) == \
+        (7, 3, 4, 100, 2)
     assert validate.algo_and_env(None, None, "ppo", "CartPole-v1") == ("ppo", "CartPole-v1")
     assert validate.algo_and_env("ppo", "CartPole-v1", "ppo", None) == ("ppo", "CartPole-v1")
 
@@ -1039,7 +1046,8 @@ def test_help_lists_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) ->
 
     fp8sim = precisions.Precision("fp8sim", "made up", build=precisions.PRECISIONS["fp32"].build)
     monkeypatch.setitem(modes.MODES, "int4-madeup", modes.MODES["int4-block"])
-    with precisions.PRECISIONS.replaced("fp8sim", fp8sim), TRAINERS.replaced("ars", Trainer("ars", "sb3_contrib", "ARS")):
+    ars = Trainer("ars", "sb3_contrib", "ARS")
+    with precisions.PRECISIONS.replaced("fp8sim", fp8sim), TRAINERS.replaced("ars", ars):
         r = run_cli("ptq", "--help")
         text = " ".join(r.stdout.replace("│", " ").split())
         assert r.returncode == 0 and "fp8sim" in text and "int4-madeup" in text

@@ -56,6 +56,19 @@ def contradiction(params: Iterable[Any], args: Sequence[str]) -> str | None:
     return None
 
 
+def named_command(group: Any, args: Sequence[str]) -> Any | None:
+    """The command ``args`` name under ``group`` (``ptq``, ``actorq run``), or None."""
+    command, current = None, group
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        sub = (getattr(current, "commands", None) or {}).get(arg)
+        if sub is None:
+            break
+        command = current = sub
+    return command
+
+
 def show_bare_and_filled(command: Any, ctx: Any) -> None:
     """Before a command's help is shown: its flags (``--wide``, ``--help``) without a ``<bool>``
     (they take no value), and each ``{list}`` in an option's help replaced by the registry's list
@@ -70,29 +83,30 @@ def show_bare_and_filled(command: Any, ctx: Any) -> None:
 
 
 class QuarlCommand(TyperCommand):
-    """A command: the lists in its help from the registries, flags bare, contradicting flags
-    refused before its options are read."""
+    """A command: the lists in its help from the registries, flags bare."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         show_bare_and_filled(self, ctx)
         super().format_help(ctx, formatter)
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        said = None if "--help" in args else contradiction(self.get_params(ctx), args)
-        if said is not None:
-            raise click.UsageError(said, ctx)
-        return super().parse_args(ctx, args)
 
 
 class QuarlGroup(TyperGroup):
     """``quarl`` and ``quarl actorq``: click's usage errors (a value that is not a number, an
     unknown option) and refusals made while parsing (a ``--gym-packages`` module that cannot be
     imported) as one line on stderr and exit status 2, like every other error quarl reports;
-    ``--help`` as ever."""
+    both sides of an on/off flag given to the command the arguments name refused before
+    anything is parsed (typer's value checks load pydantic); ``--help`` as ever."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         show_bare_and_filled(self, ctx)
         super().format_help(ctx, formatter)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        named = None if "--help" in args or ctx.parent is not None else named_command(self, args)
+        said = None if named is None else contradiction(named.params, args)
+        if said is not None:
+            raise click.UsageError(said, ctx)
+        return super().parse_args(ctx, args)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:

@@ -16,6 +16,7 @@ from quarl.cli.loading import is_export, load, protocol
 from quarl.cli.settings import (
     INT_OPTIONS,
     LOADING,
+    Acting,
     BlockSize,
     CheckpointArg,
     Env,
@@ -99,7 +100,7 @@ def export(
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
     ckpt, spec = load(checkpoint, env, trust_pickle)
-    spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, None)
+    spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic))
     default = out is None
     out = out or outputs.precision_folder("export", checkpoint, spec.env_id, precision)
     exported = export_checkpoint(ckpt.policy, spec, precision, out, max_steps, portable, **options)

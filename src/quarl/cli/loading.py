@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:
+    from quarl.cli.settings import Acting
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
     from quarl.policies.checkpoint import Checkpoint
@@ -33,13 +34,12 @@ def load(checkpoint: Path, env: str | None, trust_pickle: bool) -> tuple[Checkpo
     return ckpt, ckpt.env_spec
 
 
-def protocol(policy: Policy, spec: EnvSpec, stochastic: bool | None,
-             sticky_actions: float | None) -> tuple[EnvSpec, Policy]:
+def protocol(policy: Policy, spec: EnvSpec, acting: Acting) -> tuple[EnvSpec, Policy]:
     """The env spec with ``--sticky-actions`` and the policy acting as ``--stochastic`` /
     ``--deterministic`` say (or the RL Zoo's default)."""
     from quarl.evaluation.episodes import protocol as acting_protocol
 
-    return acting_protocol(policy, spec, stochastic, sticky_actions)
+    return acting_protocol(policy, spec, acting.stochastic, acting.sticky_actions)
 
 
 def is_export(checkpoint: Path) -> bool:

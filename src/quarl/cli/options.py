@@ -14,7 +14,7 @@ import typer
 
 from quarl.cli import early
 from quarl.cli.common import setup
-from quarl.cli.loading import is_export, load, protocol  # noqa: F401  (recover's, until it takes settings)
+from quarl.cli.loading import is_export, load  # noqa: F401  (recover's, until it takes settings)
 from quarl.cli.settings import checked_path, gym_packages_callback, trust_gym_packages_callback
 from quarl.core import validate
 

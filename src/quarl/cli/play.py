@@ -16,6 +16,7 @@ from quarl.cli.settings import (
     EVALUATION,
     INT_OPTIONS,
     LOADING,
+    Acting,
     BlockSize,
     CheckpointArg,
     Env,
@@ -105,7 +106,7 @@ def play(
     if (camera is not None or size is not None) and video is None:
         raise QuarlError("--camera and --video-size set how --video records: give --video DIR too")
     ckpt, spec = load(checkpoint, env, trust_pickle)
-    spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
+    spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic, sticky_actions))
     if video is not None:  # the camera and the frames' memory checked before any progress bar
         from quarl.evaluation.playback import check_frame_memory, render_kwargs
 

@@ -20,6 +20,7 @@ from quarl.cli.settings import (
     INT_OPTIONS,
     LOADING,
     PRECISIONS_HELP,
+    Acting,
     BlockSize,
     CheckpointArg,
     DecideMinutes,
@@ -154,7 +155,7 @@ def ptq(
     options = IntOptions(int8_weights, block_size).checked()
     labels = registry_options.precisions(precisions, **options)
     ckpt, spec = load(checkpoint, env, trust_pickle)
-    spec, ckpt.policy = protocol(ckpt.policy, spec, stochastic, sticky_actions)
+    spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic, sticky_actions))
     warm(settings.workers)
     out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(outputs.policy_folder(
         "ptq", checkpoint, spec.env_id), checkpoint)
