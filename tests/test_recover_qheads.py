@@ -139,3 +139,23 @@ def test_recover_ships_the_mixed_head_where_int4_cannot_keep_and_says_so(tmp_pat
     line = shipped_line({"kernel": result.spec.to_dict(), **report})
     assert f"(mixed int4/int8 head: {HEAD8}, blocks of 32, {len(result.model):,} bytes" in line
     assert "PTQ's own int4-block model" in line and "stopped: kept" in line
+
+
+def test_ptq_and_export_run_the_mixed_mode_by_its_label(tmp_path: Path) -> None:
+    """``quarl ptq --precisions int4-block-head8`` and ``quarl export --precision int4-block-head8``
+    build it as any mode: the policy acts on its real kernel, and the exported model is it."""
+    skip_where_the_cpu_cannot_run(HEAD8)
+    from quarl.deploy import write_artifact
+    from quarl.policies.onnx_artifact import load_artifact
+    from quarl.quant.api import quantize
+    from quarl.quant.config import QuantConfig
+
+    policy = _q()
+    states = np.random.default_rng(2).normal(size=(64, 4)).astype(np.float32)
+    mixed = quantize(policy, QuantConfig.parse(HEAD8), states)
+    assert mixed.meta["quant"]["mode"] == HEAD8 and mixed.precision == HEAD8  # named as such in every table
+    engine = mixed.engine
+    assert isinstance(engine, ortb.OrtEngine) and _bits_of_nodes(engine.model)[-1] == 8
+    write_artifact(mixed, mixed.precision, tmp_path / "policy", engine.model, mixed.meta["quant"], CARTPOLE)
+    exported, _ = load_artifact(tmp_path)
+    assert np.array_equal(exported.act_rows(states), mixed.act_rows(states))
