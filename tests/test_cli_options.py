@@ -16,29 +16,30 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
-from quarl.cli import actorq, bench, export, judge, play, ptq, settings, study, sweep, train
+from quarl.cli import actorq, bench, export, judge, play, ptq, recover, settings, study, sweep, train
 from quarl.cli.app import app
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "ptq": ptq.ptq, "sweep": sweep.sweep, "analyze": sweep.analyze, "train": train.train_cmd, "qat": train.qat,
     "actorq run": actorq.actorq_run, "actorq compare": actorq.actorq_compare, "export": export.export,
     "bench": bench.bench, "play": play.play, "demo": study.demo, "study": study.study, "judge": judge.judge,
+    "recover": recover.recover,
 }
 GROUPS: dict[str, tuple[type | None, dict[str, Any], set[str]]] = {
     # group: (its dataclass, option -> its one declaration, the commands that take the whole group)
     "evaluation": (settings.Evaluation, {"episodes": settings.Episodes, "seed": settings.Seed,
                                          "n_envs": settings.NEnvs, "max_steps": settings.MaxSteps,
-                                         "workers": settings.Workers}, {"ptq", "sweep"}),
+                                         "workers": settings.Workers}, {"ptq", "sweep", "recover"}),
     "int options": (settings.IntOptions, {"int8_weights": settings.Int8Weights, "block_size": settings.BlockSize},
-                    {"ptq", "play", "export", "study"}),
+                    {"ptq", "play", "export", "study", "recover"}),
     "acting": (settings.Acting, {"sticky_actions": settings.StickyActions, "stochastic": settings.Stochastic},
                {"ptq", "play"}),
     "loading": (settings.Loading, {"trust_pickle": settings.TrustPickle, "load_best": settings.LoadBest,
                                    "load_checkpoint": settings.LoadCheckpoint,
                                    "load_last_checkpoint": settings.LoadLastCheckpoint},
-                {"ptq", "sweep", "export", "bench", "play"}),
+                {"ptq", "sweep", "export", "bench", "play", "recover"}),
     "deciding": (None, {"decide_minutes": settings.DecideMinutes, "insure": settings.Insure,
-                        "return_range": settings.ReturnRange}, {"ptq", "demo", "study"}),
+                        "return_range": settings.ReturnRange}, {"ptq", "recover", "demo", "study"}),
     "common": (None, {"gym_packages": settings.GymPackages, "verbose": settings.Verbose},
                set(COMMANDS) - {"judge"}),
 }

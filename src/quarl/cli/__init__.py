@@ -13,14 +13,18 @@ import sys
 
 # isort: off
 from quarl.cli.app import app
-from quarl.cli import ptq, sweep, train, export  # noqa: F401  (each import registers its module's commands)
-from quarl.cli import recover
-from quarl.cli.command import QuarlCommand
-
-app.command("recover", cls=QuarlCommand)(recover.recover)  # until recover registers itself
-from quarl.cli import judge, play, bench, study, actorq  # noqa: E402, F401
-from quarl.cli.common import stop_on_signal  # noqa: E402
+from quarl.cli import ptq  # noqa: F401  (each import registers its module's commands, in this order)
+from quarl.cli import sweep  # noqa: F401
+from quarl.cli import train  # noqa: F401
+from quarl.cli import export  # noqa: F401
+from quarl.cli import recover  # noqa: F401
+from quarl.cli import judge  # noqa: F401
+from quarl.cli import play  # noqa: F401
+from quarl.cli import bench  # noqa: F401
+from quarl.cli import study  # noqa: F401
+from quarl.cli import actorq  # noqa: F401
 # isort: on
+from quarl.cli.common import stop_on_signal
 
 __all__ = ["app", "main"]
 

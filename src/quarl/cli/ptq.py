@@ -13,7 +13,6 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.groups import deciding_options
 from quarl.cli.loading import is_export, load, protocol
 from quarl.cli.settings import (
     EVALUATION,
@@ -67,8 +66,6 @@ DECIDE_EPISODES = 2000
 DECIDE_MINUTES = 5.0
 DecideEpisodes = Annotated[int | None, decide_episodes_option(DECIDE_EPISODES)]
 Precisions = Annotated[str, typer.Option("--precisions", help=PRECISIONS_HELP)]
-DECIDING = deciding_options(DECIDE_EPISODES, DECIDE_MINUTES)
-"""recover's deciding options until it takes the option groups of :mod:`quarl.cli.settings`."""
 
 
 def warm(workers: int) -> None:

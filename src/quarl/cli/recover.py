@@ -4,17 +4,45 @@ then judge the recovered kernel against the original."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import TaskID
 
 from quarl import outputs
-from quarl.cli import registry_options
+from quarl.cli.app import app
+from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.groups import common_options, evaluation_options, int_mode_options, loading_options, with_options
-from quarl.cli.options import EnvOpt, OutOpt, is_export, load, load_choice
-from quarl.cli.ptq import DECIDING, Deciding
+from quarl.cli.loading import is_export, load
+from quarl.cli.ptq import DECIDE_EPISODES, DECIDE_MINUTES, DecideEpisodes
+from quarl.cli.settings import (
+    EVALUATION,
+    INT_OPTIONS,
+    LOADING,
+    BlockSize,
+    DecideMinutes,
+    Deciding,
+    Env,
+    Episodes,
+    Evaluation,
+    GymPackages,
+    Insure,
+    Int8Weights,
+    IntOptions,
+    LoadBest,
+    LoadCheckpoint,
+    Loading,
+    LoadLastCheckpoint,
+    MaxSteps,
+    NEnvs,
+    Out,
+    ReturnRange,
+    Seed,
+    TrustGymPackages,
+    TrustPickle,
+    Verbose,
+    Workers,
+)
 from quarl.core import validate
 from quarl.core.errors import QuarlError
 
@@ -27,64 +55,69 @@ if TYPE_CHECKING:
     from quarl.recovery import RecoverConfig
     from quarl.recovery.report import RecoveryJson, RoundStats
 
-RecoverCheckpointArg = typer.Argument(..., help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run "
-                                                 "folder (ppo/CartPole-v1_1)")
-PrecisionOpt = typer.Option("int4", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: int8-block, "
-                                         "int8-dyn-channel, int8-dyn-tensor, int8-weight-only, int4-block, "
-                                         "int4-weight-only, int4-block-head8 (mixed int4/int8: the head in 8-bit "
-                                         "blocks); a DQN / QR-DQN at int4 also tries the mixed head and blocks of 16 "
-                                         "where int4 does not keep")
-RoundsOpt = typer.Option(12, "--rounds", help="DAgger rounds at most (round 0 plays the teacher)")
-UpdatesOpt = typer.Option(400, "--updates", help="student updates (Adam steps) per round")
-EpisodesPerRoundOpt = typer.Option(4, "--episodes-per-round", help="distillation episodes per round")
-LrOpt = typer.Option(5e-4, "--lr", help="the student's learning rate")
-TargetAgreementOpt = typer.Option(None, "--target-agreement", help="held-out agreement with the teacher that ends the "
-                                  "run (default: the teacher's fp16 copy's, at most 0.99)")
-FinetuneStepsOpt = typer.Option(20_000, "--finetune-steps", help="where the rounds end without keeping fp32's return, "
-                                "fine-tune this many env steps with the agent's own algorithm, fake quantization on "
-                                "(the RL Zoo's hyperparameters, a tenth of its learning rate; 0: never)")
-MaxRoundsOpt = typer.Option(None, "--max-rounds", help="DAgger rounds in all: where --rounds end without keeping "
-                            "fp32's return, go on --rounds more at a time up to this (default: 3 x --rounds)")
-BudgetMinutesOpt = typer.Option(15.0, "--budget-minutes", help="no new stage (more rounds, the fine-tune) starts after "
-                                "this many minutes")
-QLossOpt = typer.Option("rank", "--q-loss", help="DQN / QR-DQN: rank (the greedy action's margin, a hinge on every "
-                        "pair of actions weighted by the teacher's action gap, the values' error) or margin (without "
-                        "the pairs)")
+RecoverCheckpoint = Annotated[Path, typer.Argument(
+    help="the trained policy: an SB3 .zip (with --env) or an RL Zoo run folder (ppo/CartPole-v1_1)")]
+Precision = Annotated[str, typer.Option(
+    "--precision", help="int8 / int4 (the mode ptq's automatic choice runs) or a mode: int8-block, int8-dyn-channel, "
+                        "int8-dyn-tensor, int8-weight-only, int4-block, int4-weight-only, int4-block-head8 (mixed "
+                        "int4/int8: the head in 8-bit blocks); a DQN / QR-DQN at int4 also tries the mixed head and "
+                        "blocks of 16 where int4 does not keep")]
+Rounds = Annotated[int, typer.Option("--rounds", help="DAgger rounds at most (round 0 plays the teacher)")]
+Updates = Annotated[int, typer.Option("--updates", help="student updates (Adam steps) per round")]
+EpisodesPerRound = Annotated[int, typer.Option("--episodes-per-round", help="distillation episodes per round")]
+LearningRate = Annotated[float, typer.Option("--lr", help="the student's learning rate")]
+TargetAgreement = Annotated[float | None, typer.Option(
+    "--target-agreement", help="held-out agreement with the teacher that ends the run (default: the teacher's fp16 "
+                               "copy's, at most 0.99)")]
+FinetuneSteps = Annotated[int, typer.Option(
+    "--finetune-steps", help="where the rounds end without keeping fp32's return, fine-tune this many env steps with "
+    "the agent's own algorithm, fake quantization on (the RL Zoo's hyperparameters, a tenth of its learning rate; 0: "
+    "never)")]
+MaxRounds = Annotated[int | None, typer.Option(
+    "--max-rounds", help="DAgger rounds in all: where --rounds end without keeping fp32's return, go on --rounds more "
+                         "at a time up to this (default: 3 x --rounds)")]
+BudgetMinutes = Annotated[float, typer.Option(
+    "--budget-minutes", help="no new stage (more rounds, the fine-tune) starts after this many minutes")]
+QLoss = Annotated[str, typer.Option(
+    "--q-loss", help="DQN / QR-DQN: rank (the greedy action's margin, a hinge on every pair of actions weighted by "
+                     "the teacher's action gap, the values' error) or margin (without the pairs)")]
 
 
+@command(app, "recover")
 @user_errors
-@load_choice
-@with_options(evaluation_options, DECIDING, int_mode_options, loading_options, common_options)
 def recover(
-    checkpoint: Path = RecoverCheckpointArg,
+    checkpoint: RecoverCheckpoint,
     *,
-    env: Optional[str] = EnvOpt,
-    precision: str = PrecisionOpt,
-    out: Optional[Path] = OutOpt,
-    rounds: int = RoundsOpt,
-    updates: int = UpdatesOpt,
-    episodes_per_round: int = EpisodesPerRoundOpt,
-    lr: float = LrOpt,
-    target_agreement: Optional[float] = TargetAgreementOpt,
-    finetune_steps: int = FinetuneStepsOpt,
-    max_rounds: Optional[int] = MaxRoundsOpt,
-    budget_minutes: float = BudgetMinutesOpt,
-    q_loss: str = QLossOpt,
-    episodes: int,
-    decide_episodes: Optional[int],
-    decide_minutes: float,
-    insure: float,
-    return_range: Optional[str],
-    seed: int,
-    n_envs: int,
-    max_steps: Optional[int],
-    workers: Optional[int],
-    int8_weights: str,
-    block_size: int,
-    trust_pickle: bool,
-    trust_gym_packages: bool,
-    gym_packages: Optional[str],
-    verbose: bool,
+    env: Env = None,
+    precision: Precision = "int4",
+    out: Out = None,
+    rounds: Rounds = 12,
+    updates: Updates = 400,
+    episodes_per_round: EpisodesPerRound = 4,
+    lr: LearningRate = 5e-4,
+    target_agreement: TargetAgreement = None,
+    finetune_steps: FinetuneSteps = 20_000,
+    max_rounds: MaxRounds = None,
+    budget_minutes: BudgetMinutes = 15.0,
+    q_loss: QLoss = "rank",
+    episodes: Episodes = EVALUATION.episodes,
+    decide_episodes: DecideEpisodes = None,
+    decide_minutes: DecideMinutes = DECIDE_MINUTES,
+    insure: Insure = 1.0,
+    return_range: ReturnRange = None,
+    seed: Seed = EVALUATION.seed,
+    n_envs: NEnvs = EVALUATION.n_envs,
+    max_steps: MaxSteps = None,
+    workers: Workers = None,
+    int8_weights: Int8Weights = INT_OPTIONS.int8_weights,
+    block_size: BlockSize = INT_OPTIONS.block_size,
+    trust_pickle: TrustPickle = False,
+    trust_gym_packages: TrustGymPackages = False,
+    gym_packages: GymPackages = None,
+    verbose: Verbose = False,
+    load_best: LoadBest = LOADING.load_best,
+    load_checkpoint: LoadCheckpoint = None,
+    load_last_checkpoint: LoadLastCheckpoint = LOADING.load_last_checkpoint,
 ) -> None:
     """Recover what quantization loses: distil the fp32 policy into a student on the real
     int kernel's grid (DAgger on distillation seeds), write OUT as an RL Zoo run folder (its
@@ -95,24 +128,26 @@ def recover(
     Example: quarl recover ../shared/zoo/dqn/CartPole-v1_1 --precision int4 --out results/recover/dqn-cartpole-int4
     """
     setup(verbose)
-    registry_options.check_eval_values(episodes, seed, n_envs, max_steps)  # before torch loads: a typo answers at once
-    worker_count = validate.workers(workers)
-    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range)
+    loading = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint)
+    checkpoint = loading.policy_path(checkpoint, env, out)
+    evaluation = Evaluation(episodes, seed, n_envs, max_steps, workers).checked()  # before torch loads
+    worker_count = evaluation.worker_count()
+    deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range, DECIDE_EPISODES)
     from quarl.recovery import RecoverConfig
 
-    options = registry_options.quant_options(int8_weights, block_size)
+    options = IntOptions(int8_weights, block_size).checked()
     config = RecoverConfig(precision=precision.lower(), rounds=rounds, updates_per_round=updates,
                            episodes_per_round=episodes_per_round, lr=lr, target_agreement=target_agreement,
                            finetune_steps=finetune_steps, max_rounds=max_rounds, budget_minutes=budget_minutes,
                            q_loss=q_loss.lower(), **options)
-    settings = registry_options.eval_settings(episodes, seed, n_envs, max_steps, worker_count)
+    settings = evaluation.settings(worker_count)
     ckpt, spec, out = policy_and_folder(checkpoint, env, trust_pickle, out, precision, config)
     record, records = distil_and_judge(checkpoint, ckpt.policy, spec, config, out, settings, deciding, trust_pickle)
     print_verdict(record, records, f"{ckpt.algo} {spec.env_id}", episodes, deciding)
     print_recovery(record, out)
 
 
-def policy_and_folder(checkpoint: Path, env: Optional[str], trust_pickle: bool, out: Optional[Path],
+def policy_and_folder(checkpoint: Path, env: str | None, trust_pickle: bool, out: Path | None,
                       precision: str, config: RecoverConfig) -> tuple[Checkpoint, EnvSpec, Path]:
     """The checkpoint loaded (an exported model refused) and the folder its recovery writes
     (--out, else results/recover/...), refused in one line before any progress bar where
@@ -160,9 +195,9 @@ def print_verdict(record: RecoveryJson, records: list[CellRecord], agent: str, e
     from quarl.ptq import episodes_played
 
     budget = deciding.note(episodes)
-    print_table(ptq_rows(records, identity=False, judging=deciding.judging), f"{agent}: recovered {record['kernel']['mode']} against the "
-                f"original fp32 policy, {episodes_played(records, episodes)}" + (f" ({budget})" if budget else ""),
-                out_console)
+    print_table(ptq_rows(records, identity=False, judging=deciding.judging),
+                f"{agent}: recovered {record['kernel']['mode']} against the original fp32 policy, "
+                f"{episodes_played(records, episodes)}" + (f" ({budget})" if budget else ""), out_console)
 
 
 def print_recovery(record: RecoveryJson, out: Path) -> None:

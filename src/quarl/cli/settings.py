@@ -159,7 +159,7 @@ class Deciding:
 
     @classmethod
     def parse(cls, episodes: int | None, minutes: float, insure: float, return_range: str | None,
-              default: int = 2000) -> Deciding:
+              default: int) -> Deciding:
         return cls(validate.decide_episodes(episodes, default=default), validate.decide_minutes(minutes),
                    judging_of(insure, return_range))
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import gymnasium as gym
 
 from quarl.core.errors import QuarlError
 from quarl.core.registry import Registry
 
-Wrapper = Union[str, tuple[str, tuple[tuple[str, Any], ...]]]
+Wrapper = str | tuple[str, tuple[tuple[str, Any], ...]]
 
 
 @dataclass(frozen=True)
