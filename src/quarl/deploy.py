@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, Unpack
 
 import gymnasium as gym
 import numpy as np
@@ -32,7 +32,7 @@ from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.choice import Returns
-from quarl.quant.config import QuantConfig
+from quarl.quant.config import ParseOptions, QuantConfig
 from quarl.quant.precisions import QuantSummary
 
 # ------------------------------------------------------------------ the sidecar OUT.json, as written (JSON objects)
@@ -206,27 +206,26 @@ def fp16_model(policy: Policy) -> bytes:
     return model
 
 
-def quantized_model(policy: Policy, precision: str, calibration: np.ndarray | None = None,
-                    returns: Returns | None = None, **options: Any) -> tuple[bytes, QuantSummary | None]:
-    """The ONNX model of ``policy`` at ``precision`` (``fp32``, or a real int label:
-    ``int8``, ``int4``, ``int8-dyn-channel``...) and the int mode's summary (which mode,
+def quantized_model(policy: Policy, config: QuantConfig, calibration: np.ndarray | None = None,
+                    returns: Returns | None = None) -> tuple[bytes, QuantSummary | None]:
+    """The ONNX model of ``policy`` at ``config``'s precision (``fp32``, ``fp16``, or a real int
+    one: ``int8``, ``int4``, ``int8-dyn-channel``...) and the int mode's summary (which mode,
     fp32 layers, agreement with fp32 on ``calibration``)."""
-    config = QuantConfig.parse(precision, **options)
     if config.precision == "fp32":  # a QAT policy exports as it acts (n-bit weights, fake-quantized outputs)
         return export_onnx(policy.network, policy.input_shape), None
     if config.precision == "fp16":
         return fp16_model(policy), None
     if not registry.get(config.precision).real_int:
-        raise QuarlError(f"export precision {precision!r} has no ONNX model: allowed fp32, fp16, int8, int4 and their "
+        raise QuarlError(f"export precision {config.label!r} has no ONNX model: allowed fp32, fp16, int8, int4 and their "
                          "modes")
     quantized = quantize(policy, config, calibration=calibration, returns=returns)
     assert isinstance(quantized.engine, OrtEngine)  # every real int mode runs on ONNX Runtime
     return quantized.engine.model, quantized.meta.get("quant")
 
 
-def export_policy(policy: Policy, precision: str, out: Path, calibration: np.ndarray | None = None,
+def export_policy(policy: Policy, precision: str | QuantConfig, out: Path, calibration: np.ndarray | None = None,
                   env_spec: EnvSpec | None = None, returns: Returns | None = None, portable: bool = False,
-                  **options: Any) -> ExportJson:
+                  **options: Unpack[ParseOptions]) -> ExportJson:
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file.
     ``portable``: MatMulNBits rewritten as standard ONNX (:mod:`quarl.quant.portable`),
@@ -235,7 +234,8 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
         # the ONNX model gives the mean action; a sidecar saying "sampled" would promise what it cannot do
         raise QuarlError(f"--stochastic: an export holds {policy.algo}'s mean action alone, not its noise: export with "
                          "--deterministic (sampled play is measured on the checkpoint itself)")
-    model, quant = quantized_model(policy, precision, calibration, returns, **options)
+    config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
+    model, quant = quantized_model(policy, config, calibration, returns)
     check = None
     if portable:
         from quarl.quant.portable import portable_model
@@ -243,7 +243,7 @@ def export_policy(policy: Policy, precision: str, out: Path, calibration: np.nda
         contrib, model = model, portable_model(model)
         check = _portable_check(contrib, model, calibration, policy)
     # the summary as the JSON object written (write_artifact also takes a recovered kernel's own)
-    return write_artifact(policy, precision, out, model, quant, env_spec, check)
+    return write_artifact(policy, config.label, out, model, quant, env_spec, check)
 
 
 def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, PortableCheck]:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from quarl.core import validate
 from quarl.core.atomic import write_atomic
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI import
     from quarl.deploy import ExportJson
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
+    from quarl.quant.config import ParseOptions
     from quarl.training.sb3_train import TrainConfig
     from quarl.verdict import Judging
 
@@ -116,7 +117,7 @@ class Exported:
 
 
 def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Path, max_steps: int | None = None,
-                      portable: bool = False, **options: Any) -> Exported:
+                      portable: bool = False, **options: Unpack[ParseOptions]) -> Exported:
     """``policy`` at ``precision`` as OUT/policy.onnx and its sidecar OUT/policy.json: every
     precision but fp32 calibrates on the calibration seeds' states (episodes cut at
     ``max_steps``), and an automatic int mode is judged on the calibration episodes."""
@@ -130,7 +131,7 @@ def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Pa
     calibration = None if config.precision == "fp32" else calibration_inputs(policy, env_spec, max_steps)
     returns = calibration_returns(env_spec, max_steps)
     stem = out / ARTIFACT_NAME
-    meta = export_policy(policy, precision, stem, calibration, env_spec, returns, portable=portable, **options)
+    meta = export_policy(policy, config, stem, calibration, env_spec, returns, portable=portable)
     return Exported(stem.with_suffix(".onnx"), stem.with_suffix(".json"), meta)
 
 
