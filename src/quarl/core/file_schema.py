@@ -38,18 +38,20 @@ class Record(BaseModel):
 
 
 def record_of(name: str, shape: type, *, base: type[R], flatten: Mapping[str, type] | None = None,
-              types: Mapping[str, Any] | None = None, names: Mapping[str, Any] | None = None) -> type[R]:
+              types: Mapping[str, Any] | None = None, names: Mapping[str, Any] | None = None,
+              required: tuple[str, ...] = ()) -> type[R]:
     """The file's image of the dataclass ``shape``: a ``base`` subclass whose fields are
     ``shape``'s, in order, with their annotations (``Annotated`` checks included) and defaults,
     so a record is defined once (the dataclass) and read back checked by the model made from it.
     A field named in ``flatten`` stands for that dataclass's own fields, laid flat in its place
     (a row that holds a nested record's columns); ``types`` gives a field the type its file
     holds instead (a JSON object read back as plain containers); ``names`` resolves annotation
-    names the dataclasses' modules import only for the type checker (as the file holds them)."""
+    names the dataclasses' modules import only for the type checker (as the file holds them);
+    ``required`` fields must be in the file whatever their default in memory."""
     fields: dict[str, Any] = {}
     for source, shape_field in _flat_fields(shape, flatten or {}):
         hint = (types or {}).get(shape_field.name) or _hints(source, names or {})[shape_field.name]
-        fields[shape_field.name] = (hint, _default(shape_field))
+        fields[shape_field.name] = (hint, ... if shape_field.name in required else _default(shape_field))
     return typing.cast(type[R], create_model(name, __base__=base, __module__=shape.__module__, **fields))
 
 
