@@ -117,8 +117,10 @@ def evaluate(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None =
     :func:`quantize` takes it; ``env_spec``: an :class:`EnvSpec` (``quarl.load(...).env_spec``)
     or a gymnasium env id, by default the agent's own."""
     from quarl.core.validate import eval_values
+    from quarl.evaluation.cells import EvalSettings
 
     eval_values(episodes, seed, n_envs)  # what quarl ptq checks: seeds in range, not the calibration's
+    EvalSettings(episodes=episodes, seed=seed, n_envs=n_envs, max_steps=max_steps)
     policy, env_spec = _policy_and_env(policy, env_spec)
     if env_spec is None:
         raise QuarlError(NO_ENV.format(what="evaluate"))
@@ -135,11 +137,13 @@ def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = Non
     ``env_spec`` as :func:`evaluate` takes them (a quantized policy plays at its precision);
     ``stochastic`` as ``--stochastic`` / ``--deterministic`` (None: the RL Zoo's default)."""
     from quarl.core import validate
+    from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.episodes import protocol
     from quarl.evaluation.playback import play as _play
     from quarl.workflows import file_label
 
     validate.eval_values(episodes, seed, 1)  # what quarl play checks, with the same validators
+    EvalSettings(episodes=episodes, seed=seed, n_envs=1, max_steps=max_steps)
     if video is not None:
         validate.out_folder(validate.out_option(video), "video")  # a folder: not /dev/null, not a file
     if video_size is None or isinstance(video_size, str):

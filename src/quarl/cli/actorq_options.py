@@ -75,9 +75,18 @@ def algorithm_parameters() -> list[Any]:
         option = typer.Option(None, *names, show_default=False, expose_value=False, callback=keep(name, kind),
                               rich_help_panel=SWITCH_PANEL if kind is bool else ALGORITHM_PANEL,
                               metavar="W,W,..." if kind is None else None)
-        # typer's own conversion of an annotated parameter into a click option (the one it makes for a signature)
-        parameters.append(typer.main._get_param(ParamMeta(name=name, default=option, annotation=(kind or str) | None)))
+        parameters.append(click_option(ParamMeta(name=name, default=option, annotation=(kind or str) | None)))
     return parameters
+
+
+def click_option(meta: ParamMeta) -> Any:
+    """typer's own conversion of a parameter (name, annotation, ``typer.Option``) into the click
+    option it makes for a signature: ``typer.main._get_param`` from typer 0.2x (its own copy of
+    click), ``get_click_param`` before."""
+    make = getattr(typer.main, "_get_param", None)
+    if make is not None:
+        return make(meta)
+    return typer.main.get_click_param(meta)[0]  # type: ignore[attr-defined]
 
 
 def describe(parameters: list[Any]) -> None:
