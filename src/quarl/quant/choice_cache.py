@@ -23,7 +23,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypedDict
+from typing import TYPE_CHECKING, Annotated, TypedDict, cast
 
 import numpy as np
 from pydantic import Field
@@ -85,11 +85,9 @@ class ChoiceEntry(TypedDict):
 
 
 def _summary(record: CandidateRecord) -> CandidateSummary:
-    return {"mode": record.mode, "fp32_layers": list(record.fp32_layers), "agreement": record.agreement,
-            "kl": record.kl, "sampled_agreement": record.sampled_agreement, "latency_us": record.latency_us,
-            "fp32_ort_latency_us": record.fp32_ort_latency_us, "model_bytes": record.model_bytes,
-            "calibration_return": record.calibration_return, "calibration_episodes": record.calibration_episodes,
-            "calibration_verdict": record.calibration_verdict}
+    """The candidate's summary as :meth:`quarl.quant.modes.Candidate.summary` gives it (its
+    fields in their order, those an older entry lacks unmeasured)."""
+    return cast("CandidateSummary", record.model_dump())
 
 
 def cache_dir() -> Path | None:
