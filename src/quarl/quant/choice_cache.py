@@ -75,19 +75,13 @@ class ChoiceRecord(Record):
 
 
 class ChoiceEntry(TypedDict):
-    """A stored choice as :func:`load` returns it and :func:`store` writes it (a checked
-    :class:`ChoiceRecord`)."""
+    """A stored choice as :func:`load` returns it (a checked :class:`ChoiceRecord`, dumped) and
+    :func:`store` writes it."""
 
     mode: str
     keep: list[int]
     chosen: CandidateSummary
     tried: list[CandidateSummary]
-
-
-def _summary(record: CandidateRecord) -> CandidateSummary:
-    """The candidate's summary as :meth:`quarl.quant.modes.Candidate.summary` gives it (its
-    fields in their order, those an older entry lacks unmeasured)."""
-    return cast("CandidateSummary", record.model_dump())
 
 
 def cache_dir() -> Path | None:
@@ -154,8 +148,7 @@ def load(key: str | None, known_modes: set[str], n_layers: int | None = None) ->
         log.warning("ignoring the int mode cache entry %s: it does not fit this policy (mode, fp32 layers); choosing "
                     "afresh", path)
         return None
-    return {"mode": record.mode, "keep": keep, "chosen": _summary(record.chosen),
-            "tried": [_summary(c) for c in record.tried]}
+    return cast(ChoiceEntry, record.model_dump())  # its fields in their order, those an older entry lacks unmeasured
 
 
 def store(key: str | None, entry: ChoiceEntry) -> None:
