@@ -46,3 +46,31 @@ def test_replaced_restores_the_registry_after_the_block() -> None:
         assert reg["ppo"] == 1
     assert reg.names() == ("ppo",)
     assert reg.listing(str) == ["ppo: 1"]
+
+
+def test_every_registry_of_quarl_is_a_core_registry() -> None:
+    """Each axis quarl extends by registration is one :class:`Registry` (declared order, the
+    duplicate rule, one-line lookups), and every ``register*`` function adds through one."""
+    import ast
+    from pathlib import Path
+
+    import quarl
+    from quarl.actorq import algorithms
+    from quarl.envs import ENV_FAMILIES, wrappers
+    from quarl.policies import base, formats, sb3
+    from quarl.quant import precisions
+    from quarl.training import hyperparams
+
+    for registry in (precisions.PRECISIONS, formats.FORMATS, sb3.LAYOUTS, ENV_FAMILIES, wrappers.KINDS, base.HEADS,
+                     hyperparams.TRAINERS, algorithms.ALGORITHMS):
+        assert isinstance(registry, Registry), registry
+    pending = {"quarl/quant/modes.py"}  # its owner's change: MODES = Registry("int mode"), register_mode through it
+    src = Path(quarl.__file__).parent
+    own_way = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("register"):
+                calls = {n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+                if "register" not in calls:
+                    own_way.append(f"{path.relative_to(src.parent)}:{node.name}")
+    assert [p for p in own_way if p.split(":")[0] not in pending] == []
