@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, fields, replace
-from typing import Any, NotRequired, Protocol
+from typing import Annotated, Any, NotRequired, Protocol
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
+
+from quarl.actorq.run_state import Count
 
 
 @dataclass(frozen=True)
@@ -83,19 +86,21 @@ def stack(transitions: list[tuple]) -> Batch:
     )
 
 
+@with_config(ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", arbitrary_types_allowed=True))
 class ReplayState(TypedDict):
     """What a store keeps in a checkpoint (:meth:`Store.state`): tensors and numbers only, so
-    that ``torch.load(weights_only=True)`` reads it back."""
+    that ``torch.load(weights_only=True)`` reads it back; checked as its annotations say when a
+    checkpoint is read (:func:`quarl.actorq.snapshot.restore`)."""
 
-    size: int
+    size: Count
     """Items held (an unroll queue keeps none: 0)."""
     data: NotRequired[dict[str, torch.Tensor] | None]
     """A replay's arrays by transition field, ``capacity`` rows each; None while empty."""
-    cursor: NotRequired[int]
+    cursor: NotRequired[Count]
     """A replay's next slot to write."""
     tree: NotRequired[torch.Tensor]
     """Prioritized replay's sum tree of priorities."""
-    max_priority: NotRequired[float]
+    max_priority: NotRequired[Annotated[float, Field(ge=0)]]
     """Prioritized replay's largest priority so far (new items get it)."""
 
 

@@ -9,15 +9,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field
 
 from quarl.actorq.algorithms import Learner, LearnerState, Metrics
 from quarl.actorq.config import ActorQConfig, ConfigValue
 from quarl.actorq.replay import Limiter, ReplayState, Store
-from quarl.actorq.run_state import MAX_COUNT, Count, RunState, check_state
+from quarl.actorq.run_state import MAX_COUNT, RunState, check_state
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
-from quarl.core.file_schema import Record, parse_record
+from quarl.core.file_schema import parse_typed
 
 RESUME_MAY_CHANGE = frozenset({"max_minutes", "max_env_steps", "target_reward", "eval_every_s", "eval_every_steps",
                                "eval_episodes", "checkpoint_every_s", "out", "local", "address", "learner_device",
@@ -99,21 +98,10 @@ def _check_resumed_config(path: Path, saved: Any, config: ActorQConfig) -> None:
                          + ": resume with the same options, or give another --out")
 
 
-class ReplayStateRecord(Record):
-    """What :meth:`Replay.state` saved (the queue of an on-policy run saves only its size)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-    data: dict[str, torch.Tensor] | None = None
-    size: Count
-    cursor: Count = 0
-    tree: torch.Tensor | None = None
-    max_priority: float | None = Field(None, ge=0)
-
-
-def _non_finite_row(path: Path, saved: ReplayStateRecord) -> None:
+def _non_finite_row(path: Path, saved: ReplayState) -> None:
     """One line naming the first replay array (and row) holding NaN or inf."""
-    for name, tensor in [*(saved.data or {}).items(), ("tree", saved.tree)]:
-        rows = tensor if tensor is None or name == "tree" or not tensor.dim() else tensor[:saved.size]
+    for name, tensor in [*(saved.get("data") or {}).items(), ("tree", saved.get("tree"))]:
+        rows = tensor if tensor is None or name == "tree" or not tensor.dim() else tensor[:saved["size"]]
         if rows is not None and rows.is_floating_point() and not bool(torch.isfinite(rows).all()):
             bad = ~torch.isfinite(rows.reshape(len(rows), -1) if rows.dim() else rows.reshape(1, 1))
             row = int(torch.nonzero(bad.any(1))[0][0])
@@ -124,12 +112,13 @@ def _non_finite_row(path: Path, saved: ReplayStateRecord) -> None:
 def _restore_replay(path: Path, stored: ReplayState, counts: object, replay: Store, limiter: Limiter) -> None:
     """The saved replay and rate limiter (``counts``), checked before either is touched: a
     size within the replay's capacity and the arrays it holds, the limiter's two counts."""
-    saved = parse_record(ReplayStateRecord, stored, f"{path}: replay")
+    saved = parse_typed(ReplayState, stored, f"{path}: replay")
     capacity = getattr(replay, "capacity", None)
-    lengths = {int(t.shape[0]) if t.dim() else 0 for t in (saved.data or {}).values()}
-    if saved.data is not None and (len(lengths) != 1 or (capacity is not None and lengths != {capacity})
-                                   or saved.size > min(lengths) or saved.cursor >= min(lengths)):
-        raise QuarlError(f"{path}: replay: field size: {saved.size} transitions (cursor {saved.cursor}) in arrays of "
+    data, size, cursor = saved.get("data"), saved["size"], saved.get("cursor", 0)
+    lengths = {int(t.shape[0]) if t.dim() else 0 for t in (data or {}).values()}
+    if data is not None and (len(lengths) != 1 or (capacity is not None and lengths != {capacity})
+                             or size > min(lengths) or cursor >= min(lengths)):
+        raise QuarlError(f"{path}: replay: field size: {size} transitions (cursor {cursor}) in arrays of "
                          f"{sorted(lengths)} rows, this run's replay holds {capacity}: refused")
     if not (isinstance(counts, (tuple, list)) and len(counts) == 2
             and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_COUNT for c in counts)):

@@ -14,18 +14,20 @@ start from bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import reprlib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from quarl.core.errors import QuarlError
 
 R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 40, 40, 4, 4, 2
@@ -83,8 +85,26 @@ def parse_record(record_type: type[R], data: Any, source: str | Path) -> R:
     """``data`` (a parsed JSON / YAML object, or a checkpoint's plain containers) as a
     ``record_type``, or :class:`QuarlError` ``"SOURCE: field F: problem (got VALUE)"``
     naming the first field that does not fit."""
+    return _checked(record_type.model_validate, record_type.__name__, data, source)
+
+
+def parse_typed(shape: type[T], data: Any, source: str | Path) -> T:
+    """``data`` checked as the TypedDict ``shape`` says (its ``Annotated`` checks, and the
+    pydantic config it declares with ``with_config``): the validated copy, or the one line
+    :func:`parse_record` raises."""
+    adapter: TypeAdapter[T] = _adapter(typing.cast(Any, shape))
+    return _checked(adapter.validate_python, shape.__name__, data, source)
+
+
+@functools.cache
+def _adapter(shape: Any) -> TypeAdapter[Any]:
+    """One adapter per TypedDict (building one compiles its validator)."""
+    return TypeAdapter(shape)
+
+
+def _checked(validate: Callable[[Any], T], name: str, data: Any, source: str | Path) -> T:
     try:
-        return record_type.model_validate(data)
+        return validate(data)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         problem = str(first["msg"]).removeprefix("Value error, ")
@@ -93,7 +113,7 @@ def parse_record(record_type: type[R], data: Any, source: str | Path) -> R:
             f" (got {' '.join(_SHORT.repr(first.get('input')).split())})"
         raise QuarlError(f"{source}: field {_field(tuple(first['loc']))}: {problem}{got}") from None
     except RecursionError:  # a container nested deeper than Python's stack
-        raise QuarlError(f"{source}: nested too deeply to be a {record_type.__name__}: refused") from None
+        raise QuarlError(f"{source}: nested too deeply to be a {name}: refused") from None
 
 
 MAX_JSON_DEPTH = 64
