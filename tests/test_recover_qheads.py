@@ -110,10 +110,10 @@ def test_recover_picks_the_repairs_kernels_in_order_for_q_heads_only() -> None:
 
     spec = KernelSpec("int4-block", frozenset({0}), 32, "asymmetric", True)
     assert [(name, s.mode, s.block_size) for name, s in repairs(_q(), spec)] == [
-        (HEAD8, HEAD8, 32), ("blocks of 16", "int4-block", 16)]
+        (HEAD8, HEAD8, 32), ("blocks of 16", "int4-block", 16), (f"{HEAD8}, blocks of 16", HEAD8, 16)]
     head_fp32 = KernelSpec("int4-weight-only", frozenset({0, 1}), 32, "asymmetric", False)
     assert [name for name, _ in repairs(_q(), head_fp32)] == ["blocks of 16"]  # no head to widen
-    assert repairs(_q(), KernelSpec("int4-block", frozenset(), 16, "asymmetric", True))[1:] == []
+    assert [name for name, _ in repairs(_q(), KernelSpec("int4-block", frozenset(), 16, "asymmetric", True))] == [HEAD8]
     assert repairs(_q("ppo"), spec) == []  # logits heads: not this repairs
 
 

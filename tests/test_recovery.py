@@ -544,16 +544,16 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
     config = RecoverConfig(precision="int4-block", rounds=1, updates_per_round=5, max_rounds=3, finetune_steps=0)
     spec = _spec("int4-block", frozenset({0}))
     result, report = recover_stages(Path("unused.zip"), policy, CARTPOLE, config, spec)
-    # distill, then (a DQN at int4) the repairs' kernels a round each (the mixed int4/int8 head, blocks of 16), then
-    # a round more at a time up to max_rounds
-    assert calls == [1, 1, 1, 2, 3]
+    # distill, then (a DQN at int4) the repairs' kernels a round each (the mixed int4/int8 head, blocks of 16, both),
+    # then a round more at a time up to max_rounds
+    assert calls == [1, 1, 1, 1, 2, 3]
     assert report["stopped"] == "budget" and not report["against_fp32"]["kept"]
     stages = [s["stage"] for s in report["stages"]]
-    assert stages[:3] == ["distill", "int4-block-head8", "blocks of 16"]
-    assert [(s.get("mode"), s.get("block_size")) for s in report["stages"][:3]] == [
-        (None, None), ("int4-block-head8", 32), ("int4-block", 16)]
+    assert stages[:4] == ["distill", "int4-block-head8", "blocks of 16", "int4-block-head8, blocks of 16"]
+    assert [(s.get("mode"), s.get("block_size")) for s in report["stages"][:4]] == [
+        (None, None), ("int4-block-head8", 32), ("int4-block", 16), ("int4-block-head8", 16)]
     # the rounds go on with the kernel of the best candidate (here all fall at once: a tie with PTQ is a candidate)
-    assert [s.split(" ")[:2] for s in stages[3:]] == [["rounds", "2"], ["rounds", "3"]]
+    assert [s.split(" ")[:2] for s in stages[4:]] == [["rounds", "2"], ["rounds", "3"]]
     assert report["budget"]["rounds_played"] == 3
     fp32, written = report["against_fp32"]["means"]
     assert fp32 == 500.0 and written < 100
