@@ -50,7 +50,7 @@ def record_of(name: str, shape: type, *, base: type[R], flatten: Mapping[str, ty
     holds instead (a JSON object read back as plain containers); ``names`` resolves annotation
     names the dataclasses' modules import only for the type checker (as the file holds them);
     ``required`` fields must be in the file whatever their default in memory."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # create_model takes any keyword
     for source, shape_field in _flat_fields(shape, flatten or {}):
         hint = (types or {}).get(shape_field.name) or _hints(source, names or {})[shape_field.name]
         fields[shape_field.name] = (hint, ... if shape_field.name in required else _default(shape_field))
@@ -73,7 +73,7 @@ def _flat_fields(shape: type, flatten: Mapping[str, type]) -> list[tuple[type, d
     return out
 
 
-def _hints(shape: type, names: Mapping[str, Any]) -> dict[str, Any]:
+def _hints(shape: type, names: Mapping[str, object]) -> dict[str, object]:
     return typing.get_type_hints(shape, localns=dict(names), include_extras=True)
 
 

@@ -78,7 +78,7 @@ class StudyRecord(StudyKey, RowView):
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> StudyRecord:  # JSON (SQLite): a row checked as a StudyRow
-        own: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls) if f.name != "result"}
+        own = {f.name: row[f.name] for f in fields(cls) if f.name != "result"}  # a row holds every column
         return cls(**own, result=EvalRecord.from_dict(row))
 
 
