@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict, Unpack
+from typing import Unpack
 
 import gymnasium as gym
 import numpy as np
@@ -23,11 +23,12 @@ from torch import nn
 
 from quarl.core.atomic import write_all_atomic
 from quarl.core.errors import QuarlError
-from quarl.core.provenance import Provenance, provenance
+from quarl.core.provenance import provenance
 from quarl.core.table import Row
 from quarl.core.timing import median_us
-from quarl.envs import EnvJson, EnvSpec
+from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
+from quarl.policies.onnx_artifact import NORMALIZER_FORMULA, SIDECAR_FORMAT, PortableCheck, SidecarJson, SidecarRecord
 from quarl.quant import precisions as registry
 from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
@@ -38,89 +39,8 @@ from quarl.quant.precisions import QuantSummary
 # ------------------------------------------------------------------ the sidecar OUT.json, as written (JSON objects)
 
 
-class SpaceJson(TypedDict):
-    """An observation or action space: ``n`` (discrete, multi_binary), ``nvec`` (multi_discrete)
-    or ``shape``, ``low`` and ``high`` (box; an unbounded side ``null``)."""
-
-    type: Literal["discrete", "multi_discrete", "multi_binary", "box"]
-    n: NotRequired[int]
-    nvec: NotRequired[list[int]]
-    shape: NotRequired[list[int]]
-    low: NotRequired[list[float | None]]
-    high: NotRequired[list[float | None]]
-
-
-class InputJson(TypedDict):
-    name: str
-    shape: list[int | None]
-    """``None`` first: any batch size."""
-    dtype: str
-
-
-class NormalizerJson(TypedDict):
-    """VecNormalize's observation statistics, applied before the model's float32 input."""
-
-    mean: list[Any]
-    """Nested as the observation (``ndarray.tolist``)."""
-    var: list[Any]
-    clip: float
-    epsilon: float
-    dtype: str
-    formula: str
-
-
-class Sidecar(TypedDict):
-    """How to feed a policy's ONNX model and read its output (:func:`sidecar`)."""
-
-    format: str
-    algo: str
-    precision: str
-    input: InputJson
-    observation_space: SpaceJson
-    action_space: SpaceJson
-    head: str
-    n_quantiles: int
-    scale_images: bool
-    obs_normalizer: NormalizerJson | None
-    exploration_rate: NotRequired[float]
-
-
-class OnnxOps(TypedDict):
-    """The operators an ONNX model uses (:func:`onnx_ops`)."""
-
-    ops: dict[str, list[str]]
-    opsets: dict[str, int]
-    runtimes: str
-
-
-class PortableCheck(TypedDict):
-    """The portable model against the ONNX Runtime one (:func:`_portable_check`)."""
-
-    max_abs_diff: float
-    action_agreement: float
-
-
-class ExportJson(Sidecar, OnnxOps):
-    """``OUT.json`` as written (:func:`write_artifact`): the :class:`Sidecar`, the model file and
-    its :class:`OnnxOps`, the hashes, env, provenance, how the int mode was judged, the mode's
-    summary (without the modes tried) and, with ``--portable``, its check (read back by
-    :func:`quarl.policies.onnx_artifact.read_sidecar`)."""
-
-    onnx: str
-    onnx_bytes: int
-    onnx_sha256: str
-    env: EnvJson | None
-    policy_sha256: str
-    provenance: Provenance
-    acting: Literal["sampled", "greedy"]
-    portable: NotRequired[dict[str, PortableCheck]]
-    """Per way of running it (``fp32_arithmetic``, ``onnxruntime_default``); empty where nothing was checked."""
-    quant: NotRequired[QuantSummary]
-    """The int mode's summary (a :class:`quarl.quant.precisions.QuantSummary` but ``tried``; the
-    recovered folder's adds ``recovered``)."""
-
-
-def _space(space: gym.spaces.Space) -> SpaceJson:
+def _space(space: gym.spaces.Space) -> dict[str, object]:
+    """A space as :class:`~quarl.policies.onnx_artifact.SpaceRecord` reads it back."""
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -137,10 +57,12 @@ def _finite(values: np.ndarray) -> list[float | None]:
     return [float(v) if np.isfinite(v) else None for v in np.asarray(values, np.float64).ravel()]
 
 
-def sidecar(policy: Policy, precision: str) -> Sidecar:
+def sidecar(policy: Policy, precision: str) -> dict[str, object]:
+    """How to feed ``policy``'s ONNX model and read its output: the first fields of its
+    :class:`~quarl.policies.onnx_artifact.SidecarRecord`."""
     norm = policy.obs_normalizer
-    described: Sidecar = {
-        "format": "quarl-policy/1",
+    described: dict[str, object] = {
+        "format": SIDECAR_FORMAT,
         "algo": policy.algo,
         "precision": precision,
         "input": {"name": "obs", "shape": [None, *policy.input_shape], "dtype": "float32"},
@@ -152,17 +74,14 @@ def sidecar(policy: Policy, precision: str) -> Sidecar:
         "obs_normalizer": None if norm is None else {"mean": np.asarray(norm.mean).tolist(),
                                                      "var": np.asarray(norm.var).tolist(),
                                                      "clip": float(norm.clip), "epsilon": float(norm.epsilon),
-                                                     # as SB3's VecNormalize computes it, before the cast to
-                                                     # the model's float32 input
-                                                     "dtype": "float64",
-                                                     "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
+                                                     "dtype": "float64", "formula": NORMALIZER_FORMULA},
     }
     if "exploration_rate" in policy.meta:
         described["exploration_rate"] = float(policy.meta["exploration_rate"])
     return described
 
 
-def onnx_ops(model: bytes) -> OnnxOps:
+def onnx_ops(model: bytes) -> dict[str, object]:
     """The operators an ONNX model uses, by domain (``""``: standard ONNX), its opsets, and
     which runtimes run it: a ``com.microsoft`` operator (MatMulNBits, the int4 modes) runs in
     ONNX Runtime only."""
@@ -225,7 +144,7 @@ def quantized_model(policy: Policy, config: QuantConfig, calibration: np.ndarray
 
 def export_policy(policy: Policy, precision: str | QuantConfig, out: Path, calibration: np.ndarray | None = None,
                   env_spec: EnvSpec | None = None, returns: Returns | None = None, portable: bool = False,
-                  **options: Unpack[ParseOptions]) -> ExportJson:
+                  **options: Unpack[ParseOptions]) -> SidecarJson:
     """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file.
     ``portable``: MatMulNBits rewritten as standard ONNX (:mod:`quarl.quant.portable`),
@@ -269,7 +188,7 @@ def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, 
 
 
 def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quant: QuantSummary | None,
-                   env_spec: EnvSpec | None = None, portable: dict[str, PortableCheck] | None = None) -> ExportJson:
+                   env_spec: EnvSpec | None = None, portable: dict[str, PortableCheck] | None = None) -> SidecarJson:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
     sidecar ``OUT.json``; ``quant``: the int mode's summary as JSON (a
     :class:`~quarl.quant.precisions.QuantSummary`'s fields), ``portable``: the check of a
@@ -277,18 +196,19 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
-    meta: ExportJson = {**sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
-            "onnx_sha256": hashlib.sha256(model).hexdigest(),
-            "env": None if env_spec is None else env_spec.to_json(),
-            "policy_sha256": policy.fingerprint(), "provenance": provenance(),
-            # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.modes.sampled_agreement)
-            "acting": "sampled" if policy.stochastic else "greedy"}
+    fields: dict[str, object] = {
+        **sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
+        "onnx_sha256": hashlib.sha256(model).hexdigest(), "env": None if env_spec is None else env_spec.to_json(),
+        "policy_sha256": policy.fingerprint(), "provenance": provenance(),
+        # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.modes.sampled_agreement)
+        "acting": "sampled" if policy.stochastic else "greedy"}
     if portable is not None:
-        meta["portable"] = portable
+        fields["portable"] = portable
     if quant is not None:
         summary = quant.copy()
         summary.pop("tried", None)
-        meta["quant"] = summary
+        fields["quant"] = summary
+    meta = SidecarRecord.written(**fields)
     # the model and its sidecar together: a full disk never leaves a new model beside an old sidecar
     write_all_atomic([(onnx_path, model), (out.with_suffix(".json"), json.dumps(meta, indent=1, allow_nan=False))])
     return meta

@@ -18,9 +18,9 @@ from quarl.core.errors import QuarlError
 from quarl.core.table import Row
 
 if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI imports this module)
-    from quarl.deploy import ExportJson
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
+    from quarl.policies.onnx_artifact import SidecarJson
     from quarl.quant.config import ParseOptions
     from quarl.training.sb3_train import TrainConfig
     from quarl.verdict import Judging
@@ -112,7 +112,7 @@ def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool,
 class Exported:
     onnx: Path
     sidecar: Path
-    meta: ExportJson
+    meta: SidecarJson
     """The sidecar as written."""
 
 

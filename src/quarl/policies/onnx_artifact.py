@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from torch import nn
+from typing_extensions import TypedDict
 
 from quarl.core.atomic import reading_published
 from quarl.core.errors import QuarlError
@@ -29,6 +30,8 @@ from quarl.quant.backends.onnxruntime import OrtEngine
 from quarl.quant.precisions import is_quant_summary
 
 SIDECAR_FORMAT = "quarl-policy/1"
+SidecarJson = dict[str, Any]
+"""A sidecar as its JSON object (:meth:`SidecarRecord.written`)."""
 SIDECAR_CAP = 64 * 2**20
 """Bytes a sidecar may have (quarl writes a few kilobytes; an image policy's observation
 bounds make it larger)."""
@@ -319,16 +322,39 @@ def _space(entry: Any, what: str) -> gym.spaces.Space[Any]:
     return parse_record(record_type, entry, f"the sidecar's {what}").space()
 
 
-class NormalizerRecord(Record):
-    """SB3's VecNormalize statistics, as the sidecar carries them."""
+NORMALIZER_FORMULA = "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"
 
-    model_config = ConfigDict(extra="allow")  # dtype and formula: documentation for other runtimes
+
+class InputRecord(Record):
+    """The model's input."""
+
+    name: str
+    shape: list[int | None]
+    """``None`` first: any batch size."""
+    dtype: str
+
+
+class PortableCheck(TypedDict):
+    """A ``--portable`` model against the ONNX Runtime one (:func:`quarl.deploy.write_artifact`)."""
+
+    max_abs_diff: float
+    action_agreement: float
+
+
+class NormalizerRecord(Record):
+    """SB3's VecNormalize statistics, applied before the model's float32 input."""
+
+    model_config = ConfigDict(extra="allow")
     mean: list[Annotated[float, _checked(lambda v: _number(v, "obs_normalizer mean"))]]
     var: list[Annotated[float, _checked(lambda v: _number(v, "obs_normalizer var", 0.0, inclusive=True))]]
     clip: Annotated[float, _checked(lambda v: _number(v, "obs_normalizer clip", 0.0))] = Field(
         None, validate_default=True)
     epsilon: Annotated[float, _checked(lambda v: _number(v, "obs_normalizer epsilon", 0.0))] = Field(
         None, validate_default=True)
+    dtype: str = "float64"
+    """What the statistics are applied in: SB3's VecNormalize computes in float64, before the
+    cast to the model's float32 input (documentation for other runtimes)."""
+    formula: str = NORMALIZER_FORMULA
 
 
 class EnvRecord(Record):
@@ -341,26 +367,50 @@ class EnvRecord(Record):
 
 
 class SidecarRecord(Record):
-    """What ``NAME.json`` holds that loading reads (:func:`quarl.deploy.write_artifact`
-    writes more: the operators, provenance, its caller's extra fields, left as they are)."""
+    """``NAME.json``, the one definition of quarl's export sidecar: how to feed the policy's
+    ONNX model and read its output, what the model is and where it came from. Written by
+    :func:`quarl.deploy.write_artifact` (its fields in this order), read back by
+    :func:`read_sidecar` (a field an older quarl did not write takes its default; fields of
+    other writers are kept as they are)."""
 
     model_config = ConfigDict(extra="allow")
     format: str
-    head: str
-    observation_space: ObservationSpaceRecord
-    action_space: ActionSpaceRecord
-    onnx_sha256: str | None = None
-    quant: dict[str, Any] | None = None
-    n_quantiles: Annotated[int, _checked(lambda v: _count(v or 0, "n_quantiles", least=0, most=10_000))] = 0
-    obs_normalizer: NormalizerRecord | None = None
     algo: str = "unknown"
     precision: str = "onnx"
+    input: InputRecord | None = None
+    observation_space: ObservationSpaceRecord
+    action_space: ActionSpaceRecord
+    head: str
+    n_quantiles: Annotated[int, _checked(lambda v: _count(v or 0, "n_quantiles", least=0, most=10_000))] = 0
     scale_images: bool | None = None
-    env: EnvRecord | None = None
-    acting: Literal["sampled", "greedy"] = "greedy"
-    """How the exported policy was judged and is meant to act (the default of ptq / play on it)."""
+    obs_normalizer: NormalizerRecord | None = None
     exploration_rate: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     """A Q-head's epsilon when it samples (SB3's predict(deterministic=False))."""
+    onnx: str | None = None
+    """The model's file name, beside the sidecar."""
+    onnx_bytes: int | None = None
+    ops: dict[str, list[str]] | None = None
+    """The operators the model uses, by domain (``ai.onnx``: standard ONNX)."""
+    opsets: dict[str, int] | None = None
+    runtimes: str | None = None
+    """Which runtimes run it: a ``com.microsoft`` operator (MatMulNBits) runs in ONNX Runtime only."""
+    onnx_sha256: str | None = None
+    env: EnvRecord | None = None
+    policy_sha256: str | None = None
+    """The exported policy's content (``Policy.fingerprint``)."""
+    provenance: dict[str, object] | None = None
+    acting: Literal["sampled", "greedy"] = "greedy"
+    """How the exported policy was judged and is meant to act (the default of ptq / play on it)."""
+    portable: dict[str, PortableCheck] | None = None
+    """``--portable``: per way of running it (``fp32_arithmetic``, ``onnxruntime_default``)."""
+    quant: dict[str, Any] | None = None
+    """The int mode's summary (a :class:`~quarl.quant.precisions.QuantSummary` but ``tried``)."""
+
+    @classmethod
+    def written(cls, **fields: Any) -> SidecarJson:
+        """The JSON object quarl writes from ``fields`` (the writer's own values, unchecked:
+        reading checks them), in this model's field order, without the fields not given."""
+        return cls.model_construct(**fields).model_dump(exclude_unset=True, warnings=False)
 
     @field_validator("head")
     @classmethod
