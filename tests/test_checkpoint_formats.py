@@ -161,3 +161,21 @@ def test_a_loaded_checkpoint_says_its_format_and_carries_its_payload() -> None:
     original = load_checkpoint(folder / "CartPole-v1" / "original.zip")
     assert original.format == "zoo" and original.payload is None and original.payload_of(ExportedModel) is None
     assert load_checkpoint(folder).format == "recovered"
+
+
+def test_an_export_sidecar_is_written_and_read_as_one_record(tmp_path: Path) -> None:
+    """quarl export writes its sidecar through SidecarRecord (its fields, in its order) and the
+    onnx format reads back the very record written."""
+    import json
+
+    from quarl.checkpoints import load_checkpoint
+    from quarl.deploy import export_policy
+    from quarl.policies.onnx_artifact import SidecarRecord, read_sidecar
+
+    agent = load_checkpoint(Path(__file__).parent / "data" / "recovery_v1" / "folder" / "CartPole-v1" / "original.zip")
+    written = export_policy(agent.policy, "fp32", tmp_path / "policy", env_spec=EnvSpec("CartPole-v1"))
+    on_disk = json.loads((tmp_path / "policy.json").read_text())
+    assert on_disk == json.loads(json.dumps(written)) and list(on_disk) == [f for f in SidecarRecord.model_fields
+                                                                          if f in on_disk]
+    read = read_sidecar(tmp_path / "policy.json")
+    assert json.loads(read.model_dump_json(exclude_unset=True)) == on_disk
