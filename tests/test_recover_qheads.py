@@ -121,24 +121,26 @@ def test_recover_ships_the_mixed_head_where_int4_cannot_keep_and_says_so(tmp_pat
     """int4 PTQ of the controller falls; one round of distillation on int4 does not lift it
     (its head's lead is below int4's step); the mixed kernel's model keeps fp32's 500 and
     is written, named, with its size, judged by the same paired tests."""
-    skip_where_the_cpu_cannot_run(HEAD8)
     from quarl.recovery import recover_stages, shipped_line
 
     policy = _q()
     config = RecoverConfig(precision="int4-block", rounds=1, updates_per_round=5, max_rounds=3, finetune_steps=0)
-    spec = KernelSpec("int4-block", frozenset({0}), 32, "asymmetric", int8_compute(4) == "int8")
+    base = MODES["int4-block"].runnable(policy.network)  # int4-weight-only where this CPU's block kernels are inexact
+    mixed = wider_head_mode(base)
+    assert mixed is not None
+    spec = KernelSpec(base.label, frozenset({0}), 32, "asymmetric", int8_compute(4) == "int8")
     result, report = recover_stages(Path("unused.zip"), policy, CARTPOLE, config, spec, tmp_path / "state.pt")
-    assert result.spec.mode == HEAD8 and result.spec.block_size == 32
-    assert report["stopped"] == "kept" and report["shipped"] == "student" and report["shipped_stage"] == HEAD8
-    assert [s["stage"] for s in report["stages"]] == ["distill", HEAD8]  # stopped once kept: no blocks of 16
+    assert result.spec.mode == mixed.label and result.spec.block_size == 32
+    assert report["stopped"] == "kept" and report["shipped"] == "student" and report["shipped_stage"] == mixed.label
+    assert [s["stage"] for s in report["stages"]] == ["distill", mixed.label]  # stopped once kept: no blocks of 16
     assert report["against_fp32"]["kept"] and report["against_fp32"]["means"] == [500.0, 500.0]
-    ptq, mixed = report["against_ptq"]["means"]
-    assert mixed == 500.0 and ptq < 100
-    assert report["ptq_mode"] == "int4-block" and report["sizes"]["shipped"] == len(result.model)
+    ptq, student = report["against_ptq"]["means"]
+    assert student == 500.0 and ptq < 100
+    assert report["ptq_mode"] == base.label and report["sizes"]["shipped"] == len(result.model)
     assert report["sizes"]["shipped"] > report["sizes"]["ptq"]  # the head's 8-bit blocks cost bytes
     line = shipped_line({"kernel": result.spec.to_dict(), **report})
-    assert f"(mixed int4/int8 head: {HEAD8}, blocks of 32, {len(result.model):,} bytes" in line
-    assert "PTQ's own int4-block model" in line and "stopped: kept" in line
+    assert f"(mixed int4/int8 head: {mixed.label}, blocks of 32, {len(result.model):,} bytes" in line
+    assert f"PTQ's own {base.label} model" in line and "stopped: kept" in line
 
 
 def test_ptq_and_export_run_the_mixed_mode_by_its_label(tmp_path: Path) -> None:
