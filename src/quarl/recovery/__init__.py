@@ -16,6 +16,12 @@ straight-through gradient. The loop, DAgger (Ross, Gordon and Bagnell, 2011)::
                calibration episodes (the automatic choice's sequential test); else go on,
                up to ``rounds``. The best round (held-out agreement) is what is written.
 
+Before any round, PTQ's own model that already keeps the original fp32's return on
+recovery's test episodes is written as it is. A DQN / QR-DQN at int4 that the rounds on its
+own kernel do not repair is distilled again onto other kernels (:func:`~quarl.recovery.workflow.repairs`:
+the mixed int4/int8 mode ``int4-block-head8``, blocks of 16, both), each judged against PTQ's
+own model by the same paired test (:class:`~quarl.recovery.judge.Judge`).
+
 Seeds: distillation episodes reset with :data:`quarl.evaluation.calibration.DISTILLATION_SEEDS`, which no
 evaluation may use (:class:`quarl.evaluation.cells.EvalSettings` refuses them); VecNormalize
 statistics are the teacher's, frozen. The loss depends on the action head
