@@ -74,3 +74,10 @@ def test_every_registry_of_quarl_is_a_core_registry() -> None:
                 if "register" not in calls:
                     own_way.append(f"{path.relative_to(src.parent)}:{node.name}")
     assert [p for p in own_way if p.split(":")[0] not in pending] == []
+
+
+def test_replaced_keeps_what_the_block_registered_under_other_names() -> None:
+    reg = Registry("checkpoint format", {"zoo": 1}, newest_first=True)
+    with reg.replaced("tiny", 2):
+        reg.register("qat", 3)  # a module imported inside the block registers its own
+    assert reg.names() == ("qat", "zoo")

@@ -55,13 +55,16 @@ class Registry(Mapping[str, T]):
 
     @contextmanager
     def replaced(self, name: str, entry: T) -> Iterator[T]:
-        """``entry`` as ``name`` for the block (registered, or replacing the entry there), then
-        the registry as it was."""
-        before = dict(self._entries)
+        """``entry`` as ``name`` for the block (registered, or replacing the entry there, in its
+        place), then ``name`` as it was; entries registered meanwhile under other names stay."""
+        previous = {name: self._entries[name]} if name in self._entries else {}
         try:
             yield self.register(name, entry, replace=True)
         finally:
-            self._entries = before
+            if previous:
+                self._entries.update(previous)
+            else:
+                self._entries.pop(name, None)
 
     # ------------------------------------------------------------------ reading it
     def lookup(self, name: str) -> T:
