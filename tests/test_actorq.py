@@ -449,10 +449,11 @@ def test_actor_kernels_are_the_int_modes_that_declare_them(monkeypatch: pytest.M
     from quarl.quant import modes
 
     assert (onnx_mode("int8"), onnx_mode("int4")) == ("int8-dyn-tensor", "int4-block")
-    monkeypatch.setitem(modes.MODES, "int4-block", replace(modes.MODES["int4-block"], actor=False))
-    assert onnx_mode("int4") == "int4-weight-only"
-    monkeypatch.setitem(modes.MODES, "int8-dyn-tensor", replace(modes.MODES["int8-dyn-tensor"], actor=False))
-    assert onnx_mode("int8") is None and actor_precisions() == ("fp32", "fp16", "bf16", "int4")
+    with modes.MODES.replaced("int4-block", replace(modes.MODES["int4-block"], actor=False)):
+        assert onnx_mode("int4") == "int4-weight-only"
+        with modes.MODES.replaced("int8-dyn-tensor", replace(modes.MODES["int8-dyn-tensor"], actor=False)):
+            assert onnx_mode("int8") is None and actor_precisions() == ("fp32", "fp16", "bf16", "int4")
+    assert (onnx_mode("int8"), onnx_mode("int4")) == ("int8-dyn-tensor", "int4-block")  # put back as they were
 
 
 def test_int_actors_run_the_declared_fallback_where_the_cpu_cannot_run_their_mode(

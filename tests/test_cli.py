@@ -1045,9 +1045,9 @@ def test_help_lists_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) ->
     from quarl.training.hyperparams import TRAINERS, Trainer
 
     fp8sim = precisions.Precision("fp8sim", "made up", build=precisions.PRECISIONS["fp32"].build)
-    monkeypatch.setitem(modes.MODES, "int4-madeup", modes.MODES["int4-block"])
     ars = Trainer("ars", "sb3_contrib", "ARS")
-    with precisions.PRECISIONS.replaced("fp8sim", fp8sim), TRAINERS.replaced("ars", ars):
+    with precisions.PRECISIONS.replaced("fp8sim", fp8sim), TRAINERS.replaced("ars", ars), \
+            modes.MODES.replaced("int4-madeup", modes.MODES["int4-block"]):
         r = run_cli("ptq", "--help")
         text = " ".join(r.stdout.replace("│", " ").split())
         assert r.returncode == 0 and "fp8sim" in text and "int4-madeup" in text

@@ -16,8 +16,9 @@ from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
 from quarl.quant.api import quantize
 from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.candidates import action_agreement
 from quarl.quant.config import QuantConfig
-from quarl.quant.modes import MODES, BuildRequest, action_agreement
+from quarl.quant.modes import MODES, BuildRequest
 from quarl.quant.primitives import quantize_dequantize, quantize_dequantize_blocks
 from tests.conftest import skip_where_the_cpu_cannot_run
 from tests.test_registries import _weight_only_b64  # CONTRIBUTING's made-up mode
@@ -118,7 +119,7 @@ def test_auto_avoids_per_tensor_activations_when_one_feature_dominates() -> None
 
 
 def test_a_fitted_mode_is_checked_on_states_it_was_not_fit_to() -> None:
-    from quarl.quant.modes import split_calibration
+    from quarl.quant.candidates import split_calibration
 
     states = np.arange(10, dtype=np.float32)[:, None]
     fit, check = split_calibration(MODES["int8-static"], states)
@@ -375,7 +376,7 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
 
 def test_the_fastest_mode_wins_unless_within_the_margins() -> None:
     from quarl.quant import choice
-    from quarl.quant.modes import Candidate
+    from quarl.quant.candidates import Candidate
 
     def ranked(*latencies: float) -> list[str]:
         cands = [Candidate(f"m{i}", (), 1.0, latency_us=lat) for i, lat in enumerate(latencies)]
@@ -501,7 +502,7 @@ def test_registering_a_mode_misses_a_warm_cache_entry(tmp_path: Path, monkeypatc
         assert "int8-weight-only-b64" in {t["mode"] for t in quant["tried"]}
         assert len(list((tmp_path / "cache").glob("*.json"))) == 2
     finally:
-        modes.MODES.pop("int8-weight-only-b64")
+        modes.MODES.remove("int8-weight-only-b64")
     assert quantize(policy, QuantConfig("int8"), obs).meta["quant"]["chosen_from_cache"] is True
 
 

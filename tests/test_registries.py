@@ -298,7 +298,7 @@ def test_a_made_up_int_mode_is_one_registration(registered: None, tmp_path: Path
         assert np.abs(deployed - want).max() <= 1e-4 * np.abs(want).max()
         assert onnx_mode("int8") == "int8-dyn-tensor" and label not in {m.label for m in modes.actor_modes().values()}
     finally:
-        modes.MODES.pop(label)
+        modes.MODES.remove(label)
     with pytest.raises(QuarlError, match=f"unknown precision '{label}'"):
         QuantConfig.parse(label)
 

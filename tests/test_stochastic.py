@@ -216,7 +216,7 @@ def test_sampled_agreement_is_one_minus_total_variation_for_two_actions(tiny_run
     action with probability 1 - TV: the estimate over 2,000 states is within 0.01 of it."""
     import torch
 
-    from quarl.quant.modes import sampled_agreement
+    from quarl.quant.candidates import sampled_agreement
 
     policy = load_checkpoint(tiny_run).policy
     states = np.random.default_rng(3).normal(size=(2000, 4)).astype(np.float32)

@@ -200,7 +200,7 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
         **sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
         "onnx_sha256": hashlib.sha256(model).hexdigest(), "env": None if env_spec is None else env_spec.to_json(),
         "policy_sha256": policy.fingerprint(), "provenance": provenance(),
-        # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.modes.sampled_agreement)
+        # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.candidates.sampled_agreement)
         "acting": "sampled" if policy.stochastic else "greedy"}
     if portable is not None:
         fields["portable"] = portable

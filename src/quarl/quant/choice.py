@@ -42,8 +42,9 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.core.timing import median_us
 from quarl.quant.backends import onnxruntime as ortb
+from quarl.quant.candidates import Candidate, build_candidate, split_calibration
 from quarl.quant.layers import linear_layers
-from quarl.quant.modes import BuildRequest, Candidate, IntMode, build_candidate, modes_for, split_calibration
+from quarl.quant.modes import BuildRequest, IntMode, modes_for
 from quarl.verdict import sequential_keeps
 
 if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
@@ -106,7 +107,7 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     calibration episodes keeps fp32's (the sequential test); see the module docstring. When none
     agrees, the most faithful candidates are judged on the episodes alone. ``sampled``: the
     policy will sample its actions, so a categorical head's agreement is that of sampled
-    actions (:func:`quarl.quant.modes.sampled_agreement`: the distributions, not only their
+    actions (:func:`quarl.quant.candidates.sampled_agreement`: the distributions, not only their
     argmax, must stay). Returns the choice and every candidate tried."""
     request = ChoiceRequest(policy, ortb.export_onnx(policy.network, policy.input_shape), bits, calibration, weights,
                             block_size, min_agreement, tolerance, returns, timing_budget_s, sampled)

@@ -34,7 +34,7 @@ from quarl.core.file_schema import Record, check_depth, parse_record
 from quarl.core.limits import read_capped
 
 if TYPE_CHECKING:  # the modes import torch and ONNX Runtime; only annotations name their summary here
-    from quarl.quant.modes import CandidateSummary
+    from quarl.quant.candidates import CandidateSummary
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ _Measured = Annotated[float, Field(ge=-1e12, le=1e12)] | None
 
 
 class CandidateRecord(Record):
-    """What :meth:`quarl.quant.modes.Candidate.summary` wrote for one mode tried (fields
+    """What :meth:`quarl.quant.candidates.Candidate.summary` wrote for one mode tried (fields
     newer than an entry default to unmeasured)."""
 
     mode: str = Field(max_length=200)

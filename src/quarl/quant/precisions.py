@@ -46,17 +46,10 @@ from quarl.core.registry import Registry
 from quarl.quant import choice_cache
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
+from quarl.quant.candidates import Candidate, CandidateSummary, build_candidate, split_calibration
 from quarl.quant.choice import Returns, choose
 from quarl.quant.layers import linear_layers
-from quarl.quant.modes import (
-    MODES,
-    BuildRequest,
-    Candidate,
-    CandidateSummary,
-    build_candidate,
-    get_mode,
-    split_calibration,
-)
+from quarl.quant.modes import MODES, BuildRequest, get_mode
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
 
 if TYPE_CHECKING:  # config validates against this module, policies builds on it; only annotations need them
@@ -96,7 +89,7 @@ SummaryCount = Annotated[int, Field(ge=0, le=SUMMARY_COUNT)]
 class QuantSummary(TypedDict, total=False):
     """``policy.meta["quant"]``: how a real int policy runs (records, tables and export sidecars
     hold it). :func:`quantize_int` gives every field: the chosen mode's
-    :class:`~quarl.quant.modes.CandidateSummary`, the weight options, whether the choice came
+    :class:`~quarl.quant.candidates.CandidateSummary`, the weight options, whether the choice came
     from the cache and every mode tried; a recovered kernel gives its mode and fp32 layers; an
     export's sidecar all but ``tried``."""
 
@@ -272,7 +265,7 @@ def quantize_int(policy: Policy, config: QuantConfig, calibration: np.ndarray | 
     cached = False
     # calibration episodes play greedily whether a command evaluates greedily or samples (a greedy policy is kept
     # as it is: calibration episodes know it by identity); a sampling categorical policy is judged on its sampled
-    # actions' agreement (modes.sampled_agreement), a choice stored apart from the greedy one
+    # actions' agreement (candidates.sampled_agreement), a choice stored apart from the greedy one
     acting, policy = policy, policy.greedy()
     sampled = acting.stochastic and policy.categorical
     if config.mode == "auto":

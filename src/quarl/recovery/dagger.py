@@ -24,7 +24,8 @@ from quarl.evaluation.calibration import DISTILLATION_SEEDS, calibration_inputs,
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
-from quarl.quant.modes import MODES, action_agreement, fp32_actions, get_mode, int8_compute
+from quarl.quant.candidates import action_agreement, fp32_actions
+from quarl.quant.modes import MODES, get_mode, int8_compute
 from quarl.quant.precisions import QuantSummary
 from quarl.quant.student import KernelSpec, make_student, real_model, student_mode
 from quarl.recovery.config import MIN_HELDOUT, RECOVERY_FORMAT, RecoverConfig

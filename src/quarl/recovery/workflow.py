@@ -15,7 +15,8 @@ from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec
 from quarl.evaluation.record import CellRecord
 from quarl.policies.base import Policy
-from quarl.quant.modes import fp32_actions, head_index, wider_head_mode
+from quarl.quant.candidates import fp32_actions
+from quarl.quant.modes import head_index, wider_head_mode
 from quarl.quant.student import KernelSpec, make_student, real_model
 from quarl.recovery.config import ORIGINAL_ZIP, Q_ALGOS, RECOVERY_FILE, STATE_FILE, RecoverConfig
 from quarl.recovery.dagger import (
