@@ -206,3 +206,25 @@ def test_any_load_of_a_recovered_folder_checks_its_manifest(recovered: Path, tmp
         load_checkpoint(out)
     r = run_cli("play", str(out), "--episodes", "1")
     assert r.returncode == 2 and "is not a file recovery wrote" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_ptq_reads_and_hashes_a_recovered_folder_once(recovered: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recovered format's load hands ptq the record it checked (its payload): the original
+    and the kernel are then loaded without hashing the folder again."""
+    from quarl.checkpoints import load_checkpoint
+    from quarl.recovery import folder
+    from quarl.workflows import recovered_cells
+
+    hashed: list[Path] = []
+    check = folder.check_manifest
+    monkeypatch.setattr(folder, "check_manifest", lambda path, files: (hashed.append(path), check(path, files)))
+    ckpt = load_checkpoint(recovered)
+    assert ckpt.format == "recovered" and len(hashed) == 1
+    payload = ckpt.payload_of(folder.RecoveredFolder)
+    assert payload is not None and payload.record == _record(recovered)
+    spec = ckpt.env_spec
+    assert spec is not None
+    cells, precision = recovered_cells(recovered, spec, False, False, ckpt.payload)
+    assert precision == "int4" and set(cells) == {"fp32", "int4"} and len(hashed) == 1
+    recovered_cells(recovered, spec, False, False)  # without the payload: read and hashed again
+    assert len(hashed) == 2

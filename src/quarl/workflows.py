@@ -93,15 +93,18 @@ def evaluate_trained(run_dir: Path, episodes: int, seed: int) -> TrainedScore:
     return TrainedScore(run_dir, ckpt.policy.precision, result.mean, result.std, episodes)
 
 
-def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool,
-                    trust_pickle: bool) -> tuple[dict[str, Policy], str | None]:
+def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool, trust_pickle: bool,
+                    payload: object = None) -> tuple[dict[str, Policy], str | None]:
     """What ``ptq`` plays instead of quantizing where ``checkpoint`` is a policy ``quarl
     recover`` wrote: fp32 is the ORIGINAL policy and the recovered precision its real
-    kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise."""
+    kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise.
+    ``payload``: what loading ``checkpoint`` read besides its policy (a recovered folder's
+    checked record: the folder is not read and hashed again)."""
     from quarl.evaluation.episodes import acting
-    from quarl.recovery import load_recovered
+    from quarl.recovery.folder import RecoveredFolder, load_recovered
 
-    recovered = load_recovered(checkpoint, trust_pickle)
+    checked = payload if isinstance(payload, RecoveredFolder) else None
+    recovered = load_recovered(checkpoint, trust_pickle, checked)
     if recovered is None:
         return {}, None
     return ({"fp32": acting(recovered.original, env_spec, stochastic),

@@ -161,7 +161,7 @@ def ptq(
         return
     from quarl.workflows import recovered_cells
 
-    fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle)
+    fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle, ckpt.payload)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
     records = play_cells(ckpt.policy, spec, labels, settings, out, deciding, str(checkpoint), fixed, options)
     report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide, deciding.judging)

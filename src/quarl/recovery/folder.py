@@ -361,19 +361,42 @@ def read_recovery_record(path: Path) -> RecoveryJson:
     return cast(RecoveryJson, record)  # the dict as written (its numbers as JSON wrote them), checked
 
 
-def load_recovered(checkpoint: Path, trust_pickle: bool = False) -> Recovered | None:
-    """The original and the recovered kernel of a folder written by :func:`write_recovered`
-    (None for any other checkpoint); a file that does not match its recorded hash is refused."""
-    from quarl.core.limits import model_file_cap, read_capped
-    from quarl.policies.onnx_artifact import load_artifact
-    from quarl.policies.zoo import load_zoo
+@dataclass(frozen=True)
+class RecoveredFolder:
+    """A recovered folder's recovery.json, read and its manifest checked: the recovered
+    format's payload, which :func:`load_recovered` takes instead of reading and hashing the
+    folder again."""
 
+    record_path: Path
+    record: RecoveryJson
+
+
+def check_recovered(checkpoint: Path) -> RecoveredFolder | None:
+    """recovery.json of the folder ``checkpoint`` is in, read, and every file a load reads
+    checked against its manifest (before anything of the folder is read); None for a
+    checkpoint ``quarl recover`` did not write."""
     path = find_recovery(checkpoint)
     if path is None:
         return None
     record = read_recovery_record(path)
-    check_manifest(path, record["files"])  # before anything of the folder is read
+    check_manifest(path, record["files"])
     check_reads(path, record["files"], _zoo_paths(checkpoint)[0])
+    return RecoveredFolder(path, record)
+
+
+def load_recovered(checkpoint: Path, trust_pickle: bool = False,
+                   checked: RecoveredFolder | None = None) -> Recovered | None:
+    """The original and the recovered kernel of a folder written by :func:`write_recovered`
+    (None for any other checkpoint); a file that does not match its recorded hash is refused.
+    ``checked``: the folder as its load already checked it (:func:`check_recovered`)."""
+    from quarl.core.limits import model_file_cap, read_capped
+    from quarl.policies.onnx_artifact import load_artifact
+    from quarl.policies.zoo import load_zoo
+
+    folder = checked or check_recovered(checkpoint)
+    if folder is None:
+        return None
+    path, record = folder.record_path, folder.record
     original_sha, onnx_sha = record["original"]["zip_sha256"], record["recovered"]["onnx_sha256"]
     recovered_sha, precision = record["recovered"]["zip_sha256"], record["precision"]
     original_zip = path.parent / ORIGINAL_ZIP

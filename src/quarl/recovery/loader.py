@@ -9,13 +9,14 @@ it was written is refused in one line, whichever command loads it (``quarl play`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from quarl.core.errors import QuarlError
 from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
 from quarl.policies.formats import register_format
 from quarl.policies.zoo import load_zoo
-from quarl.recovery.folder import _zoo_paths, check_manifest, check_reads, find_recovery, read_recovery_record
+from quarl.recovery.folder import check_recovered, find_recovery
 
 
 def detect(path: Path) -> bool:
@@ -28,13 +29,11 @@ def detect(path: Path) -> bool:
 
 
 def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
-    """The folder's policy (the student), once recovery.json and its manifest are checked."""
-    record_path = find_recovery(path)
-    if record_path is not None:  # before anything is unpickled: every file the load reads is one recovery wrote
-        files = read_recovery_record(record_path)["files"]
-        check_manifest(record_path, files)
-        check_reads(record_path, files, _zoo_paths(path)[0])
-    return load_zoo(path, trust_pickle)
+    """The folder's policy (the student), once recovery.json and its manifest are checked
+    (before anything is unpickled: every file the load reads is one recovery wrote); the
+    checked record is its payload (:class:`~quarl.recovery.folder.RecoveredFolder`)."""
+    folder = check_recovered(path)
+    return dataclasses.replace(load_zoo(path, trust_pickle), payload=folder)
 
 
 FORMAT = register_format(CheckpointFormat("recovered", detect, load,
