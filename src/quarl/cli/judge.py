@@ -10,18 +10,13 @@ import typer
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import say, setup, user_errors
-from quarl.cli.settings import judging_of
+from quarl.cli.settings import INSURE, Insure, ReturnRange, judging_of
 
 Returns = Annotated[Path, typer.Argument(
     help="CSV of paired returns: header seed,reference,candidate, one row per paired episode in the order played")]
 JudgedEnv = Annotated[str | None, typer.Option(
     "--env", help="the env the episodes played, for its own range of returns (CartPole-v1, Acrobot-v1, "
                   "Pendulum-v1...)")]
-Insure = Annotated[float, typer.Option(
-    "--insure", metavar="K", help="where the env defines no range of returns, insure against an unseen failure costing "
-                                  "up to K mean returns beyond the worst paired loss seen")]
-ReturnRange = Annotated[str | None, typer.Option(
-    "--return-range", metavar="LO:HI", help="every return lies in LO:HI: the verdict assumes exactly that range")]
 DebugVerbose = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
 
 
@@ -30,7 +25,7 @@ DebugVerbose = Annotated[bool, typer.Option("--verbose", "-v", help="debug loggi
 def judge(
     returns: Returns,
     env: JudgedEnv = None,
-    insure: Insure = 1.0,
+    insure: Insure = INSURE,
     return_range: ReturnRange = None,
     verbose: DebugVerbose = False,
 ) -> None:

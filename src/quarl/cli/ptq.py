@@ -16,6 +16,7 @@ from quarl.cli.common import out_console, progress, say, say_reused, setup, user
 from quarl.cli.loading import is_export, load, protocol
 from quarl.cli.settings import (
     EVALUATION,
+    INSURE,
     INT_OPTIONS,
     LOADING,
     PRECISIONS_HELP,
@@ -116,7 +117,7 @@ def ptq(
     episodes: Episodes = EVALUATION.episodes,
     decide_episodes: DecideEpisodes = None,
     decide_minutes: DecideMinutes = DECIDE_MINUTES,
-    insure: Insure = 1.0,
+    insure: Insure = INSURE,
     return_range: ReturnRange = None,
     sticky_actions: StickyActions = None,
     stochastic: Stochastic = None,

@@ -17,6 +17,7 @@ from quarl.cli.loading import is_export, load
 from quarl.cli.ptq import DECIDE_EPISODES, DECIDE_MINUTES, DecideEpisodes
 from quarl.cli.settings import (
     EVALUATION,
+    INSURE,
     INT_OPTIONS,
     LOADING,
     BlockSize,
@@ -103,7 +104,7 @@ def recover(
     episodes: Episodes = EVALUATION.episodes,
     decide_episodes: DecideEpisodes = None,
     decide_minutes: DecideMinutes = DECIDE_MINUTES,
-    insure: Insure = 1.0,
+    insure: Insure = INSURE,
     return_range: ReturnRange = None,
     seed: Seed = EVALUATION.seed,
     n_envs: NEnvs = EVALUATION.n_envs,

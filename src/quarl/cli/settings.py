@@ -19,6 +19,7 @@ from quarl.cli import early
 from quarl.cli.registry_options import QuantOptions, check_eval_values, eval_settings, quant_options
 from quarl.core import validate
 from quarl.core.errors import QuarlError
+from quarl.verdict import DEFAULT_INSURE
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
@@ -122,6 +123,8 @@ Insure = Annotated[float, typer.Option(
     "--insure", metavar="K", help="where the env defines no range of returns, the verdict insures against an unseen "
     "failure costing up to K mean returns beyond the worst paired loss seen (docs/ptq.md: what each K insures and "
     "costs)")]
+INSURE = DEFAULT_INSURE
+"""--insure's default, the verdict's own (:data:`quarl.verdict.DEFAULT_INSURE`)."""
 ReturnRange = Annotated[str | None, typer.Option(
     "--return-range", metavar="LO:HI", help="every return lies in LO:HI (e.g. a reward clipped by a wrapper): the "
     "verdict assumes exactly that range; a return outside it refuses the verdict")]

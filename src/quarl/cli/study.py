@@ -17,6 +17,7 @@ from quarl.cli.common import console, log, out_console, progress, say_reused, se
 from quarl.cli.ptq import warm
 from quarl.cli.settings import (
     EVALUATION,
+    INSURE,
     INT_OPTIONS,
     PRECISIONS_HELP,
     AgentsStickyActions,
@@ -68,7 +69,7 @@ def demo(
     episodes: DemoEpisodes = EVALUATION.episodes,
     decide_episodes: DemoDecideEpisodes = None,
     decide_minutes: DecideMinutes = 1.0,
-    insure: Insure = 1.0,
+    insure: Insure = INSURE,
     return_range: ReturnRange = None,
     workers: Workers = None,
     sticky_actions: AgentsStickyActions = None,
@@ -142,7 +143,7 @@ def study(
         "--out", parser=validate.out_option, help="folder of study.sqlite, the table and the plot")] = outputs.STUDY,
     decide_episodes: StudyDecideEpisodes = None,
     decide_minutes: DecideMinutes = 60.0,
-    insure: Insure = 1.0,
+    insure: Insure = INSURE,
     return_range: ReturnRange = None,
     sticky_actions: AgentsStickyActions = None,
     stochastic: Stochastic = None,
