@@ -50,5 +50,5 @@ bench: $(STAMP)
 
 # every benchmark (and the three agent studies) at its --quick size: a smoke run that CI makes
 bench-quick: $(STAMP)
-	for b in $(BENCHMARKS) ptq_own_agents ptq_image_agents recover_agents bench_verdict_coverage bench_cli_latency make_return_pools; do \
+	for b in $(BENCHMARKS) ptq_own_agents ptq_image_agents recover_agents bench_verdict_coverage bench_cli_latency make_return_pools profile_train_step; do \
 		echo "== $$b --quick"; $(VENV)/bin/python benchmarks/$$b.py --quick > /dev/null || exit 1; done

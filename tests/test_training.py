@@ -268,11 +268,11 @@ def test_loss_scale_syncs_once_per_update() -> None:
 
 
 def test_loss_scale_with_a_fused_optimizer_never_syncs() -> None:
-    """A fused Adam is handed the overflow flag and skips on the device: no host read at all,
-    an overflowed step leaves the weights and Adam's step count as they were."""
+    """A fused Adam is handed the overflow flag and skips on the device: no host read at all;
+    overflowed steps leave the weights and Adam's step count as they were, a clean one moves them."""
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.Adam(net.parameters(), lr=0.1, fused=True)
-    scale = LossScale("cpu", init_scale=2.0**127)  # the first scaled gradients overflow fp32
+    scale = LossScale("cpu", init_scale=2.0**127)  # 2^127 x a loss of 1e6 is inf in fp32, until halved 20 times
     reads = []
     item = torch.Tensor.item
 
@@ -280,22 +280,25 @@ def test_loss_scale_with_a_fused_optimizer_never_syncs() -> None:
         reads.append(self.shape)
         return item(self)
 
+    def update(loss_scale: float) -> None:
+        opt.zero_grad()
+        scale.scale_loss(net(torch.ones(2, 4)).sum() * loss_scale).backward()
+        scale.step(opt, opt.step)
+
     before = [p.detach().clone() for p in net.parameters()]
     torch.Tensor.item = counting
     try:
         for _ in range(3):
-            opt.zero_grad()
-            scale.scale_loss(net(torch.ones(2, 4)).sum() * 1e6).backward()
-            scale.step(opt, opt.step)
-        first_skipped = not reads
+            update(1e6)
     finally:
         torch.Tensor.item = item
-    assert first_skipped and scale.steps == 3
-    assert scale.skipped >= 1 and scale.scale < 2.0**127  # halved on each overflow
-    steps = {float(opt.state[p]["step"]) for p in net.parameters()}
-    assert steps == {3.0 - scale.skipped}  # a skipped step is not counted by Adam either
-    if scale.skipped == 3:
-        assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert reads == [] and scale.steps == 3 and scale.skipped == 3 and scale.scale == 2.0**124
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert {float(opt.state[p]["step"]) for p in net.parameters()} == {0.0}  # skipped steps are not counted
+    scale._scale.fill_(1.0)  # a scale that does not overflow: the next step is taken
+    update(1.0)
+    assert scale.skipped == 3 and not all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert {float(opt.state[p]["step"]) for p in net.parameters()} == {1.0}
 
 
 class BrightSide(gym.Env):
