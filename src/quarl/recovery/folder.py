@@ -22,8 +22,8 @@ from quarl.core.file_schema import parse_json, parse_record
 from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.precisions import QuantSummary
 from quarl.quant.student import plain_network, sb3_tensors
+from quarl.quant.summary import QuantSummary
 from quarl.recovery.config import EXPORT_DIR, ORIGINAL_ZIP, RECOVERY_FILE, RECOVERY_FORMAT, RecoverConfig
 from quarl.recovery.dagger import RecoveryResult
 from quarl.recovery.report import RecoveryFile, RecoveryJson, RecoveryReport
@@ -417,7 +417,8 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False,
     if digest != onnx_sha:
         raise QuarlError(f"{export / 'policy.onnx'} is not the recovered model recorded in {path.name}: run quarl "
                          "recover again")
-    kernel.precision = precision
+    meta = kernel.meta.copy()
     if "exploration_rate" in original.meta:  # a stochastic DQN explores as its original does
-        kernel.meta["exploration_rate"] = original.meta["exploration_rate"]
-    return Recovered(original, kernel, precision, record)
+        meta["exploration_rate"] = original.meta["exploration_rate"]
+    # the export's policy at the recorded precision: a new policy, nothing changed after it is built
+    return Recovered(original, dataclasses.replace(kernel, precision=precision, meta=meta), precision, record)

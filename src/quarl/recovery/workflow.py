@@ -15,9 +15,9 @@ from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec
 from quarl.evaluation.record import CellRecord
 from quarl.policies.base import Policy
-from quarl.quant.candidates import fp32_actions
 from quarl.quant.modes import head_index, wider_head_mode
 from quarl.quant.student import KernelSpec, make_student, real_model
+from quarl.quantize.candidates import fp32_actions
 from quarl.recovery.config import ORIGINAL_ZIP, Q_ALGOS, RECOVERY_FILE, STATE_FILE, RecoverConfig
 from quarl.recovery.dagger import (
     STATE_CAP,
@@ -143,8 +143,7 @@ def recovered_kernel(checkpoint: Path, policy: Policy, env_spec: EnvSpec, precis
     run_recover(checkpoint, env_spec, policy, config, out, trust_pickle=trust_pickle, wait=True)
     recovered = load_recovered(out, trust_pickle=trust_pickle)
     assert recovered is not None
-    recovered.kernel.precision = f"{RECOVERED_PREFIX}{precision}"
-    return recovered.kernel
+    return dataclasses.replace(recovered.kernel, precision=f"{RECOVERED_PREFIX}{precision}")
 
 
 FINE_BLOCK = 16
