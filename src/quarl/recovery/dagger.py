@@ -24,12 +24,12 @@ from quarl.evaluation.calibration import DISTILLATION_SEEDS, calibration_inputs,
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine
-from quarl.quant.candidates import action_agreement, fp32_actions
 from quarl.quant.modes import MODES, get_mode, int8_compute
-from quarl.quant.precisions import QuantSummary
 from quarl.quant.student import KernelSpec, make_student, real_model, student_mode
+from quarl.quant.summary import QuantSummary
+from quarl.quantize.candidates import action_agreement, fp32_actions
 from quarl.recovery.config import MIN_HELDOUT, RECOVERY_FORMAT, RecoverConfig
-from quarl.recovery.losses import _loss_scale, distill_loss
+from quarl.recovery.losses import distill_loss, loss_scale
 from quarl.recovery.report import RecoveryState, RoundStats, StateFile
 from quarl.verdict import sequential_keeps
 
@@ -70,16 +70,16 @@ def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple
     """The kernel the student reproduces: a named mode, or the automatic choice's (what
     ``quarl ptq`` would run), replaced by the mode whose student stands in where it has none
     (:func:`quarl.quant.modes.student_mode_for`), and by its fallback where this CPU cannot run it."""
-    from quarl.quant.api import quantize
     from quarl.quant.backends import onnxruntime as ortb
-    from quarl.quant.choice import keep_options
+    from quarl.quantize.api import quantize
+    from quarl.quantize.choice import keep_options
 
     qconfig = config.quant_config()
     chosen: QuantSummary | None = None
     if qconfig.mode == "auto":
         calibration = calibration_inputs(policy, env_spec)
         quantized = quantize(policy, qconfig, calibration=calibration, returns=calibration_returns(env_spec))
-        quant: QuantSummary = quantized.meta["quant"]  # what the choice ran (quant.precisions.quantize_int)
+        quant: QuantSummary = quantized.meta["quant"]  # what the choice ran (quantize.precisions.quantize_int)
         label, keep, chosen = str(quant["mode"]), frozenset(int(i) for i in quant["fp32_layers"]), quant
     else:
         label, keep = qconfig.label, keep_options(policy.network)[0]
@@ -113,8 +113,8 @@ def _teacher_outputs(policy: Policy, states: np.ndarray) -> torch.Tensor:
 
 
 def _fp16_agreement(policy: Policy, states: np.ndarray, tolerance: float) -> float:
-    from quarl.quant.config import QuantConfig
-    from quarl.quant.precisions import get
+    from quarl.quantize.config import QuantConfig
+    from quarl.quantize.precisions import get
 
     half = get("fp16").build(policy, QuantConfig("fp16"), None, None)
     with torch.inference_mode():
@@ -122,14 +122,20 @@ def _fp16_agreement(policy: Policy, states: np.ndarray, tolerance: float) -> flo
     return action_agreement(policy, fp32_actions(policy, states), actions, tolerance)
 
 
-def _acting(policy: Policy, spec: KernelSpec, model: bytes) -> Policy:
-    acting = policy.with_network(copy.deepcopy(policy.network), spec.mode,
-                                 OrtEngine(model, per_row=MODES[spec.mode].per_row))
-    acting.meta["quant"] = {"mode": spec.mode, "fp32_layers": sorted(spec.keep)}
-    return acting
+def kernel_policy(policy: Policy, spec: KernelSpec, model: bytes) -> Policy:
+    """``policy`` acting with ``model``, a real ONNX Runtime model of ``spec``'s mode (a
+    student's, or PTQ's own: :func:`ptq_model`), its ``quant`` naming the mode and its fp32
+    layers: what plays distillation's rounds and recovery's tests."""
+    meta = policy.meta.copy()
+    meta["quant"] = {"mode": spec.mode, "fp32_layers": sorted(spec.keep)}
+    return dataclasses.replace(policy, network=copy.deepcopy(policy.network), precision=spec.mode,
+                               engine=OrtEngine(model, per_row=MODES[spec.mode].per_row), meta=meta)
 
 
-def _agreement(policy: Policy, acting: Policy, states: np.ndarray, reference: np.ndarray, tolerance: float) -> float:
+def agreement_on(policy: Policy, acting: Policy, states: np.ndarray, reference: np.ndarray, tolerance: float) -> float:
+    """The share of ``states`` on which ``acting`` (:func:`kernel_policy`) takes ``reference``'s
+    actions (the teacher's, :func:`quarl.quantize.candidates.fp32_actions`), continuous actions
+    within ``tolerance`` of their range (:func:`quarl.quantize.candidates.action_agreement`)."""
     return action_agreement(policy, reference, acting.act_rows(states), tolerance)
 
 
@@ -171,7 +177,7 @@ def distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Kern
         torch.set_num_threads(threads)
 
 
-def _ptq_model(policy: Policy, spec: KernelSpec) -> bytes:
+def ptq_model(policy: Policy, spec: KernelSpec) -> bytes:
     """PTQ's own model of ``spec``'s mode: the real kernel built from the teacher's weights
     rounded to the grid, without distillation (the untrained student equals the mode's PTQ
     reference: tested)."""
@@ -216,7 +222,7 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
         started -= sum(h.wall_s for h in run.history)  # the wall time counts the rounds before the break
         log.info("resuming recovery at round %d from %s", len(run.history), state_path)
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
-    ptq = _acting(policy, spec, _ptq_model(policy, spec))
+    ptq = kernel_policy(policy, spec, ptq_model(policy, spec))
     stop_at_target = config.stop_at_target and not keep_going
     finished = stop_at_target and bool(run.history) and _at_target(
         run.history[-1].agreement, run.history[-1].calibration_verdict, run.target, len(run.heldout), config)
@@ -286,9 +292,9 @@ def _round(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: Recover
     losses = _train(run, r, policy, config, rng)
     run.updates += config.updates_per_round
     model = real_model(run.student, spec, policy.input_shape)
-    acting = _acting(policy, spec, model)
+    acting = kernel_policy(policy, spec, model)
     run.reference_held = fp32_actions(policy, run.heldout)
-    agreement = _agreement(policy, acting, run.heldout, run.reference_held, config.action_tolerance)
+    agreement = agreement_on(policy, acting, run.heldout, run.reference_held, config.action_tolerance)
     if run.target is None:
         run.target = min(config.min_agreement, _fp16_agreement(policy, run.heldout, config.action_tolerance))
     verdict = ""
@@ -314,7 +320,7 @@ def _gather(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: Recove
     per_round = config.episodes_per_round
     held_first = DISTILLATION_SEEDS.start + 9_000  # held-out episodes: their own seeds
     model = real_model(run.student, spec, policy.input_shape)
-    actor = policy if r == 0 else _acting(policy, spec, model)
+    actor = policy if r == 0 else kernel_policy(policy, spec, model)
     train_seeds = range(DISTILLATION_SEEDS.start + r * per_round, DISTILLATION_SEEDS.start + (r + 1) * per_round)
     held_seeds = range(held_first + r, held_first + r + 1)
     cap = max(1, max_states // max(config.rounds, 1))
@@ -336,7 +342,7 @@ def _train(run: _Run, r: int, policy: Policy, config: RecoverConfig, rng: np.ran
     labels = run.labels
     assert labels is not None  # _gather labelled the states
     states, student, optimizer = run.states, run.student, run.optimizer
-    scale = _loss_scale(policy, labels)
+    scale = loss_scale(policy, labels)
     x_all = torch.from_numpy(states)
     student.eval()  # no train-mode behaviour (batch renorm) leaks in; gradients still flow
     losses = []
@@ -369,12 +375,12 @@ def _result(run: _Run, policy: Policy, spec: KernelSpec, config: RecoverConfig, 
     best_round, agreement = run.best[1], run.best[0]
     ptq_agreement = float("nan")
     if len(run.heldout):
-        ptq_agreement = _agreement(policy, ptq, run.heldout, reference_held, config.action_tolerance)
-        agreement = _agreement(policy, _acting(policy, spec, model), run.heldout, reference_held,
+        ptq_agreement = agreement_on(policy, ptq, run.heldout, reference_held, config.action_tolerance)
+        agreement = agreement_on(policy, kernel_policy(policy, spec, model), run.heldout, reference_held,
                                config.action_tolerance)
         if ptq_agreement > agreement:  # distillation made it no better: PTQ's own model is written
             engine = ptq.engine
-            assert isinstance(engine, OrtEngine)  # _acting builds PTQ's model on ONNX Runtime
+            assert isinstance(engine, OrtEngine)  # kernel_policy builds PTQ's model on ONNX Runtime
             student, model, best_round, agreement = make_student(policy.network, spec), engine.model, -1, \
                 ptq_agreement
     target = run.target if run.target is not None else config.target_agreement or config.min_agreement

@@ -60,8 +60,10 @@ def sha256_file(path: Path, follow: bool = True) -> str:
     return h.hexdigest()
 
 
-def _zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
-    """(the agent's zip, its RL Zoo config folder or None)."""
+def zoo_paths(checkpoint: Path) -> tuple[Path, Path | None]:
+    """(the agent's zip, its RL Zoo config folder or None) of ``checkpoint``, a
+    Stable-Baselines3 zip or an RL Zoo run folder (:func:`quarl.policies.zoo_folder.zoo_files`);
+    anything else is refused in one line (what recover takes, and what a recovered folder is)."""
     from quarl.policies.zoo_folder import zoo_files
 
     zip_path, config_dir, _ = zoo_files(checkpoint)
@@ -191,7 +193,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     from quarl.core.provenance import provenance
     from quarl.deploy import write_artifact
 
-    zip_path, config_dir = _zoo_paths(checkpoint)
+    zip_path, config_dir = zoo_paths(checkpoint)
     name = _zoo_name(checkpoint, env_spec)
     # real folders of OUT's own, never a link to another folder: its strays are removed
     zoo, export = owned_folder(out, name), owned_folder(out, EXPORT_DIR)
@@ -289,7 +291,7 @@ def find_recovery(checkpoint: Path) -> Path | None:
     load would read beside any zip there, ``best_model.zip`` too, are the recovered
     folder's), else None."""
     try:
-        zip_path, config_dir = _zoo_paths(checkpoint)
+        zip_path, config_dir = zoo_paths(checkpoint)
     except QuarlError:
         for record in sorted(checkpoint.glob(f"*/{RECOVERY_FILE}")) if checkpoint.is_dir() else []:
             if not (checkpoint / f"{record.parent.name}.zip").exists():  # the policy is gone, its record stays
@@ -333,7 +335,7 @@ def check_out_folders(out: Path, checkpoint: Path, env_spec: EnvSpec) -> None:
 def _zoo_name(checkpoint: Path, env_spec: EnvSpec) -> str:
     """The recovered folder's zoo folder (``OUT/NAME``): an RL Zoo folder keeps its names; a
     bare zip's folder is named after its env, as the zoo names ENV.zip."""
-    zip_path, config_dir = _zoo_paths(checkpoint)
+    zip_path, config_dir = zoo_paths(checkpoint)
     return zip_path.stem if config_dir is not None else env_spec.env_id.replace("/", "_")
 
 
@@ -380,7 +382,7 @@ def check_recovered(checkpoint: Path) -> RecoveredFolder | None:
         return None
     record = read_recovery_record(path)
     check_manifest(path, record["files"])
-    check_reads(path, record["files"], _zoo_paths(checkpoint)[0])
+    check_reads(path, record["files"], zoo_paths(checkpoint)[0])
     return RecoveredFolder(path, record)
 
 
@@ -402,7 +404,7 @@ def load_recovered(checkpoint: Path, trust_pickle: bool = False,
     original_zip = path.parent / ORIGINAL_ZIP
     if not original_zip.is_file() or sha256_file(original_zip) != original_sha:
         raise QuarlError(f"{original_zip} is missing or is not the original policy recorded in {path.name}")
-    zip_path, _ = _zoo_paths(checkpoint)
+    zip_path, _ = zoo_paths(checkpoint)
     if sha256_file(zip_path) != recovered_sha:
         raise QuarlError(f"{zip_path} is not the recovered policy recorded in {path.name} (its SHA-256 differs): run "
                          "quarl recover again")

@@ -15,7 +15,7 @@ from quarl.policies.base import Policy
 from quarl.quant.modes import MODES
 from quarl.quant.student import KernelSpec
 from quarl.recovery.config import TEST_CAPS, TEST_FIRST, TEST_SEEDS, TEST_STEPS
-from quarl.recovery.dagger import RecoveryResult, _acting, _ptq_model
+from quarl.recovery.dagger import RecoveryResult, kernel_policy, ptq_model
 from quarl.recovery.report import RecoveryJson, TestOutcome
 from quarl.verdict import TOLERANCE, Sequential, sequential_at_least, sequential_keeps
 
@@ -100,8 +100,8 @@ class Judge:
     def __init__(self, policy: Policy, env_spec: EnvSpec, spec: KernelSpec, max_steps: int | None = None) -> None:
         self.policy, self.env_spec, self.spec = policy, env_spec, spec
         self.episodes = TestEpisodes(env_spec, max_steps)
-        self.ptq_model = _ptq_model(policy, spec)
-        self.ptq = _acting(policy, spec, self.ptq_model)
+        self.ptq_model = ptq_model(policy, spec)
+        self.ptq = kernel_policy(policy, spec, self.ptq_model)
         self.candidates: list[Candidate] = []
         self._keeps: dict[int, TestOutcome] = {}
 
@@ -112,7 +112,7 @@ class Judge:
         own PTQ model): the same test decides."""
         if result.model == self.ptq_model or (result.best_round < 0 and result.spec == self.spec):
             return {"kept": False, "verdict": "the student is PTQ's own model", "same": True}
-        acting = _acting(self.policy, result.spec, result.model)
+        acting = kernel_policy(self.policy, result.spec, result.model)
         cap = self.episodes.cap(self.ptq)
         outcome = sequential_at_least(lambda n: self.episodes(self.ptq, n), lambda n: self.episodes(acting, n),
                                       first=TEST_FIRST, cap=cap, env_id=self.env_spec.env_id)

@@ -96,8 +96,10 @@ def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.T
     return ((student_out - teacher_out) ** 2).mean()
 
 
-def _loss_scale(policy: Policy, labels: torch.Tensor) -> float:
-    """Spread of the teacher's action values (Q-heads), the unit of the margin and anchor."""
+def loss_scale(policy: Policy, labels: torch.Tensor) -> float:
+    """The ``scale`` :func:`distill_loss` takes: the mean spread (best minus worst) of the
+    teacher's action values ``labels`` (Q-heads: the unit of the margin and the anchor); 1.0
+    for other heads or where every value ties."""
     if policy.head not in ("argmax", "quantile_argmax"):
         return 1.0
     q = _q_values(policy, labels)

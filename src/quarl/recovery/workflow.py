@@ -23,14 +23,14 @@ from quarl.recovery.dagger import (
     STATE_CAP,
     Progress,
     RecoveryResult,
-    _acting,
-    _agreement,
+    agreement_on,
     distill,
+    kernel_policy,
     pick_spec,
     read_state,
     state_cap,
 )
-from quarl.recovery.folder import _zoo_paths, check_out_folders, find_recovery, load_recovered, write_recovered
+from quarl.recovery.folder import check_out_folders, find_recovery, load_recovered, write_recovered, zoo_paths
 from quarl.recovery.judge import Judge
 from quarl.recovery.report import FinetuneNote, RecoveryJson, RecoveryReport, SizesReport, StageReport
 from quarl.verdict import Judging
@@ -63,7 +63,7 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
         record = finished_record(out, policy, config, env_spec)
         if record is None:
             spec, chosen = pick_spec(policy, env_spec, config)
-            result, report = recover_stages(_zoo_paths(checkpoint)[0], policy, env_spec, config, spec,
+            result, report = recover_stages(zoo_paths(checkpoint)[0], policy, env_spec, config, spec,
                                             out / ".recover" / STATE_FILE, progress)
             record = write_recovered(checkpoint, policy, env_spec, result, out, config, chosen, report)
         else:
@@ -83,7 +83,7 @@ def preflight(checkpoint: Path, out: Path, policy: Policy | None = None, config:
     """Refuse, before any work, what recovery would refuse later: a checkpoint that is not
     a zip or zoo folder, a recovered folder as the policy, an unreadable state in ``out``
     (bounded by what a state of ``policy`` under ``config`` holds, where given)."""
-    _zoo_paths(checkpoint)
+    zoo_paths(checkpoint)
     if find_recovery(checkpoint) is not None:
         raise QuarlError(f"{checkpoint} is itself a recovered folder: recover its original policy (ENV/{ORIGINAL_ZIP}"
                          " records it)")
@@ -294,7 +294,7 @@ def ptq_result(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: K
     from quarl.evaluation.calibration import calibration_inputs
 
     states = calibration_inputs(policy, env_spec)
-    agreement = _agreement(policy, _acting(policy, spec, model), states, fp32_actions(policy, states),
+    agreement = agreement_on(policy, kernel_policy(policy, spec, model), states, fp32_actions(policy, states),
                            config.action_tolerance)
     target = config.target_agreement or config.min_agreement
     return RecoveryResult(spec, make_student(policy.network, spec), model, [], -1, agreement, agreement, target, [],
@@ -349,7 +349,7 @@ def finetune_stage(zip_path: Path, policy: Policy, env_spec: EnvSpec, config: Re
     model = real_model(tuned, result.spec, policy.input_shape)
     agreement = result.agreement
     if result.heldout is not None and len(result.heldout):
-        agreement = _agreement(policy, _acting(policy, result.spec, model), result.heldout,
+        agreement = agreement_on(policy, kernel_policy(policy, result.spec, model), result.heldout,
                                fp32_actions(policy, result.heldout), config.action_tolerance)
     took = time.perf_counter() - started
     log.info("fine-tuned %d steps in %.0f s: held-out agreement %.1f%%", config.finetune_steps, took, 100 * agreement)
