@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import typing
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import int8_compute
 from quarl.quant.student import KernelSpec
 from quarl.recovery import RecoverConfig, distill, load_recovered, pick_spec, read_recovery_record, read_state
-from quarl.recovery.report import RoundJson, RoundStats
+from quarl.recovery.report import RoundStats
 
 DATA = Path(__file__).parent / "data" / "recovery_v1"
 CONFIG = RecoverConfig(precision="int4-block", rounds=2, max_rounds=2, episodes_per_round=2, updates_per_round=20,
@@ -123,21 +122,38 @@ def _resumes(tmp_path: Path) -> None:
                      progress=lambda stats: played.append(stats.round))
     assert played == []  # both rounds were played before: nothing is played again
     rounds = json.loads((DATA / "folder" / "CartPole-v1" / "recovery.json").read_text())["rounds"]
-    assert [h.to_dict() for h in result.history] == saved["history"] == rounds
+    assert [h.to_dict() for h in result.history] == [h.to_dict() for h in saved["history"]] == rounds
     assert result.updates == saved["updates"] == 2 * CONFIG.updates_per_round
     assert torch.equal(torch.from_numpy(result.heldout if result.heldout is not None else np.zeros(0)),
                        saved["heldout"])
 
 
-def test_a_round_in_memory_has_the_fields_of_a_round_in_a_file() -> None:
-    """RoundStats mirrors RoundJson (the definition pydantic checks): the same names in the
-    same order, the same types with the same checks, a default exactly where the file may
-    lack the field."""
-    in_file = typing.get_type_hints(RoundJson, include_extras=True)
-    in_memory = typing.get_type_hints(RoundStats, include_extras=True)
-    assert list(in_memory) == list(in_file)
-    optional = {name for name, hint in in_file.items() if typing.get_origin(hint) is typing.NotRequired}
-    assert {name: in_file[name] for name in in_file if name not in optional} == \
-        {name: in_memory[name] for name in in_file if name not in optional}
-    assert {name: typing.get_args(in_file[name])[0] for name in optional} == {name: in_memory[name] for name in optional}
-    assert {f.name for f in dataclasses.fields(RoundStats) if f.default is not dataclasses.MISSING} == optional
+def test_a_round_is_defined_once_and_both_files_hold_its_dict(tmp_path: Path) -> None:
+    """RoundStats is the one definition of a round: both files hold its dict (its fields in
+    order), a state's rounds read back as RoundStats, and a round read from either file is
+    checked by RoundStats' own annotations (one line naming the field); a round an older
+    quarl wrote without its calibration verdict reads back with none."""
+    names = [f.name for f in dataclasses.fields(RoundStats)]
+    rounds = json.loads((DATA / "folder" / "CartPole-v1" / "recovery.json").read_text())["rounds"]
+    assert len(rounds) == 2 and all(list(r) == names for r in rounds)
+    saved = read_state(DATA / "state.pt")
+    assert all(type(h) is RoundStats for h in saved["history"])
+    assert [h.to_dict() for h in saved["history"]] == rounds
+    out = _folder(tmp_path)
+    path = out / "CartPole-v1" / "recovery.json"
+    record = json.loads(path.read_text())
+    for change, field in [({"agreement": 1.5}, "agreement"), ({"loss": "0.5"}, "loss"), ({"round": True}, "round"),
+                          ({"states": 1.0}, "states"), ({"extra": 1}, "extra")]:
+        path.write_text(json.dumps({**record, "rounds": [{**rounds[0], **change}, rounds[1]]}))
+        with pytest.raises(QuarlError, match=rf"^{path}: field rounds\.0\.{field}: "):
+            read_recovery_record(path)
+        state = tmp_path / "state.pt"
+        torch.save({**torch.load(DATA / "state.pt", weights_only=True),
+                    "history": [{**rounds[0], **change}, rounds[1]]}, state)
+        with pytest.raises(QuarlError, match=rf"^{state}: field history\.0\.{field}: .*start afresh$"):
+            read_state(state)
+    older = {key: value for key, value in rounds[0].items() if key != "calibration_verdict"}
+    path.write_text(json.dumps({**record, "rounds": [older, rounds[1]]}))
+    assert read_recovery_record(path)["rounds"][0] == older  # read back as written
+    torch.save({**torch.load(DATA / "state.pt", weights_only=True), "history": [older, rounds[1]]}, state)
+    assert read_state(state)["history"][0] == RoundStats(**{**older, "calibration_verdict": ""})

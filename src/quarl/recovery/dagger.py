@@ -27,7 +27,7 @@ from quarl.quant.backends.onnxruntime import OrtEngine
 from quarl.quant.modes import MODES, get_mode, int8_compute
 from quarl.quant.student import KernelSpec, make_student, real_model, student_mode
 from quarl.quant.summary import QuantSummary
-from quarl.quantize.candidates import action_agreement, fp32_actions
+from quarl.quantization.candidates import action_agreement, fp32_actions
 from quarl.recovery.config import MIN_HELDOUT, RECOVERY_FORMAT, RecoverConfig
 from quarl.recovery.losses import distill_loss, loss_scale
 from quarl.recovery.report import RecoveryState, RoundStats, StateFile
@@ -71,15 +71,15 @@ def pick_spec(policy: Policy, env_spec: EnvSpec, config: RecoverConfig) -> tuple
     ``quarl ptq`` would run), replaced by the mode whose student stands in where it has none
     (:func:`quarl.quant.modes.student_mode_for`), and by its fallback where this CPU cannot run it."""
     from quarl.quant.backends import onnxruntime as ortb
-    from quarl.quantize.api import quantize
-    from quarl.quantize.choice import keep_options
+    from quarl.quantization.api import quantize
+    from quarl.quantization.choice import keep_options
 
     qconfig = config.quant_config()
     chosen: QuantSummary | None = None
     if qconfig.mode == "auto":
         calibration = calibration_inputs(policy, env_spec)
         quantized = quantize(policy, qconfig, calibration=calibration, returns=calibration_returns(env_spec))
-        quant: QuantSummary = quantized.meta["quant"]  # what the choice ran (quantize.precisions.quantize_int)
+        quant: QuantSummary = quantized.meta["quant"]  # what the choice ran (quantization.precisions.quantize_int)
         label, keep, chosen = str(quant["mode"]), frozenset(int(i) for i in quant["fp32_layers"]), quant
     else:
         label, keep = qconfig.label, keep_options(policy.network)[0]
@@ -113,8 +113,8 @@ def _teacher_outputs(policy: Policy, states: np.ndarray) -> torch.Tensor:
 
 
 def _fp16_agreement(policy: Policy, states: np.ndarray, tolerance: float) -> float:
-    from quarl.quantize.config import QuantConfig
-    from quarl.quantize.precisions import get
+    from quarl.quantization.config import QuantConfig
+    from quarl.quantization.precisions import get
 
     half = get("fp16").build(policy, QuantConfig("fp16"), None, None)
     with torch.inference_mode():
@@ -134,8 +134,8 @@ def kernel_policy(policy: Policy, spec: KernelSpec, model: bytes) -> Policy:
 
 def agreement_on(policy: Policy, acting: Policy, states: np.ndarray, reference: np.ndarray, tolerance: float) -> float:
     """The share of ``states`` on which ``acting`` (:func:`kernel_policy`) takes ``reference``'s
-    actions (the teacher's, :func:`quarl.quantize.candidates.fp32_actions`), continuous actions
-    within ``tolerance`` of their range (:func:`quarl.quantize.candidates.action_agreement`)."""
+    actions (the teacher's, :func:`quarl.quantization.candidates.fp32_actions`), continuous actions
+    within ``tolerance`` of their range (:func:`quarl.quantization.candidates.action_agreement`)."""
     return action_agreement(policy, reference, acting.act_rows(states), tolerance)
 
 
@@ -268,7 +268,7 @@ def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, confi
         run.student.load_state_dict(saved["student"])
         run.optimizer.load_state_dict(dict(saved["optimizer"]))
         run.states, run.heldout = saved["states"].numpy(), saved["heldout"].numpy()
-        run.history = [RoundStats.from_dict(h) for h in saved["history"]]
+        run.history = list(saved["history"])  # read back as rounds (read_state checked each one)
         run.best = (float(saved["best_agreement"]), int(saved["best_round"]), saved["best_student"])
         run.updates, run.seeds = int(saved["updates"]), [int(s) for s in saved["seeds"]]
         run.target = float(saved["target"]) if saved["target"] >= 0 else None
@@ -394,18 +394,19 @@ def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer
                 seeds: list[int], target: float | None, fingerprint: str, spec: KernelSpec,
                 config: RecoverConfig) -> None:
     """The run after a round, written whole to a temporary file and renamed (a kill never
-    leaves half a state)."""
+    leaves half a state); its rounds as their dicts (plain containers: it loads with ``weights_only``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     adam = optimizer.state_dict()  # torch's own container: {"state": ..., "param_groups": ...}
     state: RecoveryState = {"format": RECOVERY_FORMAT, "teacher": fingerprint, "spec": spec.to_dict(),
                 "config": dataclasses.asdict(config), "student": student.state_dict(),
                 "optimizer": {"state": adam["state"], "param_groups": adam["param_groups"]},
                 "states": torch.from_numpy(states), "heldout": torch.from_numpy(heldout),
-                "history": [h.to_dict() for h in history],
+                "history": history,
                 "best_agreement": best[0] if best else -1.0, "best_round": best[1] if best else -1,
                 "best_student": best[2] if best else {}, "updates": updates, "seeds": seeds,
                 "target": -1.0 if target is None else float(target)}
-    write_atomic(path, lambda tmp: torch.save(state, tmp))  # a full disk: the last good state stays
+    image = {**state, "history": [h.to_dict() for h in history]}
+    write_atomic(path, lambda tmp: torch.save(image, tmp))  # a full disk: the last good state stays
 
 
 STATE_CAP = 16 << 30

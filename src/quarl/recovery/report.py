@@ -1,6 +1,6 @@
 """What recovery writes to its files, typed: ``recovery.json`` (:class:`RecoveryJson`, the
-judge's tests and the stages' report in it), a DAgger round as both files hold it
-(:class:`RoundJson`, and :class:`RoundStats` in memory) and the state after each round
+judge's tests and the stages' report in it), a DAgger round (:class:`RoundStats`, which
+both files hold as its dict, :data:`RoundJson`) and the state after each round
 (:class:`RecoveryState`).
 
 These are JSON objects (and, for the state, the plain containers ``torch.save`` writes), so
@@ -11,23 +11,35 @@ must pass (field constraints, literals, and the checks across fields as validato
 annotations), and pydantic validates the TypedDict itself (:data:`RecoveryFile` for
 :func:`quarl.recovery.folder.read_recovery_record`, :data:`StateFile` for
 :func:`quarl.recovery.dagger.read_state`), so a field added to one is added to what is
-written, read and checked. :class:`RoundStats` holds :class:`RoundJson`'s fields as
-attributes (the same names, types and order: mypy checks :meth:`RoundStats.to_dict` /
-:meth:`RoundStats.from_dict` both ways, ``tests/test_recovery_files.py`` the rest)."""
+written, read and checked. A round is defined once, as the dataclass :class:`RoundStats`
+(its fields' checks in their annotations): the files hold its dict (:meth:`RoundStats.to_dict`),
+and pydantic checks a round read back as a :class:`RoundStats`."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Literal, NotRequired
+from typing import TYPE_CHECKING, Annotated, Literal, NotRequired
 
 import torch
-from pydantic import AfterValidator, ConfigDict, Field, JsonValue, RootModel, StringConstraints, with_config
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    RootModel,
+    Strict,
+    StrictFloat,
+    StrictStr,
+    StringConstraints,
+    with_config,
+)
 from typing_extensions import TypedDict  # pydantic validates only typing_extensions' TypedDict on Python 3.11
 
 from quarl.core.provenance import Provenance
 from quarl.envs import EnvJson
-from quarl.quant.precisions import QuantSummary
 from quarl.quant.student import KernelSpecJson
+from quarl.quant.summary import QuantSummary
 
 FILE_CHECKS = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 """What :class:`quarl.core.file_schema.Record` asks of a record read from a file: strict
@@ -36,14 +48,15 @@ types, finite numbers, no field the writer never writes."""
 MAX_COUNT = 10**12
 """A count in recover's files (states, updates) at most: 10^12 is beyond any run, and a
 count past it (10**400 read back from a crafted file) is no count to print or add to."""
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-Share = Annotated[float, Field(ge=0, le=1)]
-Seconds = Annotated[float, Field(ge=0, le=1e9)]
+# strict in themselves (as FILE_CHECKS asks), so a record whose own config must admit a dict (RoundStats) keeps them so
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT), Strict()]
+Share = Annotated[float, Field(ge=0, le=1), Strict()]
+Seconds = Annotated[float, Field(ge=0, le=1e9), Strict()]
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 """A seed an episode was played on (numpy and gymnasium take 32 bits)."""
-RoundNumber = Annotated[int, Field(ge=0, le=1000)]
+RoundNumber = Annotated[int, Field(ge=0, le=1000), Strict()]
 """A round played (a run plays at most 1000: ``max_rounds``' bound)."""
-AnyReturn = Annotated[float, Field(allow_inf_nan=True)]
+AnyReturn = Annotated[float, Field(allow_inf_nan=True), Strict()]
 """A mean return: may be infinite or NaN (an env's own reward), never refused."""
 JsonObject = dict[str, JsonValue]
 """Another object's JSON form recorded as it was (the options): any JSON values, nothing else."""
@@ -155,49 +168,37 @@ class RecoveryReport(TypedDict):
     finetune: NotRequired[FinetuneNote]
 
 
-@with_config(FILE_CHECKS)
-class RoundJson(TypedDict):
-    """One DAgger round as a state (``history``) or recovery.json (``rounds``) holds it: the
-    one definition of a round's fields and of what a round read back must hold."""
+@with_config(ConfigDict(allow_inf_nan=False, extra="forbid"))  # FILE_CHECKS but admitting a dict: each field is strict
+@dataclass
+class RoundStats:
+    """One DAgger round: the one definition of a round's fields and of what a round read back
+    must hold. A state (``history``) and recovery.json (``rounds``) hold its dict
+    (:meth:`to_dict`, the fields in this order); pydantic checks a round read from either as
+    this dataclass (strict fields, finite numbers, no field it lacks)."""
 
     round: RoundNumber
     states: Count
     """States in the aggregated set after this round."""
     new_states: Count
-    loss: float
+    loss: StrictFloat
     agreement: Share
     """Held-out agreement of the real kernel built from the student with the teacher."""
     played_return: AnyReturn
     """Mean return of the episodes played this round (the teacher's in round 0)."""
     wall_s: Seconds
-    calibration_verdict: NotRequired[str]
+    calibration_verdict: StrictStr = ""
     """The calibration test's verdict where the round reached its target ('' where none ran;
-    always written)."""
-
-
-@dataclass
-class RoundStats:
-    """One round in memory: :class:`RoundJson`'s fields as attributes, in its order with its
-    checks (``tests/test_recovery_files.py`` holds the two equal; :meth:`to_dict` and
-    :meth:`from_dict` convert, mypy checking every field both ways)."""
-
-    round: RoundNumber
-    states: Count
-    new_states: Count
-    loss: float
-    agreement: Share
-    played_return: AnyReturn
-    wall_s: Seconds
-    calibration_verdict: str = ""
+    always written, absent from a file only where an older quarl wrote it)."""
 
     def to_dict(self) -> RoundJson:
-        return {"round": self.round, "states": self.states, "new_states": self.new_states, "loss": self.loss,
-                "agreement": self.agreement, "played_return": self.played_return, "wall_s": self.wall_s,
-                "calibration_verdict": self.calibration_verdict}
+        """The round as the files hold it: its fields by name, in order."""
+        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, round_: RoundJson) -> RoundStats:
-        return cls(**round_)
+
+if TYPE_CHECKING:
+    RoundJson = dict[str, int | float | str]
+else:  # a round in recovery.json, checked as a RoundStats and handed back as the dict the file holds
+    RoundJson = Annotated[RoundStats, AfterValidator(dataclasses.asdict)]
 
 
 class OriginalJson(TypedDict):
@@ -246,6 +247,7 @@ class RecoveryJson(RecoveryReport):
     seeds: list[Seed]
     """The first and last distillation seed (none where no episode was played)."""
     rounds: list[RoundJson]
+    """Each round's :meth:`RoundStats.to_dict`."""
     provenance: Provenance
     """:func:`quarl.core.provenance.provenance`."""
     files: dict[str, Sha256]
@@ -297,7 +299,8 @@ class RecoveryState(TypedDict):
     optimizer: OptimizerState
     states: torch.Tensor
     heldout: torch.Tensor
-    history: list[RoundJson]
+    history: list[RoundStats]
+    """Each round played (written as its :meth:`RoundStats.to_dict`; read back as the round)."""
     best_agreement: float
     best_round: Annotated[int, Field(ge=-1)]
     best_student: dict[str, torch.Tensor]

@@ -90,7 +90,7 @@ def check_resume(path: Path, saved: RecoveryState, policy: Policy, student: nn.M
     history = saved["history"]
     if not 1 <= len(history) <= config.total_rounds:
         raise _refuse(path, "history", f"{len(history):,} rounds, not 1..{config.total_rounds} (the run's rounds)")
-    if [h["round"] for h in history] != list(range(len(history))):
+    if [h.round for h in history] != list(range(len(history))):
         raise _refuse(path, "history", "rounds not numbered 0, 1, ... in order")
     if not 0 <= saved["best_round"] < len(history):
         raise _refuse(path, "best_round", f"{saved['best_round']}, not one of the {len(history)} rounds played")
