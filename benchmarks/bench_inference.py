@@ -117,8 +117,8 @@ def bench_automatic_choice(name: str, net: nn.Module, shape: tuple[int, ...], bu
     import gymnasium as gym
 
     from quarl.policies.base import Policy
-    from quarl.quant.choice import choose
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.choice import choose
+    from quarl.quantization.config import QuantConfig
 
     rng = np.random.default_rng(0)
     calib = rng.uniform(0, 1, (256, *shape)).astype(np.float32)

@@ -207,7 +207,7 @@ def make_pool(pool: Pool, out: Path, runs: Path, episodes: int, chunk: int, comm
     from quarl.evaluation.cells import EvalSettings, config_identity
     from quarl.evaluation.episodes import protocol
     from quarl.evaluation.record import RESULT_FORMAT
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
     first_seed = 0
     EvalSettings(episodes=episodes, seed=first_seed)  # quarl's check: the seeds stay off the reserved ones

@@ -427,7 +427,7 @@ def test_actor_precisions_come_from_the_precision_registry() -> None:
     one whose width has an actor kernel) is an --actor-precision without a second list;
     nbit (simulated) is not; once removed it is refused again."""
     from quarl.actorq.actor_precisions import actor_precisions, onnx_mode
-    from quarl.quant import precisions
+    from quarl.quantization import precisions
 
     assert actor_precisions() == ("fp32", "fp16", "bf16", "int8", "int4")
     int8 = precisions.get("int8")

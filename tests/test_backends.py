@@ -14,12 +14,12 @@ from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx, has_vnni, quantize_dynamic_int8
 from quarl.quant.backends.reference import simulate_dynamic_int8
-from quarl.quant.config import QuantConfig
-from quarl.quant.precisions import quantize_weights
 from quarl.quant.primitives import quantize_dequantize
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig
+from quarl.quantization.precisions import quantize_weights
 from tests.conftest import zoo_run
 
 

@@ -13,10 +13,10 @@ from torch import nn
 from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.quant.api import quantize
 from quarl.quant.backends.batching import CertifiedArgmax, RowVerdicts, per_row
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.config import QuantConfig
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig
 from tests.conftest import skip_where_the_cpu_cannot_run, zoo_run
 
 

@@ -851,7 +851,7 @@ def test_two_checkpoints_of_one_name_get_two_default_folders(tiny_run: Path, tmp
 
 
 def _bit_widths(text: str) -> list[int]:
-    from quarl.quant.config import bit_widths
+    from quarl.quantization.config import bit_widths
 
     return bit_widths(text)
 
@@ -1041,7 +1041,8 @@ def test_help_lists_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) ->
     """A precision or int mode registered (as CONTRIBUTING's recipe does) is in --help;
     every placeholder is filled in every command's help."""
     from quarl.cli import help_lists
-    from quarl.quant import modes, precisions
+    from quarl.quant import modes
+    from quarl.quantization import precisions
     from quarl.training.hyperparams import TRAINERS, Trainer
 
     fp8sim = precisions.Precision("fp8sim", "made up", build=precisions.PRECISIONS["fp32"].build)

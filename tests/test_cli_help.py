@@ -17,8 +17,8 @@ def test_the_builtin_lists_are_the_registries() -> None:
 
 def test_a_loaded_registry_gives_its_own_list() -> None:
     import quarl.quant.modes  # noqa: F401
-    import quarl.quant.precisions  # noqa: F401
+    import quarl.quantization.precisions  # noqa: F401
 
-    assert help_lists.live("precisions") and "quarl.quant.precisions" in sys.modules
+    assert help_lists.live("precisions") and "quarl.quantization.precisions" in sys.modules
     assert help_lists.live("wire_bits")  # made from a light module, always from its registry
     assert help_lists.render("a {precisions} b {unknown}") == f"a {help_lists.precisions()} b {{unknown}}"

@@ -58,7 +58,8 @@ def test_every_registry_of_quarl_is_a_core_registry() -> None:
     from quarl.actorq import algorithms
     from quarl.envs import ENV_FAMILIES, wrappers
     from quarl.policies import base, formats, sb3
-    from quarl.quant import modes, precisions
+    from quarl.quant import modes
+    from quarl.quantization import precisions
     from quarl.training import hyperparams
 
     for registry in (precisions.PRECISIONS, modes.MODES, formats.FORMATS, sb3.LAYOUTS, ENV_FAMILIES, wrappers.KINDS, base.HEADS,

@@ -14,9 +14,10 @@ from torch import nn
 from quarl.core.cpu_kind import CPU_KINDS, cpu_kind
 from quarl.core.errors import QuarlError
 from quarl.core.provenance import provenance, whole_provenance
-from quarl.quant import choice_cache, modes
+from quarl.quant import modes
 from quarl.quant.backends import onnxruntime as ortb
-from quarl.quant.config import QuantConfig
+from quarl.quantization import choice_cache
+from quarl.quantization.config import QuantConfig
 
 AGENT = Path(__file__).parent / "data" / "recovery_v1" / "folder" / "CartPole-v1" / "original.zip"
 

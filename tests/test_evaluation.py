@@ -13,9 +13,9 @@ from quarl.envs import EnvSpec, check_env_id, current_env_id, make_env
 from quarl.evaluation import parallel
 from quarl.evaluation.calibration import calibration_inputs
 from quarl.evaluation.episodes import evaluate
-from quarl.quant.api import quantize
-from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig
 from tests.conftest import zoo_run
 
 

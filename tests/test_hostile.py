@@ -377,7 +377,7 @@ def test_a_named_pipe_or_device_in_place_of_a_file_is_refused_without_blocking(k
         with pytest.raises(QuarlError, match="named pipe"):
             ResultsLog(log).load()
     else:
-        from quarl.quant import choice_cache
+        from quarl.quantization import choice_cache
 
         folder = tmp_path / "cache"
         folder.mkdir()
@@ -431,7 +431,7 @@ def test_a_repeated_or_endless_bits_list_is_one_line(text: str, message: str) ->
     """Ten thousand 8s ran (exit 0) as one sweep, silently: a repeated width, or more widths
     than exist, is refused naming the value and what is allowed (issue 38)."""
     from quarl.core.errors import QuarlError
-    from quarl.quant.config import bit_widths as _parse_bits
+    from quarl.quantization.config import bit_widths as _parse_bits
 
     with pytest.raises(QuarlError) as caught:
         _parse_bits(text)

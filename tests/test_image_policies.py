@@ -14,9 +14,9 @@ import torch
 
 from quarl.checkpoints import load_checkpoint
 from quarl.evaluation.calibration import calibration_inputs
-from quarl.quant.api import quantize
-from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig
 from tests.conftest import run_cli, skip_where_the_cpu_cannot_run
 from tests.test_cli import read_csv
 

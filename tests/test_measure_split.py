@@ -30,7 +30,7 @@ from quarl.evaluation.cells import Cell, EvalSettings, cell_key, config_identity
 from quarl.evaluation.record import CellRecord, EvalRecord, json_fields, sql_columns
 from quarl.policies.base import Policy
 from quarl.ptq import run_ptq
-from quarl.quant.config import QuantConfig
+from quarl.quantization.config import QuantConfig
 
 CARTPOLE = EnvSpec("CartPole-v1")
 HEAVY = ("torch", "gymnasium", "onnxruntime", "numpy")

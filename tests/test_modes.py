@@ -14,12 +14,12 @@ from torch import nn
 
 from quarl.core.errors import QuarlError
 from quarl.policies.base import Policy
-from quarl.quant.api import quantize
 from quarl.quant.backends import onnxruntime as ortb
-from quarl.quant.candidates import action_agreement
-from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES, BuildRequest
 from quarl.quant.primitives import quantize_dequantize, quantize_dequantize_blocks
+from quarl.quantization.api import quantize
+from quarl.quantization.candidates import action_agreement
+from quarl.quantization.config import QuantConfig
 from tests.conftest import skip_where_the_cpu_cannot_run
 from tests.test_registries import _weight_only_b64  # CONTRIBUTING's made-up mode
 
@@ -119,7 +119,7 @@ def test_auto_avoids_per_tensor_activations_when_one_feature_dominates() -> None
 
 
 def test_a_fitted_mode_is_checked_on_states_it_was_not_fit_to() -> None:
-    from quarl.quant.candidates import split_calibration
+    from quarl.quantization.candidates import split_calibration
 
     states = np.arange(10, dtype=np.float32)[:, None]
     fit, check = split_calibration(MODES["int8-static"], states)
@@ -375,8 +375,8 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
 
 
 def test_the_fastest_mode_wins_unless_within_the_margins() -> None:
-    from quarl.quant import choice
-    from quarl.quant.candidates import Candidate
+    from quarl.quantization import choice
+    from quarl.quantization.candidates import Candidate
 
     def ranked(*latencies: float) -> list[str]:
         cands = [Candidate(f"m{i}", (), 1.0, latency_us=lat) for i, lat in enumerate(latencies)]
@@ -428,8 +428,8 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     """The choice is keyed by policy content, calibration and options: the second quantize
     builds only the stored mode and says so; another policy, or an unreadable entry, is
     chosen afresh; QUARL_CACHE=off never stores."""
-    from quarl.quant import choice_cache
     from quarl.quant.layers import linear_layers
+    from quarl.quantization import choice_cache
 
     monkeypatch.setenv("QUARL_CACHE", str(tmp_path / "cache"))
     policy, obs = _mlp_policy()
@@ -469,7 +469,7 @@ def test_the_chosen_mode_is_timed_beside_onnx_runtime_fp32_and_a_slower_one_is_s
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from quarl.quant import choice
+    from quarl.quantization import choice
 
     monkeypatch.setenv("QUARL_CACHE", "off")
     policy, obs = _mlp_policy()

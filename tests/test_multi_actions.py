@@ -14,8 +14,8 @@ import tests.multi_target_envs  # noqa: F401  (registers MultiTarget-v0 and Bina
 from quarl.checkpoints import load_checkpoint
 from quarl.envs import EnvSpec
 from quarl.evaluation.episodes import acting, evaluate
-from quarl.quant.api import quantize
-from quarl.quant.config import QuantConfig
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig
 
 ENVS = {"multi_argmax": "MultiTarget-v0", "bernoulli": "BinaryTarget-v0"}
 BEST = {"multi_argmax": 40.0, "bernoulli": 60.0}  # 20 steps x sub-actions hit

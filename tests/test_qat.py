@@ -75,9 +75,9 @@ def test_a_qat_network_runs_at_fp16_and_bf16() -> None:
     import numpy as np
 
     from quarl.policies.base import Policy
-    from quarl.quant.api import quantize
-    from quarl.quant.config import QuantConfig
-    from quarl.quant.precisions import with_activation_quant
+    from quarl.quantization.api import quantize
+    from quarl.quantization.config import QuantConfig
+    from quarl.quantization.precisions import with_activation_quant
 
     torch.manual_seed(0)
     net = with_activation_quant(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)),

@@ -26,10 +26,11 @@ from quarl.core.errors import QuarlError
 from quarl.evaluation.cells import EvalSettings
 from quarl.policies import sb3
 from quarl.ptq import run_ptq
-from quarl.quant import modes, precisions
+from quarl.quant import modes
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.config import QuantConfig
 from quarl.quant.layers import linear_layers
+from quarl.quantization import precisions
+from quarl.quantization.config import QuantConfig
 
 if TYPE_CHECKING:
     from quarl.actorq.config import ActorQConfig
@@ -256,9 +257,9 @@ def test_a_made_up_int_mode_is_one_registration(registered: None, tmp_path: Path
     mode does not declare one); once removed, its label is refused."""
     from quarl.actorq.actor_precisions import onnx_mode
     from quarl.policies.base import Policy
-    from quarl.quant.api import quantize
     from quarl.quant.backends import onnxruntime as ortb
     from quarl.quant.student import make_student, real_model
+    from quarl.quantization.api import quantize
     from quarl.recovery import RecoverConfig
     from quarl.recovery.dagger import pick_spec
 

@@ -106,8 +106,8 @@ def test_actions_match_sb3_predict(tmp_path: Path, algo: str, env_id: str, polic
     """A tiny agent of each kind, trained a few hundred steps (off-policy: 100 updates after
     its 100 random steps, enough to move every weight off its initialization): quarl's policy
     and its fp32 engine act as ``predict(deterministic=True)`` on every state of a rollout."""
-    from quarl.quant.api import quantize
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.api import quantize
+    from quarl.quantization.config import QuantConfig
 
     model = _make(algo, env_id, policy, kwargs)
     if env_id != "image":

@@ -13,9 +13,9 @@ from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec
 from quarl.evaluation.episodes import acting, evaluate
-from quarl.quant.api import quantize
-from quarl.quant.config import QuantConfig
 from quarl.quant.modes import MODES
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig
 
 CARTPOLE = EnvSpec("CartPole-v1")
 
@@ -216,7 +216,7 @@ def test_sampled_agreement_is_one_minus_total_variation_for_two_actions(tiny_run
     action with probability 1 - TV: the estimate over 2,000 states is within 0.01 of it."""
     import torch
 
-    from quarl.quant.candidates import sampled_agreement
+    from quarl.quantization.candidates import sampled_agreement
 
     policy = load_checkpoint(tiny_run).policy
     states = np.random.default_rng(3).normal(size=(2000, 4)).astype(np.float32)
@@ -243,7 +243,7 @@ def test_a_sampling_policys_int_mode_is_chosen_on_its_sampled_agreement(tiny_run
     assert sampled.stochastic and not greedy.stochastic
     assert 0.9 <= quant["sampled_agreement"] <= 1.0
     assert "sampled agree%" in quant_columns({"quant": quant})
-    from quarl.quant.choice import choose
+    from quarl.quantization.choice import choose
 
     states = calibration[:400]
     for bar in (0.95, 0.9999):  # a bar the sampled agreement meets, and one it may not

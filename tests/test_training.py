@@ -19,8 +19,8 @@ from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
 from quarl.envs import EnvSpec, make_env
 from quarl.evaluation.episodes import evaluate
-from quarl.quant.config import QATConfig
 from quarl.quant.qat import QATLayer, plain_layers
+from quarl.quantization.config import QATConfig
 from quarl.training.hyperparams import TRAINERS
 from quarl.training.mixed_precision import LossScale, enable_mixed_precision, fp32_outputs
 from quarl.training.qat_sb3 import QATCallback, load_qat_state, qat_targets, read_qat_state, wrap_policy, wrapped_layers

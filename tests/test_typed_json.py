@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from quarl.quant.config import QATConfig, QATLayerState, QATState, QuantConfig
+from quarl.quantization.config import QATConfig, QATLayerState, QATState, QuantConfig
 
 
 @pytest.mark.parametrize("config", [QuantConfig(), QuantConfig.parse("int8", block_size=64),
@@ -49,7 +49,7 @@ def test_env_json_is_what_json_made_of_its_fields() -> None:
 
 
 def test_a_quant_summary_is_a_mode_and_fields_of_their_types() -> None:
-    from quarl.quant.precisions import is_quant_summary
+    from quarl.quant.summary import is_quant_summary
 
     assert is_quant_summary({"mode": "int8-dyn-tensor", "fp32_layers": [0], "agreement": None, "recovered": True,
                              "a field of a later quarl": [1]})

@@ -25,9 +25,9 @@ from quarl.evaluation.episodes import evaluate as _evaluate
 from quarl.evaluation.playback import Playback
 from quarl.policies.base import Policy
 from quarl.policies.checkpoint import Checkpoint, resolve_env_spec
-from quarl.quant.api import quantize as _quantize
-from quarl.quant.config import ParseOptions, QuantConfig
-from quarl.quant.precisions import needs_calibration
+from quarl.quantization.api import quantize as _quantize
+from quarl.quantization.config import ParseOptions, QuantConfig
+from quarl.quantization.precisions import needs_calibration
 
 if TYPE_CHECKING:
     from quarl.evaluation.record import CellRecord

@@ -29,12 +29,12 @@ from quarl.core.timing import median_us
 from quarl.envs import EnvSpec
 from quarl.policies.base import Policy
 from quarl.policies.onnx_artifact import NORMALIZER_FORMULA, SIDECAR_FORMAT, PortableCheck, SidecarJson, SidecarRecord
-from quarl.quant import precisions as registry
-from quarl.quant.api import quantize
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
-from quarl.quant.choice import Returns
-from quarl.quant.config import ParseOptions, QuantConfig
-from quarl.quant.precisions import QuantSummary
+from quarl.quant.summary import QuantSummary
+from quarl.quantization import precisions as registry
+from quarl.quantization.api import quantize
+from quarl.quantization.choice import Returns
+from quarl.quantization.config import ParseOptions, QuantConfig
 
 # ------------------------------------------------------------------ the sidecar OUT.json, as written (JSON objects)
 
@@ -191,7 +191,7 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
                    env_spec: EnvSpec | None = None, portable: dict[str, PortableCheck] | None = None) -> SidecarJson:
     """Write ``model`` (``policy``'s network at ``precision``) as ``OUT.onnx`` with its
     sidecar ``OUT.json``; ``quant``: the int mode's summary as JSON (a
-    :class:`~quarl.quant.precisions.QuantSummary`'s fields), ``portable``: the check of a
+    :class:`~quarl.quant.summary.QuantSummary`'s fields), ``portable``: the check of a
     ``--portable`` model. Returns ``OUT.json`` as written."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +200,7 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
         **sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
         "onnx_sha256": hashlib.sha256(model).hexdigest(), "env": None if env_spec is None else env_spec.to_json(),
         "policy_sha256": policy.fingerprint(), "provenance": provenance(),
-        # how the int mode was judged: a sampling policy on its sampled actions (quarl.quant.candidates.sampled_agreement)
+        # how the int mode was judged: a sampling policy on its sampled actions (quarl.quantization.candidates.sampled_agreement)
         "acting": "sampled" if policy.stochastic else "greedy"}
     if portable is not None:
         fields["portable"] = portable

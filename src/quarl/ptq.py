@@ -24,7 +24,7 @@ from quarl.evaluation.record import CellRecord, KeyExtras
 from quarl.evaluation.reports import paired_decision, plot_sweep, plot_verdicts, ptq_rows, write_rows
 from quarl.policies.base import Policy
 from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
-from quarl.quant.config import ParseOptions, QuantConfig
+from quarl.quantization.config import ParseOptions, QuantConfig
 from quarl.verdict import CHUNK, Decision, Judging
 
 log = logging.getLogger(__name__)

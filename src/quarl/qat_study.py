@@ -23,7 +23,7 @@ from quarl.core.table import Row
 from quarl.evaluation.cells import Cell, EvalSettings, evaluate_cells
 from quarl.evaluation.record import KeyExtras
 from quarl.evaluation.reports import relative_error, save_figure, write_rows
-from quarl.quant.config import QATConfig, QuantConfig
+from quarl.quantization.config import QATConfig, QuantConfig
 from quarl.training.periodic_saves import has_checkpoint
 from quarl.training.sb3_train import TrainConfig, resolve_timesteps, train
 

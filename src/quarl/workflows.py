@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # each step imports what it runs when it runs (the CLI import
     from quarl.envs import EnvSpec
     from quarl.policies.base import Policy
     from quarl.policies.onnx_artifact import SidecarJson
-    from quarl.quant.config import ParseOptions
+    from quarl.quantization.config import ParseOptions
     from quarl.training.sb3_train import TrainConfig
     from quarl.verdict import Judging
 
@@ -55,7 +55,7 @@ def train_config(algo: str, env_id: str, timesteps: int | None, seed: int, out: 
         validate.count(quant_delay, 0, "--quant-delay")
     elif quant_delay is not None:
         raise QuarlError("--quant-delay needs --qat-bits")
-    from quarl.quant.config import QATConfig
+    from quarl.quantization.config import QATConfig
     from quarl.training.sb3_train import TrainConfig, resolve_timesteps
 
     total = resolve_timesteps(algo.lower(), env_id, timesteps, overrides)
@@ -127,7 +127,7 @@ def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Pa
     from quarl.deploy import export_policy
     from quarl.evaluation.calibration import calibration_inputs, calibration_returns
     from quarl.policies.onnx_artifact import ARTIFACT_NAME
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
     config = QuantConfig.parse(precision, **options)  # an unknown label refused in one line
     validate.count(max_steps, 1, "--max-steps", unset="")

@@ -1,5 +1,5 @@
 """Which registered precisions an ActorQ actor can act in, and how: taken from the
-precision registry (:mod:`quarl.quant.precisions`), so a newly registered precision that
+precision registry (:mod:`quarl.quantization.precisions`), so a newly registered precision that
 ActorQ can run shows up in ``--actor-precision`` without a second list.
 
 An actor reloads its network at every weight version, so it acts only where that is
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 INT8_ACTOR_KEEP = frozenset({0})
 """The layer that reads the observations stays fp32, by the core's rule for MLPs
-(:func:`quarl.quant.choice.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
+(:func:`quarl.quantization.choice.keep_options`): CartPole's angle (~0.01 rad) and angular velocity
 (~1 rad/s) share one activation range per call, and with that layer in int8 the DQN actors
 needed about twice the env steps to reach the target (README, ActorQ results)."""
 
@@ -29,8 +29,8 @@ needed about twice the env steps to reach the target (README, ActorQ results).""
 def actor_precisions() -> tuple[str, ...]:
     """Every registered precision an actor can act in, in registration order."""
     from quarl.quant.modes import actor_modes
-    from quarl.quant.precisions import PRECISIONS
     from quarl.quant.primitives import FLOAT_DTYPES
+    from quarl.quantization.precisions import PRECISIONS
 
     widths = actor_modes()
     return tuple(p.name for p in PRECISIONS.values()
@@ -41,7 +41,7 @@ def onnx_mode(precision: str) -> str | None:
     """The ONNX Runtime mode an actor of ``precision`` runs (its width's kernel), or None
     for a float precision (PyTorch, wire-format weights)."""
     from quarl.quant.modes import actor_modes
-    from quarl.quant.precisions import PRECISIONS
+    from quarl.quantization.precisions import PRECISIONS
 
     entry = PRECISIONS.get(precision)
     if entry is None or not entry.real_int or entry.bits is None:

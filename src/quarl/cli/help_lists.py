@@ -41,11 +41,11 @@ def runs(numbers: Sequence[int]) -> list[str]:
 
 
 def precisions() -> str:
-    """Every label ``--precisions`` takes, as :meth:`quarl.quant.config.QuantConfig.parse`
+    """Every label ``--precisions`` takes, as :meth:`quarl.quantization.config.QuantConfig.parse`
     reads them: the precisions, the real int modes, the simulated widths."""
     from quarl.quant.modes import MODES
-    from quarl.quant.precisions import PRECISIONS
     from quarl.quant.primitives import MAX_BITS, MIN_BITS
+    from quarl.quantization.precisions import PRECISIONS
 
     plain = [name for name, p in PRECISIONS.items() if not p.real_int and name != "nbit"]
     real = [name for name, p in PRECISIONS.items() if p.real_int]
@@ -56,14 +56,14 @@ def precisions() -> str:
 def precision_labels() -> str:
     """Every label ``--precisions`` takes, comma-joined: not shown in any help, kept in the
     cache so that a command refuses an unknown label before torch loads (:mod:`quarl.cli.early`)."""
-    from quarl.quant.config import precision_labels as labels
+    from quarl.quantization.config import precision_labels as labels
 
     return ",".join(labels())
 
 
 def precision_allowed() -> str:
     """What a refusal of an unknown precision says is allowed (cached with :func:`precision_labels`)."""
-    from quarl.quant.config import allowed_precisions
+    from quarl.quantization.config import allowed_precisions
 
     return allowed_precisions()
 
@@ -104,12 +104,12 @@ LISTS: dict[str, Callable[[], str]] = {
 }
 """Placeholder name (``{name}`` in a help text) -> its list."""
 REGISTRIES: dict[str, tuple[str, ...]] = {
-    "precisions": ("quarl.quant.precisions", "quarl.quant.modes"),
-    "precision_labels": ("quarl.quant.precisions", "quarl.quant.modes"),
-    "precision_allowed": ("quarl.quant.precisions", "quarl.quant.modes"),
+    "precisions": ("quarl.quantization.precisions", "quarl.quant.modes"),
+    "precision_labels": ("quarl.quantization.precisions", "quarl.quant.modes"),
+    "precision_allowed": ("quarl.quantization.precisions", "quarl.quant.modes"),
     "train_algorithms": ("quarl.training.hyperparams",),
     "train_precisions": ("quarl.training.mixed_precision",),
-    "actor_precisions": ("quarl.quant.precisions", "quarl.quant.modes"),
+    "actor_precisions": ("quarl.quantization.precisions", "quarl.quant.modes"),
     "wire_bits": (),
 }
 """The modules that hold each list's entries: where they are loaded, the list is made from them."""

@@ -13,11 +13,11 @@ from quarl.core.validate import items, positive_ints
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
-    from quarl.quant.config import ParseOptions
+    from quarl.quantization.config import ParseOptions
 
 
 class QuantOptions(TypedDict):
-    """The :class:`~quarl.quant.config.QuantConfig` fields every cell of a command shares
+    """The :class:`~quarl.quantization.config.QuantConfig` fields every cell of a command shares
     (``--int8-weights``, ``--block-size``), checked by :func:`quant_options`."""
 
     int8_weights: str
@@ -27,7 +27,7 @@ class QuantOptions(TypedDict):
 def precisions(text: str, recovered: bool = False, **options: Unpack[ParseOptions]) -> list[str]:
     """The labels of --precisions, each checked, lower case; ``recovered``: ``rec-int4`` /
     ``rec-int8`` (a recovered column, quarl study) are allowed too."""
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
     from quarl.recovery import RECOVERED_PREFIX, recovered_precision
 
     labels = items(text, "--precisions")
@@ -44,7 +44,7 @@ def precisions(text: str, recovered: bool = False, **options: Unpack[ParseOption
 
 def quant_options(int8_weights: str, block_size: int) -> QuantOptions:
     """QuantConfig fields shared by every cell, validated (one line for a bad value)."""
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
     QuantConfig(int8_weights=int8_weights, block_size=block_size)
     return {"int8_weights": int8_weights, "block_size": block_size}

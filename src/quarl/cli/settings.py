@@ -192,7 +192,7 @@ class IntOptions:
     block_size: int = 32
 
     def checked(self) -> QuantOptions:
-        """The :class:`~quarl.quant.config.QuantConfig` fields they set, validated."""
+        """The :class:`~quarl.quantization.config.QuantConfig` fields they set, validated."""
         return quant_options(self.int8_weights, self.block_size)
 
 

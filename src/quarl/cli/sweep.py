@@ -84,7 +84,7 @@ def sweep(
     worker_count = evaluation.worker_count()
     from quarl.evaluation.reports import print_table, ptq_rows
     from quarl.ptq import run_sweep
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
     settings = evaluation.settings(worker_count)
@@ -134,7 +134,7 @@ def analyze(
     from quarl.evaluation.reports import print_table
     from quarl.ptq import run_analyze
     from quarl.quant.analysis import kl_bins, per_layer_table
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity)
     float_checkpoint(checkpoint, "analyze reads the float weights")

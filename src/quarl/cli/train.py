@@ -126,7 +126,7 @@ def qat(
     evaluation = Evaluation(episodes, seed, n_envs).checked()
     from quarl.evaluation.reports import print_table
     from quarl.qat_study import QATStudy, run_qat_study
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
     settings = evaluation.settings()
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,

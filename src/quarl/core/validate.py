@@ -158,7 +158,7 @@ def bit_widths(text: str) -> list[int]:
 
 def unknown_precision(label: str, allowed: str) -> QuarlError:
     """The line refusing a label --precisions does not take (``allowed``: what it takes, as
-    :func:`quarl.quant.config.allowed_precisions` says it), with a hint for ``int3`` and the like."""
+    :func:`quarl.quantization.config.allowed_precisions` says it), with a hint for ``int3`` and the like."""
     text = label.strip().lower()
     hint = f" ({text} has no real kernel: sim{text[3:]} simulates it)" if text.startswith("int") and digits(text[3:]) \
         else ""

@@ -18,8 +18,8 @@ from quarl.core.errors import QuarlError
 from quarl.envs import EnvJson, EnvSpec
 from quarl.evaluation.episodes import evaluate
 from quarl.policies.base import Policy
-from quarl.quant import precisions as registry
-from quarl.quant.config import QuantConfig
+from quarl.quantization import precisions as registry
+from quarl.quantization.config import QuantConfig
 
 CALIBRATION_SIZE = 256
 CALIBRATION_SEED_OFFSET = 10_000
@@ -89,7 +89,7 @@ class CalibrationEpisodes:
         return np.asarray(returns[:n], np.float64)
 
     def cache_key(self) -> CalibrationKey:
-        """What these episodes are, for the stored int mode choice (:mod:`quarl.quant.choice_cache`)."""
+        """What these episodes are, for the stored int mode choice (:mod:`quarl.quantization.choice_cache`)."""
         return {"env": self.env_spec.to_json(default=str), "first_seed": self.first, "max_steps": self.max_steps,
                 "steps": CALIBRATION_STEPS, "caps": list(SEQUENTIAL_CAPS)}
 
@@ -142,7 +142,7 @@ def calibrate_if_needed(policy: Policy, env_spec: EnvSpec, config: QuantConfig, 
                         inputs: np.ndarray | None = None, returns: CalibrationEpisodes | None = None) -> Calibration:
     """The calibration ``config`` quantizes ``policy`` with: states from
     :func:`calibration_inputs` where the precision calibrates (activation ranges, every real
-    int mode: :func:`quarl.quant.precisions.needs_calibration`), else none; episodes from
+    int mode: :func:`quarl.quantization.precisions.needs_calibration`), else none; episodes from
     :func:`calibration_returns` (played only when asked). ``inputs`` / ``returns`` already
     computed for this policy and env (a run's earlier cells) are reused, never recomputed."""
     if inputs is None and registry.needs_calibration(config):

@@ -38,9 +38,9 @@ from quarl.evaluation.calibration import RESERVED_SEEDS, CalibrationEpisodes, ca
 from quarl.evaluation.record import RESULT_FORMAT, CellKey, CellRecord, EvalRecord, KeyExtras, SettingsKey, StoredCell
 from quarl.policies.base import Policy
 from quarl.quant import modes
-from quarl.quant import precisions as registry
-from quarl.quant.api import quantize
-from quarl.quant.config import QuantConfig, QuantConfigJson
+from quarl.quantization import precisions as registry
+from quarl.quantization.api import quantize
+from quarl.quantization.config import QuantConfig, QuantConfigJson
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from quarl.core.provenance import Provenance, StoredProvenance
 
 if TYPE_CHECKING:  # the schema imports nothing heavy: these modules import torch and gymnasium
     from quarl.envs import EnvJson
-    from quarl.quant.config import QuantConfigJson
-    from quarl.quant.precisions import QuantSummary
+    from quarl.quant.summary import QuantSummary
+    from quarl.quantization.config import QuantConfigJson
 
 RESULT_FORMAT = 14
 """Part of every stored cell's key: bumped when the same command would store a different number

@@ -23,7 +23,7 @@ from quarl.core.registry import Registry
 from quarl.quant.backends.torch_backend import TorchEngine
 
 if TYPE_CHECKING:  # the precisions' registry builds policies: only annotations name its summary here
-    from quarl.quant.precisions import QuantSummary
+    from quarl.quant.summary import QuantSummary
 
 Engine = Callable[[np.ndarray], np.ndarray]
 

@@ -28,7 +28,7 @@ from quarl.policies.base import HEADS, ObsNormalizer, Policy, check_outputs
 from quarl.policies.checkpoint import Checkpoint
 from quarl.policies.onnx_graph import check_graph
 from quarl.quant.backends.onnxruntime import OrtEngine
-from quarl.quant.precisions import is_quant_summary
+from quarl.quant.summary import is_quant_summary
 
 SIDECAR_FORMAT = "quarl-policy/1"
 SidecarJson = dict[str, Any]
@@ -224,7 +224,7 @@ class SidecarRecord(Record):
     portable: dict[str, PortableCheck] | None = None
     """``--portable``: per way of running it (``fp32_arithmetic``, ``onnxruntime_default``)."""
     quant: dict[str, Any] | None = None
-    """The int mode's summary (a :class:`~quarl.quant.precisions.QuantSummary` but ``tried``)."""
+    """The int mode's summary (a :class:`~quarl.quant.summary.QuantSummary` but ``tried``)."""
 
     @classmethod
     def written(cls, **fields: Any) -> SidecarJson:

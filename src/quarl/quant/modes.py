@@ -1,5 +1,5 @@
 """Real integer execution modes and their registry (the automatic choice among them is
-:mod:`quarl.quant.choice`).
+:mod:`quarl.quantization.choice`).
 
 Each :class:`IntMode` is something ONNX Runtime really executes on this CPU, with a
 PyTorch reference (:mod:`quarl.quant.backends.reference`) it is tested against:
@@ -37,10 +37,10 @@ automatic choice uses it for CNNs only (where it is the one fast mode), and chec
 calibration states it was not fit to. Measured: an A2C CartPole MLP whose static int8
 agreed with fp32 on the very states its ranges came from scored 144 instead of 500.
 
-``int8`` / ``int4`` without a mode is *automatic*: :mod:`quarl.quant.choice` builds every
+``int8`` / ``int4`` without a mode is *automatic*: :mod:`quarl.quantization.choice` builds every
 registered mode the policy supports, checks it against fp32 on calibration states (and
 episodes) and picks the fastest that agrees; the choice is stored
-(:mod:`quarl.quant.choice_cache`, keyed by the set of registered modes too, so a new mode is
+(:mod:`quarl.quantization.choice_cache`, keyed by the set of registered modes too, so a new mode is
 tried on a machine with a warm cache). ``choose``, ``keep_options`` and ``Returns`` are
 still importable from here.
 
@@ -287,7 +287,7 @@ def register_mode(mode: IntMode) -> IntMode:
     """Add a real int mode (``intN-NAME``) after those registered before it (registry order is
     the automatic choice's order of preference among near ties); returns it. The automatic
     choice tries it from then on, and a stored choice made without it is not reused
-    (:mod:`quarl.quant.choice_cache` keys on the set of modes)."""
+    (:mod:`quarl.quantization.choice_cache` keys on the set of modes)."""
     if mode.bits not in MODE_BITS:
         raise QuarlError(f"int mode {mode.name!r}: bits={mode.bits}, allowed {', '.join(map(str, MODE_BITS))}")
     if not mode.name or not all(ch in "abcdefghijklmnopqrstuvwxyz0123456789-" for ch in mode.name):

@@ -25,7 +25,7 @@ from quarl.core.errors import QuarlError
 from quarl.envs import gym_packages, import_gym_packages
 from quarl.evaluation.cells import EvalSettings, config_identity, evaluate_config
 from quarl.evaluation.episodes import acting, protocol
-from quarl.quant.config import QuantConfig
+from quarl.quantization.config import QuantConfig
 from quarl.study.store import StudyKey, StudyRecord, StudyStore
 from quarl.verdict import Judging
 

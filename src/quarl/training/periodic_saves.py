@@ -16,8 +16,8 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, check_depth, parse_json, parse_record
-from quarl.quant.config import QATConfig
 from quarl.quant.qat import plain_layers
+from quarl.quantization.config import QATConfig
 from quarl.training.checkpoint_arrays import replay_arrays, save_arrays, vecnormalize_arrays
 from quarl.training.guard import NonFiniteTraining, non_finite_state
 from quarl.training.qat_sb3 import write_qat_state

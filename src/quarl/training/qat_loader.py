@@ -2,7 +2,7 @@
 ``qat.json`` (bits, scheme, the monitored ranges by layer name) beside ``config.yml``. It
 loads as the zoo folder it is, then acts as it was trained: each layer's weights on the
 n-bit grid and its output fake-quantized within the monitored range
-(:func:`quarl.quant.api.from_qat_state`). Importing this module registers the format
+(:func:`quarl.quantization.api.from_qat_state`). Importing this module registers the format
 (``qat``) in :data:`quarl.policies.formats.FORMATS`, asked before the plain zoo format."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def detect(path: Path) -> bool:
 
 def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
     """The zoo folder's policy acting with its trained quantizers."""
-    from quarl.quant.api import from_qat_state
+    from quarl.quantization.api import from_qat_state
     from quarl.training.qat_sb3 import read_qat_state  # Stable-Baselines3 comes with it
 
     state_file = qat_file(path)

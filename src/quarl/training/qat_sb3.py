@@ -8,7 +8,7 @@ monitor ranges; from then on they fake-quantize weights and outputs. Since a wra
 no parameters, SB3's optimizers and its Polyak target updates see the same tensors.
 
 Saved runs hold the plain (fp32 master) weights plus ``qat.json`` (bits, scheme and the
-monitored output ranges per layer name); :func:`quarl.quant.api.from_qat_state` turns the
+monitored output ranges per layer name); :func:`quarl.quantization.api.from_qat_state` turns the
 loaded fp32 policy into the quantized one the fake-quantized network computed.
 """
 
@@ -25,9 +25,9 @@ from torch import nn
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import parse_json, parse_record
 from quarl.core.limits import read_capped
-from quarl.quant.config import QATConfig, QATLayerState, QATState
 from quarl.quant.primitives import resolve_granularity
 from quarl.quant.qat import QATLayer, set_quantization, wrap_qat_
+from quarl.quantization.config import QATConfig, QATLayerState, QATState
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ QAT_STATE_CAP = 1 << 20
 
 def read_qat_state(path: Path, expected: QATConfig | None = None) -> QATState:
     """A ``qat.json`` (the final one or a checkpoint's) read and checked as a
-    :class:`~quarl.quant.config.QATState`, as :func:`load_qat_state` and
-    :func:`quarl.quant.api.from_qat_state` take it. With ``expected``, its settings must be
+    :class:`~quarl.quantization.config.QATState`, as :func:`load_qat_state` and
+    :func:`quarl.quantization.api.from_qat_state` take it. With ``expected``, its settings must be
     those of the run resuming it (another bit width would be another run)."""
     state = parse_record(QATState, parse_json(read_capped(path, QAT_STATE_CAP, "a QAT state"), path), path)
     saved = state.config

@@ -31,8 +31,8 @@ from quarl.core.atomic import check_folder, owned_folder, write_atomic
 from quarl.core.errors import QuarlError, StoppedRun
 from quarl.core.validate import digits
 from quarl.envs import EnvSpec, check_env_id, gym_packages, make_env
-from quarl.quant.config import QATConfig, QATState
 from quarl.quant.qat import plain_layers
+from quarl.quantization.config import QATConfig, QATState
 from quarl.training.buffer_memory import check_buffer_memory
 from quarl.training.callbacks import REWARD_LINES, CheckpointEvery, RollingReward
 from quarl.training.guard import NonFiniteGuard, NonFiniteTraining, non_finite_state, raise_if_non_finite

@@ -1,31 +1,27 @@
 """The one entry point: ``quantize(policy, config) -> new Policy``.
 
 The input policy is never modified. Each precision is an entry of
-:mod:`quarl.quant.precisions` (the table of what each gives is there).
+:mod:`quarl.quantization.precisions` (the table of what each gives is there).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from quarl.core.errors import QuarlError
+from quarl.policies.base import Policy
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.choice import Returns
-from quarl.quant.config import QATState, QuantConfig
 from quarl.quant.layers import linear_layers
-from quarl.quant.precisions import get, with_activation_quant
 from quarl.quant.primitives import resolve_granularity
-
-if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
-    from quarl.policies.base import Policy
+from quarl.quantization.choice import Returns
+from quarl.quantization.config import QATState, QuantConfig
+from quarl.quantization.precisions import get, with_activation_quant
 
 
 def quantize(policy: Policy, config: QuantConfig, calibration: np.ndarray | None = None,
              returns: Returns | None = None) -> Policy:
-    """A new policy that acts at ``config``'s precision (see :mod:`quarl.quant.precisions`).
+    """A new policy that acts at ``config``'s precision (see :mod:`quarl.quantization.precisions`).
 
     ``calibration``: preprocessed observations (``policy.preprocess`` of rollout states),
     needed for automatic int8 / int4 (modes checked against fp32 on them), static ranges
@@ -39,7 +35,7 @@ def from_qat_state(policy: Policy, state: QATState) -> Policy:
     weights on the n-bit grid and its output fake-quantized within the monitored range,
     exactly what the fake-quantized training network did.
 
-    ``state``: ``qat.json`` as read (:class:`~quarl.quant.config.QATState`), its layers keyed
+    ``state``: ``qat.json`` as read (:class:`~quarl.quantization.config.QATState`), its layers keyed
     by each layer's ``sb3_name`` (set by the SB3 loader)."""
     from quarl.quant.qat import QATLayer
 

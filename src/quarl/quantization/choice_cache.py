@@ -1,6 +1,6 @@
 """The automatic int mode, chosen once and remembered.
 
-An automatic ``int8`` / ``int4`` choice (:func:`quarl.quant.choice.choose`) is a property of
+An automatic ``int8`` / ``int4`` choice (:func:`quarl.quantization.choice.choose`) is a property of
 the policy's content, the calibration data (fixed seeds), the quantization options, this
 CPU's int8 features and the ONNX Runtime version. It is stored under that key, so ``ptq``,
 ``study``, ``demo``, ``export``, ``bench``, ``play`` and :func:`quarl.quantize` run the same
@@ -10,7 +10,7 @@ episodes) and records what the first choice measured.
 
 The cache is a folder of small JSON files: ``$QUARL_CACHE`` (default
 ``~/.cache/quarl/int-modes``); ``QUARL_CACHE=off`` chooses afresh every time. A file that
-cannot be read, is not a :class:`ChoiceRecord` (a field of the wrong type, JSON nested past
+cannot be read, is not a :class:`ChoiceEntry` (a field of the wrong type, JSON nested past
 :data:`quarl.core.file_schema.MAX_JSON_DEPTH`) or names a mode that no longer exists, is ignored
 with a warning and replaced: a cache is never a reason to fail.
 """
@@ -23,65 +23,36 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypedDict, cast
+from typing import Annotated
 
 import numpy as np
-from pydantic import Field
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11
 
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
-from quarl.core.file_schema import Record, check_depth, parse_record
+from quarl.core.file_schema import check_depth, parse_typed
 from quarl.core.limits import read_capped
-
-if TYPE_CHECKING:  # the modes import torch and ONNX Runtime; only annotations name their summary here
-    from quarl.quant.candidates import CandidateSummary
+from quarl.quant.summary import CandidateSummary, Label, is_complete
 
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "QUARL_CACHE"
-CHOICE_FORMAT = 2
-"""Part of every key: bumped when the choice rule changes (2: the fastest agreeing mode)."""
+CHOICE_FORMAT = 3
+"""Part of every key: bumped when the choice rule or the stored record changes."""
 MAX_ENTRY_BYTES = 1 << 20
-_Count = Annotated[int, Field(ge=0, le=10**12)]
 _Layer = Annotated[int, Field(ge=0, lt=10_000)]
-_Measured = Annotated[float, Field(ge=-1e12, le=1e12)] | None
 
 
-class CandidateRecord(Record):
-    """What :meth:`quarl.quant.candidates.Candidate.summary` wrote for one mode tried (fields
-    newer than an entry default to unmeasured)."""
-
-    mode: str = Field(max_length=200)
-    fp32_layers: list[_Layer] = Field(max_length=10_000)
-    agreement: _Measured = None
-    kl: _Measured = None
-    sampled_agreement: _Measured = None
-    latency_us: _Measured = None
-    fp32_ort_latency_us: _Measured = None
-    model_bytes: _Count = 0
-    calibration_return: _Measured = None
-    calibration_episodes: _Count = 0
-    calibration_verdict: str = Field("", max_length=200)
-
-
-class ChoiceRecord(Record):
-    """A stored choice: the mode, the weight layers it keeps in fp32, what it measured and
-    what else was tried."""
-
-    mode: str = Field(max_length=200)
-    keep: list[_Layer] = Field(max_length=10_000)
-    chosen: CandidateRecord
-    tried: list[CandidateRecord] = Field(max_length=10_000)
-
-
+@with_config(ConfigDict(strict=True, allow_inf_nan=False, extra="forbid"))
 class ChoiceEntry(TypedDict):
-    """A stored choice as :func:`load` returns it (a checked :class:`ChoiceRecord`, dumped) and
-    :func:`store` writes it."""
+    """A stored choice, as :func:`store` writes it and :func:`load` checks it: the mode, the
+    weight layers it keeps in fp32, what it measured and what else was tried."""
 
-    mode: str
-    keep: list[int]
+    mode: Label
+    keep: Annotated[list[_Layer], Field(max_length=10_000)]
     chosen: CandidateSummary
-    tried: list[CandidateSummary]
+    tried: Annotated[list[CandidateSummary], Field(max_length=10_000)]
 
 
 def cache_dir() -> Path | None:
@@ -134,21 +105,22 @@ def load(key: str | None, known_modes: set[str], n_layers: int | None = None) ->
             return None
         raw = json.loads(read_capped(path, MAX_ENTRY_BYTES, "an int mode cache entry", within=folder))
         check_depth(raw, path)
-        record = parse_record(ChoiceRecord, raw, path)
+        record = parse_typed(ChoiceEntry, raw, path)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError, QuarlError) as exc:
         if path.exists() or path.is_symlink():
             why = ("JSON nested too deeply" if isinstance(exc, RecursionError)
                    else (str(exc).splitlines() or [type(exc).__name__])[0].removeprefix(f"{path}: ")[:300])
             log.warning("ignoring the int mode cache entry %s (%s): choosing afresh", path, why)
         return None
-    keep = list(record.keep)
-    ok = (record.mode in known_modes and len(set(keep)) == len(keep)
+    keep = list(record["keep"])
+    ok = (record["mode"] in known_modes and len(set(keep)) == len(keep)
+          and all(is_complete(c) for c in (record["chosen"], *record["tried"]))
           and (n_layers is None or (all(i < n_layers for i in keep) and len(keep) < n_layers)))
     if not ok:
         log.warning("ignoring the int mode cache entry %s: it does not fit this policy (mode, fp32 layers); choosing "
                     "afresh", path)
         return None
-    return cast(ChoiceEntry, record.model_dump())  # its fields in their order, those an older entry lacks unmeasured
+    return record
 
 
 def store(key: str | None, entry: ChoiceEntry) -> None:

@@ -2,8 +2,8 @@
 
 Each :class:`Precision` says which labels name it, how it turns an fp32 policy into one
 that acts at that precision, and what it needs (calibration observations, a fixed width).
-:class:`~quarl.quant.config.QuantConfig` validates against this registry,
-:func:`quarl.quant.api.quantize` dispatches through it, and ``quarl ptq`` / ``study`` /
+:class:`~quarl.quantization.config.QuantConfig` validates against this registry,
+:func:`quarl.quantization.api.quantize` dispatches through it, and ``quarl ptq`` / ``study`` /
 ``export`` read whether a precision runs real integer kernels from it. Adding a precision
 is one :func:`register` call::
 
@@ -28,33 +28,27 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import (
-    TYPE_CHECKING,
-    Annotated,
-    Required,  # pydantic validates it on Python 3.11 (recovery.json)
-    TypeGuard,
-)
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pydantic import Field, TypeAdapter, ValidationError
 from torch import nn
-from typing_extensions import TypedDict
 
 from quarl.core.errors import QuarlError
 from quarl.core.registry import Registry
-from quarl.quant import choice_cache
+from quarl.policies.base import Policy
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.backends.torch_backend import TorchEngine
-from quarl.quant.candidates import Candidate, CandidateSummary, build_candidate, split_calibration
-from quarl.quant.choice import Returns, choose
 from quarl.quant.layers import linear_layers
 from quarl.quant.modes import MODES, BuildRequest, get_mode
 from quarl.quant.primitives import FLOAT_DTYPES, ActivationFakeQuant, quantize_dequantize, resolve_granularity
+from quarl.quant.summary import CandidateSummary, QuantSummary
+from quarl.quantization import choice_cache
+from quarl.quantization.candidates import Candidate, build_candidate, split_calibration
+from quarl.quantization.choice import Returns, choose
 
-if TYPE_CHECKING:  # config validates against this module, policies builds on it; only annotations need them
-    from quarl.policies.base import Policy
-    from quarl.quant.config import QuantConfig
+if TYPE_CHECKING:  # config validates labels against this registry: only annotations name it here
+    from quarl.quantization.config import QuantConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,52 +72,6 @@ class Precision:
     are keyed by the runtime too, and an automatic mode is checked against fp32)."""
     calibrates: Callable[[QuantConfig], bool] = lambda config: False
     """Whether a config needs calibration observations (fp32 rollout states)."""
-
-
-SUMMARY_COUNT = 10**12
-"""A count a :class:`QuantSummary` holds (bytes, episodes, a layer's index, a block's size) at
-most: a file claiming more (10**400) holds no count."""
-SummaryCount = Annotated[int, Field(ge=0, le=SUMMARY_COUNT)]
-
-
-class QuantSummary(TypedDict, total=False):
-    """``policy.meta["quant"]``: how a real int policy runs (records, tables and export sidecars
-    hold it). :func:`quantize_int` gives every field: the chosen mode's
-    :class:`~quarl.quant.candidates.CandidateSummary`, the weight options, whether the choice came
-    from the cache and every mode tried; a recovered kernel gives its mode and fp32 layers; an
-    export's sidecar all but ``tried``."""
-
-    mode: Required[str]
-    fp32_layers: list[SummaryCount]
-    agreement: float | None
-    kl: float | None
-    sampled_agreement: float | None
-    latency_us: float | None
-    fp32_ort_latency_us: float | None
-    model_bytes: SummaryCount
-    calibration_return: float | None
-    calibration_episodes: SummaryCount
-    calibration_verdict: str
-    int8_weights: str
-    block_size: SummaryCount
-    chosen_from_cache: bool
-    tried: list[CandidateSummary]
-    recovered: bool
-    """A recovered kernel's (``quarl recover``): trained on the kernel's grid."""
-
-
-def is_quant_summary(value: object) -> TypeGuard[QuantSummary]:
-    """Whether ``value`` (an export sidecar's ``quant`` as read) is a :class:`QuantSummary`: a
-    mode's name, and each field it has of its type, counts within 0..:data:`SUMMARY_COUNT`
-    (checked by pydantic from the TypedDict itself; fields of other names are kept as they are)."""
-    try:
-        _SUMMARY_CHECK.validate_python(value, strict=True)
-    except ValidationError:
-        return False
-    return True
-
-
-_SUMMARY_CHECK: TypeAdapter[QuantSummary] = TypeAdapter(QuantSummary)
 
 
 PRECISIONS: Registry[Precision] = Registry("precision")

@@ -3,7 +3,7 @@
 Every mode of :data:`quarl.quant.modes.MODES` the policy supports is built and run on
 calibration states (fp32 rollouts on seeds disjoint from evaluation), and the fastest at
 batch 1 on this CPU (:func:`ranked`: near ties keep registry order) whose actions agree with
-fp32 is used, and stored for this policy, CPU and ONNX Runtime (:mod:`quarl.quant.choice_cache`):
+fp32 is used, and stored for this policy, CPU and ONNX Runtime (:mod:`quarl.quantization.choice_cache`):
 at least ``min_agreement`` of the states must give the same greedy action (discrete) or
 actions within ``action_tolerance`` of the action range (continuous), and, where calibration
 episodes can be run, the mode must keep fp32's return on them: a paired sequential test
@@ -34,21 +34,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import nn
 
 from quarl.core.errors import QuarlError
 from quarl.core.timing import median_us
+from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
-from quarl.quant.candidates import Candidate, build_candidate, split_calibration
 from quarl.quant.layers import linear_layers
 from quarl.quant.modes import BuildRequest, IntMode, modes_for
+from quarl.quantization.candidates import Candidate, build_candidate, split_calibration
 from quarl.verdict import sequential_keeps
-
-if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
-    from quarl.policies.base import Policy
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +64,7 @@ SWITCH_MARGIN = 0.05
 at batch 1 on this CPU..."""
 SWITCH_SAVING_US = 2.0
 """...and saves at least this much per call: differences within timer noise keep the
-registry order. The choice is then stored (:mod:`quarl.quant.choice_cache`), so a near tie
+registry order. The choice is then stored (:mod:`quarl.quantization.choice_cache`), so a near tie
 cannot flip between commands (measured before the cache: int8-block 27 / 23 / 39 us
 against int8-dyn-channel 16 / 31 / 36 us in three builds of one PPO CartPole policy)."""
 TIMING_ROUNDS = 5
@@ -107,7 +104,7 @@ def choose(policy: Policy, bits: int, calibration: np.ndarray, weights: str, blo
     calibration episodes keeps fp32's (the sequential test); see the module docstring. When none
     agrees, the most faithful candidates are judged on the episodes alone. ``sampled``: the
     policy will sample its actions, so a categorical head's agreement is that of sampled
-    actions (:func:`quarl.quant.candidates.sampled_agreement`: the distributions, not only their
+    actions (:func:`quarl.quantization.candidates.sampled_agreement`: the distributions, not only their
     argmax, must stay). Returns the choice and every candidate tried."""
     request = ChoiceRequest(policy, ortb.export_onnx(policy.network, policy.input_shape), bits, calibration, weights,
                             block_size, min_agreement, tolerance, returns, timing_budget_s, sampled)

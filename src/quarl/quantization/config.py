@@ -11,8 +11,8 @@ from pydantic import Field, field_validator, model_validator
 from quarl.core.errors import QuarlError
 from quarl.core.file_schema import Record, record_of
 from quarl.core.validate import bit_widths, digits, unknown_precision  # noqa: F401  (bit_widths: named here as before)
-from quarl.quant import precisions as registry
 from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, check_block_size
+from quarl.quantization import precisions as registry
 
 INT8_WEIGHTS: tuple[str, ...] = ("auto", "asymmetric", "symmetric")
 
@@ -39,7 +39,7 @@ class QuantConfig:
     """How to quantize the network that picks the actions."""
 
     precision: str = "fp32"
-    """A name in the precision registry (:data:`quarl.quant.precisions.PRECISIONS`)."""
+    """A name in the precision registry (:data:`quarl.quantization.precisions.PRECISIONS`)."""
     bits: int = 8
     """Bit width of ``nbit`` (2..16); set from the precision for ``int8`` / ``int4``."""
     mode: str = "auto"
@@ -62,7 +62,7 @@ class QuantConfig:
     asymmetric elsewhere."""
     activations: bool = False
     """Also fake-quantize layer outputs (``nbit`` only), with ranges calibrated on
-    observations passed to :func:`quarl.quant.api.quantize`."""
+    observations passed to :func:`quarl.quantization.api.quantize`."""
     min_agreement: float = 0.99
     """Automatic modes: share of calibration states whose actions must agree with fp32."""
     action_tolerance: float = 0.02
@@ -207,7 +207,7 @@ _QAT_CONFIG_FIELDS = record_of("QATConfigFields", QATConfig, base=Record)
 class QATState(Record):
     """What ``qat.json`` holds: the run's settings, whether fake quantization was on, and each
     wrapped layer's state by name; what a QAT run's wrappers restore from and
-    :func:`quarl.quant.api.from_qat_state` rebuilds the quantized policy from. Read back with
+    :func:`quarl.quantization.api.from_qat_state` rebuilds the quantized policy from. Read back with
     :func:`quarl.training.qat_sb3.read_qat_state`."""
 
     config: QATConfig

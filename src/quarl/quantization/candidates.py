@@ -1,46 +1,25 @@
 """A built int mode checked against the policy it quantizes: :class:`Candidate` (what the
-automatic choice compares, its record :class:`CandidateSummary`) and the measures it is
-judged by on calibration states (greedy agreement, sampled agreement, KL).
+automatic choice compares, its record :class:`~quarl.quant.summary.CandidateSummary`) and the
+measures it is judged by on calibration states (greedy agreement, sampled agreement, KL).
 
 The kernels themselves, their references and student grids, are :mod:`quarl.quant.modes`,
-which never names a Policy; this module runs a mode on one. It sits in ``quant`` (layer 1,
-below ``policies``), so it names Policy in annotations only: moving it, with the precisions,
-the choice and its cache, into a package above ``policies`` is issue 48's layered tree, not
-done yet.
+which never names a Policy; this module runs a mode on one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 (the choice cache)
 
+from quarl.policies.base import Policy
 from quarl.quant.backends import onnxruntime as ortb
 from quarl.quant.modes import BuildRequest, IntMode
-
-if TYPE_CHECKING:  # policies builds on quant: only annotations name a Policy here
-    from quarl.policies.base import Policy
-
-
-class CandidateSummary(TypedDict):
-    """A built mode as records, ``quarl -v`` and the choice cache hold it (JSON: NaN as None)."""
-
-    mode: str
-    fp32_layers: list[int]
-    agreement: float | None
-    kl: float | None
-    sampled_agreement: float | None
-    latency_us: float | None
-    fp32_ort_latency_us: float | None
-    model_bytes: int
-    calibration_return: float | None
-    calibration_episodes: int
-    calibration_verdict: str
+from quarl.quant.summary import CandidateSummary
 
 
 @dataclass
