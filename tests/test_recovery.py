@@ -262,6 +262,34 @@ def test_recover_options_are_checked_in_one_line() -> None:
         RecoverConfig(lr=float("nan"))
 
 
+def test_recover_parses_its_precision_once_and_compares_configs_as_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The precision label becomes a QuantConfig once, where the config is checked; a file's
+    ``config`` (its fields) is read back as a config and compared as one: the same fields and
+    values or nothing (an older quarl's fields, a value no config takes)."""
+    from quarl.quantization.config import QuantConfig
+
+    parsed: list[str] = []
+    parse = QuantConfig.parse
+
+    def counted(label: str, **options: object) -> QuantConfig:
+        parsed.append(label)
+        return parse(label, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(QuantConfig, "parse", counted)
+    config = RecoverConfig(precision="int4-block", block_size=64, rounds=3)
+    assert config.quant_config() == config.quant_config() and config.quant.mode == "block"
+    assert config.quant_config().block_size == 64 and config.quant_config().int8_weights != "auto"
+    assert parsed == ["int4-block"]  # at construction, never again
+    fields = dataclasses.asdict(config)
+    assert "quant" not in fields and RecoverConfig.from_record(fields) == config
+    assert RecoverConfig.from_record({**fields, "rounds": 4}) == RecoverConfig(precision="int4-block", block_size=64,
+                                                                               rounds=4) != config
+    older = {key: value for key, value in fields.items() if key != "budget_minutes"}
+    assert RecoverConfig.from_record(older) is None and RecoverConfig.from_record({**fields, "extra": 1}) is None
+    assert RecoverConfig.from_record({**fields, "lr": "0.1"}) is None
+    assert RecoverConfig.from_record({**fields, "precision": "fp16"}) is None
+
+
 @pytest.mark.slow  # over 10 s: run with -m slow
 def test_a_study_adds_a_recovered_column_recovered_once_per_agent(tiny_dqn: Path, tmp_path: Path) -> None:
     from quarl.study.grid import StudyConfig, run_study

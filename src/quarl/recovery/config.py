@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -12,7 +15,7 @@ from quarl.evaluation.calibration import DISTILLATION_SEEDS
 from quarl.quant.modes import student_modes
 
 if TYPE_CHECKING:
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.config import QuantConfig
 
 
 
@@ -97,8 +100,6 @@ class RecoverConfig:
     """Wall-clock budget: no new stage (more rounds, the fine-tune) starts after it."""
 
     def __post_init__(self) -> None:
-        from quarl.quant.config import QuantConfig
-
         for name in ("rounds", "episodes_per_round", "max_episode_steps", "updates_per_round", "batch_size",
                      "max_states"):
             value = getattr(self, name)
@@ -127,9 +128,7 @@ class RecoverConfig:
             raise QuarlError(f"budget_minutes={self.budget_minutes!r} must be a number of minutes in (0, 10080]")
         if self.max_states > 10_000_000:
             raise QuarlError(f"max states {self.max_states} is beyond the allowed 10,000,000")
-        config = QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
-                                   min_agreement=self.min_agreement, action_tolerance=self.action_tolerance)
-        if config.precision not in ("int8", "int4"):
+        if self.quant.precision not in ("int8", "int4"):  # parsed here, once
             raise QuarlError(f"recover precision {self.precision!r} is not a real int precision: allowed int8, int4 "
                              f"or a mode ({', '.join(m.label for m in student_modes())})")
 
@@ -141,8 +140,29 @@ class RecoverConfig:
         room = (TRAIN_SEEDS_END - DISTILLATION_SEEDS.start) // self.episodes_per_round  # the training seeds' room
         return max(self.rounds, min(3 * self.rounds, room, 1000))
 
-    def quant_config(self) -> QuantConfig:
-        from quarl.quant.config import QuantConfig
+    @functools.cached_property
+    def quant(self) -> QuantConfig:
+        """``precision`` and the quantization options as a :class:`~quarl.quantization.config.QuantConfig`,
+        parsed once (at construction, where it is checked) and kept: not a field, so neither
+        the files' ``config`` nor equality sees it."""
+        from quarl.quantization.config import QuantConfig
 
         return QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
-                                 min_agreement=self.min_agreement, action_tolerance=self.action_tolerance).resolved()
+                                 min_agreement=self.min_agreement, action_tolerance=self.action_tolerance)
+
+    def quant_config(self) -> QuantConfig:
+        """:attr:`quant` resolved on this CPU (``int8_weights="auto"``: what it runs;
+        :meth:`~quarl.quantization.config.QuantConfig.resolved`)."""
+        return self.quant.resolved()
+
+    @classmethod
+    def from_record(cls, fields: Mapping[str, Any]) -> RecoverConfig | None:
+        """The config a file recorded as its fields (``dataclasses.asdict``: recovery.json's and
+        the state's ``config``), compared with a run's own as a config; None where it records
+        other fields (an older quarl's) or values no config takes."""
+        if set(fields) != {f.name for f in dataclasses.fields(cls)}:
+            return None
+        try:
+            return cls(**fields)
+        except (QuarlError, TypeError, ValueError):
+            return None

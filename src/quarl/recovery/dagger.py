@@ -439,7 +439,7 @@ def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverC
     saved = read_state(path, cap)
     if saved.get("teacher") != fingerprint:
         raise QuarlError(f"{path} belongs to another policy (its teacher's content differs): use another --out")
-    if saved.get("config") != dataclasses.asdict(config):
+    if RecoverConfig.from_record(saved["config"]) != config:
         raise QuarlError(f"{path} was written with other recovery options: rerun with the same options or another "
                          "--out")
     if saved.get("spec") != spec.to_dict():  # the same options, another kernel: the CPU (or the automatic choice) differs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import time
@@ -17,7 +16,7 @@ from quarl.evaluation.record import CellRecord
 from quarl.policies.base import Policy
 from quarl.quant.modes import head_index, wider_head_mode
 from quarl.quant.student import KernelSpec, make_student, real_model
-from quarl.quantize.candidates import fp32_actions
+from quarl.quantization.candidates import fp32_actions
 from quarl.recovery.config import ORIGINAL_ZIP, Q_ALGOS, RECOVERY_FILE, STATE_FILE, RecoverConfig
 from quarl.recovery.dagger import (
     STATE_CAP,
@@ -51,11 +50,11 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
     given ``settings`` (:class:`quarl.evaluation.cells.EvalSettings`), judge it as ``quarl ptq OUT``
     does: the original fp32 policy against the recovered kernel on the evaluation seeds
     (``OUT/verdict/``), playing on while undecided up to ``decide_episodes`` /
-    ``decide_seconds`` (:func:`quarl.ptq.decide`), its verdicts judged under ``judging``. A finished recovery of the same policy and options in ``OUT`` is
+    ``decide_seconds`` (:func:`quarl.ptq.run.decide`), its verdicts judged under ``judging``. A finished recovery of the same policy and options in ``OUT`` is
     reused as it is; ``wait``: wait for another run holding ``OUT`` instead of refusing.
     Returns (recovery.json, the verdict's records)."""
     from quarl.evaluation.cells import output_lock
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
 
     preflight(checkpoint, out, policy, config)
     check_out_folders(out, checkpoint, env_spec)  # a link there would have recover write (and remove) elsewhere
@@ -116,7 +115,7 @@ def finished_record(out: Path, policy: Policy, config: RecoverConfig, env_spec: 
             return None
         same = (record.get("original", {}).get("policy_sha256") == fingerprint
                 and recovered.original.fingerprint() == fingerprint
-                and record.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
+                and RecoverConfig.from_record(record["config"]) == config
                 and record.get("env") == env_spec.to_json())
         return record if same else None
     return None
