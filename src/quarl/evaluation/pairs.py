@@ -128,11 +128,21 @@ def read_pairs(path: Path) -> Pairs:
 def describe(verdict: Verdict, reference: np.ndarray, candidate: np.ndarray) -> list[str]:
     """The verdict in a few lines, as ``quarl judge`` prints it."""
     n = verdict.episodes
-    lines = [f"reference {float(np.mean(reference)):.2f}, candidate {float(np.mean(candidate)):.2f}: mean return over "
-             f"{n} paired episodes",
-             f"E {verdict.e:.2f} % of the reference's return lost, 95 % interval [{verdict.low:.2f}, "
-             f"{verdict.high:.2f}]"]
-    if verdict.verdict == Decision.KEEPS:
+    ref_mean = float(np.mean(reference))
+    lines = [f"reference {ref_mean:.2f}, candidate {float(np.mean(candidate)):.2f}: mean return over "
+             f"{n} paired episodes"]
+    if verdict.relative or verdict.verdict == Decision.NA:
+        lines.append(f"E {verdict.e:.2f} % of the reference's return lost, 95 % interval [{verdict.low:.2f}, "
+                     f"{verdict.high:.2f}]")
+    else:  # a ratio to a mean that cannot be told from 0: any value, so none is printed
+        lines.append("E n/a: the reference's mean return cannot be told from 0 here (E's 95 % interval is "
+                     "unbounded), so a relative error means nothing")
+    if verdict.decided and not verdict.relative:
+        side = "<" if verdict.verdict == Decision.KEEPS else ">"
+        lines.append(f"verdict: {verdict.verdict} (mean loss {side} {verdict.loss:.2f} returns with 95 % confidence, "
+                     f"one-sided; tolerance {TOLERANCE:g} % of |{ref_mean:.2f}| = "
+                     f"{TOLERANCE / 100 * abs(ref_mean):.2f} returns)")
+    elif verdict.verdict == Decision.KEEPS:
         lines.append(f"verdict: keeps (E < {verdict.bound:.2f} % with 95 % confidence, one-sided; tolerance "
                      f"{TOLERANCE:g} %)")
     elif verdict.verdict == Decision.LOSES:

@@ -69,12 +69,24 @@ def _judged(how: Callable[..., T], base: Mapping[str, Any], record: Mapping[str,
         raise QuarlError(f"{record.get('precision', '')}: {exc}") from None
 
 
+class NotMeaningful(str):
+    """A cell that says why a number means nothing here (``n/a (fp32 mean ~ 0)``): its text
+    in the terminal, Markdown and CSV, null in JSON (as an absent number is)."""
+
+
+E_NOT_MEANINGFUL = NotMeaningful("n/a (fp32 mean ~ 0)")
+"""``E%`` where fp32's mean return cannot be told from 0 (:attr:`quarl.verdict.Verdict.relative`)."""
+
+
 def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], prefix: str = "",
                     judging: Judging = Judging()) -> Row:
     """``E%``, its 95 % interval (``E lo``, ``E hi``), the verdict (keeps / loses /
     undecided) of ``record`` against the fp32 record ``base`` (:func:`paired_verdict`) and
     the range of returns it assumed (``range``: :meth:`quarl.verdict.ReturnRange.label`).
-    Empty for fp32 itself and where the episodes do not pair."""
+    Empty for fp32 itself and where the episodes do not pair. Where E means nothing (fp32's
+    mean cannot be told from 0: :attr:`quarl.verdict.Verdict.relative`), ``E%`` says so
+    (:data:`E_NOT_MEANINGFUL`), its interval is empty and a decided verdict names its bound
+    in returns (``keeps (loss <= -0.28 returns)``)."""
     e = f"E_{prefix}" if prefix else "E"
     name = f"{prefix} verdict" if prefix else "verdict"
     span = f"{prefix} range" if prefix else "range"
@@ -84,8 +96,11 @@ def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], p
     if v is None:
         return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: "",
                 span: ""}
+    spanned = v.returns.label() if v.returns is not None else ""
+    if not v.relative:  # never an E of -613 % beside [-inf, inf] and a decided verdict: the label has its bound in returns
+        return {f"{e}%": E_NOT_MEANINGFUL, f"{e} lo": "", f"{e} hi": "", name: v.label(), span: spanned}
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label(),
-            span: v.returns.label() if v.returns is not None else ""}
+            span: spanned}
 
 
 IDENTITY = ("algo", "env_id", "checkpoint", "policy_sha256")
@@ -227,7 +242,7 @@ def _fmt(value: Any) -> str:
 
 
 def _json_value(value: Any) -> Any:
-    if isinstance(value, str) and value == "":
+    if isinstance(value, NotMeaningful) or (isinstance(value, str) and value == ""):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -320,7 +335,7 @@ def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: P
             if precision not in by or "fp32" not in by:
                 continue
             v = paired_verdict(by["fp32"], by[precision], judging)
-            if v is None:
+            if v is None or not v.relative:  # no E to draw where fp32's mean cannot be told from 0
                 continue
             e = round(v.e, 2)  # as the tables print it
             ys.append(i + offsets[j])

@@ -25,6 +25,10 @@ the time, at every look):
 
 The interval shown (``low``, ``high``) is two-sided 95 % (each end 97.5 %), so a *keeps* may
 show a ``high`` a little above 5 %; :attr:`Verdict.bound` is the one-sided bound it decided on.
+Where fp32's mean return cannot be told from 0, E (a ratio to it) means nothing and its
+interval is unbounded both ways (:attr:`Verdict.relative`); the decision stands (less than 5 %
+of fp32's mean lost, so about nothing) and :attr:`Verdict.loss` says it in returns: the
+one-sided 95 % bound on the mean paired loss (:func:`quarl.verdict.betting.loss_bound`).
 Every verdict carries the range of returns it assumed and what that insures against
 (:mod:`quarl.verdict.bounds`: the env's own range where it defines one, else insured against
 an unseen failure of ``--insure`` mean returns).
@@ -50,7 +54,7 @@ from enum import Enum
 
 import numpy as np
 
-from quarl.verdict.betting import decisions, e_bounds, one_sided_bound
+from quarl.verdict.betting import decisions, e_bounds, loss_bound, one_sided_bound
 from quarl.verdict.bounds import (
     DEFAULT_INSURE,
     ENV_RETURN_BOUNDS,
@@ -128,18 +132,42 @@ class Verdict:
     """The range of returns the interval assumed (:mod:`quarl.verdict.bounds`)."""
     bound: float = field(default=math.nan)
     """The one-sided 95 % bound the decision rests on: the upper one for *keeps* (and for
-    *undecided* where E is below the tolerance), the lower one for *loses* (and above it)."""
+    *undecided* where E is below the tolerance), the lower one for *loses* (and above it).
+    Meaningless where E is (:attr:`relative` false): read :attr:`loss` there."""
+    loss: float = field(default=math.nan)
+    """The same side's one-sided 95 % bound on the mean paired loss in returns (fp32's
+    return minus the quantized one's, per seed; negative: the quantized policy scores more),
+    from the same confidence sequence under the same range: what the decision means in
+    returns where E, a ratio to fp32's mean, means nothing (:attr:`relative`)."""
 
     @property
     def decided(self) -> bool:
         return self.verdict in (Decision.KEEPS, Decision.LOSES)
 
+    @property
+    def relative(self) -> bool:
+        """Does E mean anything here? Not where fp32's mean return cannot be told from 0:
+        a ratio to it can then take any value, so its 95 % interval is unbounded on both
+        sides (Fieller's case: fp32's own interval holds 0, too near 0 or too few episodes
+        to tell), or a decided verdict's one-sided bound on E is infinite (the tests of E
+        turn non-monotone there). A table then shows E as ``n/a (fp32 mean ~ 0)`` and the
+        verdict with :attr:`loss`, its bound in returns (:meth:`label`)."""
+        if not math.isfinite(self.e):
+            return False
+        if math.isinf(self.low) and math.isinf(self.high):
+            return False
+        return not (self.decided and not math.isfinite(self.bound))
+
     def label(self) -> str:
         """``keeps``, ``loses``, ``undecided (~N more episodes)`` (or ``undecided after N
         episodes (E near 5 %)`` where no estimate within :data:`MORE_EPISODES_SHOWN` times
         the episodes played exists); ``, G distinct games`` where the episodes replay fewer
-        games than there are episodes."""
+        games than there are episodes. Where E means nothing (:attr:`relative`), a decided
+        verdict names its bound in returns: ``keeps (loss <= -0.28 returns)``,
+        ``loses (loss >= 12.40 returns)``."""
         label = self.verdict.value
+        if self.decided and not self.relative and math.isfinite(self.loss):  # E means nothing: the bound in returns
+            label += f" (loss {'<=' if self.verdict == Decision.KEEPS else '>='} {self.loss:.2f} returns)"
         if self.verdict == Decision.UNDECIDED:
             need = self.episodes_to_decide
             more = None if need is None else max(need - self.episodes, 1)
@@ -289,12 +317,15 @@ def judge(fp32: np.ndarray, quant: np.ndarray, tolerance: float = TOLERANCE, con
     if decided:
         outcome = Decision.KEEPS if decided > 0 else Decision.LOSES
         if (outcome == Decision.KEEPS) != upper:  # E's point sits on the other side: report the bound decided on
-            bound = float(one_sided_bound(f[None], q[None], bounds.as_tuple(), 1 - confidence, not upper)[0])
-        return Verdict(e, low, high, n, outcome, games=k, returns=bounds, bound=bound)
+            upper = not upper
+            bound = float(one_sided_bound(f[None], q[None], bounds.as_tuple(), 1 - confidence, upper)[0])
+        loss = float(loss_bound(f[None], q[None], bounds.as_tuple(), 1 - confidence, upper)[0])
+        return Verdict(e, low, high, n, outcome, games=k, returns=bounds, bound=bound, loss=loss)
     need = episodes_to_decide(f, q, bounds, tolerance, confidence)
     if need is not None and k is not None and k < n:
         need = int(math.ceil(need * n / k))  # new episodes bring new games at the rate seen so far
-    return Verdict(e, low, high, n, Decision.UNDECIDED, need, games=k, returns=bounds, bound=bound)
+    loss = float(loss_bound(f[None], q[None], bounds.as_tuple(), 1 - confidence, upper)[0])
+    return Verdict(e, low, high, n, Decision.UNDECIDED, need, games=k, returns=bounds, bound=bound, loss=loss)
 
 
 @dataclass(frozen=True)
@@ -313,6 +344,9 @@ class Sequential:
         (undecided ...)`` where the point estimate chose: never ``keeps`` without a verdict."""
         if not self.estimate:
             return self.verdict.label()
+        if not self.verdict.relative:  # no E to quote: fp32's mean cannot be told from 0
+            return (f"estimate: mean return {'kept' if self.kept else 'lost'}, E n/a (fp32 mean ~ 0) "
+                    f"({self.verdict.label()})")
         side = "<=" if self.kept else ">"
         return f"estimate: E {self.verdict.e:.1f} % {side} {TOLERANCE:g} % ({self.verdict.label()})"
 

@@ -147,6 +147,32 @@ def one_sided_bound(f: np.ndarray, q: np.ndarray, bounds: tuple[np.ndarray | flo
     return _end(f, q, _per_row(bounds, f.shape[0]), np.sign(f.mean(axis=1)), alpha, below=upper)
 
 
+def loss_bound(f: np.ndarray, q: np.ndarray, bounds: tuple[np.ndarray | float, ...], alpha: float,
+               upper: bool) -> np.ndarray:
+    """Per row: a one-sided ``1 - alpha`` bound on the mean paired loss ``f - q`` in return
+    units (no ratio), the same confidence sequence under the same ``bounds``: the least
+    ``L`` with "mean loss >= L" rejected (``upper``), or the greatest with "mean loss <= L"
+    rejected. Always finite: the loss lies in the range ``bounds`` allow it (what a verdict
+    shows where E means nothing, :attr:`quarl.verdict.Verdict.relative`)."""
+    f = np.atleast_2d(np.asarray(f, np.float64))
+    q = np.atleast_2d(np.asarray(q, np.float64))
+    f_lo, f_hi, d_lo, d_hi, q_lo, q_hi = _per_row(bounds, f.shape[0])
+    # the paired loss bounded as rejects bounds g at e = 0: by the paired differences and by each return
+    d_max, d_min = np.minimum(d_hi, f_hi - q_lo), np.maximum(d_lo, f_lo - q_hi)
+    span = np.where(d_max > d_min, d_max - d_min, 1.0)
+    x = np.clip((f - q - d_min[:, None]) / span[:, None], 0.0, 1.0)
+    # upper: "mean loss >= L" rejected by betting downward; m = 1 is always rejected, m = 0 never, and back
+    inner = np.zeros(f.shape[0]) if upper else np.ones(f.shape[0])
+    outer = 1.0 - inner
+    threshold = math.log(1 / alpha)
+    for _ in range(BISECTIONS):
+        mid = (inner + outer) / 2
+        hit = max_log_capital(x, mid, alpha, upward=not upper) >= threshold
+        outer = np.where(hit, mid, outer)
+        inner = np.where(hit, inner, mid)
+    return np.asarray(d_min + outer * span, np.float64)
+
+
 def _end(f: np.ndarray, q: np.ndarray, per_row: Bounds, sign: np.ndarray, alpha: float, below: bool) -> np.ndarray:
     """One end by bisection: ``below``, the high end (the least e with "E >= e" rejected);
     else the low end (the greatest with "E <= e" rejected)."""
