@@ -237,9 +237,12 @@ def _copy(recovered: Path, tmp_path: Path) -> Path:
 
 def _listed(out: Path, rel: str, digest: str) -> None:
     """Add ``rel`` to the manifest with ``digest``, as a hand that rewrites recovery.json would."""
+    from quarl.recovery.folder import record_digest
+
     record_path = out / "CartPole-v1" / "recovery.json"
     record = json.loads(record_path.read_text())
     record["files"][rel] = digest
+    record["record_sha256"] = record_digest(record)  # the hand hashes the record again, as recover would
     record_path.write_text(json.dumps(record, indent=1))
 
 

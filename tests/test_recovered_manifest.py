@@ -54,6 +54,13 @@ def _record(out: Path) -> dict:
     return json.loads((out / "CartPole-v1" / "recovery.json").read_text())
 
 
+def _rewrite(out: Path, record: dict) -> None:
+    """recovery.json rewritten by a hand that hashes it again (its record_sha256), as recover would."""
+    from quarl.recovery.folder import record_digest
+
+    (out / "CartPole-v1" / "recovery.json").write_text(json.dumps({**record, "record_sha256": record_digest(record)}))
+
+
 def test_recovery_json_is_laid_out_as_an_earlier_quarl_wrote_it(recovered: Path) -> None:
     """The fields of tests/data/recovery_v1's record (written before recovery.json had one
     schema), in its order, each object's too; read back as written."""
@@ -65,9 +72,11 @@ def test_recovery_json_is_laid_out_as_an_earlier_quarl_wrote_it(recovered: Path)
                          "recovery.json").read_text())
     from quarl.core.cpu_kind import cpu_kind
 
-    # issue 50 added two optional fields after shipped_stage (the run's own kernel, the models' sizes): an earlier
-    # record without them still reads (test_recovery_v1_fixture...), and every other field keeps its place
-    assert [k for k in written if k not in ("ptq_mode", "sizes")] == list(before)
+    # issue 50 added two optional fields after shipped_stage (the run's own kernel, the models' sizes), issue 48 the
+    # record's own hash, last: an earlier record without them still reads (tests/test_recovery_files.py), and every
+    # other field keeps its place
+    assert [k for k in written if k not in ("ptq_mode", "sizes", "record_sha256")] == list(before)
+    assert list(written)[-1] == "record_sha256" and "record_sha256" not in before
     assert list(written)[list(written).index("shipped_stage") + 1:][:2] == ["ptq_mode", "sizes"]
     assert list(written["sizes"]) == ["fp32", "ptq", "shipped"]
     added = {"provenance": ["cpu_kind"]} if cpu_kind() != "native" else {}  # QUARL_CPU_KIND, recorded where it is set
@@ -132,6 +141,32 @@ def test_a_file_added_to_the_folder_is_named(recovered: Path, tmp_path: Path, ad
     assert str(out / added) in str(caught.value)
 
 
+@pytest.mark.parametrize("edit", ["precision", "verdict", "layout", "older"])
+def test_an_edit_of_recovery_json_itself_is_refused_in_one_line(recovered: Path, tmp_path: Path, edit: str) -> None:
+    """recovery.json lists the other files' hashes, not its own: an edit of it (the precision
+    the kernel is labelled with, the verdict recover printed) was read as written. Now its
+    record_sha256 (its other fields' content) refuses it; the same content laid out otherwise,
+    or a record an older quarl wrote without the field, reads as it is."""
+    out = _copy(recovered, tmp_path)
+    path = out / "CartPole-v1" / "recovery.json"
+    record = _record(out)
+    if edit == "precision":
+        record["precision"] = "int8"
+    elif edit == "verdict":
+        record["against_fp32"]["verdict"] = "keeps (edited)"
+    elif edit == "older":
+        del record["record_sha256"]
+    path.write_text(json.dumps(record, indent=None if edit == "layout" else 2))
+    if edit in ("layout", "older"):
+        loaded = load_recovered(out)
+        assert loaded is not None and loaded.record == record
+        return
+    with pytest.raises(QuarlError) as refused:
+        load_recovered(out)
+    assert str(refused.value) == (f"{path} changed since recovery wrote it (its content differs from its "
+                                  "record_sha256): run quarl recover again")
+
+
 def test_a_record_without_a_manifest_is_refused(recovered: Path, tmp_path: Path) -> None:
     out = _copy(recovered, tmp_path)
     record = _record(out)
@@ -151,7 +186,7 @@ def test_a_manifest_naming_a_path_outside_or_a_bad_hash_is_refused(recovered: Pa
     else:
         record["files"][rel] = "0" * 64
         match = "outside the recovered folder"
-    (out / "CartPole-v1" / "recovery.json").write_text(json.dumps(record))
+    _rewrite(out, record)
     with pytest.raises(QuarlError, match=match):
         load_recovered(out)
 
@@ -213,7 +248,7 @@ def test_ptq_reads_and_hashes_a_recovered_folder_once(recovered: Path, monkeypat
     and the kernel are then loaded without hashing the folder again."""
     from quarl.checkpoints import load_checkpoint
     from quarl.recovery import folder
-    from quarl.workflows import recovered_cells
+    from quarl.recovery.loader import recovered_cells
 
     hashed: list[Path] = []
     check = folder.check_manifest

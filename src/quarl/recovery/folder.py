@@ -10,9 +10,10 @@ import os
 import shutil
 import stat
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Final, Literal, cast
 
 import torch
 
@@ -79,7 +80,8 @@ ZOO_FILES = ("config.yml", "args.yml", "env_kwargs.yml", "vecnormalize.pkl")
 def folder_files(out: Path, name: str) -> list[str]:
     """Every file of the recovered folder ``out`` whose zoo folder is ``name``, relative to
     ``out`` (``/``-separated): ``NAME.zip``, what ``NAME/`` holds but ``recovery.json`` (the
-    record that lists the others' hashes) and what ``export/`` holds. The verdict, the state
+    record that lists the others' hashes, and its own apart: :func:`record_digest`) and what
+    ``export/`` holds. The verdict, the state
     of a run in progress (``.recover/``, checked on its own) and the lock are not the folder's.
     A symbolic link is listed as the entry it is (to a folder too, never followed): no
     manifest lists one, so each is refused, and a folder of links is never walked."""
@@ -154,6 +156,18 @@ def check_manifest(record_path: Path, files: dict[str, str] | None) -> None:
                              f"it, or {again}")
 
 
+RECORD_HASH: Final = "record_sha256"
+"""recovery.json's field holding the hash of its other fields (:func:`record_digest`)."""
+
+
+def record_digest(record: Mapping[str, object]) -> str:
+    """SHA-256 of recovery.json's fields but :data:`RECORD_HASH`, as canonical JSON (keys
+    sorted, no spaces): the record's content, whatever the file's layout. recovery.json is
+    not in its own manifest (it cannot list its own hash), so it carries this instead."""
+    rest = {key: value for key, value in record.items() if key != RECORD_HASH}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _write_zip(source: Path, target: Path, tensors: dict[str, torch.Tensor]) -> None:
     """``source`` with its ``policy.pth`` tensors replaced by ``tensors`` (and the same
     names under a ``*_target`` network, so DQN / TD3 targets match); every other entry copied."""
@@ -191,7 +205,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     choice's record, ``report`` what :func:`quarl.recovery.workflow.recover_stages` reported.
     Returns recovery.json."""
     from quarl.core.provenance import provenance
-    from quarl.deploy import write_artifact
+    from quarl.export.artifact import write_artifact
 
     zip_path, config_dir = zoo_paths(checkpoint)
     name = _zoo_name(checkpoint, env_spec)
@@ -251,6 +265,7 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         # every file of the folder (the sidecar and zoo files too), checked before it is loaded or reused
         "files": _manifest(out, name),
     }
+    record[RECORD_HASH] = record_digest(record)  # and recovery.json's own content
     write_atomic(zoo / RECOVERY_FILE, json.dumps(record, indent=1, allow_nan=False, default=_nan_as_null))
     return record
 
@@ -360,6 +375,9 @@ def read_recovery_record(path: Path) -> RecoveryJson:
     if "files" not in record:
         check_manifest(path, None)  # an older quarl's record: one line saying to recover again
     parse_record(RecoveryFile, record, path)
+    if RECORD_HASH in record and record[RECORD_HASH] != record_digest(record):  # an older quarl's record has none
+        raise QuarlError(f"{path} changed since recovery wrote it (its content differs from its {RECORD_HASH}): run "
+                         "quarl recover again")
     return cast(RecoveryJson, record)  # the dict as written (its numbers as JSON wrote them), checked
 
 

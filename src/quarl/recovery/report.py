@@ -252,6 +252,10 @@ class RecoveryJson(RecoveryReport):
     """:func:`quarl.core.provenance.provenance`."""
     files: dict[str, Sha256]
     """SHA-256 of every file of the folder, relative to it (:func:`quarl.recovery.folder.folder_files`)."""
+    record_sha256: NotRequired[Sha256]
+    """SHA-256 of this record's other fields (:func:`quarl.recovery.folder.record_digest`): an
+    edit of recovery.json itself is refused as the manifest refuses one of another file
+    (absent from an older quarl's records, which are read as they are)."""
 
 
 def _consistent(record: RecoveryJson) -> RecoveryJson:
