@@ -174,7 +174,7 @@ class RoundStats:
     """One DAgger round: the one definition of a round's fields and of what a round read back
     must hold. A state (``history``) and recovery.json (``rounds``) hold its dict
     (:meth:`to_dict`, the fields in this order); pydantic checks a round read from either as
-    this dataclass (strict fields, finite numbers, no field it lacks)."""
+    this dataclass (strict fields, finite numbers, no field it does not declare)."""
 
     round: RoundNumber
     states: Count
@@ -195,9 +195,11 @@ class RoundStats:
         return dataclasses.asdict(self)
 
 
+# A round as recovery.json holds it (RoundStats.to_dict): the type checker sees that dict; pydantic checks it as a
+# RoundStats (the one definition) and hands back the dict, so a record read back is the record as written.
 if TYPE_CHECKING:
     RoundJson = dict[str, int | float | str]
-else:  # a round in recovery.json, checked as a RoundStats and handed back as the dict the file holds
+else:
     RoundJson = Annotated[RoundStats, AfterValidator(dataclasses.asdict)]
 
 
