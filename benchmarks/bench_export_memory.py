@@ -3,7 +3,7 @@
 The paper's second case study deploys int8 policies on a Raspberry Pi 3b: MLPs of 3 x 64,
 3 x 256 and (4096, 512, 1024) hidden units, "4x less memory" at int8. Here each MLP (8
 inputs, 4 outputs, ReLU, random weights) goes through the path ``quarl export`` takes
-(:func:`quarl.deploy.export_policy`: the ONNX file and its sidecar) at fp32, fp16, int8
+(:func:`quarl.export.artifact.export_policy`: the ONNX file and its sidecar) at fp32, fp16, int8
 (``int8-block``, MatMulNBits, and ``int8-dyn-channel``, MatMulInteger) and int4
 (``int4-block``); then a fresh process (numpy + onnxruntime only, as a board runs it)
 loads the file into an ONNX Runtime session (one thread, default options) and runs 1000
@@ -71,7 +71,7 @@ def build(folder: Path, names: list[str], precisions: list[str]) -> dict[tuple[s
     import torch
     from torch import nn
 
-    from quarl.deploy import export_policy
+    from quarl.export.artifact import export_policy
     from quarl.policies.base import Policy
 
     torch.manual_seed(0)

@@ -132,8 +132,8 @@ def _quarl_source() -> dict[str, Any]:
 
 def _train(pool: Pool, runs: Path, timesteps: int | None) -> Path:
     """``pool.trained``'s run folder, trained once (``quarl train``'s own config and workflow)."""
+    from quarl.training.plan import train_config
     from quarl.training.sb3_train import train
-    from quarl.workflows import train_config
 
     recipe = _recipe(pool, timesteps)
     run_dir = recipe.run_dir(runs)

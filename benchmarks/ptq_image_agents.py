@@ -123,7 +123,7 @@ def main() -> int:
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.episodes import protocol
     from quarl.evaluation.reports import mode_summary, paper_table, plot_verdicts, print_table, write_rows
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     unknown = sorted(set(names) - set(AGENTS))

@@ -91,7 +91,7 @@ def main() -> int:
     from quarl.envs import EnvSpec
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.reports import mode_summary, paper_table, print_table, write_rows
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
 
     names = [n for n in args.only.split(",") if n] or list(AGENTS)
     labels = args.precisions.split(",")

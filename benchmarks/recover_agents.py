@@ -73,7 +73,7 @@ def measure(name: str, checkpoint: Path, env_id: str | None, out: Path, episodes
     import quarl
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.reports import ptq_rows
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
     from quarl.recovery import RecoverConfig, run_recover
 
     agent = quarl.load(checkpoint, env=env_id)

@@ -170,7 +170,7 @@ def test_an_export_sidecar_is_written_and_read_as_one_record(tmp_path: Path) -> 
     import json
 
     from quarl.checkpoints import load_checkpoint
-    from quarl.deploy import export_policy
+    from quarl.export.artifact import export_policy
     from quarl.policies.onnx_artifact import SidecarRecord, read_sidecar
 
     agent = load_checkpoint(Path(__file__).parent / "data" / "recovery_v1" / "folder" / "CartPole-v1" / "original.zip")

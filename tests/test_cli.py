@@ -952,7 +952,7 @@ def test_hp_values_are_literals_in_python_or_yaml_and_the_first_separator_splits
 
 def test_train_config_resolves_the_budget_and_the_qat_delay(tmp_path: Path) -> None:
     from quarl.core.errors import QuarlError
-    from quarl.workflows import train_config
+    from quarl.training.plan import train_config
 
     config = train_config("PPO", "CartPole-v1", 4000, 1, tmp_path, "fp32", 4, None, ["n_steps=64"], 0, 2, 0)
     assert (config.algo, config.timesteps, config.seed, config.hyperparams) == ("ppo", 4000, 1, {"n_steps": 64})
@@ -967,7 +967,7 @@ def test_train_config_resolves_the_budget_and_the_qat_delay(tmp_path: Path) -> N
 
 
 def test_play_table_and_file_names() -> None:
-    from quarl.workflows import episode_rows, file_label
+    from quarl.evaluation.playback import episode_rows, file_label
 
     assert file_label("int8 (onnx)") == "int8-onnx" and file_label("int4-block") == "int4-block"
     assert episode_rows([10.004, 7.5], [10, 8], 5) == [{"episode": 0, "seed": 5, "return": 10.0, "length": 10},
@@ -1073,7 +1073,7 @@ def test_the_cli_starts_without_torch() -> None:
 
 
 def test_the_title_says_how_many_episodes_were_played_when_deciding_played_more() -> None:
-    from quarl.ptq import episodes_played
+    from quarl.ptq.run import episodes_played
 
     assert episodes_played([{"episodes": 20}, {"episodes": 20}], 20) == "20 episodes"
     assert episodes_played([{"episodes": 20}, {"episodes": 160}], 20) == "20..160 episodes"

@@ -14,7 +14,7 @@ from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
 from quarl.evaluation.cells import EvalSettings
 from quarl.policies.legacy import read_pickle
-from quarl.ptq import run_ptq
+from quarl.ptq.run import run_ptq
 from tests.conftest import ROOT
 
 PAPER = Path(os.environ.get("QUARL_PAPER_AGENTS", ROOT.parent / "shared" / "paper-agents"))

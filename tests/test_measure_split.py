@@ -29,7 +29,7 @@ from quarl.evaluation.calibration import (
 from quarl.evaluation.cells import Cell, EvalSettings, cell_key, config_identity, evaluate_cells
 from quarl.evaluation.record import CellRecord, EvalRecord, json_fields, sql_columns
 from quarl.policies.base import Policy
-from quarl.ptq import run_ptq
+from quarl.ptq.run import run_ptq
 from quarl.quantization.config import QuantConfig
 
 CARTPOLE = EnvSpec("CartPole-v1")

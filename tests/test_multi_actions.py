@@ -80,7 +80,7 @@ def test_sampled_returns_match_sb3s_evaluate_policy(trained) -> None:
 
 
 def test_int8_keeps_the_greedy_actions_and_an_export_acts_as_its_source(trained, tmp_path: Path) -> None:
-    from quarl.deploy import _space
+    from quarl.export.artifact import _space
     from quarl.policies.onnx_artifact import _space as read_space
 
     head, _, path = trained
@@ -139,7 +139,7 @@ def test_a_multi_discrete_space_of_absurd_size_is_refused_in_one_line() -> None:
 def test_an_export_plays_as_it_was_judged_by_default(trained, tmp_path: Path) -> None:
     """The sidecar's ``acting`` is the default of ptq / play on the export: a sampled export
     samples unless told otherwise, a greedy one plays greedily."""
-    from quarl.deploy import export_policy
+    from quarl.export.artifact import export_policy
     from quarl.policies.onnx_artifact import load_artifact
 
     head, _, path = trained
@@ -158,7 +158,7 @@ def test_an_export_plays_as_it_was_judged_by_default(trained, tmp_path: Path) ->
 def test_a_dqn_export_keeps_its_exploration_rate() -> None:
     import tempfile
 
-    from quarl.deploy import export_policy
+    from quarl.export.artifact import export_policy
     from quarl.policies.onnx_artifact import load_artifact
     from tests.conftest import zoo_run
 

@@ -25,7 +25,7 @@ from quarl.actorq.options import DQNOptions
 from quarl.core.errors import QuarlError
 from quarl.evaluation.cells import EvalSettings
 from quarl.policies import sb3
-from quarl.ptq import run_ptq
+from quarl.ptq.run import run_ptq
 from quarl.quant import modes
 from quarl.quant.backends.torch_backend import TorchEngine
 from quarl.quant.layers import linear_layers

@@ -202,7 +202,7 @@ def test_play_samples_as_ptq_does(tiny_run: Path) -> None:
 
 
 def test_demo_samples_when_asked(tiny_run: Path, tmp_path: Path) -> None:
-    from quarl.demo import run_demo
+    from quarl.demo.run import run_demo
     from quarl.evaluation.cells import EvalSettings
 
     rows = run_demo([tiny_run], ["fp16"], EvalSettings(episodes=5, n_envs=5), tmp_path, stochastic=True,
@@ -382,7 +382,7 @@ def test_td3_samples_greedily_as_sb3s_predict_does(tmp_path: Path) -> None:
 def test_an_export_of_a_sampling_continuous_policy_is_refused_and_an_export_cannot_sample(tmp_path: Path) -> None:
     """The ONNX model holds a Gaussian's mean alone: exporting a sampling SAC is refused
     (its sidecar would say "sampled"), and sampling from an export says what to do."""
-    from quarl.deploy import export_policy
+    from quarl.export.artifact import export_policy
     from quarl.policies.onnx_artifact import load_artifact
 
     _, path = _sb3_model("sac", tmp_path)

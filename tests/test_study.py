@@ -120,7 +120,7 @@ def test_one_eval_record_definition_serves_results_jsonl_and_the_store(tiny_run:
     from quarl.checkpoints import load_checkpoint
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.record import EvalRecord
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
     from quarl.study.store import TABLE, StudyStore
 
     fields = [f.name for f in dataclasses.fields(EvalRecord)]
@@ -216,7 +216,7 @@ def test_log_lines_of_a_many_agent_run_name_their_agent(tiny_run: Path, tmp_path
     """A demo's warnings (a mode that agrees on few states, ...) say which agent they are about."""
     import logging
 
-    from quarl import demo
+    from quarl.demo import run as demo
     from quarl.core.logs import AgentFilter, about
     from quarl.evaluation.cells import EvalSettings
 

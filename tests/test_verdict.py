@@ -327,7 +327,7 @@ def test_ptq_plays_more_episodes_until_the_verdict_decides_and_a_rerun_reuses_th
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.reports import ptq_rows
     from quarl.policies.base import Policy
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
 
     net = nn.Linear(4, 2)
     with torch.no_grad():  # push right when the pole leans right, on angle and angular velocity
@@ -365,7 +365,7 @@ def test_quarl_judge_on_a_hand_written_csv_gives_ptqs_verdict(tmp_path) -> None:
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.reports import ptq_rows
     from quarl.policies.base import Policy
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
 
     net = nn.Linear(4, 2)
     with torch.no_grad():

@@ -139,8 +139,8 @@ def play(policy: Policy | Checkpoint | Any, env_spec: EnvSpec | str | None = Non
     from quarl.core import validate
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.episodes import protocol
+    from quarl.evaluation.playback import file_label
     from quarl.evaluation.playback import play as _play
-    from quarl.workflows import file_label
 
     validate.eval_values(episodes, seed, 1)  # what quarl play checks, with the same validators
     EvalSettings(episodes=episodes, seed=seed, n_envs=1, max_steps=max_steps)

@@ -69,7 +69,7 @@ def bench(
     validate.bench_budget(budget)
     validate.batch_sizes(batches)
     from quarl.evaluation.reports import print_table
-    from quarl.workflows import bench_checkpoint, write_bench
+    from quarl.export.bench import bench_checkpoint, write_bench
 
     exported = is_export(checkpoint)
     if precisions is not None and exported:

@@ -36,7 +36,7 @@ from quarl.core import validate
 from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the CLI imports deploy (torch) only when a command runs
-    from quarl.deploy import PortableCheck
+    from quarl.export.artifact import PortableCheck
 
 Precision = Annotated[str, typer.Option(
     "--precision", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode (int8-dyn-channel, "
@@ -86,8 +86,6 @@ def export(
     setup(verbose)
     loading = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint)
     checkpoint = loading.policy_path(checkpoint, env, out)
-    from quarl.workflows import export_checkpoint
-
     early.precisions(precision)
     options = IntOptions(int8_weights, block_size).checked()
     registry_options.precisions(precision, **options)
@@ -101,6 +99,8 @@ def export(
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic))
+    from quarl.export.artifact import export_checkpoint  # torch and ONNX, once every option is checked
+
     default = out is None
     out = out or outputs.precision_folder("export", checkpoint, spec.env_id, precision)
     exported = export_checkpoint(ckpt.policy, spec, precision, out, max_steps, portable, **options)

@@ -91,9 +91,9 @@ def play(
     validate.count(max_steps, 1, "--max-steps")
     early.precisions(precision)
     from quarl.api import quantize
+    from quarl.evaluation.playback import episode_rows, file_label
     from quarl.evaluation.playback import play as play_episodes
     from quarl.evaluation.reports import print_table
-    from quarl.workflows import episode_rows, file_label
 
     options = IntOptions(int8_weights, block_size).checked()
     labels = registry_options.precisions(precision, **options)

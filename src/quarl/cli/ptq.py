@@ -160,7 +160,7 @@ def ptq(
     if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
         ptq_export(checkpoint, ckpt, spec, settings, out, wide, precisions != DEFAULT_PRECISIONS)
         return
-    from quarl.workflows import recovered_cells
+    from quarl.recovery.loader import recovered_cells
 
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle, ckpt.payload)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
@@ -173,7 +173,7 @@ def ptq_export(checkpoint: Path, ckpt: Checkpoint, spec: EnvSpec, settings: Eval
     """``quarl ptq`` of an exported model: its one row, evaluated as exported (``other_precisions``:
     --precisions asked for rows an export cannot give)."""
     from quarl.evaluation.reports import print_table, ptq_rows
-    from quarl.ptq import run_artifact
+    from quarl.ptq.run import run_artifact
 
     if other_precisions:
         say(f"{checkpoint} is an exported model: evaluated as exported ({ckpt.policy.precision}), --precisions "
@@ -204,7 +204,7 @@ def play_cells(policy: Policy, spec: EnvSpec, labels: list[str], settings: EvalS
                deciding: Deciding, source: str, fixed: dict[str, Policy], options: QuantOptions) -> list[CellRecord]:
     """fp32's and each precision's episodes (:func:`quarl.ptq.run_ptq`; ``fixed``: cells
     played as they are, a recovered folder's; ``options``: every int cell's), a progress bar per cell."""
-    from quarl.ptq import run_ptq
+    from quarl.ptq.run import run_ptq
 
     cells = list(dict.fromkeys(["fp32", *labels]))
     with progress() as bar:
@@ -224,7 +224,7 @@ def report_cells(records: list[CellRecord], title: str, episodes: int, out: Path
     """The table, what its E pairs and its verdicts insure, how to recover a losing int
     precision, the files written."""
     from quarl.evaluation.reports import paired_verdict, print_table, ptq_rows
-    from quarl.ptq import episodes_played
+    from quarl.ptq.run import episodes_played
 
     rows = ptq_rows(records, identity=False, judging=judging)
     print_table(rows, title.replace("{played}", episodes_played(records, episodes)), out_console, wide)

@@ -193,7 +193,7 @@ def print_verdict(record: RecoveryJson, records: list[CellRecord], agent: str, e
                   deciding: Deciding) -> None:
     """The verdict's table: the recovered kernel against the original fp32 policy."""
     from quarl.evaluation.reports import print_table, ptq_rows
-    from quarl.ptq import episodes_played
+    from quarl.ptq.run import episodes_played
 
     budget = deciding.note(episodes)
     print_table(ptq_rows(records, identity=False, judging=deciding.judging),

@@ -91,7 +91,7 @@ def demo(
     evaluation = Evaluation(episodes, 0, DEMO_N_ENVS, None, workers).checked()  # before torch loads: a typo answers
     worker_count = evaluation.worker_count()
     early.precisions(precisions)
-    from quarl.demo import demo_agents, run_demo
+    from quarl.demo.run import demo_agents, run_demo
     from quarl.evaluation.reports import print_table
 
     labels = registry_options.precisions(precisions)
@@ -162,8 +162,8 @@ def study(
     from quarl.evaluation.reports import print_table
     from quarl.study.grid import StudyConfig, find_agents, run_study
     from quarl.study.grid import cells as study_cells
+    from quarl.study.report import write_study_report
     from quarl.study.store import StudyRecord
-    from quarl.workflows import write_study_report
 
     options = IntOptions(int8_weights, block_size).checked()
     seed_list = validate.seed_list(seeds)

@@ -83,7 +83,7 @@ def sweep(
     evaluation = Evaluation(episodes, seed, n_envs, max_steps, workers).checked()
     worker_count = evaluation.worker_count()
     from quarl.evaluation.reports import print_table, ptq_rows
-    from quarl.ptq import run_sweep
+    from quarl.ptq.sweep import run_sweep
     from quarl.quantization.config import QuantConfig
 
     QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
@@ -132,7 +132,7 @@ def analyze(
     early.out_folder(out, [checkpoint])
     from quarl.checkpoints import load_checkpoint
     from quarl.evaluation.reports import print_table
-    from quarl.ptq import run_analyze
+    from quarl.ptq.sweep import run_analyze
     from quarl.quant.analysis import kl_bins, per_layer_table
     from quarl.quantization.config import QuantConfig
 

@@ -73,17 +73,18 @@ def train_cmd(
     Example: quarl train ppo CartPole-v1 --qat-bits 4 --timesteps 50000
     """
     setup(verbose)
-    from quarl.workflows import evaluate_trained, train_config
+    from quarl.training.plan import evaluate_trained, train_config
 
     algo, env_id = validate.algo_and_env(algo, env_id, algo_opt, env_opt)
     config = train_config(algo, env_id, timesteps, seed, out, precision, qat_bits, quant_delay, hp, eval_freq,
                           eval_episodes, checkpoint_freq, trust_pickle,
                           on_progress=lambda line: console.print(line, highlight=False, soft_wrap=True))
-    from quarl.training.sb3_train import train  # Stable-Baselines3 and torch, once every option is checked
+    from quarl.checkpoints import load_checkpoint  # Stable-Baselines3 and torch, once every option is checked
+    from quarl.training.sb3_train import train
     result = train(config, resume=resume)
     if result.resumed_from:
         console.print(f"resumed {result.run_dir} from step {result.resumed_from}")
-    score = evaluate_trained(result.run_dir, eval_episodes, seed)
+    score = evaluate_trained(load_checkpoint(result.run_dir), eval_episodes, seed)
     out_console.print(
         f"saved {result.run_dir} ({result.timesteps} steps, {score.precision}): "
         f"mean return {score.mean:.2f} +/- {score.std:.2f} over {eval_episodes} episodes",
@@ -125,8 +126,8 @@ def qat(
     validate.count(quant_delay, 0, "--quant-delay")
     evaluation = Evaluation(episodes, seed, n_envs).checked()
     from quarl.evaluation.reports import print_table
-    from quarl.qat_study import QATStudy, run_qat_study
     from quarl.quantization.config import QuantConfig
+    from quarl.study.qat import QATStudy, run_qat_study
 
     settings = evaluation.settings()
     study = QATStudy(algo.lower(), env_id, tuple(widths), timesteps, quant_delay, seed, scheme,

@@ -13,9 +13,10 @@ import dataclasses
 import errno
 import gc
 import os
+import re
 import signal
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TypedDict
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from quarl.core.atomic import write_atomic
 from quarl.core.errors import QuarlError
+from quarl.core.table import Row
 from quarl.envs import EnvSpec, make_env
 from quarl.evaluation.episodes import EvalResult, evaluate
 from quarl.policies.base import Policy
@@ -261,3 +263,14 @@ def play(policy: Policy, env_spec: EnvSpec, episodes: int = 3, seed: int = 0, vi
         env.close()  # RecordVideo writes the last episode's file on close
     videos = sorted(video.glob(f"{name}-episode-*.mp4"), key=lambda p: int(p.stem.rsplit("-", 1)[1])) if video else []
     return Playback(result, videos, camera if video is not None else None)
+
+
+def file_label(precision: str) -> str:
+    """A policy's precision as a file name part: ``int8 (onnx)`` -> ``int8-onnx``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", precision).strip("-")
+
+
+def episode_rows(returns: Iterable[float], lengths: Iterable[int], seed: int) -> list[Row]:
+    """``play``'s table: each episode with the seed it played, its return and length."""
+    return [{"episode": i, "seed": seed + i, "return": round(float(r), 2), "length": int(n)}
+            for i, (r, n) in enumerate(zip(returns, lengths))]

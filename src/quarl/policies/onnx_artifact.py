@@ -79,7 +79,7 @@ def _checked(check: Callable[[Any], Any]) -> Any:
 
 
 class SpaceRecord(Record):
-    """A space as ``quarl export`` describes it (see :func:`quarl.deploy.sidecar`): the
+    """A space as ``quarl export`` describes it (see :func:`quarl.export.artifact.sidecar`): the
     fields its ``type`` uses, each checked (sizes whole and bounded, bounds finite or
     ``null`` for an unbounded side)."""
 
@@ -155,7 +155,7 @@ class InputRecord(Record):
 
 
 class PortableCheck(TypedDict):
-    """A ``--portable`` model against the ONNX Runtime one (:func:`quarl.deploy.write_artifact`)."""
+    """A ``--portable`` model against the ONNX Runtime one (:func:`quarl.export.artifact.write_artifact`)."""
 
     max_abs_diff: float
     action_agreement: float
@@ -189,7 +189,7 @@ class EnvRecord(Record):
 class SidecarRecord(Record):
     """``NAME.json``, the one definition of quarl's export sidecar: how to feed the policy's
     ONNX model and read its output, what the model is and where it came from. Written by
-    :func:`quarl.deploy.write_artifact` (its fields in this order), read back by
+    :func:`quarl.export.artifact.write_artifact` (its fields in this order), read back by
     :func:`read_sidecar` (a field an older quarl did not write takes its default; fields of
     other writers are kept as they are)."""
 

@@ -10,7 +10,14 @@ from typing import Any
 import numpy as np
 
 from quarl.core.table import Row
-from quarl.evaluation.reports import layer_indices, paired_decision, paper_table, relative_error, save_figure
+from quarl.evaluation.reports import (
+    layer_indices,
+    paired_decision,
+    paper_table,
+    relative_error,
+    save_figure,
+    write_rows,
+)
 from quarl.verdict import Decision, Judging
 
 
@@ -134,3 +141,13 @@ def plot_study(records: Sequence[Mapping[str, Any]], precisions: Sequence[str], 
     if ax.get_legend_handles_labels()[0]:  # a study of fp32 alone has no E to plot
         ax.legend(fontsize=7)
     return save_figure(fig, path)
+
+
+def write_study_report(records: Sequence[Mapping[str, Any]], precisions: Sequence[str], out: Path,
+                       seeds: int, judging: Judging | None = None) -> list[Row]:
+    """The study's table (table.csv / .md / .json) and study.png in ``out``; returns the rows
+    (verdicts under ``judging``, the default :class:`quarl.verdict.Judging` where None)."""
+    rows = study_table(records, precisions, judging or Judging())
+    write_rows(rows, out, "table")
+    plot_study(records, precisions, out / "study.png", f"{len(rows)} agents, {seeds} seeds")
+    return rows

@@ -1,5 +1,5 @@
-"""Post-training quantization workflows: evaluate a policy at several precisions (``ptq``),
-over bit widths (``sweep``), and analyse its weights (``analyze``).
+"""``quarl ptq``: evaluate a policy at several precisions, play on until the verdicts decide
+(:func:`decide`), or evaluate an exported model as it is (:func:`run_artifact`).
 
 Each evaluated cell is appended to ``OUT/results.jsonl`` as soon as it finishes and is
 reused when the same command runs again, so an interrupted run resumes; the tables and
@@ -20,10 +20,9 @@ from quarl.core.errors import QuarlError
 from quarl.core.records import ResultsLog
 from quarl.envs import EnvSpec
 from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells, output_lock
-from quarl.evaluation.record import CellRecord, KeyExtras
-from quarl.evaluation.reports import paired_decision, plot_sweep, plot_verdicts, ptq_rows, write_rows
+from quarl.evaluation.record import CellRecord
+from quarl.evaluation.reports import paired_decision, plot_verdicts, ptq_rows, write_rows
 from quarl.policies.base import Policy
-from quarl.quant.analysis import RoundingError, WeightStats, kl_by_bits, plot_histograms, plot_kl, weight_stats
 from quarl.quantization.config import ParseOptions, QuantConfig
 from quarl.verdict import CHUNK, Decision, Judging
 
@@ -130,52 +129,3 @@ def run_artifact(policy: Policy, env_spec: EnvSpec, settings: EvalSettings, out_
                                  source)
         write_rows(ptq_rows(records), out_dir, "ptq")
     return records
-
-
-def run_sweep(
-    policy: Policy,
-    env_spec: EnvSpec,
-    bits: Sequence[int],
-    settings: EvalSettings,
-    out_dir: Path,
-    scheme: str = "quarl",
-    granularity: str = "auto",
-    progress: Progress | None = None,
-    title: str = "",
-    activations: bool = False,
-    block_size: int = 32,
-    source: str | None = None,
-) -> list[CellRecord]:
-    """Evaluate fp32 and simulated n-bit weights (and layer outputs, when
-    ``activations``, with ranges calibrated on fp32 rollouts) for each width; write
-    ``sweep.{csv,md,json}`` and ``sweep.png``."""
-    cells = [Cell("fp32", QuantConfig())]
-    for n in bits:
-        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations,
-                             block_size=block_size)
-        key: KeyExtras = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
-        cells.append(Cell(config.label, config, key))
-    with output_lock(out_dir):
-        records = evaluate_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress,
-                                 source)
-        rows = ptq_rows(records)
-        for row, record in zip(rows, records):
-            row["bits"] = record.get("bits", 32)
-        write_rows(rows, out_dir, "sweep")
-        plot_sweep(records, out_dir / "sweep.png", title or f"{policy.algo} {env_spec.env_id}: {scheme}, {granularity}")
-    return records
-
-
-def run_analyze(
-    policy: Policy, bits: Sequence[int], out_dir: Path, scheme: str = "quarl", granularity: str = "auto", title: str = ""
-) -> tuple[list[WeightStats], list[RoundingError]]:
-    """Write ``weights.{csv,md,json}``, ``kl.{csv,md,json}``, ``histograms.png``, ``kl.png``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stats_rows = weight_stats(policy.network)
-    kl_rows = kl_by_bits(policy.network, bits, scheme, granularity)
-    write_rows([r.row(4) for r in stats_rows], out_dir, "weights")
-    write_rows([r.row(6) for r in kl_rows], out_dir, "kl")
-    title = title or policy.algo
-    plot_histograms(policy.network, out_dir / "histograms.png", f"{title}: weight distributions")
-    plot_kl(kl_rows, out_dir / "kl.png", f"{title}: KL divergence of n-bit weights ({scheme})")
-    return stats_rows, kl_rows

@@ -1,6 +1,5 @@
-"""Deployment: export a policy's acting network as an ONNX file (fp32 or real int8) with a
-JSON sidecar describing how to feed it and read its output, and measure the latency,
-size of each precision on this machine.
+"""``quarl export``: a policy's acting network as an ONNX file (fp32, fp16 or a real int mode)
+with a JSON sidecar describing how to feed it and read its output.
 
 The sidecar holds what a deployment needs besides the network: the observation
 normalization (mean, var, clip), whether images are divided by 255, and the action head
@@ -12,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
@@ -21,14 +20,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl.core import validate
 from quarl.core.atomic import write_all_atomic
 from quarl.core.errors import QuarlError
 from quarl.core.provenance import provenance
-from quarl.core.table import Row
-from quarl.core.timing import median_us
 from quarl.envs import EnvSpec
+from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 from quarl.policies.base import Policy
-from quarl.policies.onnx_artifact import NORMALIZER_FORMULA, SIDECAR_FORMAT, PortableCheck, SidecarJson, SidecarRecord
+from quarl.policies.onnx_artifact import (
+    ARTIFACT_NAME,
+    NORMALIZER_FORMULA,
+    SIDECAR_FORMAT,
+    PortableCheck,
+    SidecarJson,
+    SidecarRecord,
+)
 from quarl.quant.backends.onnxruntime import OrtEngine, export_onnx
 from quarl.quant.summary import QuantSummary
 from quarl.quantization import precisions as registry
@@ -214,46 +220,23 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
     return meta
 
 
-def bench_precisions(
-    policy: Policy,
-    inputs: np.ndarray,
-    precisions: Sequence[str],
-    batches: Sequence[int] = (1, 256),
-    budget_s: float = 1.0,
-    returns: Returns | None = None,
-    as_exported: bool = False,
-) -> list[Row]:
-    """Latency (median us per call) of each precision's engine at each batch size, the
-    model's size, next to PyTorch fp32 (the ``fp32`` row) and ONNX Runtime fp32
-    (``fp32-ort``). ``inputs`` are network inputs (preprocessed observations from
-    ``ptq.calibration_inputs``) and, with ``returns``, choose the int modes as ``ptq``
-    does. ``as_exported``: ``policy`` is an exported model (no float network to quantize
-    or compare with): its own engine alone, one row, the ``x`` columns against itself.
-    (Process memory is not reported: ONNX Runtime's arenas, not the model, set it.)"""
-    x_all = inputs
-    rows: list[Row] = []
-    base: dict[int, float] = {}
-    if as_exported:
-        cells: list[tuple[str, Policy | OrtEngine]] = [(policy.precision, policy)]
-        precisions = []
-    else:
-        ort_fp32 = OrtEngine(export_onnx(policy.network, policy.input_shape))
-        cells = [("fp32", policy), ("fp32-ort", ort_fp32)]
-    for label in precisions:
-        if label != "fp32":  # the baseline row
-            cells.append((label, quantize(policy, QuantConfig.parse(label), calibration=x_all[:256], returns=returns)))
-    for label, p in cells:
-        engine = p.engine if isinstance(p, Policy) else p
-        assert engine is not None  # a Policy gets its engine at construction
-        size = p.size_bytes() if isinstance(p, Policy) else len(p.model)
-        quant = p.meta.get("quant") if isinstance(p, Policy) else None
-        row: Row = {"precision": label, "engine": "onnxruntime" if as_exported else type(engine).__name__,
-                               "mode": quant["mode"] if quant else "", "model_bytes": size}
-        for b in batches:
-            x = np.resize(x_all, (b, *x_all.shape[1:])).astype(np.float32)
-            us = median_us(engine, x, budget_s)
-            base.setdefault(b, us)
-            row[f"b{b}_us"] = round(us, 1)
-            row[f"b{b}_x"] = round(base[b] / us, 2)
-        rows.append(row)
-    return rows
+@dataclass(frozen=True)
+class Exported:
+    onnx: Path
+    sidecar: Path
+    meta: SidecarJson
+    """The sidecar as written."""
+
+
+def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Path, max_steps: int | None = None,
+                      portable: bool = False, **options: Unpack[ParseOptions]) -> Exported:
+    """``policy`` at ``precision`` as OUT/policy.onnx and its sidecar OUT/policy.json: every
+    precision but fp32 calibrates on the calibration seeds' states (episodes cut at
+    ``max_steps``), and an automatic int mode is judged on the calibration episodes."""
+    config = QuantConfig.parse(precision, **options)  # an unknown label refused in one line
+    validate.count(max_steps, 1, "--max-steps", unset="")
+    calibration = None if config.precision == "fp32" else calibration_inputs(policy, env_spec, max_steps)
+    returns = calibration_returns(env_spec, max_steps)
+    stem = out / ARTIFACT_NAME
+    meta = export_policy(policy, config, stem, calibration, env_spec, returns, portable=portable)
+    return Exported(stem.with_suffix(".onnx"), stem.with_suffix(".json"), meta)

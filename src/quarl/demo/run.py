@@ -16,7 +16,7 @@ from quarl.evaluation.episodes import protocol
 from quarl.evaluation.record import CellRecord
 from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
 from quarl.policies.checkpoint import resolve_env_spec
-from quarl.ptq import run_ptq
+from quarl.ptq.run import run_ptq
 from quarl.verdict import Judging
 
 DEFAULT_ZOO = Path("../shared/zoo")
@@ -54,7 +54,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
-    ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.decide`; ``stochastic`` / ``sticky_actions``:
+    ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.run.decide`; ``stochastic`` / ``sticky_actions``:
     see :func:`quarl.evaluation.episodes.protocol` (sticky actions only where the env has them);
     ``on_records(folder, records)``: each agent's cells once played or reused from ``folder``."""
     per_policy: dict[str, list[CellRecord]] = {}
@@ -80,7 +80,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         if chosen:
             row["int modes"] = ", ".join(m.split("-", 1)[1] for m in chosen.values())
     write_rows(rows, out, "table")
-    from quarl.ptq import episodes_played
+    from quarl.ptq.run import episodes_played
 
     played = episodes_played([r for records in per_policy.values() for r in records], settings.episodes)
     plot_verdicts(per_policy, out / "table.png", f"every agent against fp32, {played}", judging)
