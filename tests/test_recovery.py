@@ -223,7 +223,8 @@ def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_
     out = tmp_path / "recovered"
     # a fine-tune of 600 steps where the rounds do not keep fp32's return (the default 20,000 took 26 s of this test)
     config = RecoverConfig(precision="int4", rounds=2, updates_per_round=50, closed_loop=False, finetune_steps=600)
-    record, records = run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out, EvalSettings(episodes=4, n_envs=4))
+    record, records = run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out,
+                                  EvalSettings(episodes=4, n_envs=4))
     assert record["original"]["policy_sha256"] == agent.policy.fingerprint()
     # recovery.json holds exactly the fields its type names (the fine-tune's where one was tried)
     from quarl.recovery.report import RecoveryJson
@@ -234,7 +235,8 @@ def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_
 
     assert set(json.loads((out / "CartPole-v1" / "recovery.json").read_text())) == set(record)
     # SB3 loads the recovered zip, and its Q-network holds the student's weights on the grid
-    sb3 = DQN.load(out / "CartPole-v1.zip", device="cpu")  # a bare zip recovered: named after its env, as the zoo names it
+    # a bare zip recovered: named after its env, as the zoo names it
+    sb3 = DQN.load(out / "CartPole-v1.zip", device="cpu")
     states = _cartpole_states(64)
     recovered = load_recovered(out)
     assert recovered is not None and recovered.precision == "int4"
@@ -323,7 +325,7 @@ def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(ti
     spec = _spec(kernel.label, frozenset({0}))  # cannot run it (int4-weight-only)
     student = finetune(tiny_dqn, agent.policy, agent.env_spec, spec, None, steps=600)
     start = make_student(agent.policy.network, spec)
-    moved = [float((a - b).abs().max()) for a, b in zip(student.parameters(), start.parameters())]
+    moved = [float((a - b).detach().abs().max()) for a, b in zip(student.parameters(), start.parameters(), strict=True)]
     assert max(moved) > 0  # DQN's own updates changed the acting network
     err, to_fp32 = _max_error(student, spec, _cartpole_states(), (4,))
     assert err <= max(0.1 * to_fp32, 1e-6)  # and its real kernel computes what it computes
@@ -396,8 +398,8 @@ def test_a_damaged_recovered_folder_is_refused_never_judged_with_another_fp32(ti
 
     agent = quarl.load(tiny_dqn, env="CartPole-v1")
     out = tmp_path / "rec"
-    run_recover(tiny_dqn, agent.env_spec, agent.policy, RecoverConfig(precision="int4", rounds=1, updates_per_round=20,
-                                                                      finetune_steps=0), out)  # a folder, not a fine-tune
+    config = RecoverConfig(precision="int4", rounds=1, updates_per_round=20, finetune_steps=0)  # not a fine-tune
+    run_recover(tiny_dqn, agent.env_spec, agent.policy, config, out)
     assert load_recovered(out) is not None
     cases = {
         "no record": lambda d: (d / "CartPole-v1" / "recovery.json").unlink(),
@@ -592,7 +594,8 @@ def test_recover_goes_on_until_kept_or_its_budget_is_spent_and_says_which(monkey
     from quarl.recovery.report import RecoveryReport, StageReport, TestOutcome
 
     assert set(report) == set(RecoveryReport.__annotations__) - {"finetune"}  # no fine-tune was asked for
-    assert all(set(s) | {"mode", "block_size"} == set(StageReport.__annotations__) - {"steps"} for s in report["stages"])
+    assert all(set(s) | {"mode", "block_size"} == set(StageReport.__annotations__) - {"steps"}
+               for s in report["stages"])
     assert all(set(s[t]) <= set(TestOutcome.__annotations__) for s in report["stages"] for t in ("against_ptq",
                                                                                                   "against_fp32"))
 

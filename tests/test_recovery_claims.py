@@ -146,7 +146,8 @@ def _good_record() -> dict[str, Any]:
                        "compute_int8": True},
             "original": {"path": "a.zip", "zip_sha256": "1" * 64, "policy_sha256": "2" * 64, "algo": "ppo"},
             "recovered": {"zip_sha256": "3" * 64, "onnx_sha256": "4" * 64, "export": "export/policy.onnx"},
-            "env": {"env_id": "CartPole-v1", "env_kwargs": {}, "wrappers": [], "frame_stack": 1}, "config": {"rounds": 1},
+            "env": {"env_id": "CartPole-v1", "env_kwargs": {}, "wrappers": [], "frame_stack": 1},
+            "config": {"rounds": 1},
             "automatic_choice": None, "shipped": "ptq", "shipped_stage": None, "stopped": "kept",
             "against_ptq": {"verdict": "no student was shown at least as good"}, "against_fp32": test,
             "stages": [{"stage": "distill", "rounds": 1, "agreement": 0.86,
@@ -251,7 +252,8 @@ def test_a_states_claims_are_what_the_run_holds_or_one_line(one_round: Path, tmp
     for field in ("states", "heldout"):
         t = saved[field]
         assert t.dtype == torch.float32 and t.shape[1:] == (4,) and t.is_contiguous() and len(t) <= 10_000
-    assert {k: v.shape for k, v in saved["best_student"].items()} == {k: v.shape for k, v in student.state_dict().items()}
+    assert {k: v.shape for k, v in saved["best_student"].items()} == \
+        {k: v.shape for k, v in student.state_dict().items()}
     assert 0 <= saved["best_round"] < len(saved["history"]) <= CONFIG.total_rounds
 
 

@@ -77,4 +77,10 @@ from quarl.recovery.workflow import (
     run_recover,
 )
 
-__all__ = ["RecoverConfig", "Q_ALGOS", "RECOVERY_FILE", "ORIGINAL_ZIP", "EXPORT_DIR", "STATE_FILE", "RECOVERY_FORMAT", "MIN_HELDOUT", "TRAIN_SEEDS_END", "TEST_SEEDS", "distill_loss", "RoundStats", "RecoveryResult", "pick_spec", "distill", "read_state", "write_recovered", "Recovered", "find_recovery", "load_recovered", "read_recovery_record", "sha256_file", "Judge", "shipped_line", "run_recover", "preflight", "finished_record", "RECOVERED_PREFIX", "recovered_precision", "recovered_kernel", "recover_stages", "finetune_stage"]
+__all__ = [
+    "RecoverConfig", "Q_ALGOS", "RECOVERY_FILE", "ORIGINAL_ZIP", "EXPORT_DIR", "STATE_FILE", "RECOVERY_FORMAT",
+    "MIN_HELDOUT", "TRAIN_SEEDS_END", "TEST_SEEDS", "distill_loss", "RoundStats", "RecoveryResult", "pick_spec",
+    "distill", "read_state", "write_recovered", "Recovered", "find_recovery", "load_recovered",
+    "read_recovery_record", "sha256_file", "Judge", "shipped_line", "run_recover", "preflight", "finished_record",
+    "RECOVERED_PREFIX", "recovered_precision", "recovered_kernel", "recover_stages", "finetune_stage"
+]

@@ -26,7 +26,8 @@ ORIGINAL_ZIP = "original.zip"
 EXPORT_DIR = "export"
 STATE_FILE = "state.pt"
 RECOVERY_FORMAT: Final = 1
-"""The format of recovery.json and state.pt (a literal: :class:`~quarl.recovery.report.RecoveryState` holds exactly it)."""
+"""The format of recovery.json and state.pt (a literal: :class:`~quarl.recovery.report.RecoveryState`
+holds exactly it)."""
 MIN_HELDOUT = 256
 """Held-out states needed before a round may end the run: one short episode (a failing
 CartPole's 10 steps) agreeing on every state says little."""
@@ -119,7 +120,8 @@ class RecoverConfig:
             raise QuarlError(f"q_loss={self.q_loss!r} is not a Q-value loss: allowed margin, rank")
         if self.max_rounds is not None and (isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int)
                                             or not self.rounds <= self.max_rounds <= 1000):
-            raise QuarlError(f"max_rounds={self.max_rounds!r} must be a whole number from rounds ({self.rounds}) to 1000")
+            raise QuarlError(f"max_rounds={self.max_rounds!r} must be a whole number from rounds ({self.rounds}) "
+                             "to 1000")
         if self.total_rounds * self.episodes_per_round > TRAIN_SEEDS_END - DISTILLATION_SEEDS.start:
             raise QuarlError(f"{self.total_rounds} rounds of {self.episodes_per_round} episodes would play past the "
                              f"distillation's training seeds ({DISTILLATION_SEEDS.start}..{TRAIN_SEEDS_END - 1}): "

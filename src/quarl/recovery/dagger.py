@@ -1,4 +1,6 @@
-"""The DAgger rounds: the teacher plays, the student (its real kernel) plays, every state is labelled and trained on, held-out states judge each round; the state written after every round and read again on resume."""
+"""The DAgger rounds: the teacher plays, the student (its real kernel) plays, every state is
+labelled and trained on, held-out states judge each round; the state written after every
+round and read again on resume."""
 
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ class RecoveryResult:
     updates: int = 0
     wall_s: float = 0.0
     finetune_s: float | None = None
-    """The fine-tune's seconds, where this result is a fine-tuned student (:func:`quarl.recovery.workflow.finetune_stage`)."""
+    """The fine-tune's seconds, where this result is a fine-tuned student
+    (:func:`quarl.recovery.workflow.finetune_stage`)."""
     heldout: np.ndarray | None = field(default=None, repr=False)
     """The held-out states the agreement was measured on."""
 
@@ -390,8 +393,8 @@ def _result(run: _Run, policy: Policy, spec: KernelSpec, config: RecoverConfig, 
 
 
 def _save_state(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, states: np.ndarray,
-                heldout: np.ndarray, history: list[RoundStats], best: tuple[float, int, dict[str, torch.Tensor]] | None, updates: int,
-                seeds: list[int], target: float | None, fingerprint: str, spec: KernelSpec,
+                heldout: np.ndarray, history: list[RoundStats], best: tuple[float, int, dict[str, torch.Tensor]] | None,
+                updates: int, seeds: list[int], target: float | None, fingerprint: str, spec: KernelSpec,
                 config: RecoverConfig) -> None:
     """The run after a round, written whole to a temporary file and renamed (a kill never
     leaves half a state); its rounds as their dicts (plain containers: it loads with ``weights_only``)."""
@@ -442,7 +445,8 @@ def _load_state(path: Path, fingerprint: str, spec: KernelSpec, config: RecoverC
     if RecoverConfig.from_record(saved["config"]) != config:
         raise QuarlError(f"{path} was written with other recovery options: rerun with the same options or another "
                          "--out")
-    if saved.get("spec") != spec.to_dict():  # the same options, another kernel: the CPU (or the automatic choice) differs
+    # the same options, another kernel: the CPU (or the automatic choice) differs
+    if saved.get("spec") != spec.to_dict():
         was: dict[str, object] = dict(saved["spec"])
         changed = ", ".join(f"{key} {was.get(key)} -> {value}" for key, value in spec.to_dict().items()
                             if was.get(key) != value)

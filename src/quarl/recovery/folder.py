@@ -1,4 +1,5 @@
-"""The recovered folder: an RL Zoo run folder whose zip holds the student on the grid, the real-kernel export beside it, the original recorded by content hash; and reading one back."""
+"""The recovered folder: an RL Zoo run folder whose zip holds the student on the grid, the
+real-kernel export beside it, the original recorded by content hash; and reading one back."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def sha256_file(path: Path, follow: bool = True) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise QuarlError(f"{path} is not a regular file")
         if info.st_size > cap:
-            raise QuarlError(f"{path} has {info.st_size} bytes, more than the {cap} a file of quarl's may have: refused "
-                             "(set QUARL_MAX_PARAMETERS for a bigger policy)")
+            raise QuarlError(f"{path} has {info.st_size} bytes, more than the {cap} a file of quarl's may have: "
+                             "refused (set QUARL_MAX_PARAMETERS for a bigger policy)")
         os.set_blocking(fd, True)
         h, read = hashlib.sha256(), 0
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -222,8 +223,10 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
         from quarl.envs import gym_packages
 
         # the modules that register a custom env, as rl_zoo3 records them: the folder loads on its own
-        packages = "".join(f"    - - {name}\n" if i == 0 else f"      - {name}\n" for i, name in enumerate(gym_packages()))
-        write_atomic(zoo / "args.yml", f"!!python/object/apply:collections.OrderedDict\n- - - algo\n    - {policy.algo}\n"
+        packages = "".join(f"    - - {name}\n" if i == 0 else f"      - {name}\n"
+                           for i, name in enumerate(gym_packages()))
+        write_atomic(zoo / "args.yml", "!!python/object/apply:collections.OrderedDict\n"
+                                       f"- - - algo\n    - {policy.algo}\n"
                                        f"  - - env\n    - {env_spec.env_id}\n"
                                        + (f"  - - gym_packages\n{packages}" if packages else ""))
         write_atomic(zoo / "config.yml", "!!python/object/apply:collections.OrderedDict\n- []\n")
@@ -231,17 +234,17 @@ def write_recovered(checkpoint: Path, policy: Policy, env_spec: EnvSpec, result:
     _write_zip(zip_path, out / f"{name}.zip", sb3_tensors(policy.network, result.student))
     recovered = policy.with_network(plain_network(result.student, on_grid=True), "fp32",
                                     TorchEngine(plain_network(result.student, on_grid=True)))
-    quant: QuantSummary = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep), "agreement": result.agreement,
-             "block_size": result.spec.block_size, "int8_weights": result.spec.int8_weights,
-        "recovered": True}
+    quant: QuantSummary = {"mode": result.spec.mode, "fp32_layers": sorted(result.spec.keep),
+                           "agreement": result.agreement, "block_size": result.spec.block_size,
+                           "int8_weights": result.spec.int8_weights, "recovered": True}
     precision = _PRECISIONS[result.spec.bits]
     sidecar = write_artifact(recovered, precision, out / EXPORT_DIR / "policy", result.model, quant, env_spec)
     record: RecoveryJson = {
         "format": RECOVERY_FORMAT,
         "precision": precision,
         "kernel": result.spec.to_dict(),
-        "original": {"path": str(checkpoint), "zip_sha256": sha256_file(zip_path), "policy_sha256": policy.fingerprint(),
-                     "algo": policy.algo},
+        "original": {"path": str(checkpoint), "zip_sha256": sha256_file(zip_path),
+                     "policy_sha256": policy.fingerprint(), "algo": policy.algo},
         "recovered": {"zip_sha256": sha256_file(out / f"{name}.zip"), "onnx_sha256": sidecar["onnx_sha256"],
                       "export": f"{EXPORT_DIR}/policy.onnx"},
         "env": env_spec.to_json(),

@@ -1,4 +1,6 @@
-"""What is written, and when recovery stops: each candidate against PTQ's own model of the mode and the written model against the original fp32, by paired sequential tests on recovery's own test seeds."""
+"""What is written, and when recovery stops: each candidate against PTQ's own model of the mode
+and the written model against the original fp32, by paired sequential tests on recovery's
+own test seeds."""
 
 from __future__ import annotations
 
@@ -176,8 +178,8 @@ def shipped_line(record: RecoveryJson) -> str:
     sizes = record.get("sizes")
     size = "" if sizes is None else f", {sizes['shipped']:,} bytes (fp32 {sizes['fp32']:,})"
     if record["shipped"] == "ptq" and not record.get("stages"):
-        return (f"wrote PTQ's own {mode} model as it is{size}: it already {_against_fp32_text(record['against_fp32'])}; "
-                "stopped: kept, nothing to repair")
+        return (f"wrote PTQ's own {mode} model as it is{size}: it already "
+                f"{_against_fp32_text(record['against_fp32'])}; stopped: kept, nothing to repair")
     if record["shipped"] == "ptq":
         tried = [_against_ptq_text(str(s["stage"]), s["against_ptq"]) for s in record.get("stages", [])
                  if not s["against_ptq"].get("same")]
@@ -197,6 +199,7 @@ def shipped_line(record: RecoveryJson) -> str:
     tuned = record.get("finetune", {})
     spent = f"{budget.get('rounds_played', '?')} of {budget.get('rounds', '?')} rounds"
     if tuned:
-        spent += ", fine-tune " + (f"{tuned['steps']:,} steps" if "skipped" not in tuned else f"skipped: {tuned['skipped']}")
+        spent += ", fine-tune " + (f"{tuned['steps']:,} steps" if "skipped" not in tuned
+                                   else f"skipped: {tuned['skipped']}")
     stopped = "kept" if record["stopped"] == "kept" else f"budget spent ({spent}, {record.get('total_s', 0):.0f} s)"
     return f"{what}; stopped: {stopped}: the written model {_against_fp32_text(record['against_fp32'])}"

@@ -1,4 +1,5 @@
-"""The distillation loss per action head: a margin or a ranking over actions for Q-values, KL for categorical policies, action error in the squashed space for actors."""
+"""The distillation loss per action head: a margin or a ranking over actions for Q-values, KL
+for categorical policies, action error in the squashed space for actors."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def distill_loss(policy: Policy, student_out: torch.Tensor, teacher_out: torch.T
 
         sizes = [int(n) for n in action_nvec(policy.action_space)]
         total = student_out.new_zeros(())
-        for s, t in zip(student_out.split(sizes, dim=1), teacher_out.split(sizes, dim=1)):
+        for s, t in zip(student_out.split(sizes, dim=1), teacher_out.split(sizes, dim=1), strict=True):
             kl = nn.functional.kl_div(torch.log_softmax(s, 1), torch.log_softmax(t, 1), log_target=True,
                                       reduction="batchmean")
             total = total + kl + (_margin(s, t, scale) if s.shape[1] > 1 else 0.0)

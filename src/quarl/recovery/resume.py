@@ -40,7 +40,8 @@ def _weights(path: Path, field: str, value: dict[str, torch.Tensor], like: dict[
     """The student's tensors: the same names, shapes and dtypes, finite."""
     if set(value) != set(like):
         missing = sorted(set(like) - set(value))
-        raise _refuse(path, field, f"not the student's tensors ({'missing ' + missing[0] if missing else 'other names'})")
+        which = "missing " + missing[0] if missing else "other names"
+        raise _refuse(path, field, f"not the student's tensors ({which})")
     for name, tensor in like.items():
         got = value[name]
         if got.shape != tensor.shape or got.dtype != tensor.dtype:
@@ -57,7 +58,7 @@ def _optimizer(path: Path, saved: OptimizerState, optimizer: torch.optim.Optimiz
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(saved["param_groups"]) != len(fresh["param_groups"]):
         raise _refuse(path, "optimizer", "not this run's Adam state")
-    for got, want in zip(saved["param_groups"], fresh["param_groups"]):
+    for got, want in zip(saved["param_groups"], fresh["param_groups"], strict=True):  # as many: checked above
         if set(got) != set(want) or any(got[k] != want[k] for k in want if k != "lr"):
             raise _refuse(path, "optimizer.param_groups", "settings other than this run's")
         rate = got["lr"]
@@ -102,8 +103,8 @@ def check_resume(path: Path, saved: RecoveryState, policy: Policy, student: nn.M
     seeds = saved["seeds"]
     if len(seeds) != len(history) * (config.episodes_per_round + 1) or \
             not all(isinstance(s, int) and s in DISTILLATION_SEEDS for s in seeds):
-        raise _refuse(path, "seeds", f"not the {config.episodes_per_round + 1} distillation seeds "
-                                     f"({DISTILLATION_SEEDS.start}..{DISTILLATION_SEEDS.stop - 1}) of each round played")
+        raise _refuse(path, "seeds", f"not the {config.episodes_per_round + 1} distillation seeds ("
+                                     f"{DISTILLATION_SEEDS.start}..{DISTILLATION_SEEDS.stop - 1}) of each round played")
     if saved["updates"] != len(history) * config.updates_per_round:
         raise _refuse(path, "updates", f"{saved['updates']:,}, not the {config.updates_per_round:,} of each round "
                                        "played")

@@ -1,4 +1,6 @@
-"""``quarl recover``: the stages (rounds, more rounds, the fine-tune) until the written model keeps fp32 or the budget is spent, the verdict on evaluation seeds, and the study's recovered columns."""
+"""``quarl recover``: the stages (rounds, more rounds, the fine-tune) until the written model
+keeps fp32 or the budget is spent, the verdict on evaluation seeds, and the study's
+recovered columns."""
 
 from __future__ import annotations
 
@@ -44,14 +46,16 @@ def run_recover(checkpoint: Path, env_spec: EnvSpec, policy: Policy, config: Rec
                 settings: EvalSettings | None = None, progress: Progress | None = None,
                 episode_progress: Callable[[str, int], None] | None = None,
                 trust_pickle: bool = False, wait: bool = False, decide_episodes: int = 0,
-                decide_seconds: float | None = None, judging: Judging = Judging()) -> tuple[RecoveryJson, list[CellRecord]]:
+                decide_seconds: float | None = None, judging: Judging = Judging()
+                ) -> tuple[RecoveryJson, list[CellRecord]]:
     """``quarl recover``: distil ``policy`` (loaded from ``checkpoint``) onto its kernel,
     write the recovered folder ``OUT`` (resuming from ``OUT/.recover/state.pt``), then,
     given ``settings`` (:class:`quarl.evaluation.cells.EvalSettings`), judge it as ``quarl ptq OUT``
     does: the original fp32 policy against the recovered kernel on the evaluation seeds
     (``OUT/verdict/``), playing on while undecided up to ``decide_episodes`` /
-    ``decide_seconds`` (:func:`quarl.ptq.run.decide`), its verdicts judged under ``judging``. A finished recovery of the same policy and options in ``OUT`` is
-    reused as it is; ``wait``: wait for another run holding ``OUT`` instead of refusing.
+    ``decide_seconds`` (:func:`quarl.ptq.run.decide`), its verdicts judged under ``judging``.
+    A finished recovery of the same policy and options in ``OUT`` is reused as it is;
+    ``wait``: wait for another run holding ``OUT`` instead of refusing.
     Returns (recovery.json, the verdict's records)."""
     from quarl.evaluation.cells import output_lock
     from quarl.ptq.run import run_ptq
