@@ -147,10 +147,10 @@ def test_ptq_and_export_run_the_mixed_mode_by_its_label(tmp_path: Path) -> None:
     """``quarl ptq --precisions int4-block-head8`` and ``quarl export --precision int4-block-head8``
     build it as any mode: the policy acts on its real kernel, and the exported model is it."""
     skip_where_the_cpu_cannot_run(HEAD8)
-    from quarl.deploy import write_artifact
+    from quarl.export.artifact import write_artifact
     from quarl.policies.onnx_artifact import load_artifact
-    from quarl.quant.api import quantize
-    from quarl.quant.config import QuantConfig
+    from quarl.quantization.api import quantize
+    from quarl.quantization.config import QuantConfig
 
     policy = _q()
     states = np.random.default_rng(2).normal(size=(64, 4)).astype(np.float32)

@@ -216,8 +216,8 @@ def test_log_lines_of_a_many_agent_run_name_their_agent(tiny_run: Path, tmp_path
     """A demo's warnings (a mode that agrees on few states, ...) say which agent they are about."""
     import logging
 
-    from quarl.demo import run as demo
     from quarl.core.logs import AgentFilter, about
+    from quarl.demo import run as demo
     from quarl.evaluation.cells import EvalSettings
 
     lines: list[str] = []

@@ -13,10 +13,13 @@ import dataclasses
 from pathlib import Path
 
 from quarl.core.errors import QuarlError
+from quarl.envs import EnvSpec
+from quarl.evaluation.episodes import acting
+from quarl.policies.base import Policy
 from quarl.policies.checkpoint import Checkpoint, CheckpointFormat
 from quarl.policies.formats import register_format
 from quarl.policies.zoo import load_zoo
-from quarl.recovery.folder import check_recovered, find_recovery
+from quarl.recovery.folder import RecoveredFolder, check_recovered, find_recovery, load_recovered
 
 
 def detect(path: Path) -> bool:
@@ -38,3 +41,18 @@ def load(path: Path, trust_pickle: bool = False) -> Checkpoint:
 
 FORMAT = register_format(CheckpointFormat("recovered", detect, load,
                                           "an RL Zoo run folder that quarl recover wrote (with recovery.json)"))
+
+
+def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool, trust_pickle: bool,
+                    payload: object = None) -> tuple[dict[str, Policy], str | None]:
+    """What ``ptq`` plays instead of quantizing where ``checkpoint`` is a policy ``quarl
+    recover`` wrote: fp32 is the ORIGINAL policy and the recovered precision its real
+    kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise.
+    ``payload``: what loading ``checkpoint`` read besides its policy (a recovered folder's
+    checked record: the folder is not read and hashed again)."""
+    checked = payload if isinstance(payload, RecoveredFolder) else None
+    recovered = load_recovered(checkpoint, trust_pickle, checked)
+    if recovered is None:
+        return {}, None
+    return ({"fp32": acting(recovered.original, env_spec, stochastic),
+             recovered.precision: acting(recovered.kernel, env_spec, stochastic)}, recovered.precision)
