@@ -135,7 +135,8 @@ class ActorModelTemplate:
     def _set(self, name: str, value: np.ndarray) -> None:
         from onnx import numpy_helper
 
-        self.initializers[name].CopyFrom(numpy_helper.from_array(np.require(value, requirements="C"), name))  # 0-d stays 0-d
+        # 0-d stays 0-d
+        self.initializers[name].CopyFrom(numpy_helper.from_array(np.require(value, requirements="C"), name))
 
     def fill(self, weights: dict[str, np.ndarray]) -> bytes:
         for name, value in weights.items():

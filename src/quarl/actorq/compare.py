@@ -112,7 +112,7 @@ def _mean_std(values: list[float | None]) -> tuple[float, float]:
 def paired_speedups(base: list[ActorQSummary], runs: list[ActorQSummary]) -> list[float]:
     """Time-to-reward ratios of repeat k of the first precision to repeat k of another (the
     same seed), over the repeats that both reached."""
-    return [b.time_to_reward_s / r.time_to_reward_s for b, r in zip(base, runs)
+    return [b.time_to_reward_s / r.time_to_reward_s for b, r in zip(base, runs, strict=True)
             if b.reached and r.reached and b.time_to_reward_s is not None and r.time_to_reward_s]
 
 

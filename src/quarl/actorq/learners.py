@@ -38,9 +38,11 @@ if TYPE_CHECKING:  # the config validates through the algorithm registry, which 
     from quarl.actorq.config import ActorQConfig
 
 
-def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation: type[nn.Module] | None = None) -> nn.Sequential:
+def mlp(
+    sizes: list[int], activation: type[nn.Module] = nn.ReLU, out_activation: type[nn.Module] | None = None
+) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         layers.append(nn.Linear(a, b))
         if i < len(sizes) - 2:
             layers.append(activation())
@@ -212,7 +214,8 @@ class D4PGLearner:
 
     def _targets(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
-            next_probs = F.softmax(self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"])), 1)
+            next_logits = self._q_logits(self.target_critic, b["next_obs"], self.target_policy(b["next_obs"]))
+            next_probs = F.softmax(next_logits, 1)
             return self.project(b["reward"], b["discount"], next_probs)
 
     def step(self, batch: Batch) -> Metrics:

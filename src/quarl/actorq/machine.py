@@ -39,7 +39,8 @@ def stop_energy(tracker: Any) -> Energy:
         kg = tracker.stop()
         data = tracker.final_emissions_data
         rapl = any(Path("/sys/class/powercap").glob("intel-rapl:*/energy_uj"))
-        readable = rapl and all(os.access(p, os.R_OK) for p in Path("/sys/class/powercap").glob("intel-rapl:*/energy_uj"))
+        readable = rapl and all(os.access(p, os.R_OK)
+                                for p in Path("/sys/class/powercap").glob("intel-rapl:*/energy_uj"))
         return {
             "available": True,
             "energy_kwh": float(data.energy_consumed),
@@ -74,4 +75,5 @@ def describe_machine() -> MachineInfo:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {"cpu": cpu, "cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

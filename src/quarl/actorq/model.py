@@ -272,7 +272,9 @@ def load_runs(folders: Sequence[Path]) -> dict[str, list[ActorQSummary]]:
     return found
 
 
-def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[ActorQSummary]] | None = None) -> list[Row]:
+def validation_rows(
+    train: dict[str, list[ActorQSummary]], test: dict[str, list[ActorQSummary]] | None = None
+) -> list[Row]:
     """Each measured run against the model: costs from ``train`` runs predict the
     throughput of each ``test`` run (its actor count, its machine's cores)."""
     rows: list[Row] = []
@@ -285,7 +287,8 @@ def validation_rows(train: dict[str, list[ActorQSummary]], test: dict[str, list[
             p = predict(costs, Cluster(actors=actors, cores_per_node=cores))
             measured = float(s.env_steps_per_s)
             rows.append({"actor_precision": precision, "actors": actors, "cores": cores, "regime": p.regime,
-                         "predicted_steps_per_s": round(p.env_steps_per_s, 1), "measured_steps_per_s": round(measured, 1),
+                         "predicted_steps_per_s": round(p.env_steps_per_s, 1),
+                         "measured_steps_per_s": round(measured, 1),
                          "error_pct": round(100 * (p.env_steps_per_s - measured) / measured, 1)})
     return rows
 

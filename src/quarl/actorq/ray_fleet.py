@@ -64,7 +64,8 @@ class RayFleet:
         self.node = ray.get_runtime_context().get_node_id()
         here = NodeAffinitySchedulingStrategy(self.node, soft=False)
         # Ray's handles (``handle.method.remote(...)``), untyped: its stubs know no remote methods
-        self.broadcaster: Any = ray.remote(Broadcaster).options(num_cpus=0, scheduling_strategy=here).remote(config, info)
+        self.broadcaster: Any = (ray.remote(Broadcaster).options(num_cpus=0, scheduling_strategy=here)
+                                 .remote(config, info))
         self.evaluator: Any = ray.remote(Evaluator).options(num_cpus=0, scheduling_strategy=here).remote(config, info)
         # SPREAD: on a cluster, actors go to different nodes rather than filling one
         self.actor_cls = ray.remote(num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(RemoteActor)

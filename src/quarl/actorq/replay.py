@@ -76,7 +76,7 @@ class NStep:
 
 
 def stack(transitions: list[tuple]) -> Batch:
-    obs, action, reward, discount, next_obs = zip(*transitions)
+    obs, action, reward, discount, next_obs = zip(*transitions, strict=True)
     return Batch(
         obs=np.asarray(obs, dtype=np.float32),
         action=np.asarray(action),
@@ -311,7 +311,7 @@ def stack_unrolls(steps: list[tuple], length: int) -> Unroll | None:
     n = len(steps) // length * length
     if n == 0:
         return None
-    obs, action, reward, discount, cont, next_obs, behaviour, versions = zip(*steps[:n])
+    obs, action, reward, discount, cont, next_obs, behaviour, versions = zip(*steps[:n], strict=True)
 
     def cut(values: tuple, dtype: type | None = np.float32) -> np.ndarray:
         array = np.asarray(values, dtype=dtype)

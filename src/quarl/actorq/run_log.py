@@ -85,6 +85,6 @@ def write_evals(out: Path, state: RunState) -> None:
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
     w.writerow(["t_s", "version", "return", "running_mean", "env_steps"])
-    for (t, v, m, *steps), running in zip(state.evals, running_means(state.evals)):
+    for (t, v, m, *steps), running in zip(state.evals, running_means(state.evals), strict=True):
         w.writerow([round(t, 3), v, round(m, 3), round(float(running), 3), *steps])
     write_atomic(out / "evals.csv", buf.getvalue())

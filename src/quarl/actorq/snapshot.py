@@ -161,7 +161,8 @@ def _load_blob(path: Path, cap: int) -> dict[str, Any]:
     from quarl.core.limits import load_torch
 
     blob = load_torch(path, cap, "this run's ActorQ checkpoint",
-                      unreadable=lambda error: f"{path} is not an ActorQ checkpoint of plain tensors ({error}): refused")
+                      unreadable=lambda error: (f"{path} is not an ActorQ checkpoint of plain tensors ({error}): "
+                                                "refused"))
     if not isinstance(blob, dict):
         raise QuarlError(f"{path} is not an ActorQ checkpoint: start afresh (no --resume)")
     return blob
