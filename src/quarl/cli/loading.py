@@ -8,8 +8,6 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quarl.core.errors import QuarlError
-
 if TYPE_CHECKING:
     from quarl.cli.settings import Acting
     from quarl.envs import EnvSpec
@@ -19,19 +17,44 @@ if TYPE_CHECKING:
 
 def load(checkpoint: Path, env: str | None, trust_pickle: bool) -> tuple[Checkpoint, EnvSpec]:
     """quarl.load: fails before any work when the env does not fit the policy."""
-    from quarl.api import load_checkpoint_and_env as load_policy
+    return with_env(read(checkpoint, env, trust_pickle), env)
 
-    ckpt = load_policy(checkpoint, env, trust_pickle)
-    if ckpt.env_spec is None:  # quarl.load gives the env or raises; this says so to the type checker
-        raise QuarlError(f"{checkpoint} names no env: pass --env ENV_ID")
-    if checkpoint.suffix == ".zip" and ckpt.policy.obs_normalizer is None and not ckpt.policy.scale_images \
-            and not is_export(checkpoint) and not (checkpoint.parent / checkpoint.stem / "config.yml").exists():
+
+def read(checkpoint: Path, env: str | None, trust_pickle: bool) -> Checkpoint:
+    """The checkpoint as its format loads it, its env not made yet: a command that refuses a
+    kind of checkpoint (``checkpoint.format``, ``checkpoint.payload_of(ExportedModel)``) says
+    so before the env; :func:`with_env` then makes it. ``--env`` is checked first, as
+    quarl.load does."""
+    from quarl.checkpoints import load_checkpoint
+    from quarl.envs import check_env_id
+
+    if env is not None:
+        check_env_id(env)
+    return load_checkpoint(checkpoint, trust_pickle)
+
+
+def with_env(ckpt: Checkpoint, env: str | None) -> tuple[Checkpoint, EnvSpec]:
+    """The env ``ckpt`` acts in (``--env``, else the one it names), checked against the policy
+    as quarl.load checks it; a bare zip whose statistics are missing said so."""
+    from quarl.envs import make_env
+    from quarl.policies.checkpoint import resolve_env_spec
+    from quarl.policies.onnx_artifact import ExportedModel
+
+    spec = ckpt.env_spec = resolve_env_spec(ckpt, env)
+    probe = make_env(spec)
+    try:
+        ckpt.policy.check_env(probe)
+    finally:
+        probe.close()
+    path = ckpt.path
+    if path.suffix == ".zip" and ckpt.policy.obs_normalizer is None and not ckpt.policy.scale_images \
+            and ckpt.payload_of(ExportedModel) is None and not (path.parent / path.stem / "config.yml").exists():
         from quarl.training.hyperparams import missing_statistics
 
-        note = missing_statistics(ckpt.algo, ckpt.env_spec.env_id, checkpoint.name)
+        note = missing_statistics(ckpt.algo, spec.env_id, path.name)
         if note:
             logging.getLogger("quarl").warning("%s", note)
-    return ckpt, ckpt.env_spec
+    return ckpt, spec
 
 
 def protocol(policy: Policy, spec: EnvSpec, acting: Acting) -> tuple[EnvSpec, Policy]:

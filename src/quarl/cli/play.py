@@ -11,7 +11,7 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.loading import is_export, load, protocol
+from quarl.cli.loading import load, protocol
 from quarl.cli.settings import (
     EVALUATION,
     INT_OPTIONS,
@@ -112,7 +112,9 @@ def play(
 
         render_kwargs(spec.env_id, camera, size)
         check_frame_memory(spec.env_id, size, max_steps)
-    if is_export(checkpoint):
+    from quarl.policies.onnx_artifact import ExportedModel
+
+    if ckpt.payload_of(ExportedModel) is not None:
         if labels[0] != "fp32":
             raise QuarlError(f"{checkpoint} is an exported model: it plays as exported ({ckpt.policy.precision}); "
                              "drop --precision")

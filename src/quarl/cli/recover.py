@@ -13,7 +13,7 @@ from quarl import outputs
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, setup, user_errors
-from quarl.cli.loading import is_export, load
+from quarl.cli.loading import read, with_env
 from quarl.cli.ptq import DECIDE_EPISODES, DECIDE_MINUTES, DecideEpisodes
 from quarl.cli.settings import (
     EVALUATION,
@@ -153,12 +153,14 @@ def policy_and_folder(checkpoint: Path, env: str | None, trust_pickle: bool, out
     """The checkpoint loaded (an exported model refused) and the folder its recovery writes
     (--out, else results/recover/...), refused in one line before any progress bar where
     recovery would refuse it later."""
+    from quarl.policies.onnx_artifact import ExportedModel
     from quarl.recovery import preflight
 
-    if is_export(checkpoint):
+    ckpt = read(checkpoint, env, trust_pickle)
+    if ckpt.payload_of(ExportedModel) is not None:  # said before its env is made, as for any export
         raise QuarlError(f"{checkpoint} is an exported model: recover the checkpoint it came from (an SB3 .zip or RL "
                          "Zoo folder)")
-    ckpt, spec = load(checkpoint, env, trust_pickle)
+    ckpt, spec = with_env(ckpt, env)
     folder = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.precision_folder(
         "recover", checkpoint, spec.env_id, precision)
     preflight(checkpoint, folder, ckpt.policy, config)  # one line before any progress bar
