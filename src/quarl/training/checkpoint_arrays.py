@@ -63,8 +63,8 @@ def load_arrays(path: Path) -> Arrays:
                     raise QuarlError(f"{path}: array {info.filename!r} holds Python objects: refused")
                 claimed += max(info.file_size, int(np.prod(shape, dtype=np.float64)) * dtype.itemsize)
                 if claimed > ARRAYS_CAP:
-                    raise QuarlError(f"{path}: array {info.filename!r} brings the arrays to {claimed:,} bytes, more than "
-                                     f"the {ARRAYS_CAP:,} allowed: refused")
+                    raise QuarlError(f"{path}: array {info.filename!r} brings the arrays to {claimed:,} bytes, "
+                                     f"more than the {ARRAYS_CAP:,} allowed: refused")
             fh.seek(0)
             with np.load(fh, allow_pickle=False) as data:
                 return {k: data[k] for k in data.files}
@@ -85,8 +85,9 @@ def _scalar(arrays: Arrays, key: str) -> object:
     """A 0-d array's value as a Python scalar (missing, or an array of another shape, as is:
     the record refuses it by name)."""
     value = arrays.get(key)
-    return value.item() if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "biuf" \
-        else (value.tolist() if isinstance(value, np.ndarray) else value)
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "biuf":
+        return value.item()
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def replay_arrays(buffer: ReplayBuffer) -> Arrays:
@@ -100,16 +101,19 @@ def load_replay(buffer: ReplayBuffer, arrays: Arrays, source: str | Path = "the 
     pos, full = _scalar(arrays, "pos"), _scalar(arrays, "full")
     if isinstance(pos, int) and not isinstance(pos, bool) and isinstance(full, bool) \
             and not 0 <= pos < buffer.buffer_size:
-        raise QuarlError(f"{source}: field pos: the saved replay buffer's position {pos!r} (full {full!r}) is not one in "
-                         f"a buffer of {buffer.buffer_size}: refused (a transition past it would never be sampled)")
+        raise QuarlError(f"{source}: field pos: the saved replay buffer's position {pos!r} (full {full!r}) is not "
+                         f"one in a buffer of {buffer.buffer_size}: refused (a transition past it would never be "
+                         "sampled)")
     position = parse_record(ReplayPosition, {"pos": pos, "full": full}, source)
     for key in _REPLAY_FIELDS:
         if key in arrays:
             if getattr(buffer, key).shape != arrays[key].shape:
-                raise QuarlError(f"{source}: field {key}: the saved replay buffer's {key} has shape {arrays[key].shape}, "
-                                 f"this run's {getattr(buffer, key).shape}: resume with the settings the run started with")
+                raise QuarlError(f"{source}: field {key}: the saved replay buffer's {key} has shape "
+                                 f"{arrays[key].shape}, this run's {getattr(buffer, key).shape}: resume with the "
+                                 "settings the run started with")
             if arrays[key].dtype.kind == "f" and not bool(np.isfinite(arrays[key]).all()):
-                raise QuarlError(f"{source}: field {key}: holds NaN or inf: refused (it would train the weights to NaN)")
+                raise QuarlError(f"{source}: field {key}: holds NaN or inf: refused (it would train the weights "
+                                 "to NaN)")
     for key in _REPLAY_FIELDS:
         if key in arrays:
             setattr(buffer, key, arrays[key].astype(getattr(buffer, key).dtype, copy=False))
@@ -141,13 +145,16 @@ def load_vecnormalize_arrays(venv: VecNormalize, arrays: Arrays, source: str | P
             value = arrays.get(key)
             want = np.shape(getattr(rms, part))
             if not isinstance(value, np.ndarray) or value.shape != want or value.dtype.kind not in "fiu":
-                got = "missing" if value is None else f"{getattr(value, 'dtype', type(value).__name__)} {np.shape(value)}"
+                got = ("missing" if value is None
+                       else f"{getattr(value, 'dtype', type(value).__name__)} {np.shape(value)}")
                 raise QuarlError(f"{source}: field {key}: {got}, this run's statistics are numbers of shape {want}: "
                                  "refused")
             if not bool(np.isfinite(value).all()) or (part != "mean" and bool((value < 0).any())) \
                     or (part == "count" and not float(value) > 0):
+                expected = ("finite mean" if part == "mean" else "finite value > 0" if part == "count"
+                            else "finite variance >= 0")
                 raise QuarlError(f"{source}: field {key}: {value.reshape(-1)[:4].tolist()} is not a "
-                                 f"{'finite mean' if part == 'mean' else 'finite value > 0' if part == 'count' else 'finite variance >= 0'}: refused")
+                                 f"{expected}: refused")
     for name in _RMS:
         rms = getattr(venv, name)
         rms.mean, rms.var = arrays[f"{name}.mean"].astype(np.float64), arrays[f"{name}.var"].astype(np.float64)

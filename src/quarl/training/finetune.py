@@ -76,7 +76,8 @@ def _data_policy_kwargs(zip_path: Path, policy: Policy) -> SB3Kwargs:
     check_algorithm(zip_path, data, policy.algo, "fine-tune")
     policy_kwargs = data.get("policy_kwargs") or {}
     if not isinstance(policy_kwargs, dict):
-        raise QuarlError(f"{zip_path}:data: field policy_kwargs: a {type(policy_kwargs).__name__}, not a mapping: refused")
+        raise QuarlError(f"{zip_path}:data: field policy_kwargs: a {type(policy_kwargs).__name__}, not a mapping: "
+                         "refused")
 
     def plain(v: Any) -> bool:
         if isinstance(v, dict):
@@ -111,7 +112,8 @@ def _wrap(sb3_policy: nn.Module, policy: Policy, spec: KernelSpec) -> list[tuple
         owner = sb3_policy.get_submodule(parent) if parent else sb3_policy
         target = getattr(owner, attr)
         if not isinstance(target, nn.Linear):
-            raise QuarlError(f"{name} of the SB3 policy is a {type(target).__name__}, not the Linear layer quarl loaded")
+            raise QuarlError(f"{name} of the SB3 policy is a {type(target).__name__}, not the Linear layer quarl "
+                             "loaded")
         student = StudentLinear(target, spec, layer_bits(spec, i, len(layers)))
         setattr(owner, attr, student)
         wrapped.append((name, student))
@@ -168,7 +170,8 @@ def _model_kwargs(zip_path: Path, policy: Policy, setup: TrainSetup) -> tuple[SB
     kwargs.pop("learning_starts", None)
     if "use_sde" in policy_kwargs:  # gSDE is the algorithm's option (SB3 hands it to the policy)
         kwargs["use_sde"] = bool(policy_kwargs.pop("use_sde"))
-    if policy.algo in OFF_POLICY:  # updates from the first step (the buffer is refilled first); PPO / A2C have no such option
+    # updates from the first step (the buffer is refilled first); PPO / A2C have no such option
+    if policy.algo in OFF_POLICY:
         kwargs["learning_starts"] = 0
     return kwargs, policy_kwargs
 
@@ -199,8 +202,8 @@ def _load_agent(model: BaseAlgorithm, zip_path: Path, policy: Policy, env_spec: 
         model.policy.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         detail = " ".join(line.strip() for line in str(exc).splitlines()[1:3])[:300]
-        raise QuarlError(f"{zip_path}'s network is not what the RL Zoo's {policy.algo} {env_spec.env_id} hyperparameters "
-                         f"build ({detail}): fine-tuning needs the zoo's architecture") from None
+        raise QuarlError(f"{zip_path}'s network is not what the RL Zoo's {policy.algo} {env_spec.env_id} "
+                         f"hyperparameters build ({detail}): fine-tuning needs the zoo's architecture") from None
     variables = _read_tensors(zip_path, "pytorch_variables.pth") or {}
     for name, value in variables.items():  # SAC / TQC's entropy coefficient
         if isinstance(value, torch.Tensor) and isinstance(getattr(model, name, None), torch.Tensor):

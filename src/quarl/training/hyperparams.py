@@ -51,7 +51,8 @@ class Trainer:
 
         cls = getattr(importlib.import_module(self.module), self.cls, None)
         if not (isinstance(cls, type) and issubclass(cls, BaseAlgorithm)):
-            raise QuarlError(f"trainer {self.name!r}: {self.module}.{self.cls} is not a Stable-Baselines3 algorithm class")
+            raise QuarlError(f"trainer {self.name!r}: {self.module}.{self.cls} is not a Stable-Baselines3 algorithm "
+                             "class")
         return cls
 
 
@@ -129,7 +130,8 @@ OWN_KEYS = ("n_envs", "n_timesteps", "policy", "normalize", "env_wrapper", "fram
 def zoo_hyperparams_dir() -> Path:
     spec = importlib.util.find_spec("rl_zoo3")
     if spec is None or not spec.submodule_search_locations:
-        raise QuarlError("the rl_zoo3 package is not installed: it ships the tuned hyperparameters (pip install rl_zoo3)")
+        raise QuarlError("the rl_zoo3 package is not installed: it ships the tuned hyperparameters "
+                         "(pip install rl_zoo3)")
     return Path(list(spec.submodule_search_locations)[0]) / "hyperparams"
 
 
@@ -165,8 +167,9 @@ def missing_statistics(algo: str, env_id: str, zip_name: str) -> str | None:
     if not raw.get("normalize"):
         return None
     return (f"{zip_name} plays without observation normalization: the RL Zoo trains {algo.lower()} on {key} with "
-            f"VecNormalize, whose statistics are not in the zip but in its run folder ({key}_1/{key}/vecnormalize.pkl); "
-            "pass the run folder instead, or expect returns far from the trained agent's")
+            f"VecNormalize, whose statistics are not in the zip but in its run folder "
+            f"({key}_1/{key}/vecnormalize.pkl); pass the run folder instead, or expect returns far from the trained "
+            "agent's")
 
 
 def zoo_hyperparams(algo: str, env_id: str) -> tuple[Hyperparams, str | None]:

@@ -165,7 +165,8 @@ def enable_mixed_precision(model: BaseAlgorithm, precision: str, channels_last: 
     if channels_last and any(isinstance(m, nn.Conv2d) for m in model.policy.modules()):
         # in place: the optimizers keep their parameters (torch's stub of Module.to omits memory_format)
         model.policy.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    train: Callable[..., None] = getattr(model, "train")  # declared by SB3's on- and off-policy bases, not BaseAlgorithm
+    # declared by SB3's on- and off-policy bases, not BaseAlgorithm
+    train: Callable[..., None] = getattr(model, "train")
     scaler = (loss_scale or LossScale(model.device)) if precision == "fp16" else None
     plain_backward = torch.Tensor.backward
     plain_clip = torch.nn.utils.clip_grad_norm_

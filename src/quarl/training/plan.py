@@ -39,7 +39,8 @@ def train_config(algo: str, env_id: str, timesteps: int | None, seed: int, out: 
     validate.count(eval_freq, 0, "--eval-freq")
     validate.count(checkpoint_freq, 0, "--checkpoint-freq")
     overrides = validate.hyperparams(list(hyperparams))
-    trainer(algo.lower())  # the algorithm and the env id before Stable-Baselines3 and torch load: a typo answers at once
+    # the algorithm and the env id before Stable-Baselines3 and torch load: a typo answers at once
+    trainer(algo.lower())
     check_env_id(env_id)
     if qat_bits is not None:
         validate.bit_widths(str(qat_bits))

@@ -80,7 +80,8 @@ def resumed_hyperparams(given: Hyperparams, run_dir: Path) -> Hyperparams:
     as_json = json.loads(json.dumps(given, default=str))
     if as_json != hyperparams:
         raise QuarlError(f"{run_dir} started with --hp {json.dumps(hyperparams, sort_keys=True)}, not "
-                         f"{json.dumps(as_json, sort_keys=True)}: resume without --hp (its own are used) or start a new run")
+                         f"{json.dumps(as_json, sort_keys=True)}: resume without --hp (its own are used) or start a "
+                         "new run")
     return given
 
 

@@ -98,7 +98,8 @@ def check_policy_classes(policy_kwargs: object, where: str) -> None:
                                                                         not issubclass(cls, extractor))
 
         if not fits(value):
-            names = [name for name, (mod, attr) in _CLASSES.items() if fits(getattr(importlib.import_module(mod), attr))]
+            names = [name for name, (mod, attr) in _CLASSES.items()
+                     if fits(getattr(importlib.import_module(mod), attr))]
             raise QuarlError(f"{where} {key}={value!r}: not {kind} quarl maps; allowed {', '.join(names)}")
 
 
@@ -149,7 +150,8 @@ def _model_kwargs(algo: str, env_id: str, raw: Hyperparams) -> SB3Kwargs:
         if k in kwargs:
             kwargs[k] = _classes(kwargs[k], k)
     if "replay_buffer_class" in kwargs:
-        raise QuarlError(f"the zoo's {algo} {env_id} entry needs replay_buffer_class {kwargs['replay_buffer_class']!r} (HER), which quarl does not train")
+        raise QuarlError(f"the zoo's {algo} {env_id} entry needs replay_buffer_class "
+                         f"{kwargs['replay_buffer_class']!r} (HER), which quarl does not train")
     if isinstance(kwargs.get("train_freq"), list):
         kwargs["train_freq"] = tuple(kwargs["train_freq"])
     if raw.get("callback"):
