@@ -227,16 +227,15 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
     # the same mode built from the teacher's own weights (PTQ): the start and the yardstick
     ptq = kernel_policy(policy, spec, ptq_model(policy, spec))
     stop_at_target = config.stop_at_target and not keep_going
-    finished = stop_at_target and bool(run.history) and _at_target(
-        run.history[-1].agreement, run.history[-1].calibration_verdict, run.target, len(run.heldout), config)
+    finished = stop_at_target and bool(run.history) and _at_target(run.history[-1], run.target, len(run.heldout),
+                                                                   config)
     for r in range(len(run.history), rounds):
         if finished:
             break
         stats = _round(run, r, policy, env_spec, config, spec, max_states)
         target = run.target
         assert target is not None  # the round measured it
-        finished = stop_at_target and _at_target(stats.agreement, stats.calibration_verdict, target, len(run.heldout),
-                                                 config)
+        finished = stop_at_target and _at_target(stats, target, len(run.heldout), config)
         if state_path is not None:
             _save_state(state_path, run.student, run.optimizer, run.states, run.heldout, run.history, run.best,
                         run.updates, run.seeds, target, fingerprint, spec, config)
@@ -247,17 +246,10 @@ def _distill(policy: Policy, env_spec: EnvSpec, config: RecoverConfig, spec: Ker
     return _result(run, policy, spec, config, ptq, finished, started)
 
 
-def _at_target(agreement: float, verdict: str, target: float | None, heldout: int, config: RecoverConfig) -> bool:
+def _at_target(stats: RoundStats, target: float | None, heldout: int, config: RecoverConfig) -> bool:
     """Has a round reached the target: the held-out agreement, enough held-out states, and
     (closed loop) the teacher's return kept on calibration episodes?"""
-    return agreement >= (target or 0.0) and heldout >= MIN_HELDOUT and (_kept(verdict) or not config.closed_loop)
-
-
-def _kept(verdict: str) -> bool:
-    """A round's calibration verdict kept fp32's return: decided (``keeps``), or, at the
-    sequential test's cap, by the point estimate (``estimate: E ... <= 5 % ...``), which
-    stops the rounds but is written as the estimate it is."""
-    return verdict == "keeps" or (verdict.startswith("estimate: E ") and " <= " in verdict.split("(", 1)[0])
+    return stats.agreement >= (target or 0.0) and heldout >= MIN_HELDOUT and (stats.kept or not config.closed_loop)
 
 
 def _resume(run: _Run, state_path: Path, policy: Policy, spec: KernelSpec, config: RecoverConfig, fingerprint: str,
@@ -300,17 +292,17 @@ def _round(run: _Run, r: int, policy: Policy, env_spec: EnvSpec, config: Recover
     agreement = agreement_on(policy, acting, run.heldout, run.reference_held, config.action_tolerance)
     if run.target is None:
         run.target = min(config.min_agreement, _fp16_agreement(policy, run.heldout, config.action_tolerance))
-    verdict = ""
+    verdict, kept = "", None
     if agreement >= run.target and config.closed_loop and len(run.heldout) >= MIN_HELDOUT:
         returns = calibration_returns(env_spec)
         outcome = sequential_keeps(lambda n: returns(policy, n), lambda n: returns(acting, n),
                                    env_id=env_spec.env_id)
-        verdict = outcome.label()  # "keeps" only where the verdict decided; "estimate: ..." where E's point did
+        verdict, kept = outcome.label(), outcome.kept  # label: "keeps" only where the verdict decided
     stats = RoundStats(round=r, states=len(run.states), new_states=new, loss=float(np.mean(losses)),
                        agreement=agreement, played_return=played, wall_s=time.perf_counter() - t0,
-                       calibration_verdict=verdict)
+                       calibration_verdict=verdict, calibration_kept=kept)
     run.history.append(stats)
-    if run.best is None or agreement >= run.best[0] or _kept(verdict):  # ties: the later round (more states)
+    if run.best is None or agreement >= run.best[0] or stats.kept:  # ties: the later round (more states)
         run.best = (agreement, r, copy.deepcopy(run.student.state_dict()))
     return stats
 

@@ -29,6 +29,7 @@ from pydantic import (
     JsonValue,
     RootModel,
     Strict,
+    StrictBool,
     StrictFloat,
     StrictStr,
     StringConstraints,
@@ -189,6 +190,15 @@ class RoundStats:
     calibration_verdict: StrictStr = ""
     """The calibration test's verdict where the round reached its target ('' where none ran;
     always written, absent from a file only where an older quarl wrote it)."""
+    calibration_kept: StrictBool | None = None
+    """Whether that test found fp32's return kept (a decided *keeps*, or its point estimate at
+    the test's cap); None where none ran, or where a quarl before 0.2 wrote the round."""
+
+    @property
+    def kept(self) -> bool:
+        """The round kept fp32's return on calibration episodes (an older round: where its
+        verdict decided *keeps*)."""
+        return self.calibration_verdict == "keeps" if self.calibration_kept is None else self.calibration_kept
 
     def to_dict(self) -> RoundJson:
         """The round as the files hold it: its fields by name, in order."""
