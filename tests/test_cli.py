@@ -865,8 +865,8 @@ def _bit_widths(text: str) -> list[int]:
     (lambda v: v.positive_ints("4,x", "--actors"), "--actors: 'x' is not a positive integer"),
     (lambda v: v.seed_list("0,-1"), "--seeds: '-1' is not a non-negative integer"),
     (lambda v: v.batch_sizes("1,70000"), "batch size '70000' must be an integer in 1..65536"),
-    (lambda v: v.precisions("fp32,int3x"), "unknown precision 'int3x'"),
-    (lambda v: v.precisions("fp32,rec-int4"), "'rec-int4' is a study column: here run quarl recover POLICY "
+    (lambda v: v.configs("fp32,int3x"), "unknown precision 'int3x'"),
+    (lambda v: v.configs("fp32,rec-int4"), "'rec-int4' is a study column: here run quarl recover POLICY "
                                               "--precision int4"),
     (lambda v: v.quant_options("auto", 48), "block size 48 is not allowed"),
     (lambda v: v.actor_precisions("fp32,int3"), "unknown precision 'int3' in --precisions: allowed fp32, fp16"),
@@ -905,14 +905,22 @@ def test_validators_refuse_in_one_line_naming_the_value(call: Any, message: str)
 def test_validators_return_the_values_converted() -> None:
     from quarl.cli import registry_options
     from quarl.core import validate
+    from quarl.quantization.config import QuantConfig
 
     assert validate.items(" 8, 4,8 ,,2", "--bits") == ["8", "4", "2"]  # a set: in order, once each
     assert validate.layer_widths("64,64,32") == (64, 64, 32)  # a sequence: every item
     assert validate.positive_ints("1,2,2,8", "--actors") == [1, 2, 8]
     assert validate.seed_list("2,0,2") == [2, 0]
     assert validate.batch_sizes("256,1") == [256, 1]
-    assert registry_options.precisions("FP32, int8-block,sim6,rec-int4", recovered=True) == [
-        "fp32", "int8-block", "sim6", "rec-int4"]
+    base = QuantConfig(int8_weights="asymmetric", block_size=64)
+    columns = registry_options.columns("FP32, int8-block,sim6,rec-int4", base)
+    assert [c.label for c in columns] == ["fp32", "int8-block", "sim6", "rec-int4"]
+    assert [c.recovered for c in columns] == [False, False, False, True]
+    assert all((c.config.int8_weights, c.config.block_size) == ("asymmetric", 64) for c in columns)
+    assert registry_options.configs("INT4,sim3", base) == [QuantConfig("int4", block_size=64, int8_weights="asymmetric"),
+                                                           QuantConfig("nbit", bits=3, block_size=64,
+                                                                       int8_weights="asymmetric")]
+    assert registry_options.precisions("INT4,sim3", block_size=64, int8_weights="auto") == ["int4", "sim3"]
     assert registry_options.quant_options("symmetric", 64) == {"int8_weights": "symmetric", "block_size": 64}
     assert registry_options.wire_widths("") == [] and registry_options.wire_widths("16,4") == [16, 4]
     assert validate.decide_episodes(0, 20) == 0 and validate.decide_episodes(200, 20) == 200
@@ -922,6 +930,33 @@ def test_validators_return_the_values_converted() -> None:
         (7, 3, 4, 100, 2)
     assert validate.algo_and_env(None, None, "ppo", "CartPole-v1") == ("ppo", "CartPole-v1")
     assert validate.algo_and_env("ppo", "CartPole-v1", "ppo", None) == ("ppo", "CartPole-v1")
+
+
+@pytest.mark.parametrize("command, parsed", [
+    (["ptq", "--precisions", "FP16,sim4,int8-dyn-tensor", "--episodes", "2", "--n-envs", "2", "--workers", "1",
+      "--decide-episodes", "0", "--block-size", "64"], ["FP16", "sim4", "int8-dyn-tensor"]),
+    (["study", "--precisions", "fp16,sim4", "--seeds", "0", "--episodes", "1", "--n-envs", "1", "--decide-episodes",
+      "0"], ["fp16", "sim4"]),
+    (["export", "--precision", "fp16"], ["fp16"]),
+    (["bench", "--precisions", "fp16,sim4", "--batches", "1", "--budget", "0.05"], ["fp16", "sim4"]),
+], ids=["ptq", "study", "export", "bench"])
+def test_each_precision_label_is_parsed_once(tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             command: list[str], parsed: list[str]) -> None:
+    """Labels become configs where the command reads its options (issue 48): each once, its
+    cells, its fp32 baseline, the study's grid and workers and the export take configs."""
+    from quarl.quantization.config import QuantConfig
+
+    labels: list[str] = []
+    parse = QuantConfig.parse
+
+    def counted(label: str, base: QuantConfig | None = None) -> QuantConfig:
+        labels.append(label)
+        return parse(label, base)
+
+    monkeypatch.setattr(QuantConfig, "parse", counted)
+    r = run_cli(command[0], str(tiny_run), *command[1:], "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert labels == parsed
 
 
 def test_workers_come_from_the_option_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

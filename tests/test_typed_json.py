@@ -11,7 +11,7 @@ import pytest
 from quarl.quantization.config import QATConfig, QATLayerState, QATState, QuantConfig
 
 
-@pytest.mark.parametrize("config", [QuantConfig(), QuantConfig.parse("int8", block_size=64),
+@pytest.mark.parametrize("config", [QuantConfig(), QuantConfig.parse("int8", QuantConfig(block_size=64)),
                                     QuantConfig(precision="nbit", bits=3, scheme="affine", activations=True)])
 def test_quant_config_json_is_its_fields_in_order(config: QuantConfig) -> None:
     as_json = config.to_json()

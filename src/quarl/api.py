@@ -12,7 +12,7 @@ print(int8.meta["quant"]["mode"], quarl.evaluate(int8, agent.env_spec, episodes=
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from quarl.evaluation.playback import Playback
 from quarl.policies.base import Policy
 from quarl.policies.checkpoint import Checkpoint, resolve_env_spec
 from quarl.quantization.api import quantize as _quantize
-from quarl.quantization.config import ParseOptions, QuantConfig
+from quarl.quantization.config import QuantConfig
 from quarl.quantization.precisions import needs_calibration
 
 if TYPE_CHECKING:
@@ -76,16 +76,19 @@ def load_checkpoint_and_env(path: str | Path | Any, env: str | None = None, trus
 
 
 def quantize(policy: Policy | Checkpoint | Any, precision: str | QuantConfig, env_spec: EnvSpec | str | None = None,
-             **options: Unpack[ParseOptions]) -> Policy:
+             *, int8_weights: str | None = None, block_size: int | None = None) -> Policy:
     """``policy`` at ``precision`` (a label such as ``"int8"``, ``"int4-block"``, ``"sim6"``,
-    or a :class:`QuantConfig`). ``policy``: a quarl :class:`Policy`, what :func:`load`
+    or a :class:`QuantConfig`). A label takes ``int8_weights`` and ``block_size`` where given
+    (as ``--int8-weights`` / ``--block-size`` do; any other option: pass a :class:`QuantConfig`,
+    which carries its own). ``policy``: a quarl :class:`Policy`, what :func:`load`
     returns, or an SB3 model object (the env then comes from the agent unless given). Modes
     that need calibration (automatic int8 / int4, activation ranges) calibrate on
     ``env_spec`` with the fixed calibration seeds (``quarl.evaluation.calibration.CALIBRATION_SEEDS``,
     which evaluation never uses), exactly as every command does, so the same policy gets
     the same mode here and in ``quarl ptq``."""
     policy, env_spec = _policy_and_env(policy, env_spec)
-    config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
+    config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(
+        precision, _options(int8_weights, block_size))
     calibration = returns = None
     if needs_calibration(config):
         if env_spec is None:
@@ -97,6 +100,12 @@ def quantize(policy: Policy | Checkpoint | Any, precision: str | QuantConfig, en
     if quantized.home_env is None and env_spec is not None:
         quantized.home_env = _spec(policy, env_spec)
     return quantized
+
+
+def _options(int8_weights: str | None, block_size: int | None) -> QuantConfig:
+    """The config a label is parsed onto: the options given, every other field's default."""
+    return QuantConfig(int8_weights=QuantConfig.int8_weights if int8_weights is None else int8_weights,
+                       block_size=QuantConfig.block_size if block_size is None else block_size)
 
 
 def _spec(policy: Policy, env: EnvSpec | str) -> EnvSpec:

@@ -12,7 +12,7 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import out_console, setup, user_errors
-from quarl.cli.loading import is_export, load
+from quarl.cli.loading import load
 from quarl.cli.settings import (
     LOADING,
     PRECISIONS_HELP,
@@ -70,17 +70,17 @@ def bench(
     validate.batch_sizes(batches)
     from quarl.evaluation.reports import print_table
     from quarl.export.bench import bench_checkpoint, write_bench
+    from quarl.policies.onnx_artifact import ExportedModel
 
-    exported = is_export(checkpoint)
-    if precisions is not None and exported:
-        raise QuarlError(f"{checkpoint} is an exported model: bench times it as exported; drop --precisions (or bench "
-                         "the checkpoint it came from)")
-    labels = registry_options.precisions(precisions or "fp16,bf16,int8,int4")
-    validate.bench_budget(budget)
+    configs = registry_options.configs(precisions or "fp16,bf16,int8,int4")
     sizes = validate.batch_sizes(batches)
     outputs.apart_from_inputs(out, [checkpoint])
     ckpt, spec = load(checkpoint, env, trust_pickle)
-    rows = bench_checkpoint(ckpt.policy, spec, labels, sizes, budget, as_exported=exported)
+    exported = ckpt.payload_of(ExportedModel) is not None
+    if precisions is not None and exported:
+        raise QuarlError(f"{checkpoint} is an exported model: bench times it as exported; drop --precisions (or bench "
+                         "the checkpoint it came from)")
+    rows = bench_checkpoint(ckpt.policy, spec, configs, sizes, budget, as_exported=exported)
     against = "itself (an exported model has no float network beside it)" if exported else "PyTorch fp32"
     print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup over "
                       f"{against}", out_console)

@@ -12,7 +12,7 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.loading import is_export, load, protocol
+from quarl.cli.loading import load, protocol
 from quarl.cli.settings import (
     INT_OPTIONS,
     LOADING,
@@ -37,6 +37,7 @@ from quarl.core.errors import QuarlError
 
 if TYPE_CHECKING:  # the CLI imports deploy (torch) only when a command runs
     from quarl.export.artifact import PortableCheck
+    from quarl.quantization.config import QuantConfig
 
 Precision = Annotated[str, typer.Option(
     "--precision", help="fp32, int8 / int4 (fastest mode that agrees with fp32) or one mode (int8-dyn-channel, "
@@ -87,23 +88,24 @@ def export(
     loading = Loading(trust_pickle, load_best, load_checkpoint, load_last_checkpoint)
     checkpoint = loading.policy_path(checkpoint, env, out)
     early.precisions(precision)
-    options = IntOptions(int8_weights, block_size).checked()
-    registry_options.precisions(precision, **options)
+    config = one_precision(precision, IntOptions(int8_weights, block_size).config())
     validate.seed(seed)
     if seed:
         console.print("note: export --seed is ignored and will be removed: calibration seeds are fixed, so export, "
                       "ptq and study choose the same int mode", highlight=False)
     validate.out_folder(outputs.apart_from_inputs(out, [checkpoint]))
-    if is_export(checkpoint):
+    ckpt, spec = load(checkpoint, env, trust_pickle)
+    from quarl.policies.onnx_artifact import ExportedModel
+
+    if ckpt.payload_of(ExportedModel) is not None:
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
-    ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic))
     from quarl.export.artifact import export_checkpoint  # torch and ONNX, once every option is checked
 
     default = out is None
     out = out or outputs.precision_folder("export", checkpoint, spec.env_id, precision)
-    exported = export_checkpoint(ckpt.policy, spec, precision, out, max_steps, portable, **options)
+    exported = export_checkpoint(ckpt.policy, spec, config, out, max_steps, portable)
     if default:
         outputs.claim(out, checkpoint)
     mode = f", mode {exported.meta['quant']['mode']}" if "quant" in exported.meta else ""
@@ -112,6 +114,17 @@ def export(
     inexact = portable_note(exported.meta.get("portable", {}))
     if inexact:
         out_console.print(inexact, soft_wrap=True, highlight=False)
+
+
+def one_precision(text: str, base: QuantConfig) -> QuantConfig:
+    """--precision parsed once onto the int options: one label (a list is refused as the one
+    label it is not)."""
+    configs = registry_options.configs(text, base)
+    if "," in text:  # an export is one model
+        from quarl.quantization.config import allowed_precisions
+
+        raise validate.unknown_precision(text, allowed_precisions())
+    return configs[0]
 
 
 def portable_note(check: Mapping[str, PortableCheck]) -> str:

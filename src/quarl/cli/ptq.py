@@ -13,7 +13,7 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import out_console, progress, say, say_reused, setup, user_errors
-from quarl.cli.loading import is_export, load, protocol
+from quarl.cli.loading import load, protocol
 from quarl.cli.settings import (
     EVALUATION,
     INSURE,
@@ -54,12 +54,12 @@ from quarl.core import validate
 from quarl.verdict import Decision, Judging, Verdict
 
 if TYPE_CHECKING:
-    from quarl.cli.registry_options import QuantOptions
     from quarl.envs import EnvSpec
     from quarl.evaluation.cells import EvalSettings
     from quarl.evaluation.record import CellRecord
     from quarl.policies.base import Policy
     from quarl.policies.checkpoint import Checkpoint
+    from quarl.quantization.config import QuantConfig
 
 
 DECIDE_EPISODES = 2000
@@ -150,21 +150,22 @@ def ptq(
     early.precisions(precisions)
     deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range, DECIDE_EPISODES)
     settings = evaluation.settings(worker_count)
-    options = IntOptions(int8_weights, block_size).checked()
-    labels = registry_options.precisions(precisions, **options)
+    configs = registry_options.configs(precisions, IntOptions(int8_weights, block_size).config())
     ckpt, spec = load(checkpoint, env, trust_pickle)
     spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic, sticky_actions))
     warm(settings.workers)
     out = validate.out_folder(outputs.apart_from_inputs(out, [checkpoint])) or outputs.claim(outputs.policy_folder(
         "ptq", checkpoint, spec.env_id), checkpoint)
-    if is_export(checkpoint):  # an exported model: evaluated as it is, nothing re-quantized
+    from quarl.policies.onnx_artifact import ExportedModel
+
+    if ckpt.payload_of(ExportedModel) is not None:  # an exported model: evaluated as it is, nothing re-quantized
         ptq_export(checkpoint, ckpt, spec, settings, out, wide, precisions != DEFAULT_PRECISIONS)
         return
     from quarl.recovery.loader import recovered_cells
 
     fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle, ckpt.payload)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
-    records = play_cells(ckpt.policy, spec, labels, settings, out, deciding, str(checkpoint), fixed, options)
+    records = play_cells(ckpt.policy, spec, configs, settings, out, deciding, str(checkpoint), fixed)
     report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide, deciding.judging)
 
 
@@ -200,13 +201,14 @@ def ptq_title(ckpt: Checkpoint, env_id: str, recovered: str | None, budget: str)
     return title
 
 
-def play_cells(policy: Policy, spec: EnvSpec, labels: list[str], settings: EvalSettings, out: Path,
-               deciding: Deciding, source: str, fixed: dict[str, Policy], options: QuantOptions) -> list[CellRecord]:
-    """fp32's and each precision's episodes (:func:`quarl.ptq.run_ptq`; ``fixed``: cells
-    played as they are, a recovered folder's; ``options``: every int cell's), a progress bar per cell."""
+def play_cells(policy: Policy, spec: EnvSpec, configs: list[QuantConfig], settings: EvalSettings, out: Path,
+               deciding: Deciding, source: str, fixed: dict[str, Policy]) -> list[CellRecord]:
+    """fp32's and each precision's episodes (:func:`quarl.ptq.run_ptq`; ``configs``: the
+    precisions, parsed once onto the int options; ``fixed``: cells played as they are, a
+    recovered folder's), a progress bar per cell."""
     from quarl.ptq.run import run_ptq
 
-    cells = list(dict.fromkeys(["fp32", *labels]))
+    cells = list(dict.fromkeys(["fp32", *(c.label for c in configs)]))
     with progress() as bar:
         limit = f" (≤{deciding.episodes})" if deciding.episodes > settings.episodes else ""
         tasks = {c: bar.add_task(f"{c:>5}{limit}", total=settings.episodes) for c in cells}
@@ -214,9 +216,8 @@ def play_cells(policy: Policy, spec: EnvSpec, labels: list[str], settings: EvalS
         def on_episodes(cell: str, n: int) -> None:  # --decide-episodes: a bar grows with its cell's episodes
             bar.update(tasks[cell], completed=n, total=max(n, bar.tasks[tasks[cell]].total or 0))
 
-        return run_ptq(policy, spec, labels, settings, out, progress=on_episodes, source=source, fixed=fixed,
-                       decide_episodes=deciding.episodes, decide_seconds=deciding.seconds, judging=deciding.judging,
-                       **options)
+        return run_ptq(policy, spec, configs, settings, out, progress=on_episodes, source=source, fixed=fixed,
+                       decide_episodes=deciding.episodes, decide_seconds=deciding.seconds, judging=deciding.judging)
 
 
 def report_cells(records: list[CellRecord], title: str, episodes: int, out: Path, checkpoint: Path, recovered: bool,

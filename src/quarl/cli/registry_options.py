@@ -13,7 +13,8 @@ from quarl.core.validate import items, positive_ints
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
-    from quarl.quantization.config import ParseOptions
+    from quarl.quantization.config import QuantConfig
+    from quarl.study.grid import Column
 
 
 class QuantOptions(TypedDict):
@@ -24,22 +25,36 @@ class QuantOptions(TypedDict):
     block_size: int
 
 
-def precisions(text: str, recovered: bool = False, **options: Unpack[ParseOptions]) -> list[str]:
-    """The labels of --precisions, each checked, lower case; ``recovered``: ``rec-int4`` /
-    ``rec-int8`` (a recovered column, quarl study) are allowed too."""
+def configs(text: str, base: QuantConfig | None = None) -> list[QuantConfig]:
+    """The labels of --precisions, each parsed once onto ``base`` (the command's int options,
+    :meth:`quarl.cli.settings.IntOptions.config`): the configs its cells run, in order, once
+    each. A study column (``rec-int4``) is refused with the command that recovers it."""
     from quarl.quantization.config import QuantConfig
-    from quarl.recovery import RECOVERED_PREFIX, recovered_precision
+    from quarl.recovery import RECOVERED_PREFIX
 
-    labels = items(text, "--precisions")
-    for label in labels:
+    parsed = []
+    for label in items(text, "--precisions"):
         if label.lower().startswith(RECOVERED_PREFIX):
-            if not recovered:
-                raise QuarlError(f"{label!r} is a study column: here run quarl recover POLICY --precision "
-                                 f"{label[len(RECOVERED_PREFIX):]}")
-            recovered_precision(label)
-            continue
-        QuantConfig.parse(label, **options)  # raises a clear error for an unknown one
-    return [label.lower() for label in labels]
+            raise QuarlError(f"{label!r} is a study column: here run quarl recover POLICY --precision "
+                             f"{label[len(RECOVERED_PREFIX):]}")
+        parsed.append(QuantConfig.parse(label, base))  # raises a clear error for an unknown one
+    return parsed
+
+
+def columns(text: str, base: QuantConfig | None = None) -> list[Column]:
+    """quarl study's --precisions: its columns, each label parsed once onto ``base``;
+    ``rec-int4`` / ``rec-int8`` (the agent recovered at that precision) allowed."""
+    from quarl.study.grid import Column
+
+    return [Column.parse(label, base) for label in items(text, "--precisions")]
+
+
+def precisions(text: str, **options: Unpack[QuantOptions]) -> list[str]:
+    """The labels of --precisions, each checked, lower case, as :func:`configs` parses them
+    onto ``options`` (quarl play, which passes the label on)."""
+    from quarl.quantization.config import QuantConfig
+
+    return [config.label for config in configs(text, QuantConfig(**options))]
 
 
 def quant_options(int8_weights: str, block_size: int) -> QuantOptions:

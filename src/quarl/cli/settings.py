@@ -23,6 +23,7 @@ from quarl.verdict import DEFAULT_INSURE
 
 if TYPE_CHECKING:
     from quarl.evaluation.cells import EvalSettings
+    from quarl.quantization.config import QuantConfig
     from quarl.verdict import Judging
 
 # ------------------------------------------------------------------ every command that makes an env
@@ -194,6 +195,14 @@ class IntOptions:
     def checked(self) -> QuantOptions:
         """The :class:`~quarl.quantization.config.QuantConfig` fields they set, validated."""
         return quant_options(self.int8_weights, self.block_size)
+
+    def config(self) -> QuantConfig:
+        """The config every precision label of the command is parsed onto, once
+        (:func:`quarl.cli.registry_options.configs`): these options, every other field's
+        default; validated (one line for a bad value)."""
+        from quarl.quantization.config import QuantConfig
+
+        return QuantConfig(int8_weights=self.int8_weights, block_size=self.block_size)
 
 
 INT_OPTIONS = IntOptions()

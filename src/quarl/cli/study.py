@@ -94,7 +94,7 @@ def demo(
     from quarl.demo.run import demo_agents, run_demo
     from quarl.evaluation.reports import print_table
 
-    labels = registry_options.precisions(precisions)
+    configs = registry_options.configs(precisions)
     settings = evaluation.settings(worker_count)
     validate.out_folder(out)
     deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range, DEMO_DECIDE_EPISODES)
@@ -110,7 +110,7 @@ def demo(
             return lambda c, n: bar.update(tasks[c], completed=n, total=max(n, bar.tasks[tasks[c]].total or 0))
 
         played: list[CellRecord] = []
-        rows = run_demo(runs, labels, settings, out, on_policy, deciding.episodes, stochastic, sticky_actions,
+        rows = run_demo(runs, configs, settings, out, on_policy, deciding.episodes, stochastic, sticky_actions,
                         deciding.seconds, deciding.judging, on_records=lambda folder, records: played.extend(records))
     budget = deciding.budget()
     print_table(rows, f"mean return over {episodes}+ episodes" + (f" ({budget} per agent)" if budget else "")
@@ -165,18 +165,18 @@ def study(
     from quarl.study.report import write_study_report
     from quarl.study.store import StudyRecord
 
-    options = IntOptions(int8_weights, block_size).checked()
+    base = IntOptions(int8_weights, block_size).config()
     seed_list = validate.seed_list(seeds)
     validate.count(max_steps, 1, "--max-steps")
     found = tuple(find_agents(agents))
     validate.out_folder(outputs.apart_from_inputs(out, found))
-    labels = registry_options.precisions(precisions, recovered=True, **options)
+    columns = registry_options.columns(precisions, base)
     Evaluation(episodes, 0, n_envs, max_steps).checked().settings()  # each value checked
     validate.check_workers(workers)  # before a Ray is asked for that many CPUs
     deciding = Deciding.parse(decide_episodes, decide_minutes, insure, return_range, STUDY_DECIDE_EPISODES)
-    config = StudyConfig(found, tuple(labels), tuple(seed_list), episodes, n_envs, max_steps,
-                         int8_weights, block_size, trust_pickle, workers, address, out, deciding.episodes, stochastic,
-                         sticky_actions, deciding.seconds, deciding.judging)
+    config = StudyConfig(found, tuple(columns), tuple(seed_list), episodes, n_envs, max_steps, trust_pickle, workers,
+                         address, out, deciding.episodes, stochastic, sticky_actions, deciding.seconds,
+                         deciding.judging)
     evaluated = 0
     with progress() as bar:
         task = bar.add_task("cells", total=len(study_cells(config)))
@@ -189,7 +189,7 @@ def study(
 
         records = run_study(config, on_cell)
         bar.update(task, completed=len(records))
-    rows = write_study_report(records, labels, out, len(seed_list), deciding.judging)
+    rows = write_study_report(records, [c.label for c in columns], out, len(seed_list), deciding.judging)
     budget = deciding.budget()
     print_table(rows, f"mean return over {episodes} episodes x {len(seed_list)}+ seeds"
                 + (f" ({budget})" if budget else "")

@@ -17,6 +17,7 @@ from quarl.evaluation.record import CellRecord
 from quarl.evaluation.reports import paper_table, plot_verdicts, write_rows
 from quarl.policies.checkpoint import resolve_env_spec
 from quarl.ptq.run import run_ptq
+from quarl.quantization.config import QuantConfig, as_config
 from quarl.verdict import Judging
 
 DEFAULT_ZOO = Path("../shared/zoo")
@@ -45,12 +46,13 @@ def demo_agents(zoo: Path | None, out: Path, train_steps: int,
     return [run_dir]
 
 
-def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings, out: Path,
+def run_demo(runs: Sequence[Path], precisions: Sequence[QuantConfig | str], settings: EvalSettings, out: Path,
              on_policy: Callable[[str, list[str]], Progress] | None = None,
              decide_episodes: int = 0, stochastic: bool | None = None,
              sticky_actions: float | None = None, decide_seconds: float | None = None,
              judging: Judging = Judging(), on_records: Callable[[Path, list[CellRecord]], None] | None = None) -> list[Row]:
-    """Evaluate every agent at fp32 and ``labels`` (each agent's cells under its own
+    """Evaluate every agent at fp32 and ``precisions`` (configs, as ``quarl demo`` parses them
+    once; a label, parsed once here) (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
@@ -59,7 +61,8 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
     ``on_records(folder, records)``: each agent's cells once played or reused from ``folder``."""
     per_policy: dict[str, list[CellRecord]] = {}
     modes: dict[str, dict[str, str]] = {}
-    cells = list(dict.fromkeys(["fp32", *labels]))
+    configs = [as_config(p) for p in precisions]
+    cells = list(dict.fromkeys(["fp32", *(c.label for c in configs)]))
     for run in runs:
         ckpt = load_checkpoint(run)
         spec, ckpt.policy = protocol(ckpt.policy, resolve_env_spec(ckpt, None), stochastic, sticky_actions,
@@ -68,7 +71,7 @@ def run_demo(runs: Sequence[Path], labels: Sequence[str], settings: EvalSettings
         progress = on_policy(name, cells) if on_policy else None
         folder = out / f"{run.parent.name}-{run.name.removesuffix('.pkl')}"
         with about(name):  # its warnings name it
-            per_policy[name] = run_ptq(ckpt.policy, spec, labels, settings, folder, progress=progress,
+            per_policy[name] = run_ptq(ckpt.policy, spec, configs, settings, folder, progress=progress,
                                        source=str(run), decide_episodes=decide_episodes,
                                        decide_seconds=decide_seconds, judging=judging)
         if on_records is not None:

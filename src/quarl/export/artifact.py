@@ -13,7 +13,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Unpack
 
 import gymnasium as gym
 import numpy as np
@@ -40,7 +39,7 @@ from quarl.quant.summary import QuantSummary
 from quarl.quantization import precisions as registry
 from quarl.quantization.api import quantize
 from quarl.quantization.choice import Returns
-from quarl.quantization.config import ParseOptions, QuantConfig
+from quarl.quantization.config import QuantConfig, as_config
 
 # ------------------------------------------------------------------ the sidecar OUT.json, as written (JSON objects)
 
@@ -149,9 +148,10 @@ def quantized_model(policy: Policy, config: QuantConfig, calibration: np.ndarray
 
 
 def export_policy(policy: Policy, precision: str | QuantConfig, out: Path, calibration: np.ndarray | None = None,
-                  env_spec: EnvSpec | None = None, returns: Returns | None = None, portable: bool = False,
-                  **options: Unpack[ParseOptions]) -> SidecarJson:
-    """Write ``OUT.onnx`` and ``OUT.json``; returns the sidecar with the file sizes. With
+                  env_spec: EnvSpec | None = None, returns: Returns | None = None,
+                  portable: bool = False) -> SidecarJson:
+    """Write ``OUT.onnx`` and ``OUT.json`` of ``policy`` at ``precision`` (a config, or a label
+    parsed once with the default options); returns the sidecar with the file sizes. With
     ``env_spec`` the sidecar names the env, and ``quarl ptq OUT.onnx`` evaluates the file.
     ``portable``: MatMulNBits rewritten as standard ONNX (:mod:`quarl.quant.portable`),
     checked against the contrib model on ``calibration`` (recorded under ``portable``)."""
@@ -159,7 +159,7 @@ def export_policy(policy: Policy, precision: str | QuantConfig, out: Path, calib
         # the ONNX model gives the mean action; a sidecar saying "sampled" would promise what it cannot do
         raise QuarlError(f"--stochastic: an export holds {policy.algo}'s mean action alone, not its noise: export with "
                          "--deterministic (sampled play is measured on the checkpoint itself)")
-    config = precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision, **options)
+    config = as_config(precision)
     model, quant = quantized_model(policy, config, calibration, returns)
     check = None
     if portable:
@@ -228,12 +228,12 @@ class Exported:
     """The sidecar as written."""
 
 
-def export_checkpoint(policy: Policy, env_spec: EnvSpec, precision: str, out: Path, max_steps: int | None = None,
-                      portable: bool = False, **options: Unpack[ParseOptions]) -> Exported:
-    """``policy`` at ``precision`` as OUT/policy.onnx and its sidecar OUT/policy.json: every
-    precision but fp32 calibrates on the calibration seeds' states (episodes cut at
-    ``max_steps``), and an automatic int mode is judged on the calibration episodes."""
-    config = QuantConfig.parse(precision, **options)  # an unknown label refused in one line
+def export_checkpoint(policy: Policy, env_spec: EnvSpec, config: QuantConfig, out: Path, max_steps: int | None = None,
+                      portable: bool = False) -> Exported:
+    """``policy`` at ``config`` (parsed once, by the command) as OUT/policy.onnx and its sidecar
+    OUT/policy.json: every precision but fp32 calibrates on the calibration seeds' states
+    (episodes cut at ``max_steps``), and an automatic int mode is judged on the calibration
+    episodes."""
     validate.count(max_steps, 1, "--max-steps", unset="")
     calibration = None if config.precision == "fp32" else calibration_inputs(policy, env_spec, max_steps)
     returns = calibration_returns(env_spec, max_steps)

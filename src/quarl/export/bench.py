@@ -26,15 +26,15 @@ from quarl.quantization.config import QuantConfig
 def bench_precisions(
     policy: Policy,
     inputs: np.ndarray,
-    precisions: Sequence[str],
+    precisions: Sequence[QuantConfig],
     batches: Sequence[int] = (1, 256),
     budget_s: float = 1.0,
     returns: Returns | None = None,
     as_exported: bool = False,
 ) -> list[Row]:
-    """Latency (median us per call) of each precision's engine at each batch size, the
-    model's size, next to PyTorch fp32 (the ``fp32`` row) and ONNX Runtime fp32
-    (``fp32-ort``). ``inputs`` are network inputs (preprocessed observations from
+    """Latency (median us per call) of each precision's engine at each batch size (``precisions``:
+    configs, as the command parses them once), the model's size, next to PyTorch fp32 (the
+    ``fp32`` row) and ONNX Runtime fp32 (``fp32-ort``). ``inputs`` are network inputs (preprocessed observations from
     ``ptq.calibration_inputs``) and, with ``returns``, choose the int modes as ``ptq``
     does. ``as_exported``: ``policy`` is an exported model (no float network to quantize
     or compare with): its own engine alone, one row, the ``x`` columns against itself.
@@ -48,9 +48,9 @@ def bench_precisions(
     else:
         ort_fp32 = OrtEngine(export_onnx(policy.network, policy.input_shape))
         cells = [("fp32", policy), ("fp32-ort", ort_fp32)]
-    for label in precisions:
-        if label != "fp32":  # the baseline row
-            cells.append((label, quantize(policy, QuantConfig.parse(label), calibration=x_all[:256], returns=returns)))
+    for config in precisions:
+        if config.label != "fp32":  # the baseline row
+            cells.append((config.label, quantize(policy, config, calibration=x_all[:256], returns=returns)))
     for label, p in cells:
         engine = p.engine if isinstance(p, Policy) else p
         assert engine is not None  # a Policy gets its engine at construction
@@ -68,7 +68,7 @@ def bench_precisions(
     return rows
 
 
-def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[str], batches: Sequence[int],
+def bench_checkpoint(policy: Policy, env_spec: EnvSpec, precisions: Sequence[QuantConfig], batches: Sequence[int],
                      budget_s: float, as_exported: bool = False) -> list[Row]:
     """Latency rows of ``policy`` at each precision (an exported model: as exported, alone),
     timed on the calibration seeds' states; int modes chosen as ``ptq`` chooses them."""

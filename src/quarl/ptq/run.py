@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 from quarl.core.errors import QuarlError
 from quarl.core.records import ResultsLog
@@ -23,7 +23,7 @@ from quarl.evaluation.cells import Cell, EvalSettings, Progress, evaluate_cells,
 from quarl.evaluation.record import CellRecord
 from quarl.evaluation.reports import paired_decision, plot_verdicts, ptq_rows, write_rows
 from quarl.policies.base import Policy
-from quarl.quantization.config import ParseOptions, QuantConfig
+from quarl.quantization.config import QuantConfig, as_config
 from quarl.verdict import CHUNK, Decision, Judging
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def run_ptq(
     policy: Policy,
     env_spec: EnvSpec,
-    precisions: Sequence[str],
+    precisions: Sequence[QuantConfig | str],
     settings: EvalSettings,
     out_dir: Path,
     progress: Progress | None = None,
@@ -41,7 +41,6 @@ def run_ptq(
     decide_episodes: int = 0,
     decide_seconds: float | None = None,
     judging: Judging = Judging(),
-    **options: Unpack[ParseOptions],
 ) -> list[CellRecord]:
     """Evaluate each precision (fp32 first, for E); write ``ptq.{csv,md,json}`` and
     ``ptq.png`` (E per precision with its interval).
@@ -50,10 +49,14 @@ def run_ptq(
     ``decide_episodes``: play more episodes where a verdict is undecided, up to this many per
     cell (:func:`decide`), starting no new chunk after ``decide_seconds`` (wall clock, from
     the start; None: no limit); ``judging``: the verdicts' range (``--insure``,
-    ``--return-range``). ``options``: QuantConfig fields for every cell (``int8_weights``, ``block_size``...)."""
-    labels = list(dict.fromkeys(["fp32", *precisions]))
+    ``--return-range``). ``precisions``: configs, as the commands parse them once onto their
+    options (a label a Python caller writes is parsed once, here, with the default options); fp32
+    is played first, at their options (:meth:`~quarl.quantization.config.QuantConfig.at_fp32`)."""
+    given = [as_config(p) for p in precisions]
+    fp32 = given[0].at_fp32() if given else QuantConfig()
+    configs = {c.label: c for c in [fp32, *given]}  # fp32 first, each label once
     fixed = fixed or {}
-    cells = [Cell(label, QuantConfig.parse(label, **options), policy=fixed.get(label)) for label in labels]
+    cells = [Cell(label, config, policy=fixed.get(label)) for label, config in configs.items()]
     deadline = None if decide_seconds is None else time.monotonic() + decide_seconds
     with output_lock(out_dir):
         log_file = ResultsLog(out_dir / "results.jsonl")

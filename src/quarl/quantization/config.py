@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Annotated, Any, TypedDict, Unpack
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,18 +15,6 @@ from quarl.quant.primitives import GRANULARITIES, MAX_BITS, MIN_BITS, SCHEMES, c
 from quarl.quantization import precisions as registry
 
 INT8_WEIGHTS: tuple[str, ...] = ("auto", "asymmetric", "symmetric")
-
-
-class ParseOptions(TypedDict, total=False):
-    """The :class:`QuantConfig` fields a label leaves to its caller (:meth:`QuantConfig.parse`)."""
-
-    scheme: str
-    granularity: str
-    block_size: int
-    int8_weights: str
-    activations: bool
-    min_agreement: float
-    action_tolerance: float
 
 
 QuantConfigJson = dict[str, str | int | float | bool]
@@ -100,21 +88,30 @@ class QuantConfig:
             raise QuarlError(f"action tolerance {self.action_tolerance!r} must be >= 0")
 
     @classmethod
-    def parse(cls, label: str, **kwargs: Unpack[ParseOptions]) -> QuantConfig:
+    def parse(cls, label: str, base: QuantConfig | None = None) -> QuantConfig:
         """Build from a label as the CLI writes it: ``fp32``, ``fp16``, ``bf16``, ``int8`` /
         ``int4`` (real kernels, mode chosen automatically), ``int8-MODE`` / ``int4-MODE``
-        (one mode), or ``sim2`` .. ``sim16`` (simulated n-bit weights, the paper's sweep)."""
+        (one mode), or ``sim2`` .. ``sim16`` (simulated n-bit weights, the paper's sweep).
+        The label sets the precision, bits and mode; every other field is ``base``'s (the
+        options a command's cells share, such as ``int8_weights`` and ``block_size``; default:
+        every field's default). A command parses each label once, where it reads its options."""
         from quarl.quant.modes import MODES
 
+        base = base or cls()
         text = label.strip().lower()
         if text in registry.PRECISIONS and text != "nbit":
-            return cls(precision=text, **kwargs)
+            return replace(base, precision=text, bits=cls.bits, mode=cls.mode)
         if text in MODES:
             mode = MODES[text]
-            return cls(precision=f"int{mode.bits}", mode=mode.name, **kwargs)
+            return replace(base, precision=f"int{mode.bits}", bits=cls.bits, mode=mode.name)
         if text.startswith("sim") and digits(text[3:]) and MIN_BITS <= int(text[3:]) <= MAX_BITS:
-            return cls(precision="nbit", bits=int(text[3:]), **kwargs)
+            return replace(base, precision="nbit", bits=int(text[3:]), mode=cls.mode)
         raise unknown_precision(label, allowed_precisions())
+
+    def at_fp32(self) -> QuantConfig:
+        """fp32 with this config's options (block size, int8 weights, agreement...): the baseline a
+        run adds before its precisions, keyed with the options its cells share, as before."""
+        return replace(self, precision="fp32", bits=QuantConfig.bits, mode=QuantConfig.mode, activations=False)
 
     @property
     def label(self) -> str:
@@ -240,3 +237,10 @@ def precision_labels() -> list[str]:
     from quarl.quant.modes import MODES
 
     return [*(p for p in registry.PRECISIONS if p != "nbit"), *MODES, *(f"sim{n}" for n in range(MIN_BITS, MAX_BITS + 1))]
+
+
+def as_config(precision: QuantConfig | str) -> QuantConfig:
+    """``precision`` as a config: a :class:`QuantConfig` as given, or a label a Python caller
+    wrote (``"int8"``), parsed once with every option's default. The commands parse their
+    labels onto their options where they read them and pass configs."""
+    return precision if isinstance(precision, QuantConfig) else QuantConfig.parse(precision)

@@ -149,8 +149,9 @@ class RecoverConfig:
         the files' ``config`` nor equality sees it."""
         from quarl.quantization.config import QuantConfig
 
-        return QuantConfig.parse(self.precision, block_size=self.block_size, int8_weights=self.int8_weights,
-                                 min_agreement=self.min_agreement, action_tolerance=self.action_tolerance)
+        options = QuantConfig(block_size=self.block_size, int8_weights=self.int8_weights,
+                              min_agreement=self.min_agreement, action_tolerance=self.action_tolerance)
+        return QuantConfig.parse(self.precision, base=options)
 
     def quant_config(self) -> QuantConfig:
         """:attr:`quant` resolved on this CPU (``int8_weights="auto"``: what it runs;

@@ -40,17 +40,53 @@ share episodes."""
 
 
 @dataclass(frozen=True)
+class Column:
+    """A column of a study: a precision's config, or (``recovered``) the agent ``quarl recover``
+    recovered at that precision (``rec-int4``: its real kernel, against the original fp32)."""
+
+    config: QuantConfig
+    recovered: bool = False
+
+    @classmethod
+    def parse(cls, label: str, base: QuantConfig | None = None) -> Column:
+        """A --precisions label, parsed once onto ``base`` (the study's int options);
+        ``rec-int4`` / ``rec-int8`` is recovered (its precision checked as recover's is)."""
+        from quarl.recovery import recovered_precision
+
+        precision = recovered_precision(label)
+        return cls(QuantConfig.parse(precision or label, base), precision is not None)
+
+    @property
+    def label(self) -> str:
+        """The column's name, as its cells are stored: ``int8``, ``sim6``, ``rec-int4``..."""
+        from quarl.recovery import RECOVERED_PREFIX
+
+        return RECOVERED_PREFIX + self.config.label if self.recovered else self.config.label
+
+
+def as_column(precision: Column | QuantConfig | str) -> Column:
+    """A column as given, a config's plain column, or a label a Python caller wrote, parsed
+    once with the default options (:meth:`Column.parse`)."""
+    if isinstance(precision, Column):
+        return precision
+    if isinstance(precision, str):
+        return Column.parse(precision)
+    return Column(precision)
+
+
+@dataclass(frozen=True)
 class StudyConfig:
     checkpoints: tuple[Path, ...]
     """Agents: SB3 zips, RL Zoo run folders or legacy stable-baselines pickles."""
-    precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
-    """fp32 is always added: E is measured against it."""
+    precisions: tuple[Column | QuantConfig | str, ...] = ("fp32", "fp16", "int8")
+    """The columns: as ``quarl study`` gives them (:class:`Column` s, each label parsed once
+    onto its int options), or configs or labels (parsed once, here, with the default options);
+    held as :class:`Column` s. fp32 is always added first (at the columns' options): E is
+    measured against it."""
     seeds: tuple[int, ...] = (0,)
     episodes: int = 20
     n_envs: int = 32
     max_steps: int | None = None
-    int8_weights: str = "auto"
-    block_size: int = 32
     trust_pickle: bool = False
     """Allow arbitrary unpickling of the agents' vecnormalize.pkl."""
     workers: int = 1
@@ -75,8 +111,8 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if not self.checkpoints:
             raise QuarlError("no agents to study: give checkpoints or a folder of agents")
-        for label in self.precisions:  # one clear line for an unknown precision or option
-            QuantConfig.parse(_base_label(label), int8_weights=self.int8_weights, block_size=self.block_size)
+        # one clear line for an unknown precision; kept as columns (dataclasses.replace passes them on as they are)
+        object.__setattr__(self, "precisions", tuple(as_column(p) for p in self.precisions))
         if self.episodes < 1:
             raise QuarlError(f"--episodes {self.episodes} must be at least 1")
         if self.workers < 1:
@@ -88,6 +124,13 @@ class StudyConfig:
     def db_path(self) -> Path:
         return Path(self.out) / "study.sqlite"
 
+    @property
+    def columns(self) -> list[Column]:
+        """fp32 (at the columns' options) and every column, once each, in order."""
+        given = [c for c in self.precisions if isinstance(c, Column)]  # all of them, since __post_init__
+        fp32 = Column(given[0].config.at_fp32() if given else QuantConfig())
+        return list({c.label: c for c in [fp32, *given]}.values())
+
 
 @dataclass(frozen=True)
 class StudyCell(StudyKey):
@@ -95,8 +138,8 @@ class StudyCell(StudyKey):
     be stored as) and how to evaluate it."""
 
     n_envs: int
-    int8_weights: str
-    block_size: int
+    quant: QuantConfig
+    """The config its cells run (a recovered column's: the precision it was recovered at)."""
     trust_pickle: bool = False
     recover_out: str = ""
     """``rec-int4`` / ``rec-int8`` cells: the folder the recovered agent is written to (and reused from)."""
@@ -106,17 +149,6 @@ class StudyCell(StudyKey):
     """Applied to this agent's env (part of ``config_key``)."""
     gym_packages: tuple[str, ...] = ()
     """Modules that register custom envs (``--gym-packages``), imported where the cell runs (a Ray worker too)."""
-
-    def quant_config(self) -> QuantConfig:
-        return QuantConfig.parse(_base_label(self.precision), int8_weights=self.int8_weights,
-                                 block_size=self.block_size)
-
-
-def _base_label(label: str) -> str:
-    """``int4`` for a recovered column ``rec-int4`` (checked), the label itself otherwise."""
-    from quarl.recovery import recovered_precision
-
-    return recovered_precision(label) or label
 
 
 def config_key(config: QuantConfig, recovered: bool = False, sticky_actions: float | None = None) -> str:
@@ -138,7 +170,7 @@ def config_key(config: QuantConfig, recovered: bool = False, sticky_actions: flo
 
 def cells(config: StudyConfig) -> list[StudyCell]:
     """Every cell of the grid, keyed on each checkpoint's content (loaded here once)."""
-    precisions = list(dict.fromkeys(["fp32", *(p.lower() for p in config.precisions)]))
+    columns = config.columns
     out = []
     for checkpoint in config.checkpoints:
         path = str(Path(checkpoint).resolve())
@@ -147,14 +179,12 @@ def cells(config: StudyConfig) -> list[StudyCell]:
         sticky = config.sticky_actions if spec is not own_spec else None  # only agents whose env has sticky actions
         sha = policy.fingerprint()
         for seed in config.seeds:
-            for p in precisions:
-                quant = QuantConfig.parse(_base_label(p), int8_weights=config.int8_weights,
-                                          block_size=config.block_size)
-                recovered = _base_label(p) != p
-                folder = str(Path(config.out).resolve() / "recovered" / f"{sha[:12]}-{_base_label(p)}") if recovered \
-                    else ""
-                out.append(StudyCell(path, sha, p, config_key(quant, recovered, sticky), seed, config.episodes,
-                                     config.max_steps or 0, config.n_envs, config.int8_weights, config.block_size,
+            for column in columns:
+                quant = column.config
+                folder = str(Path(config.out).resolve() / "recovered" / f"{sha[:12]}-{quant.label}") \
+                    if column.recovered else ""
+                out.append(StudyCell(path, sha, column.label, config_key(quant, column.recovered, sticky), seed,
+                                     config.episodes, config.max_steps or 0, config.n_envs, quant,
                                      config.trust_pickle, folder, policy.stochastic, sticky, gym_packages()))
     return out
 
@@ -196,7 +226,7 @@ def _evaluate_cell(cell: StudyCell) -> StudyRecord:
         import_gym_packages(cell.gym_packages)
     ckpt, spec = _load(cell.checkpoint, cell.trust_pickle)
     spec, policy = protocol(ckpt.policy, spec, cell.stochastic, cell.sticky_actions)
-    config = cell.quant_config()
+    config = cell.quant
     settings = EvalSettings(episodes=cell.episodes, seed=cell.seed * SEED_STRIDE, n_envs=cell.n_envs,
                             max_steps=cell.max_steps or None)
     quantized = None
@@ -206,8 +236,8 @@ def _evaluate_cell(cell: StudyCell) -> StudyRecord:
 
         folder = Path(cell.recover_out)  # OUT/recovered/AGENT: folders of the study's own, never a link to another
         check_folder(folder.parent.parent, folder.parent.name, folder.name)
-        kernel = recovered_kernel(ckpt.path, ckpt.policy, spec, _base_label(cell.precision), Path(cell.recover_out),
-                                  cell.trust_pickle, int8_weights=cell.int8_weights, block_size=cell.block_size)
+        kernel = recovered_kernel(ckpt.path, ckpt.policy, spec, config.label, Path(cell.recover_out),
+                                  cell.trust_pickle, int8_weights=config.int8_weights, block_size=config.block_size)
         quantized = acting(kernel, spec, cell.stochastic)
     result = evaluate_config(policy, spec, config, settings, quantized=quantized)
     return StudyRecord(
