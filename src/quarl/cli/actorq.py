@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from quarl import outputs
-from quarl.actorq.algorithms import algorithms_help
 from quarl.cli import registry_options
-from quarl.cli.actorq_options import AlgorithmOptionsCommand, given
+from quarl.cli.actorq_options import ActorQCommand, given
+from quarl.cli.actorq_settings import RunSettings
 from quarl.cli.app import app
 from quarl.cli.command import QuarlGroup, command
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.settings import GymPackages, Out, Seed, Verbose
+from quarl.cli.settings import GymPackages, Verbose
 from quarl.core import validate
 
 if TYPE_CHECKING:  # the run's modules load torch; the CLI imports this one at start
@@ -25,40 +25,14 @@ actorq_app = typer.Typer(cls=QuarlGroup, no_args_is_help=True, help="ActorQ: dis
                          "full-precision learner and quantized actors, on Ray.")
 app.add_typer(actorq_app, name="actorq")
 
-# the options run and compare share, each the ActorQConfig field of its name (quarl.actorq.launch)
-Algo = Annotated[str, typer.Option("--algo", help=algorithms_help())]
-Actors = Annotated[int, typer.Option("--actors", help="actor processes")]
-ActorPrecision = Annotated[str, typer.Option("--actor-precision", help="{actor_precisions} (ONNX Runtime)")]
-WireBits = Annotated[int, typer.Option("--wire-bits", help="weights sent to float actors at {wire_bits} bits")]
-UpdatePeriod = Annotated[int, typer.Option("--update-period", help="actor env steps between weight pulls")]
-PushPeriod = Annotated[int, typer.Option("--push-period", help="learner steps between weight pushes")]
-PolicyLayers = Annotated[str, typer.Option("--policy-layers", help="hidden widths of the policy")]
-TargetReward = Annotated[float | None, typer.Option(
-    "--target-reward", help="stop at this running-mean eval return (default: env's threshold)")]
-MaxMinutes = Annotated[float, typer.Option("--max-minutes", help="time budget of one run")]
-MaxEnvSteps = Annotated[int | None, typer.Option("--max-env-steps", help="also stop after this many env steps")]
-LearningRate = Annotated[float, typer.Option("--lr")]
-BatchSize = Annotated[int, typer.Option("--batch-size")]
-CheckpointReplay = Annotated[bool, typer.Option("--checkpoint-replay", help="also checkpoint replay (for --resume)")]
-EvalSeconds = Annotated[float, typer.Option(
-    "--eval-seconds", help="seconds between evaluations (without --eval-freq)")]
-EvalFreq = Annotated[int | None, typer.Option(
-    "--eval-freq", help="evaluate every N env steps instead, as train's --eval-freq (fleets of different speeds "
-                        "compared at the same learning progress)")]
-EvalEpisodes = Annotated[int, typer.Option("--eval-episodes")]
-Address = Annotated[str | None, typer.Option(
-    "--address", help="join this Ray cluster, HOST:PORT (default: start a local one)")]
-Local = Annotated[bool, typer.Option("--local", help="everything in this process (no Ray)")]
-LearnerDevice = Annotated[str, typer.Option("--learner-device", help="cpu, or cuda / cuda:N for a GPU learner")]
-OWN = frozenset({"env_id", "resume", "precisions", "repeats", "gym_packages"})
-"""The parameters of run / compare that are no option of the run's config."""
 RENAMES = {"--eval-every": "--eval-seconds", "--eval-every-steps": "--eval-freq"}
 
 
 def run_options(ctx: typer.Context) -> dict[str, Any]:
     """The options of the run (each by its name, as :func:`quarl.actorq.launch.prepare` takes
-    them): the shared ones click parsed (``ctx.params``) and the algorithm's own given."""
-    return {**{k: v for k, v in ctx.params.items() if k not in OWN}, **given(ctx)}
+    them): the shared ones click parsed (:class:`~quarl.cli.actorq_settings.RunSettings`) and
+    the algorithm's own given."""
+    return {**RunSettings.parsed(ctx).run_options(), **given(ctx)}
 
 
 def number(value: float | None) -> str:
@@ -77,11 +51,11 @@ def progress_line(state: Any, line: Progress) -> None:
     )
 
 
-def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Path]:
+def start(env_id: str, compare: bool, options: dict[str, Any], verbose: bool) -> tuple[Any, Path]:
     """Set up, check everything (one line for a bad option) and say what starts."""
     from quarl.actorq.launch import prepare
 
-    setup(options["verbose"])
+    setup(verbose)
     config, out = prepare(env_id, options, compare)
     where = ("in this process" if config.local else f"on the Ray cluster at {config.address}" if config.address
              else "on a local Ray cluster")
@@ -92,7 +66,7 @@ def start(env_id: str, compare: bool, options: dict[str, Any]) -> tuple[Any, Pat
     return config, out
 
 
-@command(actorq_app, "run", renames=RENAMES, path="actorq run", cls=AlgorithmOptionsCommand)
+@command(actorq_app, "run", renames=RENAMES, path="actorq run", cls=ActorQCommand)
 @user_errors
 def actorq_run(
     ctx: typer.Context,
@@ -101,34 +75,13 @@ def actorq_run(
     *,
     resume: Annotated[bool, typer.Option("--resume", help="continue from OUT/checkpoint.pt")] = False,
     gym_packages: GymPackages = None,
-    algo: Algo = "dqn",
-    actors: Actors = 2,
-    actor_precision: ActorPrecision = "int8",
-    wire_bits: WireBits = 32,
-    update_period: UpdatePeriod = 300,
-    push_period: PushPeriod = 100,
-    policy_layers: PolicyLayers = "2048,2048,2048",
-    target_reward: TargetReward = None,
-    max_minutes: MaxMinutes = 10.0,
-    max_env_steps: MaxEnvSteps = None,
-    learning_rate: LearningRate = 1e-4,
-    batch_size: BatchSize = 256,
-    checkpoint_replay: CheckpointReplay = False,
-    eval_seconds: EvalSeconds = 10.0,
-    eval_freq: EvalFreq = None,
-    eval_episodes: EvalEpisodes = 5,
-    seed: Seed = 0,
-    address: Address = None,
-    local: Local = False,
-    learner_device: LearnerDevice = "cpu",
-    out: Out = None,
     verbose: Verbose = False,
 ) -> None:
     """Train with a full-precision learner and quantized actors until the target reward.
 
     Example: quarl actorq run CartPole-v1 --algo dqn --actors 2 --actor-precision int8 --policy-layers 256,256
     """
-    config, out = start(env_id, False, run_options(ctx))
+    config, out = start(env_id, False, run_options(ctx), verbose)
     from quarl.actorq.system import run_actorq
 
     summary = run_actorq(config, resume=resume, on_progress=progress_line)
@@ -143,7 +96,7 @@ def actorq_run(
 
 
 @command(actorq_app, "compare", renames={**RENAMES, "--precision": "--precisions"}, path="actorq compare",
-         cls=AlgorithmOptionsCommand)
+         cls=ActorQCommand)
 @user_errors
 def actorq_compare(
     ctx: typer.Context,
@@ -152,27 +105,6 @@ def actorq_compare(
     precisions: Annotated[str, typer.Option("--precisions", help="actor precisions, one run each")] = "fp32,int8",
     repeats: Annotated[int, typer.Option("--repeats", help="runs per precision (seeds seed, seed+1, ...)")] = 3,
     gym_packages: GymPackages = None,
-    algo: Algo = "dqn",
-    actors: Actors = 2,
-    actor_precision: ActorPrecision = "int8",
-    wire_bits: WireBits = 32,
-    update_period: UpdatePeriod = 300,
-    push_period: PushPeriod = 100,
-    policy_layers: PolicyLayers = "2048,2048,2048",
-    target_reward: TargetReward = None,
-    max_minutes: MaxMinutes = 10.0,
-    max_env_steps: MaxEnvSteps = None,
-    learning_rate: LearningRate = 1e-4,
-    batch_size: BatchSize = 256,
-    checkpoint_replay: CheckpointReplay = False,
-    eval_seconds: EvalSeconds = 10.0,
-    eval_freq: EvalFreq = None,
-    eval_episodes: EvalEpisodes = 5,
-    seed: Seed = 0,
-    address: Address = None,
-    local: Local = False,
-    learner_device: LearnerDevice = "cpu",
-    out: Out = None,
     verbose: Verbose = False,
 ) -> None:
     """The same run once per actor precision and repeat, then the paper's table (time to
@@ -183,7 +115,7 @@ def actorq_compare(
     """
     labels = registry_options.actor_precisions(precisions)
     validate.repeats(repeats)
-    config, out = start(env_id, True, run_options(ctx))
+    config, out = start(env_id, True, run_options(ctx), verbose)
     from quarl.actorq.compare import run_compare
     from quarl.evaluation.reports import print_table
 
@@ -191,7 +123,7 @@ def actorq_compare(
                          on_run=lambda p, r: console.print(f"[bold]{p} actors, run {r + 1}/{repeats}[/bold]"),
                          on_progress=progress_line)
     print_table(result.table, f"ActorQ {config.algo} {env_id}: {config.actors} actors, policy "
-                f"{policy_layers}", out_console)
+                f"{RunSettings.parsed(ctx).policy_layers}", out_console)
     print_table(result.breakdown, "share of the actors' wall time per part (and the learner's busy share)",
                 out_console)
     out_console.print(f"wrote {out}/compare.csv, compare.md, compare.json, breakdown.csv, breakdown.md, "

@@ -3,7 +3,7 @@ entry's options dataclass (:mod:`quarl.actorq.options`): one option per field, `
 (``--x/--no-x`` for a bool, a comma list for a tuple of widths), its help the field's docstring
 (CleanRL's style), read by pydantic (``use_attribute_docstrings``) when the help is shown.
 
-The options are click parameters the command's class adds (:class:`AlgorithmOptionsCommand`):
+The options are click parameters the command's class adds (:class:`ActorQCommand`):
 which exist depends on the registry, so no function signature can list them. Each defaults to
 None (not given: the field's default, shown in the help), so an option of another algorithm
 is refused rather than ignored (:func:`quarl.actorq.launch.algorithm_options`); the values
@@ -20,7 +20,9 @@ import typer
 import typer.main
 from typer.models import ParamMeta
 
-from quarl.cli.command import QuarlCommand
+from quarl.cli.actorq_settings import NAMES as SETTINGS
+from quarl.cli.actorq_settings import RunSettings
+from quarl.cli.command import QuarlCommand, parameters_of
 from quarl.core import validate
 
 ALGORITHM_PANEL = "Options of one algorithm (--algo)"
@@ -140,14 +142,26 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-class AlgorithmOptionsCommand(QuarlCommand):
-    """``actorq run`` / ``compare``: typer's options, then every registered algorithm's (their
-    help made when it is shown)."""
+class ActorQCommand(QuarlCommand):
+    """``actorq run`` / ``compare``: the command's own parameters (its function's), the options
+    of the run both start (:class:`~quarl.cli.actorq_settings.RunSettings`, parsed into
+    ``ctx.params`` like the others and read with ``RunSettings.parsed(ctx)``) before the
+    function's last, ``--verbose``, as every command ends; then every registered algorithm's
+    (their help made when it is shown)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.algorithm_params = algorithm_parameters()
+        verbose = next(i for i, param in enumerate(self.params) if param.name == "verbose")
+        self.params[verbose:verbose] = parameters_of(RunSettings)
         self.params.extend(self.algorithm_params)
+
+    def invoke(self, ctx: Any) -> Any:
+        """The command's function, given its own parameters (the shared settings stay in
+        ``ctx.params``)."""
+        if self.callback is None:
+            return None
+        return ctx.invoke(self.callback, **{k: v for k, v in ctx.params.items() if k not in SETTINGS})
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         describe(self.algorithm_params)

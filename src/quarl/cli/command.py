@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 import typer
+import typer.main
 from typer.core import TyperCommand, TyperGroup
 
 from quarl.cli import help_lists
@@ -134,6 +135,16 @@ class QuarlGroup(TyperGroup):
         except ABORTS:
             console.print("aborted")
             return 1
+
+
+def parameters_of(settings: Callable[..., Any]) -> list[Any]:
+    """The click parameters typer makes of ``settings``' signature (a settings dataclass: one
+    per field, each ``Annotated`` with its ``typer.Option``, its default the field's), as it makes
+    a command's: typer's public way (a command of an app of its own, made into click's by
+    ``typer.main.get_command``), for a command class that adds them to a command's own."""
+    own = typer.Typer(add_completion=False)
+    own.command()(settings)
+    return list(typer.main.get_command(own).params)
 
 
 def command(app: typer.Typer, name: str, renames: dict[str, str] | None = None, path: str | None = None,
