@@ -4,7 +4,9 @@ entry's options dataclass (:mod:`quarl.actorq.options`): one option per field, `
 (CleanRL's style), read by pydantic (``use_attribute_docstrings``) when the help is shown.
 
 The options are click parameters the command's class adds (:class:`ActorQCommand`):
-which exist depends on the registry, so no function signature can list them. Each defaults to
+which exist depends on the registry, so no function signature can list them; typer makes them
+from a dataclass generated from the entries' fields (:func:`given_options`), as it makes a
+settings dataclass's (:func:`quarl.cli.command.parameters_of`). Each defaults to
 None (not given: the field's default, shown in the help), so an option of another algorithm
 is refused rather than ignored (:func:`quarl.actorq.launch.algorithm_options`); the values
 given go to ``ctx.meta`` (:func:`given`), already typed."""
@@ -14,11 +16,9 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import typer
-import typer.main
-from typer.models import ParamMeta
 
 from quarl.cli.actorq_settings import NAMES as SETTINGS
 from quarl.cli.actorq_settings import RunSettings
@@ -70,25 +70,25 @@ def keep(name: str, kind: type | None) -> Callable[[typer.Context, Any], None]:
 
 def algorithm_parameters() -> list[Any]:
     """One option per field of every registered algorithm's options dataclass, in
-    registration order, made by typer from its type (help filled when shown: :func:`describe`)."""
-    parameters = []
+    registration order, made by typer from its type as a settings dataclass's
+    (:func:`quarl.cli.command.parameters_of` of :func:`given_options`; help filled when shown:
+    :func:`describe`)."""
+    return parameters_of(given_options())
+
+
+def given_options() -> type:
+    """A dataclass of the algorithm options as the command line gives them: each field of
+    every registered algorithm's options (:func:`field_kinds`), ``Annotated`` with its
+    ``typer.Option`` (``--x/--no-x`` for a bool, a comma list for widths, a panel of the
+    algorithm's), default None (not given; the value given goes to ``ctx.meta``: :func:`keep`)."""
+    fields = []
     for name, kind in field_kinds().items():
         names = [f"{flag(name)}/--no-{flag(name)[2:]}"] if kind is bool else [flag(name)]
-        option = typer.Option(None, *names, show_default=False, expose_value=False, callback=keep(name, kind),
+        option = typer.Option(*names, show_default=False, expose_value=False, callback=keep(name, kind),
                               rich_help_panel=SWITCH_PANEL if kind is bool else ALGORITHM_PANEL,
                               metavar="W,W,..." if kind is None else None)
-        parameters.append(click_option(ParamMeta(name=name, default=option, annotation=(kind or str) | None)))
-    return parameters
-
-
-def click_option(meta: ParamMeta) -> Any:
-    """typer's own conversion of a parameter (name, annotation, ``typer.Option``) into the click
-    option it makes for a signature: ``typer.main._get_param`` from typer 0.2x (its own copy of
-    click), ``get_click_param`` before."""
-    make = getattr(typer.main, "_get_param", None)
-    if make is not None:
-        return make(meta)
-    return typer.main.get_click_param(meta)[0]  # type: ignore[attr-defined]
+        fields.append((name, Annotated[(kind or str) | None, option], dataclasses.field(default=None)))
+    return dataclasses.make_dataclass("GivenAlgorithmOptions", fields, frozen=True)
 
 
 def describe(parameters: list[Any]) -> None:
