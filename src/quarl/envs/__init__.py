@@ -2,8 +2,8 @@
 registry of env families: ``gymnasium`` (classic control, Box2D, MuJoCo), ``atari`` (ALE
 ids, registered on first use), ``minatar`` (MinAtar's 10x10 games, ``MinAtar/Breakout-v1``,
 channel-first float frames), ``dm_control`` (the DeepMind Control Suite through
-shimmy, observations flattened to float32) and ``pybullet`` (the paper's third family:
-``HalfCheetahBulletEnv-v0``, ``Walker2DBulletEnv-v0``... from pybullet-envs-gymnasium). A new family is one :func:`register_env_family`.
+shimmy, observations flattened to float32) and ``pybullet`` (the paper's third family: ``HalfCheetahBulletEnv-v0``,
+``Walker2DBulletEnv-v0``... from pybullet-envs-gymnasium). A new family is one :func:`register_env_family`.
 
 An :class:`EnvSpec` says how a policy's env was built (RL Zoo ``config.yml``: env
 wrappers, frame stacking, env kwargs) so that evaluation rebuilds the same observations.
@@ -317,8 +317,9 @@ def import_named_by_file(names: Sequence[str] | str, where: str, origin: str = "
     wanted = [_module_name(name, where) for name in ([names] if isinstance(names, str) else list(names))]
     missing = [name for name in wanted if name not in _GYM_PACKAGES and name not in sys.modules]
     if missing and not _trusted:
-        raise QuarlError(f"{where} asks to import {', '.join(missing)} (code, not imported unasked): pass --gym-packages "
-                         f"{','.join(missing)}{', ' + origin + ',' if origin else ''} or {TRUST_OPTION} if you trust it")
+        raise QuarlError(f"{where} asks to import {', '.join(missing)} (code, not imported unasked): pass "
+                         f"--gym-packages {','.join(missing)}{', ' + origin + ',' if origin else ''} or {TRUST_OPTION} "
+                         "if you trust it")
     import_gym_packages(wanted, where)
 
 

@@ -9,7 +9,8 @@ lost life as the end of its episode (and FIRE starts the next life), while evalu
 on to the end of the game and scores it inside the wrappers (raw rewards, the game's score;
 :class:`quarl.envs.GameScore`).
 
-Adding a kind is one :data:`KINDS` entry (``KINDS.register(name, WrapperKind(...))``) (and its test in ``tests/test_env_wrappers.py``).
+Adding a kind is one :data:`KINDS` entry (``KINDS.register(name, WrapperKind(...))``) (and its test in
+``tests/test_env_wrappers.py``).
 """
 
 from __future__ import annotations
