@@ -75,7 +75,8 @@ def read_pickle(path: Path) -> Any:
     except Refused as exc:
         raise QuarlError(f"{path} asks for {exc}: refused") from None
     except Exception as exc:  # truncated, not a pickle, or a layout no stand-in can take
-        raise QuarlError(f"{path} is not a readable legacy stable-baselines pickle ({exc.__class__.__name__}: {exc})") from None
+        raise QuarlError(f"{path} is not a readable legacy stable-baselines pickle "
+                         f"({exc.__class__.__name__}: {exc})") from None
 
 
 def is_legacy_pickle(path: Path) -> bool:
@@ -262,7 +263,8 @@ def load_legacy(path: Path) -> tuple[Policy, str, str]:
     the env id its file name gives."""
     blob = read_pickle(path)
     if not (isinstance(blob, tuple) and len(blob) == 2 and isinstance(blob[0], dict)):
-        raise QuarlError(f"{path} is not a stable-baselines model file: expected (data, params), got {type(blob).__name__}")
+        raise QuarlError(f"{path} is not a stable-baselines model file: expected (data, params), got "
+                         f"{type(blob).__name__}")
     data, params = blob
     if isinstance(params, dict):  # stable-baselines >= 2.7 saved names with the arrays
         params = list(params.values())

@@ -298,7 +298,8 @@ def _load_export(path: Path) -> tuple[Policy, EnvSpec | None, ExportedModel]:
         model = read_capped(path, model_file_cap(), "an ONNX model")
     quant = meta.quant or None
     if quant is not None and not is_quant_summary(quant):
-        raise field_error(meta_path, "quant", "not an int mode's summary (a mode name, its fp32 layers and measurements)")
+        raise field_error(meta_path, "quant",
+                          "not an int mode's summary (a mode name, its fp32 layers and measurements)")
     mode = quant["mode"] if quant is not None else None
     per_row = bool(mode is not None and mode in MODES and MODES[mode].per_row)
     digest = meta.onnx_sha256
@@ -309,8 +310,8 @@ def _load_export(path: Path) -> tuple[Policy, EnvSpec | None, ExportedModel]:
     check_graph(model, path, tuple(observation_space.shape or ()))
     action_space = meta.action_space.space()
     norm = meta.obs_normalizer
-    normalizer = None if norm is None else ObsNormalizer(np.array(norm.mean, np.float64), np.array(norm.var, np.float64),
-                                                         norm.clip, norm.epsilon)
+    normalizer = None if norm is None else ObsNormalizer(np.array(norm.mean, np.float64),
+                                                         np.array(norm.var, np.float64), norm.clip, norm.epsilon)
     try:
         network = OnnxNetwork(model, per_row)
     except Exception as exc:  # ONNX Runtime raises its own types for a bad file

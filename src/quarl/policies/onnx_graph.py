@@ -145,10 +145,10 @@ def _sizes_at_batch(slim: Any, batch: int, input_shape: tuple[int, ...], path: P
         dims = value.type.tensor_type.shape.dim
         claimed = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
         if len(dims) != len(want) or any(d.HasField("dim_value") and d.dim_value != w and (i > 0 or d.dim_value != 1)
-                                         for i, (d, w) in enumerate(zip(dims, want))):
+                                         for i, (d, w) in enumerate(zip(dims, want, strict=True))):
             raise QuarlError(f"{path}: input {value.name!r} has shape {claimed}; an observation batch is "
                              f"[batch, {', '.join(map(str, input_shape))}]: refused")
-        for i, (d, w) in enumerate(zip(dims, want)):
+        for i, (d, w) in enumerate(zip(dims, want, strict=True)):
             if not d.HasField("dim_value"):
                 d.ClearField("dim_param")
                 d.dim_value = w

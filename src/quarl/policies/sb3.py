@@ -188,7 +188,8 @@ def _has_prefix(prefix: str) -> Callable[[dict[str, torch.Tensor]], bool]:
 
 
 def _dqn(x: LayoutInput) -> Acting:
-    return Acting(_features(x.sd, "q_net.features_extractor.", x.obs_shape) + mlp_from(x.sd, "q_net.q_net.", x.activation, False),
+    return Acting(_features(x.sd, "q_net.features_extractor.", x.obs_shape)
+                  + mlp_from(x.sd, "q_net.q_net.", x.activation, False),
                   "argmax")
 
 
@@ -225,7 +226,8 @@ def _sac(x: LayoutInput) -> Acting:
 
 
 def _td3(x: LayoutInput) -> Acting:
-    layers = _features(x.sd, "actor.features_extractor.", x.obs_shape) + mlp_from(x.sd, "actor.mu.", x.activation, False)
+    layers = (_features(x.sd, "actor.features_extractor.", x.obs_shape)
+              + mlp_from(x.sd, "actor.mu.", x.activation, False))
     return Acting([*layers, nn.Tanh()], "unscale")
 
 
@@ -243,7 +245,8 @@ def _actor_critic(x: LayoutInput) -> Acting:
 
 # asked newest first: the later registrations below are the more specific markers
 register_layout(Layout("ars", lambda sd: "action_net.0.weight" in sd, _ars))
-register_layout(Layout("ppo", lambda sd: "action_net.weight" in sd, _actor_critic, nn.Tanh, ("a2c", "trpo", "ppo_mask")))
+register_layout(Layout("ppo", lambda sd: "action_net.weight" in sd, _actor_critic, nn.Tanh,
+                       ("a2c", "trpo", "ppo_mask")))
 register_layout(Layout("td3", _has_prefix("actor.mu."), _td3, algos=("ddpg",)))
 register_layout(Layout("sac", _has_prefix("actor.latent_pi."), _sac, algos=("tqc", "crossq")))
 register_layout(Layout("qrdqn", _has_prefix("quantile_net.quantile_net."), _qrdqn))
@@ -260,7 +263,8 @@ def _activation(policy_kwargs: PolicyKwargs, layout: Layout) -> type[nn.Module]:
     return ACTIVATIONS[short]
 
 
-MULTI_HEADS: dict[type[gym.spaces.Space[Any]], str] = {gym.spaces.MultiDiscrete: "multi_argmax", gym.spaces.MultiBinary: "bernoulli"}
+MULTI_HEADS: dict[type[gym.spaces.Space[Any]], str] = {gym.spaces.MultiDiscrete: "multi_argmax",
+                                                       gym.spaces.MultiBinary: "bernoulli"}
 """Action spaces of several discrete distributions, and the head that acts in each."""
 
 
@@ -339,7 +343,9 @@ def policy_class_name(data: dict[str, JsonValue]) -> str | None:
     return strings[-1] if strings else None
 
 
-def state_noise(sd: dict[str, torch.Tensor], policy_kwargs: PolicyKwargs, policy: Policy, what: str) -> StateNoise | None:
+def state_noise(
+    sd: dict[str, torch.Tensor], policy_kwargs: PolicyKwargs, policy: Policy, what: str
+) -> StateNoise | None:
     """The state-dependent noise head of an SAC / TQC / CrossQ actor or a gSDE policy, built
     from the state dict as SB3 samples with it (None for other heads): its network is the
     acting network's layers up to the action layer (the latent), plus SAC's log-std layer."""

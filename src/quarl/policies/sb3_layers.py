@@ -61,7 +61,9 @@ class BatchRenormEval(nn.Module):
         return self.scale * x + self.bias
 
 
-def mlp_from(sd: dict[str, torch.Tensor], prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3) -> list[nn.Module]:
+def mlp_from(
+    sd: dict[str, torch.Tensor], prefix: str, activation: type[nn.Module], trailing: bool, eps: float = 1e-3
+) -> list[nn.Module]:
     """An SB3 ``create_mlp`` Sequential at ``prefix``, rebuilt slot by slot from the state
     dict: Linear layers (with or without bias), Batch Renorm layers (CrossQ), and
     ``activation`` in every slot without parameters (plus one after the last layer when

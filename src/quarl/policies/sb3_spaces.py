@@ -93,8 +93,8 @@ def space_from_json(entry: object, what: str) -> gym.spaces.Space[Any]:
                              f"{str(entry.get('nvec'))[:80]!r}: expected 1 to 1024 whole sizes in 1..{MAX_DISCRETE:,}")
         starts = _int_vector(entry["start"]) if entry.get("start") not in (None, "None") else [0]
         if starts is None or any(starts):
-            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with start {str(entry.get('start'))[:80]!r}:"
-                             " only 0 (the default) is supported")
+            raise QuarlError(f"the checkpoint's {what} is a MultiDiscrete space with start "
+                             f"{str(entry.get('start'))[:80]!r}: only 0 (the default) is supported")
         return gym.spaces.MultiDiscrete(nvec)
     if kind == "MultiBinary":
         n = parse_literal(str(entry.get("n")))

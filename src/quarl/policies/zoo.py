@@ -53,7 +53,8 @@ def _read_zip(path: Path) -> tuple[dict[str, JsonValue], dict[str, torch.Tensor]
             data = json.loads(read_zip_entry(archive, "data", str(path)))
             raw = read_zip_entry(archive, "policy.pth", str(path))
     except zipfile.BadZipFile:
-        raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: not a zip file (corrupt or truncated?)") from None
+        raise QuarlError(f"{path} is not a Stable-Baselines3 checkpoint: not a zip file (corrupt or "
+                         "truncated?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise QuarlError(f"{path} is corrupt: its 'data' entry is not JSON") from None
     except RecursionError:  # deeper than Python's stack

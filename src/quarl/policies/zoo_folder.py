@@ -39,7 +39,8 @@ def pick_zip(folder: Path, load_best: bool = False, load_checkpoint: int | None 
             raise QuarlError(f"--load-best / --load-checkpoint / --load-last-checkpoint pick a zip of a run folder; "
                              f"{folder} is not a folder")
         return folder
-    checkpoints = {int(m.group(1)): p for p in folder.glob("rl_model_*_steps.zip") if (m := CHECKPOINT_ZIP.fullmatch(p.name))}
+    checkpoints = {int(m.group(1)): p for p in folder.glob("rl_model_*_steps.zip")
+                   if (m := CHECKPOINT_ZIP.fullmatch(p.name))}
     if load_best:
         if not (folder / "best_model.zip").is_file():
             raise QuarlError(f"--load-best: {folder} has no best_model.zip (it is written by training with evaluation)")
@@ -47,8 +48,8 @@ def pick_zip(folder: Path, load_best: bool = False, load_checkpoint: int | None 
     if load_checkpoint is not None:
         if load_checkpoint not in checkpoints:
             have = ", ".join(str(n) for n in sorted(checkpoints)) or "none"
-            raise QuarlError(f"--load-checkpoint {load_checkpoint}: {folder} has no rl_model_{load_checkpoint}_steps.zip "
-                             f"(checkpoints: {have})")
+            raise QuarlError(f"--load-checkpoint {load_checkpoint}: {folder} has no "
+                             f"rl_model_{load_checkpoint}_steps.zip (checkpoints: {have})")
         return checkpoints[load_checkpoint]
     if load_last_checkpoint:
         if not checkpoints:
@@ -97,7 +98,8 @@ MAX_EPISODE_STEPS_KWARG = 10**6
 def _steps(value: Any) -> Any:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or not 1 <= value <= MAX_EPISODE_STEPS_KWARG):
-        raise ValueError(f"max_episode_steps={reprlib.repr(value)} must be a whole number in 1..{MAX_EPISODE_STEPS_KWARG:,}")
+        raise ValueError(f"max_episode_steps={reprlib.repr(value)} must be a whole number in "
+                         f"1..{MAX_EPISODE_STEPS_KWARG:,}")
     return value
 
 
