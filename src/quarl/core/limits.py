@@ -184,8 +184,8 @@ def open_zip(path: Path, what: str, within: Path | None = None) -> zipfile.ZipFi
         raise
     except _CORRUPT_ZIP as exc:
         fh.close()
-        raise QuarlError(f"{path} is not a readable zip ({str(exc).splitlines()[0][:80] if str(exc) else exc.__class__.__name__}): "
-                         f"refused as {what}") from None
+        detail = str(exc).splitlines()[0][:80] if str(exc) else exc.__class__.__name__
+        raise QuarlError(f"{path} is not a readable zip ({detail}): refused as {what}") from None
 
 
 class _OwnedZip(zipfile.ZipFile):
@@ -305,7 +305,8 @@ def _torch_records(fh: BinaryIO, cap: int, what: str, where: str) -> None:
         with zipfile.ZipFile(fh) as archive:  # a file handed over stays open
             infos = archive.infolist()
     except _CORRUPT_ZIP as exc:
-        raise QuarlError(f"{where} is not a readable torch file ({exc.__class__.__name__}): refused as {what}") from None
+        raise QuarlError(f"{where} is not a readable torch file ({exc.__class__.__name__}): "
+                         f"refused as {what}") from None
     total = sum(info.file_size for info in infos)
     if total > cap:
         biggest = max(infos, key=lambda info: info.file_size)
@@ -335,7 +336,8 @@ def _check_loaded(loaded: Any, what: str, where: str) -> None:
         else:
             continue
         if depth >= TORCH_DEPTH:
-            raise QuarlError(f"{where}: containers nested more than {TORCH_DEPTH} deep (at {name!r}): refused as {what}")
+            raise QuarlError(f"{where}: containers nested more than {TORCH_DEPTH} deep (at {name!r}): "
+                             f"refused as {what}")
         stack.extend((child, f"{name}.{key}" if name else str(key), depth + 1) for key, child in children)
 
 
@@ -357,8 +359,8 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], where: str) -> None:
             raise QuarlError(f"{where}: {name!r} is a {type(t).__name__}, not a tensor")
         held = t.untyped_storage().nbytes() // max(t.element_size(), 1)
         if t.numel() > held:
-            raise QuarlError(f"{where}: tensor {name!r} claims shape {tuple(t.shape)} ({t.numel()} values) but the file "
-                             f"holds {held}: refused")
+            raise QuarlError(f"{where}: tensor {name!r} claims shape {tuple(t.shape)} ({t.numel()} values) but the "
+                             f"file holds {held}: refused")
         total += t.numel()
         if total > cap:
             raise QuarlError(f"{where}: more than {cap} parameters (at {name!r}): refused; set QUARL_MAX_PARAMETERS "
@@ -375,7 +377,7 @@ def check_layer_sizes(sizes: Iterable[int], what: str) -> None:
     for s in sizes:
         if s < 1:
             raise QuarlError(f"{what}: layer size {s} must be at least 1")
-    params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+    params = sum((a + 1) * b for a, b in zip(sizes, sizes[1:], strict=False))  # consecutive pairs: one fewer
     cap = max_parameters()
     if params > cap:
         raise QuarlError(f"{what}: layers {sizes} hold {params} parameters, more than the {cap} allowed "

@@ -82,8 +82,9 @@ class ResultsLog:
     def find(self, check: type[BaseModel], **key: Any) -> dict[str, Any] | None:
         """The last record whose fields equal ``key``, checked as a ``check`` (the record its
         writer reads back, e.g. :class:`quarl.evaluation.record.StoredCell`: one line naming the
-        file, the line and the field when it does not fit; it is returned as stored); None (the cell is evaluated again, and its new record appended) when
-        its mean or std is not that of its own returns, or a return is not finite."""
+        file, the line and the field when it does not fit; it is returned as stored); None (the cell is
+        evaluated again, and its new record appended) when its mean or std is not that of its own returns,
+        or a return is not finite."""
         for number, record in reversed(self._records()):
             if all(record.get(k) == v for k, v in key.items()):
                 parse_record(check, record, f"{self.path} line {number}")
