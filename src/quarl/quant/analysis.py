@@ -146,7 +146,8 @@ def plot_histograms(network: nn.Module, path: Path, title: str, bins: int = 80) 
     cols = min(3, len(layers))
     rows = int(np.ceil(len(layers) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-    for ax, (name, layer) in zip(axes.ravel(), layers):
+    # a grid of rows x cols panels holds at least one per layer; the spare ones are turned off below
+    for ax, (name, layer) in zip(axes.ravel(), layers, strict=False):
         w = layer.weight.detach().float().numpy().ravel()
         ax.hist(w, bins=bins, color="tab:blue")
         ax.set_yscale("log")  # the tails are what a quantization range has to cover

@@ -68,7 +68,8 @@ def _runtime_key() -> dict[str, str]:
 
     cpu = ""
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name")), "")
     except OSError:
         pass
     return {"onnxruntime": onnxruntime.__version__, "cpu": cpu}

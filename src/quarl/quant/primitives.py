@@ -185,7 +185,9 @@ def quantize_dequantize(
     return fake_quantize(x, qparams(x, bits, scheme, granularity, axis))
 
 
-def quantize_dequantize_blocks(w: torch.Tensor, bits: int, scheme: str = "affine", block_size: int = 32) -> torch.Tensor:
+def quantize_dequantize_blocks(
+    w: torch.Tensor, bits: int, scheme: str = "affine", block_size: int = 32
+) -> torch.Tensor:
     """Round a weight (outputs on axis 0) with one set of parameters per block of
     ``block_size`` consecutive inputs of each output: the inputs are padded with zeros to
     a whole number of blocks, as ONNX Runtime's ``MatMulNBits`` does (zeros never widen a

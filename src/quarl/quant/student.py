@@ -276,7 +276,7 @@ def sb3_tensors(network: nn.Module, student: nn.Module, on_grid: bool = True) ->
     state-dict names that ``network`` (the teacher, as the SB3 loader built it) carries."""
     plain = plain_network(student, on_grid=on_grid)
     named: dict[str, torch.Tensor] = {}
-    for (_, original), (_, layer) in zip(_weight_layers(network), _weight_layers(plain)):
+    for (_, original), (_, layer) in zip(_weight_layers(network), _weight_layers(plain), strict=True):
         name = getattr(original, "sb3_name", None)
         if name is None:
             raise QuarlError("this policy's layers carry no SB3 names: it cannot be written back into its zip")
@@ -351,7 +351,7 @@ def real_model(student: nn.Module, spec: KernelSpec, input_shape: tuple[int, ...
         inits[name].CopyFrom(numpy_helper.from_array(np.require(value, requirements="C"), name))
 
     trained = [m for m in student.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    for node, (_, layer), original in zip(nodes, layers, trained):
+    for node, (_, layer), original in zip(nodes, layers, trained, strict=True):
         weight = original.weight.detach().float()
         if id(original) not in students:
             continue  # fp32: the builder copied the student's values

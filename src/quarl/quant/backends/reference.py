@@ -77,7 +77,8 @@ def simulate_nbits(network: nn.Module, bits: int, block_size: int = 32, compute_
         return quantize_dequantize_int8_blocks(x, block_size) if compute_int8 else x
 
     def make(layer: nn.Linear) -> nn.Module:
-        return SimulatedLinear(layer, quantize_dequantize_blocks(layer.weight.detach(), bits, "affine", block_size), act)
+        return SimulatedLinear(layer, quantize_dequantize_blocks(layer.weight.detach(), bits, "affine", block_size),
+                               act)
 
     return _replace_linears(network, make, keep)
 
@@ -121,8 +122,8 @@ def simulate_qdq(network: nn.Module, model: bytes, matmul_nbits: Callable[[nn.Li
     Linear and Conv2d layers in order) read back from the model. A layer whose weights come
     through a DequantizeLinear gets those dequantized weights and bias, its input rounded
     to the grid of the DequantizeLinear in front of it and its output to the grid of the
-    QuantizeLinear behind it (a fused ReLU is that grid starting at 0). A ``MatMulNBits`` layer is ``matmul_nbits(layer)``;
-    any other layer stays fp32 (kept layers). The activation ranges are ONNX Runtime's
+    QuantizeLinear behind it (a fused ReLU is that grid starting at 0). A ``MatMulNBits`` layer is
+    ``matmul_nbits(layer)``; any other layer stays fp32 (kept layers). The activation ranges are ONNX Runtime's
     calibrator's, so only the model says them: this is the static modes' reference."""
     import onnx
     from onnx import helper, numpy_helper
@@ -159,7 +160,7 @@ def simulate_qdq(network: nn.Module, model: bytes, matmul_nbits: Callable[[nn.Li
     layers = [(n, m) for n, m in net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     if len(layers) != len(weight_nodes):
         raise ValueError(f"the model has {len(weight_nodes)} weight nodes, the network {len(layers)} layers")
-    for (name, layer), node in zip(layers, weight_nodes):
+    for (name, layer), node in zip(layers, weight_nodes, strict=True):
         if node.op_type == "MatMulNBits":
             if matmul_nbits is None:
                 raise ValueError(f"{node.name} is MatMulNBits: pass its simulation")

@@ -109,7 +109,7 @@ def _fused_mlp(layers: list[nn.Module], steps: list[Step], batched: list[bool], 
     product it follows: the same kernels as the layer-by-layer form, without its reshapes and
     allocations (measured on PPO CartPole's 4-64-64 tanh MLP at 32 rows: 50-64 us against 70-100)."""
     plan: list[PlanStep] = []
-    for module, step, exact in zip(layers, steps, batched):
+    for module, step, exact in zip(layers, steps, batched, strict=True):
         if isinstance(module, nn.Linear) and type(module) is nn.Linear:
             plan.append(_broadcast_linear(module, n) if exact else _linear_per_row(step))
         elif type(module) in ELEMENTWISE and not getattr(module, "inplace", False):
@@ -151,7 +151,7 @@ class TorchEngine:
         if type(network) is nn.Sequential and not any(p.requires_grad for p in network.parameters()):
             self._layers = list(network)
             self._steps = [_direct(m) for m in self._layers]
-            self._batched = [_batched(m, step) for m, step in zip(self._layers, self._steps)]
+            self._batched = [_batched(m, step) for m, step in zip(self._layers, self._steps, strict=True)]
         self._plans: dict[tuple[int, int], list[Step]] = {}
         last = self._layers[-1] if self._steps else None
         self._last_linear = last if isinstance(last, nn.Linear) and type(last) is nn.Linear and \
@@ -196,8 +196,9 @@ class TorchEngine:
         if n > 1 and all(self._batched[i] is None or (i, n) in known for i in range(stop)):
             exact = [self._batched[i] is not None and known[(i, n)] for i in range(stop)]
             fixed: list[Step] = []
-            for step, batched_step, verified in zip(self._steps[:stop], self._batched[:stop], exact):
-                fixed.append(batched_step if verified and batched_step is not None else functools.partial(per_row, step))
+            for step, batched_step, verified in zip(self._steps[:stop], self._batched[:stop], exact, strict=True):
+                fixed.append(batched_step if verified and batched_step is not None
+                             else functools.partial(per_row, step))
             self._plans[(stop, n)] = fixed
             fused = _fused_mlp(self._layers[:stop], self._steps[:stop], exact, n)
             if fused is not None:  # checked as a whole, as every batched form is
