@@ -66,8 +66,9 @@ from quarl.verdict.bounds import (
 )
 
 __all__ = ["TOLERANCE", "CONFIDENCE", "Decision", "Judging", "Verdict", "games_of", "relative_error", "interval",
-           "judge", "decision", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange", "ReturnsOutsideRange", "check_insure",
-           "ENV_RETURN_BOUNDS", "DEFAULT_INSURE", "parse_range", "return_range", "episodes_to_decide", "CHUNK"]
+           "judge", "decision", "Sequential", "sequential_keeps", "sequential_at_least", "ReturnRange",
+           "ReturnsOutsideRange", "check_insure", "ENV_RETURN_BOUNDS", "DEFAULT_INSURE", "parse_range", "return_range",
+           "episodes_to_decide", "CHUNK"]
 
 TOLERANCE = 5.0
 """Percent of fp32's return a quantized policy may lose and still keep it."""

@@ -153,7 +153,8 @@ def _inside_env(fp32: np.ndarray, quant: np.ndarray, env_id: str | None) -> np.n
     if known is None:
         return np.zeros(fp32.shape[0], bool)
     lo, hi = known
-    inside = (np.minimum(fp32.min(axis=1), quant.min(axis=1)) >= lo) & (np.maximum(fp32.max(axis=1), quant.max(axis=1)) <= hi)
+    inside = ((np.minimum(fp32.min(axis=1), quant.min(axis=1)) >= lo)
+              & (np.maximum(fp32.max(axis=1), quant.max(axis=1)) <= hi))
     return np.asarray(inside, bool)
 
 
@@ -195,7 +196,7 @@ def ranges(fp32: np.ndarray, quant: np.ndarray, env_id: str | None = None, given
         return out
     lo, hi = ENV_RETURN_BOUNDS[str(env_id)]
     env = (lo, hi, lo - hi, hi - lo, lo, hi)
-    f_lo, f_hi, d_lo, d_hi, q_lo, q_hi = (np.where(inside, value, mine) for value, mine in zip(env, out))
+    f_lo, f_hi, d_lo, d_hi, q_lo, q_hi = (np.where(inside, value, mine) for value, mine in zip(env, out, strict=True))
     return f_lo, f_hi, d_lo, d_hi, q_lo, q_hi
 
 

@@ -130,7 +130,8 @@ def load_pools(folder: Path) -> list[Pool]:
             if quant.ndim != 1 or not 0 < len(quant) <= len(fp32) or not (
                     np.isfinite(fp32).all() and np.isfinite(quant).all()):
                 raise ValueError(f"{path}: {precision} returns do not pair with fp32's {len(fp32)} finite ones")
-            pools.append(Pool(str(data.get("pool", path.stem)), str(data["env_id"]), precision, fp32[:len(quant)], quant))
+            pools.append(Pool(str(data.get("pool", path.stem)), str(data["env_id"]), precision, fp32[:len(quant)],
+                              quant))
     return pools
 
 
@@ -162,7 +163,7 @@ def intervals(method: str, f: np.ndarray, q: np.ndarray, env_id: str | None,
         one = t_interval
     else:
         raise ValueError(f"method {method!r}: one of {', '.join(METHODS)}")
-    ends = np.array([one(a, b)[1:] for a, b in zip(f, q)])
+    ends = np.array([one(a, b)[1:] for a, b in zip(f, q, strict=True)])
     return ends[:, 0], ends[:, 1]
 
 
