@@ -82,8 +82,8 @@ class CalibrationEpisodes:
         returns, lengths = self._played(policy)
         if len(returns) < n:
             more = n - len(returns)
-            result = evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(returns), n_envs=min(more, 32),
-                              max_steps=self.max_steps)
+            result = evaluate(policy, self.env_spec, episodes=more, seed=self.first + len(returns),
+                              n_envs=min(more, 32), max_steps=self.max_steps)
             returns.extend(result.returns.tolist())
             lengths.extend(result.lengths.tolist())
         return np.asarray(returns[:n], np.float64)

@@ -96,7 +96,8 @@ def evaluate(
     splits the episodes over worker processes, with every episode's numbers unchanged."""
     _check_counts(episodes, max_steps)
     owned = envs is None
-    envs = list(envs[:episodes]) if envs is not None else [make_env(env_spec) for _ in range(max(1, min(n_envs, episodes)))]
+    envs = (list(envs[:episodes]) if envs is not None
+            else [make_env(env_spec) for _ in range(max(1, min(n_envs, episodes)))])
     n_envs = len(envs)
     policy.check_env(envs[0])
     games = [game_score(env) for env in envs]
@@ -110,7 +111,7 @@ def evaluate(
     active = list(range(n_envs))
     # the envs this call made step beneath their pass-through wrappers, the time limit kept here
     steppers, limits = zip(*[_stepper(env) if owned and game is None else (env.step, -1)
-                             for env, game in zip(envs, games)])
+                             for env, game in zip(envs, games, strict=True)], strict=True)
     cut_at = max_steps if max_steps is not None else -1
     start = time.perf_counter()
     step = 0
@@ -164,7 +165,7 @@ def _check_counts(episodes: int, max_steps: int | None) -> None:
 
 def _first_observations(envs: Sequence[gym.Env], games: Sequence[object | None], seed: int) -> list[np.ndarray]:
     """Env i reset with seed ``seed + i``, a game first restarted (envs handed in may stop mid-game)."""
-    for env, game in zip(envs, games):
+    for env, game in zip(envs, games, strict=True):
         if game is not None:
             restart_game(env)
     return [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]

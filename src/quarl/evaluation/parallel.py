@@ -203,7 +203,7 @@ def chunks(episodes: int, workers: int, n_envs: int = 32) -> list[tuple[int, int
     rounds = max(1, round(episodes / (workers * max(1, n_envs))))
     n = min(episodes, workers * rounds)
     bounds = np.linspace(0, episodes, n + 1).round().astype(int)
-    return [(int(a), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [(int(a), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 0, n_envs: int = 32,
@@ -219,7 +219,8 @@ def evaluate(policy: Policy, env_spec: EnvSpec, episodes: int = 20, seed: int = 
     try:
         payload = pickle.dumps(acting, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise QuarlError(f"a {policy.precision} policy cannot be sent to evaluation workers ({exc}): use --workers 1") from None
+        raise QuarlError(f"a {policy.precision} policy cannot be sent to evaluation workers ({exc}): "
+                         "use --workers 1") from None
     digest = hashlib.sha256(payload).hexdigest()
     folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     returns = np.zeros(episodes)

@@ -121,7 +121,8 @@ def encode_video(frames: Sequence[np.ndarray], fps: float, path: Path) -> None:
             return
         log.seek(0)
         lines = [line.strip() for line in log.read()[-4096:].splitlines() if line.strip()]
-    if process.returncode == -signal.SIGXFSZ:  # subprocess sets SIGXFSZ back to its default in ffmpeg: killed at the limit
+    # subprocess sets SIGXFSZ back to its default in ffmpeg: killed at the limit
+    if process.returncode == -signal.SIGXFSZ:
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
     for code, said in ((errno.EFBIG, "File too large"), (errno.ENOSPC, "No space left"), (errno.EDQUOT, "quota")):
         if any(said in line for line in lines):
@@ -159,8 +160,9 @@ def check_frame_memory(env_id: str, size: tuple[int, int] | None, max_steps: int
                          f"held until it ends: give --max-steps (at most {fit:,} frames of {frame / 2**20:.1f} MiB fit "
                          f"the {VIDEO_FRAMES_CAP / 2**30:g} GiB allowed)")
     if (steps + 1) * frame > VIDEO_FRAMES_CAP:
-        raise QuarlError(f"--video-size {width}x{height}: an episode of up to {steps:,} steps holds {steps + 1:,} frames "
-                         f"of {frame / 2**20:.1f} MiB ({(steps + 1) * frame / 2**30:.1f} GiB) until it ends, more than "
+        raise QuarlError(f"--video-size {width}x{height}: an episode of up to {steps:,} steps holds "
+                         f"{steps + 1:,} frames of {frame / 2**20:.1f} MiB ({(steps + 1) * frame / 2**30:.1f} GiB) "
+                         "until it ends, more than "
                          f"the {VIDEO_FRAMES_CAP / 2**30:g} GiB allowed: ask a smaller --video-size, or --max-steps "
                          f"{fit:,} or fewer")
 
@@ -273,4 +275,4 @@ def file_label(precision: str) -> str:
 def episode_rows(returns: Iterable[float], lengths: Iterable[int], seed: int) -> list[Row]:
     """``play``'s table: each episode with the seed it played, its return and length."""
     return [{"episode": i, "seed": seed + i, "return": round(float(r), 2), "length": int(n)}
-            for i, (r, n) in enumerate(zip(returns, lengths))]
+            for i, (r, n) in enumerate(zip(returns, lengths, strict=True))]

@@ -21,8 +21,8 @@ from quarl.core.errors import QuarlError
 from quarl.core.table import CellValue, Row
 from quarl.verdict import Decision, Judging, ReturnsOutsideRange, Verdict, decision, games_of, judge, relative_error
 
-__all__ = ["CellValue", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary", "paper_table", "print_table", "write_rows",
-           "plot_sweep", "plot_verdicts", "save_figure"]
+__all__ = ["CellValue", "Row", "relative_error", "verdict_columns", "ptq_rows", "quant_columns", "mode_summary",
+           "paper_table", "print_table", "write_rows", "plot_sweep", "plot_verdicts", "save_figure"]
 
 
 def _pairs(base: Mapping[str, Any], record: Mapping[str, Any]
@@ -40,7 +40,8 @@ def _pairs(base: Mapping[str, Any], record: Mapping[str, Any]
         return None
     fp32_ends, quant_ends = ends
     known = all(isinstance(e, list) and len(e) == len(fp32) and all(isinstance(x, str) and x for x in e) for e in ends)
-    games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None  # records without digests (older ones): episodes as games
+    # records without digests (older ones): episodes as games
+    games = games_of(fp32_ends, quant_ends) if known and fp32_ends and quant_ends else None
     return np.asarray(fp32, float), np.asarray(quant, float), games, record.get("env_id") or base.get("env_id")
 
 
@@ -50,7 +51,9 @@ def paired_verdict(base: Mapping[str, Any], record: Mapping[str, Any], judging: 
     return _judged(judge, base, record, judging)
 
 
-def paired_decision(base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()) -> Decision | None:
+def paired_decision(
+    base: Mapping[str, Any], record: Mapping[str, Any], judging: Judging = Judging()
+) -> Decision | None:
     """What :func:`paired_verdict` decides, without its interval (a deciding loop's look)."""
     return _judged(decision, base, record, judging)
 
@@ -97,7 +100,8 @@ def verdict_columns(base: Mapping[str, Any] | None, record: Mapping[str, Any], p
         return {f"{e}%": round(relative_error(base["mean"], record["mean"]), 2), f"{e} lo": "", f"{e} hi": "", name: "",
                 span: ""}
     spanned = v.returns.label() if v.returns is not None else ""
-    if not v.relative:  # never an E of -613 % beside [-inf, inf] and a decided verdict: the label has its bound in returns
+    # never an E of -613 % beside [-inf, inf] and a decided verdict: the label has its bound in returns
+    if not v.relative:
         return {f"{e}%": E_NOT_MEANINGFUL, f"{e} lo": "", f"{e} hi": "", name: v.label(), span: spanned}
     return {f"{e}%": round(v.e, 2), f"{e} lo": round(v.low, 2), f"{e} hi": round(v.high, 2), name: v.label(),
             span: spanned}
@@ -325,7 +329,8 @@ def plot_verdicts(per_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: P
     from quarl.verdict import TOLERANCE
 
     names = list(per_policy)
-    precisions = list(dict.fromkeys(r["precision"] for rs in per_policy.values() for r in rs if r["precision"] != "fp32"))
+    precisions = list(dict.fromkeys(r["precision"] for rs in per_policy.values() for r in rs
+                                    if r["precision"] != "fp32"))
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(names) * max(1, len(precisions)) ** 0.5))
     offsets = np.linspace(-0.25, 0.25, len(precisions)) if len(precisions) > 1 else [0.0]
     for j, precision in enumerate(precisions):
