@@ -1,8 +1,8 @@
 """Every checkpoint format quarl loads, those registered from above :mod:`quarl.policies`
 included: the ActorQ run (:mod:`quarl.actorq.run_loader`), the QAT-trained zoo folder
 (:mod:`quarl.training.qat_loader`) and the recovered one (:mod:`quarl.recovery.loader`)
-register themselves when imported, which this module does. The entry points that load a checkpoint (``quarl.load``, the CLI, the feature packages)
-load through :func:`load_checkpoint` here; the registry itself is
+register themselves when imported, which this module does. The entry points that load a checkpoint
+(``quarl.load``, the CLI, the feature packages) load through :func:`load_checkpoint` here; the registry itself is
 :mod:`quarl.policies.formats`."""
 
 from __future__ import annotations

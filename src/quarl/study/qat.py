@@ -159,7 +159,7 @@ def plot_qat(records: Sequence[Mapping[str, Any]], path: Path, title: str) -> Pa
     styles = {"PTQ_w": ("o", "PTQ (weights)"), "PTQ_wa": ("^", "PTQ (weights + activations)"),
               "QAT_wa": ("s", "QAT (weights + activations)")}
     for _, col in COLUMNS:
-        pts = [(i, float(v)) for i, r in zip(x, rows) if isinstance(v := r[col], (int, float))]
+        pts = [(i, float(v)) for i, r in zip(x, rows, strict=True) if isinstance(v := r[col], (int, float))]
         marker, label = styles[col]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
     ax.set_xticks(x, labels)

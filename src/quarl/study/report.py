@@ -95,7 +95,8 @@ def study_table(records: Sequence[Mapping[str, Any]], precisions: Sequence[str],
         if quant:
             mode = quant["mode"].split("-", 1)[1]
             layers = quant.get("fp32_layers") or []
-            modes[labels[r["checkpoint"]]][r["precision"]] = mode + (f" (fp32 {layer_indices(layers)})" if layers else "")
+            modes[labels[r["checkpoint"]]][r["precision"]] = mode + (f" (fp32 {layer_indices(layers)})"
+                                                                     if layers else "")
         if r.get("latency_us") is not None and r.get("model_bytes") is not None:
             costs[labels[r["checkpoint"]]][r["precision"]].append((r["model_bytes"], r["latency_us"]))
     for row in rows:

@@ -142,7 +142,8 @@ class StudyStore:
                     self.db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
             self.db.commit()
             self.db.execute("BEGIN IMMEDIATE")  # can this run write here? asked before any cell is computed
-            try:  # a write that changes nothing: a store opened read-only (a 0444 file) fails here, not at the first cell
+            # a write that changes nothing: a store opened read-only (a 0444 file) fails here, not at the first cell
+            try:
                 self.db.execute(f"DELETE FROM {TABLE} WHERE 0")
             finally:
                 self.db.rollback()
@@ -174,7 +175,7 @@ class StudyStore:
                              "--out") from None
         keys = set()
         for rowid, *values in rows:
-            key, fields = tuple(values[:len(KEY)]), dict(zip(measured, values[len(KEY):]))
+            key, fields = tuple(values[:len(KEY)]), dict(zip(measured, values[len(KEY):], strict=True))
             try:
                 for name in ("returns", "lengths"):
                     fields[name] = json.loads(fields[name]) if isinstance(fields[name], (str, bytes)) else None
@@ -213,7 +214,7 @@ class StudyStore:
                              "--out") from None
         out = []
         for rowid, *values in stored:
-            row = dict(zip(_COLUMNS, values))
+            row = dict(zip(_COLUMNS, values, strict=True))
             where = f"{self.path} ({TABLE} row {rowid})"
             for k in _JSON:
                 if row[k] is None:  # a column an older quarl's store gained after this row: absent
