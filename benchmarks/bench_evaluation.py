@@ -119,14 +119,16 @@ def quarl_rows(run: Path, episodes: int, workers: list[int], sb3_8: float | None
                 rate = float(np.median(rates))
                 vs_sb3 = f"{rate / sb3_8:.2f}x" if sb3_8 else "-"
                 spread = f" ({min(vs_one):.2f}-{max(vs_one):.2f})" if repeats > 1 else ""
-                rows.append(f"| quarl {label} | {n} | {n_envs} | {rate:,.0f} | {vs_sb3} | {np.median(vs_one):.2f}{spread} | "
+                rows.append(f"| quarl {label} | {n} | {n_envs} | {rate:,.0f} | {vs_sb3} | "
+                            f"{np.median(vs_one):.2f}{spread} | "
                             f"{np.median(vs_many):.2f} | {result.mean:.2f} | {'yes' if same else 'NO'} |")
                 print(rows[-1], flush=True)
     return rows
 
 
 HEADER = ("| path | processes | envs side by side | steps/s | vs SB3 8 envs | vs env alone x processes (runs) | "
-          "vs env alone on as many processes | mean return | same returns as serial |\n|---|---|---|---|---|---|---|---|---|")
+          "vs env alone on as many processes | mean return | same returns as serial |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
@@ -134,7 +136,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64, help="CartPole episodes per row (HalfCheetah: half)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: the machine's cores)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per row, each beside its own env-alone timing")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: few episodes, one run per row, CartPole only")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: few episodes, one run per row, CartPole only")
     args = parser.parse_args()
     from quarl.core import quiet, validate
 
@@ -163,8 +166,10 @@ def main() -> None:
     print(f"\n## PPO CartPole-v1, {episodes} episodes (env steps / s; env alone {alone[1]:,.0f} on one core, "
           f"{alone[cores]:,.0f} on {cores} processes at once)")
     print(HEADER)
-    print(f"| SB3 evaluate_policy, 1 env | 1 | 1 | {sb3_1:,.0f} | {sb3_1 / sb3_8:.2f}x | {sb3_1 / alone[1]:.2f} | | | |")
-    print(f"| SB3 evaluate_policy, 8 envs | 1 | 8 | {sb3_8:,.0f} | 1.00x | {sb3_8 / alone[1]:.2f} | | {sb3_mean:.2f} | |")
+    print(f"| SB3 evaluate_policy, 1 env | 1 | 1 | {sb3_1:,.0f} | {sb3_1 / sb3_8:.2f}x | "
+          f"{sb3_1 / alone[1]:.2f} | | | |")
+    print(f"| SB3 evaluate_policy, 8 envs | 1 | 8 | {sb3_8:,.0f} | 1.00x | "
+          f"{sb3_8 / alone[1]:.2f} | | {sb3_mean:.2f} | |")
     for n in counts:
         print(f"| env alone, random actions | {n} | 1 | {alone[n]:,.0f} | {alone[n] / sb3_8:.2f}x | "
               f"{alone[n] / (alone[1] * n):.2f} | 1.00 | | |", flush=True)
@@ -181,7 +186,8 @@ def main() -> None:
           f"{alone[cores]:,.0f} on {cores} processes at once)")
     print(HEADER)
     for k in counts:
-        print(f"| env alone, random actions | {k} | 1 | {alone[k]:,.0f} | - | {alone[k] / (alone[1] * k):.2f} | 1.00 | | |",
+        print(f"| env alone, random actions | {k} | 1 | {alone[k]:,.0f} | - | "
+              f"{alone[k] / (alone[1] * k):.2f} | 1.00 | | |",
               flush=True)
     quarl_rows(cheetah, n, counts, None, "HalfCheetah-v4", 5_000, (32,), repeats)
 

@@ -80,7 +80,7 @@ def build(folder: Path, names: list[str], precisions: list[str]) -> dict[tuple[s
     for name in names:
         sizes = (OBS, *MLPS[name], ACTIONS)
         layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:]):
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(a, b), nn.ReLU()]
         policy = Policy(nn.Sequential(*layers[:-1]), gym.spaces.Box(-np.inf, np.inf, (OBS,), np.float32),
                         gym.spaces.Discrete(ACTIONS), "argmax", algo="ppo")

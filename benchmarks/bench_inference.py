@@ -37,7 +37,7 @@ torch.set_num_threads(1)
 
 def mlp(sizes: list[int], act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         layers += [nn.Linear(a, b), act()]
     return nn.Sequential(*layers[:-1]).eval().requires_grad_(False)  # as a loaded Policy holds it
 
@@ -183,7 +183,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timing per cell")
     parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budget, few episodes (the test suite's)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: tiny budget, few episodes (the test suite's)")
     args = parser.parse_args()
     if args.quick:
         args.budget, args.episodes = 0.02, 2

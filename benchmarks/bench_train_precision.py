@@ -199,7 +199,8 @@ def main() -> None:
             table.add_row(*row)
         console.print(table)
         if args.compile:
-            faster = [p for p in precisions if results[(p, True)]["grad_steps_per_s"] > results[(p, False)]["grad_steps_per_s"]]
+            faster = [p for p in precisions
+                      if results[(p, True)]["grad_steps_per_s"] > results[(p, False)]["grad_steps_per_s"]]
             console.print(f"torch.compile was faster in gradient steps for: {', '.join(faster) or 'none'}")
 
 

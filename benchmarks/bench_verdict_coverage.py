@@ -62,7 +62,8 @@ def insurance_rows(pools: list[Pool], streams: int, cap: int, started: float) ->
                          "env": pool.env_id or "(none)", "E%": round(pool.e, 2),
                          "failure costs": "" if pool.failure_cost is None else round(pool.failure_cost, 1),
                          "insure": insure, "covered": "yes" if is_covered else "no",
-                         "coverage%": round(100 * r.coverage, 1), "wrong%": f"{100 * r.wrong:.1f}" + (" *" if bad else ""),
+                         "coverage%": round(100 * r.coverage, 1),
+                         "wrong%": f"{100 * r.wrong:.1f}" + (" *" if bad else ""),
                          "decided%": round(100 * r.decided), "median episodes": _median(r.median_to_decide)})
             print(f"{time.perf_counter() - started:6.0f} s  {rows[-1]}", flush=True)
     return rows
@@ -73,11 +74,11 @@ def insure_rows(synthetic: list[Pool], streams: int, cap: int) -> list[dict[str,
     failures = [p for p in synthetic if p.name.startswith("1 in ")]
     rows: list[dict[str, object]] = []
     for k in INSURES:
+        identical = sequential(by["identical"], "cs", 20, cap, streams, seed=2, insure=k)
+        noisy = sequential(by["noise E 2.5 sd 2"], "cs", 20, cap, streams, seed=2, insure=k)
         rows.append({"--insure": k,
-                     "median to keep, identical play": _median(sequential(by["identical"], "cs", 20, cap, streams,
-                                                                           seed=2, insure=k).median_to_decide),
-                     "median to keep, E 2.5 % (sd 2 %)": _median(sequential(by["noise E 2.5 sd 2"], "cs", 20, cap,
-                                                                             streams, seed=2, insure=k).median_to_decide),
+                     "median to keep, identical play": _median(identical.median_to_decide),
+                     "median to keep, E 2.5 % (sd 2 %)": _median(noisy.median_to_decide),
                      "covers failures costing": ", ".join(sorted({f"{p.failure_cost:g}" for p in failures
                                                                   if p.covered(k)}, key=float)) or "none"})
     return rows

@@ -24,8 +24,8 @@ own Python with ``pip install quarl onnxruntime``) the script also prints batch-
 Run: ``.venv/bin/python benchmarks/check_exports_arm64.py`` (first run: ~40 MB of
 packages and ~3 minutes of exports; then ~3 minutes). ``--quick``: one export (DQN
 CartPole int8) on one CPU, or a ``skipped: ...`` line and exit 0 where qemu or the arm64
-Python is not set up. Writes ``WORK/report.json`` (``--quick``: ``report-quick.json``); ``--markdown`` prints the table for the
-docs.
+Python is not set up. Writes ``WORK/report.json`` (``--quick``: ``report-quick.json``); ``--markdown`` prints
+the table for the docs.
 """
 
 from __future__ import annotations
@@ -396,7 +396,8 @@ def why(rec: dict[str, Any], arm: Any, same: Any, diff: float, cpu: str) -> str:
             return (f"{what} on x86, but ARM ({cpu}) computed MatMulNBits in fp32 (equal to x86 at accuracy_level 0 "
                     f"within {gap:.2g}): level 4 is a hint and this CPU has no int8 kernel for it")
     if rec["meta"].get("precision") == "fp16" and "asimdhp" in CPUS.get(cpu, ("", ""))[1]:
-        what += f" in fp16 arithmetic on ARM ({cpu} has fp16 vector instructions; x86 and cores without them widen to fp32)"
+        what += (f" in fp16 arithmetic on ARM ({cpu} has fp16 vector instructions; x86 and cores without them "
+                 "widen to fp32)")
     if same.all():
         return f"{what}: outputs differ in the last bits (ARM's NEON kernels sum in another order), same actions"
     x86 = rec["x86"]
@@ -503,7 +504,7 @@ def main() -> int:
         x86 = run_here(work, x86_job)
         reports: list[dict[str, Any]] = []
         for arm in arms:
-            for m, r in zip(job["models"], records):
+            for m, r in zip(job["models"], records, strict=True):
                 m["out"] = str(r["run"] / f"arm-{arm.cpu}.npy")
             t0 = time.perf_counter()
             got = arm.run(job, arm.cpu)
@@ -535,7 +536,7 @@ def report(records: list[dict[str, Any]], got: dict[str, Any], x86: dict[str, An
     import numpy as np
 
     rows = []
-    for m, r in zip(job["models"], records):
+    for m, r in zip(job["models"], records, strict=True):
         arm = np.load(m["out"])
         row = {"agent": r["agent"], "precision": r["precision"], "cpu": cpu,
                "kernels": kernels(r["meta"]), **compare(r, arm, cpu),
@@ -553,7 +554,7 @@ def report(records: list[dict[str, Any]], got: dict[str, Any], x86: dict[str, An
             replay_ok = here is not None and "error" not in here and np.allclose(here["returns"], quarl_returns,
                                                                                  rtol=0, atol=1e-9)
             same = there["returns"] == (here or {}).get("returns") and there["lengths"] == (here or {}).get("lengths")
-            gap = max(abs(a - b) for a, b in zip(there["returns"], quarl_returns))
+            gap = max(abs(a - b) for a, b in zip(there["returns"], quarl_returns, strict=True))
             row["arm_returns"] = there["returns"]
             row["episodes"] = (f"{len(there['returns'])} played on ARM: returns "
                                + ("equal to x86's" if same else f"differ from x86's by up to {gap:.3g}")
@@ -581,7 +582,8 @@ def print_rows(rows: list[dict[str, Any]], markdown: bool) -> None:
         print("|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             first = row["first_divergence"]
-            print(f"| {row['agent']} | {row['precision']}{' (' + row['verdict_mode'] + ')' if row['verdict_mode'] else ''}"
+            print(f"| {row['agent']} | {row['precision']}"
+                  f"{' (' + row['verdict_mode'] + ')' if row['verdict_mode'] else ''}"
                   f" | {row['cpu']} | {row['kernels']} | {row['agree_pct']:.2f}% of {row['states']} "
                   f"| {row['max_abs_diff']:.3g} | {f'ep {first[0]} step {first[1]}' if first else 'none'} "
                   f"| {fp32_cell(row)} | {row['episodes']} |")

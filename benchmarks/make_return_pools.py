@@ -97,7 +97,8 @@ POOLS: tuple[Pool, ...] = (
     Pool("ppo-MountainCarContinuous-v0", ("int8", "sim4", "sim2"), ZOO / "ppo" / "MountainCarContinuous-v0_1",
          note="small, steady losses; no ties"),
     Pool("dqn-Acrobot-v1", ("int8", "int4", "sim7", "sim6", "sim4"), trained=Trained("dqn", "Acrobot-v1", 50_000),
-         note="trained here (RL Zoo hyperparameters, half their budget); sim7 / sim6 near the line, sim4 never swings up"),
+         note="trained here (RL Zoo hyperparameters, half their budget); sim7 / sim6 near the line, sim4 never "
+              "swings up"),
 )
 
 

@@ -84,7 +84,8 @@ def main() -> None:
     console = Console()
     filters, fc = POLICIES[args.policy]
     console.print(f"{device_name(args.device)}, torch {torch.__version__}, policy {args.policy} "
-                  f"(3 conv x {filters} + FC {fc}), DQN on Pong, batch 32, Adam {args.optimizer}, {args.steps} updates per precision")
+                  f"(3 conv x {filters} + FC {fc}), DQN on Pong, batch 32, Adam {args.optimizer}, {args.steps} "
+                  "updates per precision")
     timings = {}
     for p in precisions:
         seconds, table = profile_update(args.policy, p, args.device, args.steps, args.rows, args.optimizer == "fused")

@@ -99,7 +99,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results/image-agents"))
     parser.add_argument("--only", default="", help="comma list of agent names")
-    parser.add_argument("--episodes", type=int, default=0, help="episodes per precision (default: MinAtar 200, Atari 30)")
+    parser.add_argument("--episodes", type=int, default=0,
+                        help="episodes per precision (default: MinAtar 200, Atari 30)")
     parser.add_argument("--precisions", default="fp16,int8,int4")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="zoo",
                         help="zoo: sampled actions as rl_zoo3.enjoy plays Atari and MinAtar, sticky actions 0.25 on "

@@ -12,7 +12,8 @@ seeds, so "it learned" is a number. Evaluation: 20 episodes of seed 0 (``--seeds
 more). Resumable: trained agents are reused, a killed training run starts over, and the study
 evaluates (and recovers) only what it lacks.
 
-    nice -n 10 .venv/bin/python benchmarks/pybullet_agents.py [--agents runs/pybullet/agents] [--out results/pybullet-recovery] [--only tqc-ReacherBulletEnv-v0] [--quick]
+    nice -n 10 .venv/bin/python benchmarks/pybullet_agents.py [--agents runs/pybullet/agents] \
+        [--out results/pybullet-recovery] [--only tqc-ReacherBulletEnv-v0] [--quick]
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def main() -> int:
     # the one command a user runs; its own output (progress, the table) goes straight to this terminal
     command = [str(Path(sys.executable).with_name("quarl")), "study", str(args.agents), "--precisions", PRECISIONS,
                "--seeds", args.seeds, "--episodes", str(args.episodes), "--out", str(args.out),
-               "--decide-minutes", args.decide_minutes, "-v"]  # -v: a line per cell as it finishes (the progress bar needs a terminal)
+               # -v: a line per cell as it finishes (the progress bar needs a terminal)
+               "--decide-minutes", args.decide_minutes, "-v"]
     print("$", " ".join(["quarl", *command[1:]]), flush=True)
     code = subprocess.call(command)
     if code == 0:

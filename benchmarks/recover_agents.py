@@ -96,7 +96,8 @@ def measure(name: str, checkpoint: Path, env_id: str | None, out: Path, episodes
             "ptq": round(before["mean"], 2), "ptq E%": before["E%"], "ptq verdict": before["verdict"],
             "ptq mode": before.get("mode", ""), "recovered": round(after["mean"], 2), "recovered E%": after["E%"],
             "recovered verdict": after["verdict"], "recovered mode": record["kernel"]["mode"],
-            "ptq agree%": round(100 * record["ptq_agreement"], 1), "recovered agree%": round(100 * record["agreement"], 1),
+            "ptq agree%": round(100 * record["ptq_agreement"], 1),
+            "recovered agree%": round(100 * record["agreement"], 1),
             "rounds": len(record["rounds"]), "states": record["labelled_states"], "updates": record["updates"],
             "distil s": record["wall_s"], "total s": round(time.perf_counter() - started, 1),
         })
