@@ -161,9 +161,12 @@ def ptq(
     if ckpt.payload_of(ExportedModel) is not None:  # an exported model: evaluated as it is, nothing re-quantized
         ptq_export(checkpoint, ckpt, spec, settings, out, wide, precisions != DEFAULT_PRECISIONS)
         return
+    from quarl.recovery.folder import RecoveredFolder
     from quarl.recovery.loader import recovered_cells
 
-    fixed, recovered = recovered_cells(checkpoint, spec, ckpt.policy.stochastic, trust_pickle, ckpt.payload)
+    # a folder quarl recover wrote (its payload: the record its load checked): fp32 the original, its kernel the column
+    fixed, recovered = ({}, None) if ckpt.payload_of(RecoveredFolder) is None else recovered_cells(
+        checkpoint, spec, ckpt.policy.stochastic, trust_pickle, ckpt.payload)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
     records = play_cells(ckpt.policy, spec, configs, settings, out, deciding, str(checkpoint), fixed)
     report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide, deciding.judging)

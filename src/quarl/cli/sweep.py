@@ -86,7 +86,9 @@ def sweep(
     from quarl.ptq.sweep import run_sweep
     from quarl.quantization.config import QuantConfig
 
-    QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size)  # validates all
+    # every width's config but its bits, validated once (one line for a bad value) and passed down
+    base = QuantConfig(precision="nbit", scheme=scheme, granularity=granularity, block_size=block_size,
+                       activations=activations)
     settings = evaluation.settings(worker_count)
     float_checkpoint(checkpoint, "sweep re-quantizes the float weights")
     ckpt, spec = load(checkpoint, env, trust_pickle)
@@ -97,10 +99,9 @@ def sweep(
     labels = ["fp32", *(f"sim{n}" for n in widths)]
     with progress() as bar:
         tasks = {c: bar.add_task(f"{c:>5}", total=episodes) for c in labels}
-        records = run_sweep(ckpt.policy, spec, widths, settings, out, scheme, granularity,
+        records = run_sweep(ckpt.policy, spec, widths, settings, out, base,
                             progress=lambda c, n: bar.update(tasks[c], completed=n),
-                            title=f"{ckpt.algo} {spec.env_id} ({variant})", activations=activations,
-                            block_size=block_size, source=str(checkpoint))
+                            title=f"{ckpt.algo} {spec.env_id} ({variant})", source=str(checkpoint))
     what = "weights and activations" if activations else "weights"
     print_table(ptq_rows(records, identity=False), f"{ckpt.algo} {spec.env_id}: n-bit {what} ({scheme}, {granularity})",
                 out_console)

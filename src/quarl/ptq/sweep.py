@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,22 +24,20 @@ def run_sweep(
     bits: Sequence[int],
     settings: EvalSettings,
     out_dir: Path,
-    scheme: str = "quarl",
-    granularity: str = "auto",
+    base: QuantConfig,
     progress: Progress | None = None,
     title: str = "",
-    activations: bool = False,
-    block_size: int = 32,
     source: str | None = None,
 ) -> list[CellRecord]:
-    """Evaluate fp32 and simulated n-bit weights (and layer outputs, when
-    ``activations``, with ranges calibrated on fp32 rollouts) for each width; write
+    """Evaluate fp32 and simulated n-bit weights for each width: ``base`` (an ``nbit`` config,
+    built once by the command) at that width, its scheme, granularity and block size (and layer
+    outputs, where its ``activations``, with ranges calibrated on fp32 rollouts); write
     ``sweep.{csv,md,json}`` and ``sweep.png``."""
     cells = [Cell("fp32", QuantConfig())]
     for n in bits:
-        config = QuantConfig(precision="nbit", bits=n, scheme=scheme, granularity=granularity, activations=activations,
-                             block_size=block_size)
-        key: KeyExtras = {"bits": n, "scheme": scheme, "granularity": granularity, "activations": activations}
+        config = dataclasses.replace(base, bits=n)
+        key: KeyExtras = {"bits": n, "scheme": base.scheme, "granularity": base.granularity,
+                          "activations": base.activations}
         cells.append(Cell(config.label, config, key))
     with output_lock(out_dir):
         records = evaluate_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress,
@@ -47,7 +46,8 @@ def run_sweep(
         for row, record in zip(rows, records):
             row["bits"] = record.get("bits", 32)
         write_rows(rows, out_dir, "sweep")
-        plot_sweep(records, out_dir / "sweep.png", title or f"{policy.algo} {env_spec.env_id}: {scheme}, {granularity}")
+        plot_sweep(records, out_dir / "sweep.png",
+                   title or f"{policy.algo} {env_spec.env_id}: {base.scheme}, {base.granularity}")
     return records
 
 
