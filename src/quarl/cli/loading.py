@@ -1,6 +1,7 @@
 """Loading the policy a command was given: the checkpoint and its env (a policy that names
 no env refused in one line, a bare zip whose statistics are missing said so), the acting
-protocol (``--stochastic`` / ``--deterministic``, ``--sticky-actions``), exported models."""
+protocol (``--stochastic`` / ``--deterministic``, ``--sticky-actions``). A checkpoint loads once
+(:func:`read`): a command asks what loaded (its format, its typed payload), never the path."""
 
 from __future__ import annotations
 
@@ -64,9 +65,3 @@ def protocol(policy: Policy, spec: EnvSpec, acting: Acting) -> tuple[EnvSpec, Po
 
     return acting_protocol(policy, spec, acting.stochastic, acting.sticky_actions)
 
-
-def is_export(checkpoint: Path) -> bool:
-    """Whether ``checkpoint`` is an exported model (a quarl export folder or .onnx)."""
-    from quarl.policies.onnx_artifact import is_artifact
-
-    return is_artifact(checkpoint)
