@@ -12,7 +12,7 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import out_console, setup, user_errors
-from quarl.cli.loading import load
+from quarl.cli.loading import read, with_env
 from quarl.cli.settings import (
     LOADING,
     PRECISIONS_HELP,
@@ -75,11 +75,12 @@ def bench(
     configs = registry_options.configs(precisions or "fp16,bf16,int8,int4")
     sizes = validate.batch_sizes(batches)
     outputs.apart_from_inputs(out, [checkpoint])
-    ckpt, spec = load(checkpoint, env, trust_pickle)
-    exported = ckpt.payload_of(ExportedModel) is not None
+    ckpt = read(checkpoint, env, trust_pickle)
+    exported = ckpt.payload_of(ExportedModel) is not None  # what loaded, said before its env is made
     if precisions is not None and exported:
         raise QuarlError(f"{checkpoint} is an exported model: bench times it as exported; drop --precisions (or bench "
                          "the checkpoint it came from)")
+    ckpt, spec = with_env(ckpt, env)
     rows = bench_checkpoint(ckpt.policy, spec, configs, sizes, budget, as_exported=exported)
     against = "itself (an exported model has no float network beside it)" if exported else "PyTorch fp32"
     print_table(rows, f"{ckpt.algo} {spec.env_id} ({ckpt.policy.precision} policy): latency in us, x = speedup over "

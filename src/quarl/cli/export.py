@@ -12,7 +12,7 @@ from quarl.cli import early, registry_options
 from quarl.cli.app import app
 from quarl.cli.command import command
 from quarl.cli.common import console, out_console, setup, user_errors
-from quarl.cli.loading import load, protocol
+from quarl.cli.loading import protocol, read, with_env
 from quarl.cli.settings import (
     INT_OPTIONS,
     LOADING,
@@ -94,12 +94,13 @@ def export(
         console.print("note: export --seed is ignored and will be removed: calibration seeds are fixed, so export, "
                       "ptq and study choose the same int mode", highlight=False)
     validate.out_folder(outputs.apart_from_inputs(out, [checkpoint]))
-    ckpt, spec = load(checkpoint, env, trust_pickle)
     from quarl.policies.onnx_artifact import ExportedModel
 
-    if ckpt.payload_of(ExportedModel) is not None:
+    ckpt = read(checkpoint, env, trust_pickle)
+    if ckpt.payload_of(ExportedModel) is not None:  # what loaded, said before its env is made
         raise QuarlError(f"{checkpoint} is already an exported model: export the checkpoint it came from (an SB3 .zip "
                          "or RL Zoo folder) at the precision you want; quarl ptq evaluates the .onnx as it is")
+    ckpt, spec = with_env(ckpt, env)
     spec, ckpt.policy = protocol(ckpt.policy, spec, Acting(stochastic))
     from quarl.export.artifact import export_checkpoint  # torch and ONNX, once every option is checked
 
