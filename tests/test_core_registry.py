@@ -56,7 +56,8 @@ def test_every_registry_of_quarl_is_a_core_registry() -> None:
 
     import quarl
     from quarl.actorq import algorithms
-    from quarl.envs import ENV_FAMILIES, wrappers
+    from quarl.envs import wrappers
+    from quarl.envs.families import ENV_FAMILIES
     from quarl.policies import base, formats, sb3
     from quarl.quant import modes
     from quarl.quantization import precisions

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 import quarl
-from quarl import envs
 from quarl.actorq.options import DQNOptions
 from quarl.core.errors import QuarlError
+from quarl.envs import families as envs
 from quarl.evaluation.cells import EvalSettings
 from quarl.policies import sb3
 from quarl.ptq.run import run_ptq
