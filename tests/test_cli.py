@@ -920,7 +920,6 @@ def test_validators_return_the_values_converted() -> None:
     assert registry_options.configs("INT4,sim3", base) == [QuantConfig("int4", block_size=64, int8_weights="asymmetric"),
                                                            QuantConfig("nbit", bits=3, block_size=64,
                                                                        int8_weights="asymmetric")]
-    assert registry_options.precisions("INT4,sim3", block_size=64, int8_weights="auto") == ["int4", "sim3"]
     assert registry_options.quant_options("symmetric", 64) == {"int8_weights": "symmetric", "block_size": 64}
     assert registry_options.wire_widths("") == [] and registry_options.wire_widths("16,4") == [16, 4]
     assert validate.decide_episodes(0, 20) == 0 and validate.decide_episodes(200, 20) == 200

@@ -18,7 +18,7 @@ def precisions(text: str | None) -> None:
     """Refuse an unknown label of ``text`` (a --precisions / --precision value) with the
     labels the help lists hold (:func:`quarl.cli.help_lists.get`: the built-in ones, unless
     the registry is here or a ``--gym-packages`` module may have added to it); ``rec-`` study
-    columns are left to :func:`quarl.cli.registry_options.precisions`."""
+    columns are left to :func:`quarl.cli.registry_options.configs`."""
     from quarl.cli import help_lists
 
     if text is None or help_lists.live("precision_labels"):

@@ -95,10 +95,10 @@ def play(
     from quarl.evaluation.playback import play as play_episodes
     from quarl.evaluation.reports import print_table
 
-    options = IntOptions(int8_weights, block_size).checked()
-    labels = registry_options.precisions(precision, **options)
-    if len(labels) != 1:
-        raise QuarlError(f"--precision {precision!r} names {len(labels)} precisions: play takes one")
+    configs = registry_options.configs(precision, IntOptions(int8_weights, block_size).config())
+    if len(configs) != 1:
+        raise QuarlError(f"--precision {precision!r} names {len(configs)} precisions: play takes one")
+    config = configs[0]
     evaluation.settings()
     validate.count(max_steps, 1, "--max-steps")
     validate.out_folder(video, "--video")
@@ -115,12 +115,12 @@ def play(
     from quarl.policies.onnx_artifact import ExportedModel
 
     if ckpt.payload_of(ExportedModel) is not None:
-        if labels[0] != "fp32":
+        if config.precision != "fp32":
             raise QuarlError(f"{checkpoint} is an exported model: it plays as exported ({ckpt.policy.precision}); "
                              "drop --precision")
         policy = ckpt.policy
     else:
-        policy = ckpt.policy if labels[0] == "fp32" else quantize(ckpt.policy, labels[0], spec, **options)
+        policy = ckpt.policy if config.precision == "fp32" else quantize(ckpt.policy, config, spec)
     name = file_label(policy.precision) + ("-sampled" if policy.stochastic else "")  # a greedy play keeps its own
     with progress() as bar:  # recording a long MuJoCo episode takes seconds: say where it is
         task = bar.add_task(f"{name} episodes", total=episodes)

@@ -5,7 +5,7 @@ of them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict
 
 from quarl.core import validate
 from quarl.core.errors import QuarlError
@@ -47,14 +47,6 @@ def columns(text: str, base: QuantConfig | None = None) -> list[Column]:
     from quarl.study.grid import Column
 
     return [Column.parse(label, base) for label in items(text, "--precisions")]
-
-
-def precisions(text: str, **options: Unpack[QuantOptions]) -> list[str]:
-    """The labels of --precisions, each checked, lower case, as :func:`configs` parses them
-    onto ``options`` (quarl play, which passes the label on)."""
-    from quarl.quantization.config import QuantConfig
-
-    return [config.label for config in configs(text, QuantConfig(**options))]
 
 
 def quant_options(int8_weights: str, block_size: int) -> QuantOptions:
