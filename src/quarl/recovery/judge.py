@@ -19,7 +19,7 @@ from quarl.quant.student import KernelSpec
 from quarl.recovery.config import TEST_CAPS, TEST_FIRST, TEST_SEEDS, TEST_STEPS
 from quarl.recovery.dagger import RecoveryResult, kernel_policy, ptq_model
 from quarl.recovery.report import RecoveryJson, TestOutcome
-from quarl.verdict import TOLERANCE, Sequential, sequential_at_least, sequential_keeps
+from quarl.verdict import TOLERANCE, Decision, Sequential, sequential_at_least, sequential_keeps
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _outcome(outcome: Sequential, episodes: TestEpisodes, a: Policy, b: Policy, 
     two means over the episodes it played)."""
     v, n = outcome.verdict, outcome.episodes
     label = v.label()
-    if outcome.kept and v.verdict != "keeps":
+    if outcome.kept and v.verdict != Decision.KEEPS:
         label = "tied (the same return on every episode)"
     elif tolerance == 0:  # the label's own wording is about the 5 % tolerance
         label = label.replace("(E near 5 %)", "(E near 0)")
