@@ -58,7 +58,8 @@ def load_checkpoint_and_env(path: str | Path | Any, env: str | None = None, trus
         env = env or _sb3_env_id(path)
         if env is None:
             raise QuarlError(f"this {type(path).__name__} model holds no env (SB3 keeps none in its zip; it knows only "
-                             f"its spaces, {_spaces(path)}): name its env, a gymnasium id (quarl.load(model, env=\"ENV_ID\"), "
+                             f"its spaces, {_spaces(path)}): name its env, a gymnasium id "
+                             "(quarl.load(model, env=\"ENV_ID\"), "
                              f"quarl.evaluate(model, \"ENV_ID\")), or load the model with its env "
                              f"({type(path).__name__}.load(path, env=...))")
         checkpoint = _from_sb3_model(path)
@@ -207,7 +208,8 @@ def _spaces(model: Any) -> str:
 
     def short(space: Any) -> str:
         n = getattr(space, "n", None)
-        return f"{type(space).__name__}({n})" if n is not None else f"{type(space).__name__}{getattr(space, 'shape', '')}"
+        name = type(space).__name__
+        return f"{name}({n})" if n is not None else f"{name}{getattr(space, 'shape', '')}"
 
     return f"observations {short(model.observation_space)}, actions {short(model.action_space)}"
 

@@ -50,14 +50,16 @@ def run_demo(runs: Sequence[Path], precisions: Sequence[QuantConfig | str], sett
              on_policy: Callable[[str, list[str]], Progress] | None = None,
              decide_episodes: int = 0, stochastic: bool | None = None,
              sticky_actions: float | None = None, decide_seconds: float | None = None,
-             judging: Judging = Judging(), on_records: Callable[[Path, list[CellRecord]], None] | None = None) -> list[Row]:
+             judging: Judging = Judging(),
+             on_records: Callable[[Path, list[CellRecord]], None] | None = None) -> list[Row]:
     """Evaluate every agent at fp32 and ``precisions`` (configs, as ``quarl demo`` parses them
     once; a label, parsed once here) (each agent's cells under its own
     folder, resumable); write ``OUT/table.{csv,md,json}`` and ``table.png`` (E with its
     interval per agent and precision) and return its rows.
     ``on_policy(name, cells)`` gives the progress callback for one agent's cells;
-    ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.run.decide`; ``stochastic`` / ``sticky_actions``:
-    see :func:`quarl.evaluation.episodes.protocol` (sticky actions only where the env has them);
+    ``decide_episodes``, ``decide_seconds`` (per agent): see :func:`quarl.ptq.run.decide`;
+    ``stochastic`` / ``sticky_actions``: see :func:`quarl.evaluation.episodes.protocol` (sticky
+    actions only where the env has them);
     ``on_records(folder, records)``: each agent's cells once played or reused from ``folder``."""
     per_policy: dict[str, list[CellRecord]] = {}
     modes: dict[str, dict[str, str]] = {}

@@ -3,7 +3,8 @@ registry of env families (:mod:`quarl.envs.families`): ``gymnasium`` (classic co
 ids, registered on first use), ``minatar`` (MinAtar's 10x10 games, ``MinAtar/Breakout-v1``,
 channel-first float frames), ``dm_control`` (the DeepMind Control Suite through
 shimmy, observations flattened to float32) and ``pybullet`` (the paper's third family: ``HalfCheetahBulletEnv-v0``,
-``Walker2DBulletEnv-v0``... from pybullet-envs-gymnasium). A new family is one :func:`~quarl.envs.families.register_env_family`.
+``Walker2DBulletEnv-v0``... from pybullet-envs-gymnasium). A new family is one
+:func:`~quarl.envs.families.register_env_family`.
 
 An :class:`EnvSpec` says how a policy's env was built (RL Zoo ``config.yml``: env
 wrappers, frame stacking, env kwargs) so that evaluation rebuilds the same observations.

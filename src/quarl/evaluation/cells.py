@@ -74,7 +74,8 @@ class EvalSettings:
         for what, reserved in RESERVED_SEEDS.items():
             first, last = reserved[0], reserved[-1]
             if self.seed <= last and self.seed + self.episodes > first:
-                raise QuarlError(f"evaluation seeds {self.seed}..{self.seed + self.episodes - 1} would reach the {what} "
+                last_seed = self.seed + self.episodes - 1
+                raise QuarlError(f"evaluation seeds {self.seed}..{last_seed} would reach the {what} "
                                  f"seeds {first}..{last}: choose a seed and episodes that stay below {first} or start "
                                  f"above {last}")
         if self.max_steps is not None and not 1 <= self.max_steps <= MAX_EPISODE_STEPS:
@@ -146,7 +147,8 @@ def output_lock(out_dir: Path, wait: bool = False) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise QuarlError(f"{out_dir} is being written by another quarl run: wait for it or pass another --out") from None
+            raise QuarlError(f"{out_dir} is being written by another quarl run: wait for it or pass another "
+                             "--out") from None
         try:
             yield
         finally:

@@ -140,8 +140,8 @@ def quantized_model(policy: Policy, config: QuantConfig, calibration: np.ndarray
     if config.precision == "fp16":
         return fp16_model(policy), None
     if not registry.get(config.precision).real_int:
-        raise QuarlError(f"export precision {config.label!r} has no ONNX model: allowed fp32, fp16, int8, int4 and their "
-                         "modes")
+        raise QuarlError(f"export precision {config.label!r} has no ONNX model: allowed fp32, fp16, int8, int4 and "
+                         "their modes")
     quantized = quantize(policy, config, calibration=calibration, returns=returns)
     assert isinstance(quantized.engine, OrtEngine)  # every real int mode runs on ONNX Runtime
     return quantized.engine.model, quantized.meta.get("quant")
@@ -171,7 +171,8 @@ def export_policy(policy: Policy, precision: str | QuantConfig, out: Path, calib
     return write_artifact(policy, config.label, out, model, quant, env_spec, check)
 
 
-def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None, policy: Policy) -> dict[str, PortableCheck]:
+def _portable_check(contrib: bytes, portable: bytes, states: np.ndarray | None,
+                    policy: Policy) -> dict[str, PortableCheck]:
     """How the portable model computes against the ONNX Runtime one on ``states``: in fp32
     arithmetic (graph optimizations off, as a runtime without ONNX Runtime's fusion runs
     it) and as ONNX Runtime runs it by default (it fuses DequantizeLinear + MatMul back
@@ -206,7 +207,8 @@ def write_artifact(policy: Policy, precision: str, out: Path, model: bytes, quan
         **sidecar(policy, precision), "onnx": onnx_path.name, "onnx_bytes": len(model), **onnx_ops(model),
         "onnx_sha256": hashlib.sha256(model).hexdigest(), "env": None if env_spec is None else env_spec.to_json(),
         "policy_sha256": policy.fingerprint(), "provenance": provenance(),
-        # how the int mode was judged: a sampling policy on its sampled actions (quarl.quantization.candidates.sampled_agreement)
+        # how the int mode was judged: a sampling policy on its sampled actions
+        # (quarl.quantization.candidates.sampled_agreement)
         "acting": "sampled" if policy.stochastic else "greedy"}
     if portable is not None:
         fields["portable"] = portable

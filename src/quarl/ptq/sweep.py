@@ -43,7 +43,7 @@ def run_sweep(
         records = evaluate_cells(policy, env_spec, cells, settings, ResultsLog(out_dir / "results.jsonl"), progress,
                                  source)
         rows = ptq_rows(records)
-        for row, record in zip(rows, records):
+        for row, record in zip(rows, records, strict=True):
             row["bits"] = record.get("bits", 32)
         write_rows(rows, out_dir, "sweep")
         plot_sweep(records, out_dir / "sweep.png",
@@ -52,7 +52,8 @@ def run_sweep(
 
 
 def run_analyze(
-    policy: Policy, bits: Sequence[int], out_dir: Path, scheme: str = "quarl", granularity: str = "auto", title: str = ""
+    policy: Policy, bits: Sequence[int], out_dir: Path, scheme: str = "quarl", granularity: str = "auto",
+    title: str = "",
 ) -> tuple[list[WeightStats], list[RoundingError]]:
     """Write ``weights.{csv,md,json}``, ``kl.{csv,md,json}``, ``histograms.png``, ``kl.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,8 @@ def from_qat_state(policy: Policy, state: QATState) -> Policy:
         saved = state.layers.get(sb3_name) if sb3_name is not None else None
         if saved is None or not saved.quantize:
             raise QuarlError(f"the QAT state has no quantized layer for {sb3_name or name!r}")
-        wrapper = QATLayer(layer, config.bits, config.scheme, resolve_granularity(config.granularity, layer.weight.dim()))
+        granularity = resolve_granularity(config.granularity, layer.weight.dim())
+        wrapper = QATLayer(layer, config.bits, config.scheme, granularity)
         with torch.no_grad():
             layer.weight.copy_(wrapper.quantized_weight())
         if saved.out_min <= saved.out_max:

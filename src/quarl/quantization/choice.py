@@ -146,7 +146,8 @@ def mode_groups(modes: list[IntMode], network: nn.Module) -> list[list[IntMode]]
     every layer quantized, block on its Linear layers 100 %)."""
     if not ortb.has_conv(network):
         return [modes]
-    return [group for group in ([m for m in modes if m.convolutions], [m for m in modes if not m.convolutions]) if group]
+    groups = ([m for m in modes if m.convolutions], [m for m in modes if not m.convolutions])
+    return [group for group in groups if group]
 
 
 def keep_options(network: nn.Module) -> list[frozenset[int]]:
@@ -243,9 +244,9 @@ def judged_on_episodes(request: ChoiceRequest, tried: list[Candidate]) -> Candid
         return chosen
     scored = [c for c in tried if c.calibration_return == c.calibration_return]
     best = max(scored, key=lambda c: c.calibration_return)
+    fp32_return = float(np.mean(request.returns(request.policy, best.calibration_episodes)))
     log.warning("int%d: no mode keeps fp32's return (%.2f) on the calibration episodes; the best, %s with layers "
-                "%s in fp32, scores %.2f", bits, float(np.mean(request.returns(request.policy, best.calibration_episodes))),
-                best.mode, list(best.keep), best.calibration_return)
+                "%s in fp32, scores %.2f", bits, fp32_return, best.mode, list(best.keep), best.calibration_return)
     best.latency_us = median_us(engine_of(best), request.sample, request.timing_budget_s)
     return best
 
@@ -302,9 +303,10 @@ def against_fp32(chosen: Candidate, fp32: ortb.OrtEngine, sample: np.ndarray, bu
     base = Candidate("fp32-ort", (), 1.0, engine=fp32)
     time_interleaved([mine, base], sample, budget_s)
     chosen.fp32_ort_latency_us = base.latency_us
-    if mine.latency_us > base.latency_us * (1 + SWITCH_MARGIN) and mine.latency_us - base.latency_us >= SWITCH_SAVING_US:
-        log.warning("int%d: the chosen mode %s (%.1f us per call at batch 1) is slower than ONNX Runtime fp32 (%.1f us) "
-                    "on this CPU: its gain here is the model's size", bits, chosen.mode, mine.latency_us,
+    slower = mine.latency_us > base.latency_us * (1 + SWITCH_MARGIN)
+    if slower and mine.latency_us - base.latency_us >= SWITCH_SAVING_US:
+        log.warning("int%d: the chosen mode %s (%.1f us per call at batch 1) is slower than ONNX Runtime fp32 "
+                    "(%.1f us) on this CPU: its gain here is the model's size", bits, chosen.mode, mine.latency_us,
                     base.latency_us)
 
 

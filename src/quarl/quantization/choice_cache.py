@@ -84,7 +84,8 @@ def choice_key(fingerprint: str, options: Mapping[str, int | float | str | bool]
     calibration = np.ascontiguousarray(calibration)
     parts = {
         "format": CHOICE_FORMAT, "policy": fingerprint, "options": options, "returns": returns_key,
-        "calibration": [list(calibration.shape), str(calibration.dtype), hashlib.sha256(calibration.tobytes()).hexdigest()],
+        "calibration": [list(calibration.shape), str(calibration.dtype),
+                        hashlib.sha256(calibration.tobytes()).hexdigest()],
         "onnxruntime": info["versions"].get("onnxruntime"), "cpu_flags": info["cpu_flags"],
         "modes": _mode_set(),  # a mode added to the registry is tried, not hidden behind an older choice
         **({"cpu_kind": info["cpu_kind"]} if "cpu_kind" in info else {}),  # QUARL_CPU_KIND: native keys as before

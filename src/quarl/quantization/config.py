@@ -189,8 +189,8 @@ class QATLayerState(Record):
             if lo == math.inf and hi == -math.inf:
                 continue  # never observed
             if not (math.isfinite(lo) and math.isfinite(hi)):
-                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} is not a finite range (allowed: finite numbers, "
-                                 "or Infinity..-Infinity for a layer never observed)")
+                raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} is not a finite range (allowed: finite "
+                                 "numbers, or Infinity..-Infinity for a layer never observed)")
             if not hi > lo:
                 raise ValueError(f"{lo_name}..{hi_name} = {lo!r}..{hi!r} has width {hi - lo!r}: a range must be wider "
                                  "than zero")
@@ -236,7 +236,8 @@ def precision_labels() -> list[str]:
     """Every label :meth:`QuantConfig.parse` takes (lower case)."""
     from quarl.quant.modes import MODES
 
-    return [*(p for p in registry.PRECISIONS if p != "nbit"), *MODES, *(f"sim{n}" for n in range(MIN_BITS, MAX_BITS + 1))]
+    simulated = (f"sim{n}" for n in range(MIN_BITS, MAX_BITS + 1))
+    return [*(p for p in registry.PRECISIONS if p != "nbit"), *MODES, *simulated]
 
 
 def as_config(precision: QuantConfig | str) -> QuantConfig:

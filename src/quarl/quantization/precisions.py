@@ -104,7 +104,8 @@ def quantize_weights(network: nn.Module, config: QuantConfig) -> nn.Module:
     with torch.no_grad():
         for _, layer in linear_layers(net):
             w = layer.weight
-            w.copy_(quantize_dequantize(w, config.bits, config.scheme, resolve_granularity(config.granularity, w.dim())))
+            granularity = resolve_granularity(config.granularity, w.dim())
+            w.copy_(quantize_dequantize(w, config.bits, config.scheme, granularity))
     return net
 
 
@@ -178,12 +179,14 @@ def _explain(label: str, chosen: CandidateSummary, tried: list[CandidateSummary]
 
 
 def _choice_options(config: QuantConfig, sampled: bool = False) -> dict[str, int | float | str | bool]:
-    options: dict[str, int | float | str | bool] = {"bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
-               "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
+    options: dict[str, int | float | str | bool] = {
+        "bits": config.bits, "int8_weights": config.int8_weights, "block_size": config.block_size,
+        "min_agreement": config.min_agreement, "action_tolerance": config.action_tolerance}
     return {**options, "sampled": True} if sampled else options  # a greedy choice keeps its older key
 
 
-def _rebuild(policy: Policy, config: QuantConfig, calibration: np.ndarray, entry: choice_cache.ChoiceEntry) -> Candidate:
+def _rebuild(policy: Policy, config: QuantConfig, calibration: np.ndarray,
+             entry: choice_cache.ChoiceEntry) -> Candidate:
     """The stored choice, built again (the only mode built on a cache hit); what the first
     choice measured on episodes comes with it."""
     mode = get_mode(entry["mode"])
