@@ -18,13 +18,13 @@ import numpy as np
 
 from quarl.checkpoints import load_checkpoint
 from quarl.core.errors import QuarlError
-from quarl.envs import EnvSpec, check_env_id, make_env
+from quarl.envs import EnvSpec, check_env_id
 from quarl.evaluation.calibration import calibration_inputs, calibration_returns
 from quarl.evaluation.episodes import EvalResult
 from quarl.evaluation.episodes import evaluate as _evaluate
 from quarl.evaluation.playback import Playback
 from quarl.policies.base import Policy
-from quarl.policies.checkpoint import Checkpoint, resolve_env_spec
+from quarl.policies.checkpoint import Checkpoint, checked_env_spec
 from quarl.quantization.api import quantize as _quantize
 from quarl.quantization.config import QuantConfig
 from quarl.quantization.precisions import needs_calibration
@@ -67,12 +67,7 @@ def load_checkpoint_and_env(path: str | Path | Any, env: str | None = None, trus
         if not isinstance(path, (str, Path)):
             raise QuarlError(f"quarl.load takes a path or an SB3 model, not a {type(path).__name__}")
         checkpoint = load_checkpoint(path, trust_pickle=trust_pickle)
-    checkpoint.env_spec = resolve_env_spec(checkpoint, env)
-    probe = make_env(checkpoint.env_spec)
-    try:
-        checkpoint.policy.check_env(probe)
-    finally:
-        probe.close()
+    checked_env_spec(checkpoint, env)
     return checkpoint
 
 

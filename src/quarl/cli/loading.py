@@ -37,16 +37,10 @@ def read(checkpoint: Path, env: str | None, trust_pickle: bool) -> Checkpoint:
 def with_env(ckpt: Checkpoint, env: str | None) -> tuple[Checkpoint, EnvSpec]:
     """The env ``ckpt`` acts in (``--env``, else the one it names), checked against the policy
     as quarl.load checks it; a bare zip whose statistics are missing said so."""
-    from quarl.envs import make_env
-    from quarl.policies.checkpoint import resolve_env_spec
+    from quarl.policies.checkpoint import checked_env_spec
     from quarl.policies.onnx_artifact import ExportedModel
 
-    spec = ckpt.env_spec = resolve_env_spec(ckpt, env)
-    probe = make_env(spec)
-    try:
-        ckpt.policy.check_env(probe)
-    finally:
-        probe.close()
+    spec = checked_env_spec(ckpt, env)
     path = ckpt.path
     if path.suffix == ".zip" and ckpt.policy.obs_normalizer is None and not ckpt.policy.scale_images \
             and ckpt.payload_of(ExportedModel) is None and not (path.parent / path.stem / "config.yml").exists():

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from quarl.core.errors import QuarlError
-from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy
+from quarl.envs import EnvSpec, current_env_id, env_spec_for_policy, make_env
 from quarl.policies.base import Policy
 
 P = TypeVar("P")
@@ -69,3 +69,15 @@ def resolve_env_spec(checkpoint: Checkpoint, env_id: str | None) -> EnvSpec:
     if spec is not None:  # another version of the zoo env: keep its wrappers
         return EnvSpec(current_env_id(env_id), spec.env_kwargs, spec.wrappers, spec.frame_stack)
     return env_spec_for_policy(env_id, checkpoint.policy.input_shape)
+
+
+def checked_env_spec(checkpoint: Checkpoint, env_id: str | None) -> EnvSpec:
+    """:func:`resolve_env_spec`, set on ``checkpoint`` and checked: one env made and its
+    spaces compared with what the policy reads and acts in (one line where they differ)."""
+    spec = checkpoint.env_spec = resolve_env_spec(checkpoint, env_id)
+    probe = make_env(spec)
+    try:
+        checkpoint.policy.check_env(probe)
+    finally:
+        probe.close()
+    return spec
