@@ -4,6 +4,8 @@ CartPole policy trained once per session."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,15 +69,60 @@ class CliResult:
     stderr: str
 
 
+_BUILT: dict[str, object] = {}
+"""The click command typer made of quarl's app for the test (and phase) now running."""
+
+
+@contextmanager
+def one_command_per_test() -> Iterator[None]:
+    """Within it, typer's CliRunner runs the click command it made of quarl's app earlier in
+    the same test instead of making it again (typer makes it on every ``invoke``: 0.1 s a
+    call, most of a refused command's time). Each test gets its own, made afresh, as the
+    console script makes one per process: a registry another test filled never reaches
+    it, and one that showed a help (which fills the registries' lists into the command's
+    options) is dropped."""
+    import typer.main
+    import typer.testing
+
+    from quarl.cli import app
+
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")  # node id and phase: a fixture's set-up makes its own
+
+    def built(typer_app: typer.Typer) -> object:
+        if typer_app is not app:
+            return typer.main.get_command(typer_app)
+        if _BUILT.get("test") != test or "command" not in _BUILT:
+            _BUILT.clear()
+            _BUILT.update(test=test, command=typer.main.get_command(app))
+        return _BUILT["command"]
+
+    real = typer.testing._get_command
+    typer.testing._get_command = built
+    try:
+        yield
+    finally:
+        typer.testing._get_command = real
+
+
+def forget_a_command_that_showed_help(result: object) -> None:
+    """A help shown fills the registries' lists into the command's options: the next
+    invocation gets a command made afresh (:func:`one_command_per_test`)."""
+    if "Usage:" in str(getattr(result, "output", "")):
+        _BUILT.pop("command", None)
+
+
 def run_cli(*args: str) -> CliResult:
     """``quarl ARGS`` in this process (typer's CliRunner): the same app, exit code and
     stdout / stderr as the console script, without a new interpreter importing torch.
-    Tests of the console script itself (signals, kills, entry point) use a subprocess."""
+    Tests of the console script itself (signals, kills, entry point) use a subprocess.
+    The click command is made once per test (:func:`one_command_per_test`)."""
     from typer.testing import CliRunner
 
     from quarl.cli import app
 
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args))
+    with one_command_per_test():
+        result = CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args))
+    forget_a_command_that_showed_help(result)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return CliResult(result.exit_code, result.stdout, result.stderr)

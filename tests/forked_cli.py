@@ -4,7 +4,9 @@ each command runs in a process forked from it, in its own folder and environment
 stdin (empty), stdout and stderr, exit status and ``sys.path[0]`` (the folder, as ``-m`` puts it).
 What a command imports beyond those (a ``--gym-packages`` module, a package in its folder) it
 imports afresh. For tests about what a command does as a process; those about a new interpreter
-itself (the console script's entry point, what importing quarl loads) start one."""
+itself (the console script's entry point, what importing quarl loads) start one.
+:func:`run_code` runs ``python -c SCRIPT ARGS`` so, for a script about what quarl does in a
+process (under a file-size limit, killed between two writes)."""
 
 from __future__ import annotations
 
@@ -35,9 +37,13 @@ for line in sys.stdin:
                                     (2, request["stderr"], os.O_WRONLY)):
                 os.dup2(os.open(path, flags), fd)
             sys.stdin = open(0, closefd=False)
-            sys.argv = [quarl.cli.__file__, *request["args"]]
+            script = request.get("code")
+            sys.argv = [quarl.cli.__file__ if script is None else "-c", *request["args"]]
             try:
-                quarl.cli.main()
+                if script is None:
+                    quarl.cli.main()
+                else:  # python -c SCRIPT ARGS
+                    exec(compile(script, "<string>", "exec"), {"__name__": "__main__"})
                 code = 0
             except SystemExit as stop:
                 code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
@@ -59,6 +65,18 @@ _server: subprocess.Popen | None = None
 def run(cwd: Path | str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m quarl.cli ARGS`` run in ``cwd`` with ``env`` (default: this process's), as
     :func:`subprocess.run` with ``capture_output=True, text=True`` returns it."""
+    return _forked(cwd, None, args, env)
+
+
+def run_code(cwd: Path | str, script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -c SCRIPT ARGS`` run as :func:`run` runs a command (a process of its own, its
+    exit status negative where a signal ended it, as :func:`subprocess.run` says it), for a
+    script about what quarl does in a process (under ``ulimit -f``, killed mid-write)."""
+    return _forked(cwd, script, args, env)
+
+
+def _forked(cwd: Path | str, script: str | None, args: tuple[str, ...],
+            env: dict[str, str] | None) -> subprocess.CompletedProcess:
     global _server
     if _server is None or _server.poll() is not None:
         _server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -69,10 +87,10 @@ def run(cwd: Path | str, *args: str, env: dict[str, str] | None = None) -> subpr
         out.touch()
         err.touch()
         request = {"cwd": str(cwd), "env": dict(os.environ if env is None else env), "args": list(args),
-                   "stdout": str(out), "stderr": str(err)}
+                   "stdout": str(out), "stderr": str(err), "code": script}
         _server.stdin.write(json.dumps(request) + "\n")
         _server.stdin.flush()
         answer = _server.stdout.readline()
         assert answer, f"the quarl fork server ended ({_server.wait()})"
-        return subprocess.CompletedProcess([sys.executable, "-m", "quarl.cli", *args], json.loads(answer),
-                                           out.read_text(), err.read_text())
+        command = [sys.executable, "-m", "quarl.cli"] if script is None else [sys.executable, "-c", script]
+        return subprocess.CompletedProcess([*command, *args], json.loads(answer), out.read_text(), err.read_text())

@@ -16,13 +16,20 @@ from typer.testing import CliRunner
 
 from quarl.cli import app
 from quarl.core.errors import QuarlError
+from tests.conftest import forget_a_command_that_showed_help, one_command_per_test
 from tests.test_cli import quarl, read_csv
 
 runner = CliRunner()
 
 
 def _cli(*args: str):
-    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+    """``quarl ARGS`` in this process; the click command typer makes of the app is made once
+    per test (the fuzz's 240 and the properties' 80 commands: 0.1 s each to make, most of
+    what a refused command costs), afresh after a help."""
+    with one_command_per_test():
+        result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+    forget_a_command_that_showed_help(result)
+    return result
 
 
 def _untrained(tmp_path: Path, name: str, seed: int) -> Path:
@@ -178,8 +185,7 @@ def test_cli_fuzz_never_tracebacks(tiny_run: Path, tmp_path: Path) -> None:
     failures = []
     for args in corpus():
         args = [a.format(run=str(tiny_run)) for a in args]
-        r = runner.invoke(app, [*args, *(["--out", str(tmp_path / "out" / args[0])] if args[0] != "analyze" else [])],
-                          env={"COLUMNS": "200"})
+        r = _cli(*args, *(["--out", str(tmp_path / "out" / args[0])] if args[0] != "analyze" else []))
         if r.exit_code not in (0, 2) or (r.exception is not None and not isinstance(r.exception, SystemExit)):
             failures.append((args, r.exit_code, repr(r.exception)))
     assert not failures, json.dumps(failures[:5], indent=1)

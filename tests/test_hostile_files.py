@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from quarl.core import atomic
 from quarl.core.errors import QuarlError
 from quarl.recovery import RecoverConfig, load_recovered, run_recover
+from tests import forked_cli
 from tests.conftest import run_cli
 from tests.test_recovered_manifest import CONFIG
 from tests.test_study_full_disk import _leave_free, small_disk  # noqa: F401  (a 1 MB tmpfs, where root may mount one)
@@ -352,9 +353,8 @@ def test_an_export_killed_between_its_two_renames_is_published_whole(agent: Path
     export = tmp_path / "export"
     r = run_cli("export", str(agent), "--env", "CartPole-v1", "--precision", "fp32", "--out", str(export))
     assert r.returncode == 0 and _whole(export)["precision"] == "fp32", r.stderr
-    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_RENAMES, "export", str(agent), "--env",
-                             "CartPole-v1", "--precision", "int8", "--out", str(export)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=240)
+    killed = forked_cli.run_code(ROOT, KILLED_BETWEEN_RENAMES, "export", str(agent), "--env", "CartPole-v1",
+                                 "--precision", "int8", "--out", str(export))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]  # killed where the probe killed it
     r = run_cli("ptq", str(export), "--episodes", "1", "--max-steps", "20", "--decide-episodes", "0", "--out",
                 str(tmp_path / "ptq"))
@@ -443,7 +443,7 @@ def test_a_video_past_a_file_size_limit_is_one_line_and_no_cut_file(agent: Path,
     line = _one_line(r.stderr)
     assert r.returncode == 2 and f"{videos / 'fp32-episode-0.mp4'} could not be written (File too large)" in line, line
     assert list(videos.iterdir()) == []
-    r = subprocess.run(quarl, capture_output=True, text=True, timeout=240)
+    r = run_cli(*quarl[1:])  # with room (no limit to inherit: in this process)
     assert r.returncode == 0 and "wrote 2 videos" in r.stdout, r.stderr
     assert sorted(p.name for p in videos.iterdir()) == ["fp32-episode-0.mp4", "fp32-episode-1.mp4"]
 
@@ -474,8 +474,10 @@ except QuarlError as exc:
 
 
 def _run_limited(limit: int, code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", UNDER_A_LIMIT, str(limit), code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=240)
+    """``python -c UNDER_A_LIMIT LIMIT CODE``: a process of its own, forked from one that has
+    imported torch and quarl (:mod:`tests.forked_cli`: 2 s of CPU less a case). Its stdout and
+    stderr are files, under the limit too: each case prints far less than its limit (a line)."""
+    return forked_cli.run_code(ROOT, UNDER_A_LIMIT, str(limit), code)
 
 
 def test_torch_s_writer_past_a_file_size_limit_is_one_line(tmp_path: Path) -> None:
