@@ -212,8 +212,12 @@ def tiny_dqn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_dqn: Path, tmp_path: Path) -> None:
+def test_the_recovered_folder_loads_in_sb3_and_judges_against_the_original(tiny_dqn: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from stable_baselines3 import DQN
+
+    monkeypatch.setattr("quarl.training.finetune.REFILL_STEPS", 1_000)  # the buffer refill before the fine-tune's
+    # updates: its size does not matter here (5,000 steps of play took 3.6 s)
 
     import quarl
     from quarl.evaluation.cells import EvalSettings
@@ -316,9 +320,12 @@ def test_a_study_adds_a_recovered_column_recovered_once_per_agent(tiny_dqn: Path
                                                                                if r["precision"] == "fp32"]), abs=0.01)
 
 
-def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(tiny_dqn: Path) -> None:
+def test_fine_tuning_with_the_agents_own_algorithm_trains_on_the_kernels_grid(tiny_dqn: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import quarl
     from quarl.training.finetune import finetune
+
+    monkeypatch.setattr("quarl.training.finetune.REFILL_STEPS", 1_000)  # fewer steps of play before the updates
 
     agent = quarl.load(tiny_dqn, env="CartPole-v1")
     kernel = MODES["int4-block"].runnable(agent.policy.network)  # as recover picks it: its fallback where this CPU
