@@ -383,14 +383,23 @@ def test_bench_reports_every_precision(tiny_run: Path) -> None:
     assert all(float(row["b1_us"]) > 0 for row in rows.values())
 
 
-def test_train_folder_runs_under_rl_zoo3_enjoy(tiny_run: Path, tmp_path: Path) -> None:
-    """The RL Zoo's own player loads a quarl train folder as one of its runs."""
+def test_train_folder_runs_under_rl_zoo3_enjoy(tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RL Zoo's own player loads a quarl train folder as one of its runs (its enjoy(), in
+    this process, as tests/test_atari.py plays it: a new interpreter only cost 2 s)."""
+    import torch
+    from rl_zoo3.enjoy import enjoy
+
     root = tiny_run.parent.parent  # OUT of OUT/ppo/CartPole-v1_1
-    r = subprocess.run([sys.executable, "-m", "rl_zoo3.enjoy", "--algo", "ppo", "--env", "CartPole-v1", "-f", str(root),
-                        "--exp-id", "1", "-n", "300", "--no-render"], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "Mean reward" in r.stdout
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", "ppo", "--env", "CartPole-v1", "-f", str(root),
+                                      "--exp-id", "1", "-n", "300", "--no-render"])
+    threads = torch.get_num_threads()
+    try:
+        enjoy()
+    finally:
+        torch.set_num_threads(threads)  # the player sets its own
+    assert "Mean reward" in capsys.readouterr().out
 
 
 def test_python_api_gives_the_cli_numbers(tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -917,9 +926,9 @@ def test_validators_return_the_values_converted() -> None:
     assert [c.label for c in columns] == ["fp32", "int8-block", "sim6", "rec-int4"]
     assert [c.recovered for c in columns] == [False, False, False, True]
     assert all((c.config.int8_weights, c.config.block_size) == ("asymmetric", 64) for c in columns)
-    assert registry_options.configs("INT4,sim3", base) == [QuantConfig("int4", block_size=64, int8_weights="asymmetric"),
-                                                           QuantConfig("nbit", bits=3, block_size=64,
-                                                                       int8_weights="asymmetric")]
+    assert registry_options.configs("INT4,sim3", base) == [
+        QuantConfig("int4", block_size=64, int8_weights="asymmetric"),
+        QuantConfig("nbit", bits=3, block_size=64, int8_weights="asymmetric")]
     assert registry_options.quant_options("symmetric", 64) == {"int8_weights": "symmetric", "block_size": 64}
     assert registry_options.wire_widths("") == [] and registry_options.wire_widths("16,4") == [16, 4]
     assert validate.decide_episodes(0, 20) == 0 and validate.decide_episodes(200, 20) == 200
