@@ -68,7 +68,8 @@ def run(cwd: Path | str, *args: str, env: dict[str, str] | None = None) -> subpr
     return _forked(cwd, None, args, env)
 
 
-def run_code(cwd: Path | str, script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_code(cwd: Path | str, script: str, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -c SCRIPT ARGS`` run as :func:`run` runs a command (a process of its own, its
     exit status negative where a signal ended it, as :func:`subprocess.run` says it), for a
     script about what quarl does in a process (under ``ulimit -f``, killed mid-write)."""

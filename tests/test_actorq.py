@@ -84,7 +84,8 @@ def test_d4pg_projection_keeps_mass_and_moves_atoms() -> None:
 @pytest.mark.parametrize("bits", [32, 16, 8, 7, 6, 5, 4, 3, 2])
 def test_wire_round_trip_within_bound(bits: int) -> None:
     rng = np.random.default_rng(bits)
-    weights = {"0.weight": rng.normal(size=(64, 5)).astype(np.float32), "0.bias": rng.normal(size=64).astype(np.float32),
+    weights = {"0.weight": rng.normal(size=(64, 5)).astype(np.float32),
+               "0.bias": rng.normal(size=64).astype(np.float32),
                "2.weight": rng.uniform(0.1, 2.0, size=(3, 64)).astype(np.float32)}
     payload = wire.encode(weights, version=7, bits=bits)
     version, back = wire.decode(payload)
@@ -312,7 +313,8 @@ def test_local_run_learns_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert saved["learner_steps"] == summary.learner_steps
 
     blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)  # plain tensors and numbers
-    assert DQNOptions.of(config).min_replay < blob["replay"]["size"] <= summary.env_steps  # pending n-step windows: fewer
+    # pending n-step windows: fewer
+    assert DQNOptions.of(config).min_replay < blob["replay"]["size"] <= summary.env_steps
     assert blob["replay"]["max_priority"] > 1.0  # learner's TD errors went back into the tree
 
     resumed = run_actorq(replace(config, max_minutes=summary.elapsed_s / 60 + 0.1, target_reward=1e9), resume=True)
@@ -331,8 +333,9 @@ def test_evaluations_every_n_env_steps(tmp_path: Path) -> None:
     """--eval-freq: each evaluation snapshots the learner once N more env steps
     have been inserted (give or take the chunks that arrive in one coordinator pass)."""
     every = 600  # with chunks of 50 steps: a pass may add 200 beyond it (was 1,500 and 100 over 6,500 steps: 9 s)
-    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=2800,
-                          out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6, chunk_steps=50, **SMALL)
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10,
+                               max_env_steps=2800, out=tmp_path / "run", eval_every_steps=every, eval_every_s=1e6,
+                               chunk_steps=50, **SMALL)
     summary = run_actorq(config)  # ends on steps, whatever this machine's speed
     steps = [e[3] for e in summary.evals]
     assert 2800 <= summary.env_steps < 2800 + 4 * config.actors * config.chunk_steps
@@ -368,8 +371,9 @@ def test_a_busy_evaluator_delays_step_spaced_evaluations_without_copying_weights
 
     monkeypatch.setattr(system, "make_fleet", lambda config, info: BusyEveryOtherPass(config, info))
     every = 600
-    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10, max_env_steps=2000,
-                          out=tmp_path / "run", eval_every_steps=every, chunk_steps=50, **SMALL)
+    config = ActorQConfig.flat("CartPole-v1", local=True, actors=2, target_reward=1e9, max_minutes=10,
+                               max_env_steps=2000, out=tmp_path / "run", eval_every_steps=every, chunk_steps=50,
+                               **SMALL)
     summary = run_actorq(config)  # ends on steps: a loaded machine made the 12 s budget hold only two evaluations
     steps = [e[3] for e in summary.evals]
     assert len(steps) >= 3 and (np.diff(steps) >= every).all(), steps
@@ -390,8 +394,8 @@ def test_resume_never_unpickles_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
         run_actorq(config, resume=True)
     assert not (tmp_path / "PWNED").exists()
     other = make_learner(replace(config, policy_layers=(32,)), 4, 2)
-    torch.save({"learner": other.state_dict(), "state": {}, "limiter": (0, 0), "replay": None, "config": config.to_json()},
-               out / "checkpoint.pt")
+    torch.save({"learner": other.state_dict(), "state": {}, "limiter": (0, 0), "replay": None,
+                "config": config.to_json()}, out / "checkpoint.pt")
     with pytest.raises(QuarlError, match="does not fit this run's learner"):
         run_actorq(config, resume=True)
 
@@ -676,7 +680,8 @@ def test_resume_refuses_another_config_and_a_crafted_state(tmp_path: Path) -> No
     import torch
 
     config = ActorQConfig.flat("CartPole-v1", local=True, max_minutes=3.0, out=tmp_path / "run", actors=1,
-                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=400)
+                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2,
+                               max_env_steps=400)
     first = run_actorq(config)
     with pytest.raises(QuarlError, match=r"learning_rate=0.0001, this one has 0.001: resume with the same options"):
         run_actorq(replace(config, learning_rate=1e-3), resume=True)

@@ -33,7 +33,7 @@ def test_a_learner_state_round_trips_through_a_weights_only_checkpoint(tmp_path:
     other = make_learner(replace(config, seed=1), 4, act_dim, discrete)
     other.load_state_dict(torch.load(tmp_path / "learner.pt", weights_only=True))
     assert all(torch.equal(a, b) for a, b in zip(learner.policy_network().state_dict().values(),
-                                                 other.policy_network().state_dict().values()))
+                                                 other.policy_network().state_dict().values(), strict=True))
     assert list(other.state_dict()) == list(learner.state_dict()) and other.steps == learner.steps
 
 

@@ -29,9 +29,9 @@ from tests.conftest import actorq_summary
 
 def _costs(precision: str, actor_ms: float, learner_ms: float = 50.0, **kw) -> Costs:
     base = dict(precision=precision, actor_s_per_step=actor_ms / 1000, actor_cpu_s_per_step=actor_ms / 1000,
-                evaluator_cores=0.0, background_cores=0.0, coordinator_s_per_step=0.0, learner_s_per_step=learner_ms / 1000,
-                build_s_per_version=0.0, broadcast_bytes=8e6, env_steps_per_learner_step=256.0, push_period=25,
-                update_period=300, env_steps_to_target=100_000.0)
+                evaluator_cores=0.0, background_cores=0.0, coordinator_s_per_step=0.0,
+                learner_s_per_step=learner_ms / 1000, build_s_per_version=0.0, broadcast_bytes=8e6,
+                env_steps_per_learner_step=256.0, push_period=25, update_period=300, env_steps_to_target=100_000.0)
     return Costs(**{**base, **kw})
 
 

@@ -98,8 +98,8 @@ def test_a_nan_met_mid_run_stops_it_with_the_last_good_checkpoint(tmp_path: Path
     if "QuarlNaNAfterSwitch-v0" not in gym.registry:
         gym.register("QuarlNaNAfterSwitch-v0", entry_point=NaNAfterSwitch, max_episode_steps=500)
     config = ActorQConfig.flat("QuarlNaNAfterSwitch-v0", local=True, max_minutes=3.0, out=tmp_path / "run", actors=1,
-                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=400,
-                               checkpoint_replay=True, target_reward=1e9)
+                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2,
+                               max_env_steps=400, checkpoint_replay=True, target_reward=1e9)
     run_actorq(config)
     out = tmp_path / "run"
     before = {name: digest(out / name) for name in ("checkpoint.pt", "policy.pt")}
@@ -123,8 +123,8 @@ def test_a_nan_met_before_any_checkpoint_is_one_line_and_saves_nothing(tmp_path:
         gym.register("QuarlNaNAfterSwitch-v0", entry_point=NaNAfterSwitch, max_episode_steps=500)
     monkeypatch.setattr(NaNAfterSwitch, "BROKEN", True)
     config = ActorQConfig.flat("QuarlNaNAfterSwitch-v0", local=True, max_minutes=3.0, out=tmp_path / "run", actors=1,
-                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2, max_env_steps=2000,
-                               target_reward=1e9)
+                               policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=2,
+                               max_env_steps=2000, target_reward=1e9)
     with pytest.raises(QuarlError, match="no checkpoint was written before it") as info:
         run_actorq(config)
     assert not isinstance(info.value, StoppedRun)

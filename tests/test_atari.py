@@ -76,7 +76,8 @@ def test_a_game_cut_short_still_starts_the_next_episode_on_its_own_seed(breakout
     agent = load_checkpoint(breakout_run)
     whole = evaluate(agent.policy, agent.env_spec, episodes=1, seed=1, n_envs=1)
     cut = int(whole.lengths[0]) - 5  # every episode is cut a few steps before its last life ends
-    assert list(evaluate(agent.policy, agent.env_spec, episodes=3, seed=0, n_envs=1, max_steps=cut).lengths) == [cut] * 3
+    assert list(evaluate(agent.policy, agent.env_spec, episodes=3, seed=0, n_envs=1,
+                         max_steps=cut).lengths) == [cut] * 3
     env = make_env(agent.env_spec)  # envs handed in (ActorQ's evaluator) after a cut game
     evaluate(agent.policy, agent.env_spec, episodes=1, seed=0, max_steps=cut, envs=[env])
     again = evaluate(agent.policy, agent.env_spec, episodes=1, seed=1, envs=[env])
@@ -125,4 +126,5 @@ def test_sampled_scores_match_rl_zoo_enjoy_stochastic_in_distribution(breakout_r
     ours = result.returns
     se = np.sqrt(ours.var(ddof=1) / len(ours) + theirs.var(ddof=1) / len(theirs))
     assert abs(ours.mean() - theirs.mean()) < 4 * se + 0.5, (ours, theirs)
-    assert len({(r, n) for r, n in zip(ours, result.lengths)}) >= 15  # distinct games, not replays of a few
+    # distinct games, not replays of a few
+    assert len({(r, n) for r, n in zip(ours, result.lengths, strict=True)}) >= 15

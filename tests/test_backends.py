@@ -69,7 +69,8 @@ def test_int8_rows_are_independent() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 3))
     engine = OrtEngine(quantize_dynamic_int8(export_onnx(net, (8,))), per_row=True)
-    x = np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32) * np.linspace(0.1, 10, 16)[:, None].astype(np.float32)
+    x = (np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32)
+         * np.linspace(0.1, 10, 16)[:, None].astype(np.float32))
     batch = engine(x)
     single = np.concatenate([engine(x[i : i + 1]) for i in range(16)])
     assert np.array_equal(batch, single)
@@ -122,7 +123,7 @@ def test_nbit_policy_runs_rounded_weights() -> None:
     q = quantize(policy, cfg)
     lin = [m for m in q.network if isinstance(m, nn.Linear)]
     orig = [m for m in policy.network if isinstance(m, nn.Linear)]
-    for a, b in zip(lin, orig):
+    for a, b in zip(lin, orig, strict=True):
         assert torch.equal(a.weight, quantize_dequantize(b.weight, 4, "quarl"))
         assert torch.equal(a.bias, b.bias)
         assert len(torch.unique(a.weight)) <= 2**4 + 1
@@ -238,7 +239,8 @@ def test_a_portable_export_dequantizes_to_the_very_weights_matmulnbits_uses(mode
     plain = ort.SessionOptions()
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     a = ort.InferenceSession(str(contrib / "policy.onnx"), providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
-    b = ort.InferenceSession(str(out / "policy.onnx"), plain, providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
+    b = ort.InferenceSession(str(out / "policy.onnx"), plain,
+                             providers=["CPUExecutionProvider"]).run(None, {"obs": x})[0]
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
     assert run_cli("ptq", str(out), "--episodes", "2").returncode == 0
 

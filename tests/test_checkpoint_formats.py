@@ -127,8 +127,8 @@ def test_policies_imports_nothing_above_it_and_the_entry_points_register_every_f
     assert names == "['actorq-run', 'hub', 'legacy', 'onnx', 'qat', 'recovered', 'zoo']"
     # every caller above policies loads through quarl.checkpoints (which imports the formats from above)
     src = Path(quarl.__file__).parent
-    direct = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if "formats import load_checkpoint" in p.read_text()
-                    or "formats.load_checkpoint(" in p.read_text())
+    direct = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
+                    if "formats import load_checkpoint" in p.read_text() or "formats.load_checkpoint(" in p.read_text())
     assert direct == ["checkpoints.py"]
 
 

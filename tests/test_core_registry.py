@@ -63,15 +63,16 @@ def test_every_registry_of_quarl_is_a_core_registry() -> None:
     from quarl.quantization import precisions
     from quarl.training import hyperparams
 
-    for registry in (precisions.PRECISIONS, modes.MODES, formats.FORMATS, sb3.LAYOUTS, ENV_FAMILIES, wrappers.KINDS, base.HEADS,
-                     hyperparams.TRAINERS, algorithms.ALGORITHMS):
+    for registry in (precisions.PRECISIONS, modes.MODES, formats.FORMATS, sb3.LAYOUTS, ENV_FAMILIES, wrappers.KINDS,
+                     base.HEADS, hyperparams.TRAINERS, algorithms.ALGORITHMS):
         assert isinstance(registry, Registry), registry
     src = Path(quarl.__file__).parent
     own_way = []
     for path in sorted(src.rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("register"):
-                calls = {n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+                calls = {n.func.attr for n in ast.walk(node)
+                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
                 if "register" not in calls:
                     own_way.append(f"{path.relative_to(src.parent)}:{node.name}")
     assert own_way == []

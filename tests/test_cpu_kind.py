@@ -66,7 +66,8 @@ def test_the_kind_keys_stored_results_and_choices_and_provenance_records_it(monk
     assert choice_cache.choice_key("policy", {"bits": 8}, states, None) not in (native_choice, None)
     # the CPU and its flags stay the real ones; the kind quarl answered as is beside them
     assert avx2_provenance == {**native_provenance, "cpu_kind": "avx2"}
-    assert whole_provenance(avx2_provenance) == avx2_provenance and whole_provenance(native_provenance) == native_provenance
+    assert (whole_provenance(avx2_provenance) == avx2_provenance
+            and whole_provenance(native_provenance) == native_provenance)
 
 
 def test_a_kind_quarl_does_not_know_is_one_line_naming_it_and_the_kinds(monkeypatch: pytest.MonkeyPatch,

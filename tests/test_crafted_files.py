@@ -206,7 +206,8 @@ def exported(tmp_path_factory) -> Path:
     (lambda m: m["obs_normalizer"].update(clip="NaN"), "obs_normalizer clip 'NaN' is not a finite number"),
     (lambda m: m["obs_normalizer"].pop("epsilon"), "obs_normalizer epsilon None is not a finite number"),
     (lambda m: m.update(n_quantiles=float("nan")), "n_quantiles nan is not a whole number"),
-    (lambda m: m["observation_space"].update(shape=[10**6, 10**6]), "observation space size 1000000000000 is not a whole"),
+    (lambda m: m["observation_space"].update(shape=[10**6, 10**6]),
+     "observation space size 1000000000000 is not a whole"),
     (lambda m: m["action_space"].update(n=0), "action space size 0 is not a whole number"),
     (lambda m: m.update(onnx_sha256="0" * 64), "its SHA-256 differs from the sidecar's onnx_sha256"),
     (lambda m: m.update(quant={"fp32_layers": [0], "agreement": "high"}), "field quant: not an int mode's summary"),
@@ -249,7 +250,8 @@ def _crafted_graph(base: Path, kind: str) -> bytes:
             tensor.CopyFrom(nh.from_array(array[:1] if array.shape[0] == 2 else array[..., :1], name))
         width = 1
     elif kind == "broadcast":
-        inits += [nh.from_array(np.zeros((30000, 1), np.float32), "a"), nh.from_array(np.zeros((1, 30000), np.float32), "b")]
+        inits += [nh.from_array(np.zeros((30000, 1), np.float32), "a"),
+                  nh.from_array(np.zeros((1, 30000), np.float32), "b")]
         nodes += [h.make_node("Add", ["a", "b"], ["big"]), h.make_node("ReduceMean", ["big"], ["m"], keepdims=0),
                   h.make_node("Add", ["q", "m"], ["out"])]
     else:  # square
@@ -257,7 +259,8 @@ def _crafted_graph(base: Path, kind: str) -> bytes:
                   nh.from_array(np.array(0, np.float32), "zero")]
         prev = "obs"
         for i in range(2):
-            nodes += [h.make_node("Reshape", [prev, "col"], [f"c{i}"]), h.make_node("Reshape", [prev, "row"], [f"r{i}"]),
+            nodes += [h.make_node("Reshape", [prev, "col"], [f"c{i}"]),
+                      h.make_node("Reshape", [prev, "row"], [f"r{i}"]),
                       h.make_node("Add", [f"c{i}", f"r{i}"], [f"s{i}"])]
             prev = f"s{i}"
         nodes += [h.make_node("ReduceMean", [prev], ["m"], keepdims=0), h.make_node("Mul", ["m", "zero"], ["m0"]),
@@ -285,7 +288,8 @@ def test_an_export_whose_graph_is_no_policy_is_refused_even_with_a_matching_hash
     meta = json.loads(exported.with_suffix(".json").read_text())
     meta["onnx_sha256"] = hashlib.sha256(model).hexdigest()
     (tmp_path / "policy.json").write_text(json.dumps(meta))
-    code, err, peak = _popen_peak("ptq", str(tmp_path), "--episodes", "1", "--out", f"{tmp_path}-out")  # beside the export
+    # --out beside the export
+    code, err, peak = _popen_peak("ptq", str(tmp_path), "--episodes", "1", "--out", f"{tmp_path}-out")
     assert code == 2 and message in _one_line(err), err[-1500:]
     assert peak < PEAK_LIMIT_MB
 
@@ -346,7 +350,8 @@ def test_a_zoo_config_never_decides_the_memory_or_crashes(tmp_path: Path, config
     (run / "CartPole-v1").mkdir(parents=True)
     _sb3_zip(tmp_path).rename(run / "CartPole-v1.zip")
     (run / "CartPole-v1" / "config.yml").write_text(config)
-    code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(tmp_path / "o"))
+    code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1",
+                                  "--out", str(tmp_path / "o"))
     assert code == 2 and message in _one_line(err)
     assert peak < PEAK_LIMIT_MB, peak
 
@@ -412,7 +417,8 @@ def test_a_tiny_pickle_asking_numpy_for_8_gb_is_refused_in_one_line(tmp_path: Pa
     _sb3_zip(tmp_path).rename(run / "CartPole-v1.zip")
     (run / "CartPole-v1" / "config.yml").write_text("normalize: true\n")
     (run / "CartPole-v1" / "vecnormalize.pkl").write_bytes(_pickled_array_bomb((10**9,)))
-    code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--out", str(tmp_path / "o"))
+    code, err, peak = _popen_peak("ptq", str(run), "--precisions", "fp32", "--episodes", "1",
+                                  "--out", str(tmp_path / "o"))
     assert code == 2 and "asks for an array of shape (1000000000,) (8000000000 bytes)" in _one_line(err)
     assert peak < PEAK_LIMIT_MB, peak
 
@@ -420,7 +426,7 @@ def test_a_tiny_pickle_asking_numpy_for_8_gb_is_refused_in_one_line(tmp_path: Pa
 def _alias_bomb(levels: int = 9) -> str:
     text = 'a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]\n'
     names = "abcdefghijklmnop"
-    for low, high in zip(names[:levels], names[1 : levels + 1]):
+    for low, high in zip(names[:levels], names[1 : levels + 1], strict=True):
         text += f"{high}: &{high} [" + ", ".join([f"*{low}"] * 10) + "]\n"
     return text
 
@@ -590,8 +596,10 @@ def _symbolic_square_onnx(levels: int, features: object = "M", contrib: bool = F
                   helper.make_node("Add", [f"c{i}", f"r{i}"], [f"s{i}"], name=f"square{i}")]
         prev = f"s{i}"
     if levels:
-        nodes += [helper.make_node("ReduceMean", [prev], ["m"], keepdims=0), helper.make_node("Mul", ["m", "zero"], ["m0"]),
-                  helper.make_node("Gemm", ["obs", "w"], ["q"], transB=1), helper.make_node("Add", ["q", "m0"], ["out"])]
+        nodes += [helper.make_node("ReduceMean", [prev], ["m"], keepdims=0),
+                  helper.make_node("Mul", ["m", "zero"], ["m0"]),
+                  helper.make_node("Gemm", ["obs", "w"], ["q"], transB=1),
+                  helper.make_node("Add", ["q", "m0"], ["out"])]
     elif contrib:
         inits.append(numpy_helper.from_array(np.zeros((2, 1, 16), np.uint8), "packed"))
         inits.append(numpy_helper.from_array(np.ones((2,), np.float32), "scales"))
@@ -626,7 +634,8 @@ def test_an_onnx_export_with_a_symbolic_feature_axis_is_sized_at_the_observation
     meta = json.loads(exported.with_suffix(".json").read_text())
     meta["onnx_sha256"] = hashlib.sha256(model).hexdigest()
     (tmp_path / "policy.json").write_text(json.dumps(meta))
-    code, err, peak = _popen_peak("ptq", str(tmp_path), "--episodes", "3", "--out", f"{tmp_path}-out")  # beside the export
+    # --out beside the export
+    code, err, peak = _popen_peak("ptq", str(tmp_path), "--episodes", "3", "--out", f"{tmp_path}-out")
     assert code == 2 and message in _one_line(err), err[-1500:]
     assert peak < PEAK_LIMIT_MB, peak
 

@@ -166,7 +166,7 @@ def parse_output(text: str) -> list[str | Table]:
             while index < len(lines) and lines[index].lstrip().startswith("┃"):
                 header_lines.append(_cells(lines[index]))
                 index += 1
-            header = [" ".join(part for part in parts if part) for parts in zip(*header_lines)]
+            header = [" ".join(part for part in parts if part) for parts in zip(*header_lines, strict=True)]
             rows: list[list[str]] = []
             while index < len(lines) and not lines[index].lstrip().startswith("└"):
                 if BOX_ROW.match(lines[index]):
@@ -198,19 +198,21 @@ def compare_table(shown: Table, made: Table, where: str, chosen: bool = False) -
     """``made`` as the doc shows it: cell by cell, timing columns only as numbers; ``chosen``
     (a CPU other than the docs' or another automatic choice, :func:`compare_chosen_output`):
     the numbers that follow from the int modes chosen also only as numbers."""
-    assert _same_line(shown.title, made.title, chosen), f"{where}: title {shown.title!r}, the command prints {made.title!r}"
+    assert _same_line(shown.title, made.title, chosen), \
+        f"{where}: title {shown.title!r}, the command prints {made.title!r}"
     assert shown.header == made.header, f"{where}: columns {shown.header}, the command prints {made.header}"
     assert len(shown.rows) == len(made.rows), f"{where}: {len(shown.rows)} rows, the command prints {made.rows}"
-    for shown_row, made_row in zip(shown.rows, made.rows):
+    for shown_row, made_row in zip(shown.rows, made.rows, strict=True):
         loose = _chosen_columns(shown.header, made_row) if chosen else set()
-        for column, shown_cell, made_cell in zip(shown.header, shown_row, made_row):
+        for column, shown_cell, made_cell in zip(shown.header, shown_row, made_row, strict=True):
             if column in TIMING_COLUMNS or (column in loose and _is_number(shown_cell)):
                 assert _is_number(shown_cell) and _is_number(made_cell), f"{where}: {column} {shown_cell!r}"
             elif column in loose:  # a mode (checked by compare_chosen_output), a verdict, layers kept in fp32
                 assert bool(shown_cell) == bool(made_cell), f"{where}: {column} {shown_cell!r}, printed {made_cell!r}"
             else:
                 assert shown_cell == made_cell, \
-                    f"{where}: row {shown_row[0]!r}, {column}: the doc says {shown_cell!r}, the command prints {made_cell!r}"
+                    f"{where}: row {shown_row[0]!r}, {column}: the doc says {shown_cell!r}, " \
+                    f"the command prints {made_cell!r}"
 
 
 def compare_output(block: Block, printed: str, chosen: bool = False) -> None:
@@ -387,7 +389,8 @@ def doc_command_lines() -> list[tuple[str, list[str]]]:
                         arguments = [*arguments[:-1], OPTION_NAMED + arguments[-1]]
                     found.append((f"{page.relative_to(ROOT)} `{span}`", [*arguments, "--help"]))
         for target in re.findall(r"<!-- made-by: .*?`([^`]+)`", text):
-            found += [(f"{page.relative_to(ROOT)} marker", [*arguments, "--help"]) for arguments in quarl_arguments(target)]
+            found += [(f"{page.relative_to(ROOT)} marker", [*arguments, "--help"])
+                      for arguments in quarl_arguments(target)]
     return found
 
 
@@ -603,13 +606,14 @@ def test_results_table_equals_the_file_the_command_wrote(block: Block) -> None:
     paths = [ROOT / name for name in block.marker.split(" by ")[0].split(", ")]
     absent = [str(path.relative_to(ROOT)) for path in paths if not path.exists()]
     if absent:
-        pytest.skip(f"{', '.join(absent)} not here (git keeps only the tables made on this project's machines so far): the command writes it")
+        pytest.skip(f"{', '.join(absent)} not here (git keeps only the tables made on this project's machines so far): "
+                    "the command writes it")
     if block.kind == "table":
         shown = [markdown_table(block.text)]
     else:
         shown = [item for item in parse_output(block.text) if isinstance(item, Table)]
     assert len(shown) == len(paths), f"{block.where}: {len(shown)} tables for {len(paths)} files"
-    for table, path in zip(shown, paths):
+    for table, path in zip(shown, paths, strict=True):
         written = markdown_table(path.read_text())
         missing = [column for column in table.header if column not in written.header]
         assert not missing, f"{block.where}: columns {missing} are not in {path.relative_to(ROOT)}"
