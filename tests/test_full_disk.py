@@ -186,7 +186,8 @@ def test_export_on_a_full_disk_keeps_the_old_export(tmp_path: Path, full_disk: F
 def test_train_on_a_full_disk_keeps_its_checkpoints_and_resumes(tmp_path: Path, full_disk: FullDisk, target: str,
                                                                 after: int) -> None:
     args = ["train", "dqn", "CartPole-v1", "--timesteps", "300", "--eval-freq", "0", "--checkpoint-freq", "100",
-            "--hp", "learning_starts=50", "--hp", "buffer_size=1000", "--hp", "train_freq=10", "--hp", "policy_kwargs=dict(net_arch=[16])",
+            "--hp", "learning_starts=50", "--hp", "buffer_size=1000", "--hp", "train_freq=10",
+            "--hp", "policy_kwargs=dict(net_arch=[16])",
             # one update per train_freq, not the zoo's 128 (3,200 updates were half the test; the writes are its point)
             "--hp", "gradient_steps=1", "--out", str(tmp_path / "runs")]
     full_disk.on(target, after)

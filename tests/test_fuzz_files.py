@@ -82,7 +82,8 @@ def test_deep_nesting_is_one_line() -> None:
         _one_line(caught.value, "f.json: field ")
     # a zoo entry keeps the keys quarl does not act on as they are (they go to SB3's checks)
     assert parse_record(ZooEntry, {"gamma": deep}, "f.json").model_extra == {"gamma": deep}
-    with pytest.raises(QuarlError, match=r"^f.json: field n_envs: Input should be a valid integer \(got \[\[\[\.\.\.\]\]\]\)$"):
+    with pytest.raises(QuarlError,
+                       match=r"^f.json: field n_envs: Input should be a valid integer \(got \[\[\[\.\.\.\]\]\]\)$"):
         parse_record(ZooEntry, {"n_envs": deep}, "f.json")
     with pytest.raises(QuarlError, match="^f.json: JSON nested too deeply: refused$|^f.json: not JSON"):
         parse_json("[" * 100_000 + "]" * 100_000, "f.json")
@@ -92,7 +93,8 @@ def test_deep_nesting_is_one_line() -> None:
 
 GOOD_QAT = {"config": {"bits": 4, "quant_delay": 100, "scheme": "quarl", "granularity": "auto", "critic": False},
             "enabled": True,
-            "layers": {"q_net.q_net.0": {"quantize": True, "out_min": -1.0, "out_max": 2.0, "w_min": -0.5, "w_max": 0.5},
+            "layers": {"q_net.q_net.0": {"quantize": True, "out_min": -1.0, "out_max": 2.0, "w_min": -0.5,
+                                         "w_max": 0.5},
                        "q_net.q_net.2": {"quantize": True, "out_min": math.inf, "out_max": -math.inf, "w_min": -1.0,
                                          "w_max": 1.0}}}
 
@@ -365,7 +367,8 @@ def test_files_claiming_huge_sizes_take_no_memory_for_them(tmp_path: Path) -> No
 _SUMMARY = {"mode": "int8-block", "fp32_layers": [2], "agreement": 1.0, "kl": 0.0, "sampled_agreement": 1.0,
             "latency_us": 23.5, "fp32_ort_latency_us": 30.1, "model_bytes": 4096, "calibration_return": 500.0,
             "calibration_episodes": 4, "calibration_verdict": "keeps"}
-GOOD_CHOICE = {"mode": "int8-block", "keep": [2], "chosen": _SUMMARY, "tried": [_SUMMARY, {**_SUMMARY, "fp32_layers": []}]}
+GOOD_CHOICE = {"mode": "int8-block", "keep": [2], "chosen": _SUMMARY,
+               "tried": [_SUMMARY, {**_SUMMARY, "fp32_layers": []}]}
 _MODES = {"int8-block", "int8-dyn-channel"}
 
 

@@ -112,7 +112,8 @@ def test_a_deep_yaml_value_is_kept_where_quarl_does_not_read_it_and_one_line_whe
 GOOD_SIDECAR = {
     "format": "quarl-policy/1", "algo": "ppo", "precision": "fp32", "head": "argmax", "n_quantiles": 0,
     "input": {"name": "obs", "shape": [None, 4], "dtype": "float32"}, "scale_images": False,
-    "observation_space": {"type": "box", "shape": [4], "low": [-4.8, None, -0.42, None], "high": [4.8, None, 0.42, None]},
+    "observation_space": {"type": "box", "shape": [4], "low": [-4.8, None, -0.42, None],
+                          "high": [4.8, None, 0.42, None]},
     "action_space": {"type": "discrete", "n": 2},
     "obs_normalizer": {"mean": [0.0, 0.1, 0.0, 0.0], "var": [1.0, 2.0, 1.0, 1.0], "clip": 10.0, "epsilon": 1e-8,
                        "dtype": "float64", "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
@@ -212,8 +213,9 @@ def test_the_summary_record_is_the_summarys_fields() -> None:
 
 KEY = {"precision": "int8", "episodes": 3, "seed": 5, "max_steps": 200, "policy_sha256": "ab" * 32,
        "config": {"bits": 8}, "env": {"env_id": "CartPole-v1"}, "format": 14}
-GOOD_LINE = {**KEY, "algo": "ppo", "checkpoint": "a.zip", "env_id": "CartPole-v1", "mean": 28.0, "std": math.sqrt(8 / 3),
-             "returns": [26.0, 30.0, 28.0], "lengths": [26, 30, 28], "quant": {"mode": "int8-block"},
+GOOD_LINE = {**KEY, "algo": "ppo", "checkpoint": "a.zip", "env_id": "CartPole-v1", "mean": 28.0,
+             "std": math.sqrt(8 / 3), "returns": [26.0, 30.0, 28.0], "lengths": [26, 30, 28],
+             "quant": {"mode": "int8-block"},
              "steps_per_s": 1000.0, "latency_us": 12.5, "model_bytes": 232, "build_s": 0.5,
              "endings": ["a", "b", "c"], "acting": "greedy", "sticky_actions": None, "provenance": {"quarl": "0"}}
 MEASURED = [k for k in GOOD_LINE if k not in KEY]

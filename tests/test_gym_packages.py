@@ -59,7 +59,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def returns(out: Path) -> dict[str, list[float]]:
-    return {rec["precision"]: rec["returns"] for rec in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    return {rec["precision"]: rec["returns"]
+            for rec in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
 
 
 @pytest.mark.slow

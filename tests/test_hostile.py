@@ -139,13 +139,15 @@ def test_bad_input_one_line(tiny_run: Path, tmp_path: Path, args: list[str], mes
 
 BAD_VALUES = ["-1", "0", "abc", "", "1e999", "nan", "int1", "2,x", "../../etc/passwd", "🙂", "--", "9" * 30]
 COMMAND_OPTIONS = {
-    "ptq": ["--precisions", "--episodes", "--seed", "--n-envs", "--max-steps", "--int8-weights", "--block-size", "--env"],
+    "ptq": ["--precisions", "--episodes", "--seed", "--n-envs", "--max-steps", "--int8-weights", "--block-size",
+            "--env"],
     "sweep": ["--bits", "--scheme", "--granularity", "--episodes", "--n-envs", "--max-steps", "--block-size"],
     "analyze": ["--bits", "--scheme", "--granularity"],
     "export": ["--precision", "--int8-weights", "--block-size", "--env"],
     "bench": ["--precisions", "--batches", "--budget"],
     "study": ["--precisions", "--seeds", "--episodes", "--n-envs", "--max-steps", "--workers", "--block-size"],
-    "train": ["--timesteps", "-n", "--train-precision", "--hyperparams", "--save-freq", "--qat-bits", "--quant-delay", "--hp", "--eval-freq", "--eval-episodes"],
+    "train": ["--timesteps", "-n", "--train-precision", "--hyperparams", "--save-freq", "--qat-bits", "--quant-delay",
+              "--hp", "--eval-freq", "--eval-episodes"],
     "qat": ["--bits", "--timesteps", "--episodes", "--quant-delay"],
     "actorq": ["--algo", "--actors", "--actor-precision", "--wire-bits", "--policy-layers", "--lr", "--batch-size",
                "--min-replay", "--samples-per-insert", "--replay", "--priority-exponent", "--max-minutes",
@@ -442,7 +444,8 @@ def test_a_repeated_or_endless_bits_list_is_one_line(text: str, message: str) ->
     with pytest.raises(QuarlError) as caught:
         _parse_bits(text)
     assert str(caught.value) == message or str(caught.value).startswith(message), caught.value
-    assert _parse_bits("8,4,2") == [8, 4, 2] and _parse_bits(",".join(map(str, range(16, 1, -1)))) == list(range(16, 1, -1))
+    assert (_parse_bits("8,4,2") == [8, 4, 2]
+            and _parse_bits(",".join(map(str, range(16, 1, -1)))) == list(range(16, 1, -1)))
 
 
 def test_sweep_with_ten_thousand_bits_is_one_line(tiny_run: Path, tmp_path: Path) -> None:

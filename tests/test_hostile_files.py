@@ -536,7 +536,8 @@ def test_actorq_s_checkpoint_past_a_file_size_limit_keeps_the_previous_one(tmp_p
     before = checkpoint.read_bytes()
     code = ("from dataclasses import replace; from pathlib import Path; from quarl.actorq.config import ActorQConfig; "
             "from quarl.actorq.system import run_actorq\n"
-            f"config = ActorQConfig.flat('CartPole-v1', local=True, max_minutes=3.0, out=Path({str(tmp_path / 'run')!r}), "
+            "config = ActorQConfig.flat('CartPole-v1', local=True, max_minutes=3.0, "
+            f"out=Path({str(tmp_path / 'run')!r}), "
             "actors=1, policy_layers=(32, 32), batch_size=32, min_replay=100, eval_episodes=1, max_env_steps=600)\n"
             "run_actorq(config, resume=True)")
     r = _run_limited(len(before), code)
