@@ -93,7 +93,8 @@ def test_a_ptq_run_writes_what_it_wrote_before_the_split_and_reuses_it_as_typed_
     run_ptq(_policy(), CARTPOLE, ["fp16", "sim3", "int8"], settings, tmp_path, source="agent.zip")
     text = (tmp_path / "results.jsonl").read_text()
     lines = [json.loads(line) for line in text.splitlines()]
-    assert [list(line) for line in lines] == [KEY_FIELDS + RECORD_FIELDS] * 3 + [KEY_FIELDS + ["runtime"] + RECORD_FIELDS]
+    assert [list(line) for line in lines] == ([KEY_FIELDS + RECORD_FIELDS] * 3
+                                              + [KEY_FIELDS + ["runtime"] + RECORD_FIELDS])
     for line in lines[:3]:
         want = BEFORE[line["precision"]]
         assert {k: line[k] for k in want} == want and line["lengths"] == [int(r) for r in want["returns"]]
@@ -113,7 +114,7 @@ def test_a_ptq_run_writes_what_it_wrote_before_the_split_and_reuses_it_as_typed_
     assert all(isinstance(r, CellRecord) and r.reused for r in again)
     assert [r.precision for r in again] == ["fp32", "fp16", "sim3", "int8"]
     assert (tmp_path / "results.jsonl").read_text() == text
-    for record, line in zip(again, lines):
+    for record, line in zip(again, lines, strict=True):
         assert record.checkpoint == "moved.zip"  # this run's identity, the stored measurements
         assert json.loads(json.dumps(record.to_dict())) == {**line, "checkpoint": "moved.zip"}
         assert record.result == EvalRecord.from_dict(line)
@@ -157,7 +158,8 @@ def test_ptq_and_study_keys_say_the_same_of_a_config(monkeypatch: pytest.MonkeyP
         key = cell_key(CARTPOLE, Cell(config.label, config), settings, fingerprint)
         assert key.get("runtime") == runtime and key["config"] == identity.config
         assert config_key(config) == _study_hash([14, identity.config, runtime or {}])  # as older stores hold it
-    before = {c.label: (cell_key(CARTPOLE, Cell(c.label, c), settings, fingerprint), config_key(c)) for c in (int8, fp16)}
+    before = {c.label: (cell_key(CARTPOLE, Cell(c.label, c), settings, fingerprint), config_key(c))
+              for c in (int8, fp16)}
     other = {"onnxruntime": "0.0", "cpu": "other", "vnni": "False"}
     monkeypatch.setattr(modes, "runtime_key", lambda: other)
     ptq_int8, study_int8 = cell_key(CARTPOLE, Cell("int8", int8), settings, fingerprint), config_key(int8)

@@ -149,11 +149,12 @@ def _nature_cnn() -> tuple[Policy, np.ndarray]:
 
     torch.manual_seed(0)
     sd = {}
-    for i, (c_in, c_out, k) in zip((0, 2, 4), ((4, 32, 8), (32, 64, 4), (64, 64, 3))):
+    for i, (c_in, c_out, k) in zip((0, 2, 4), ((4, 32, 8), (32, 64, 4), (64, 64, 3)), strict=True):
         sd[f"cnn.{i}.weight"], sd[f"cnn.{i}.bias"] = torch.randn(c_out, c_in, k, k) * 0.05, torch.zeros(c_out)
     sd["linear.0.weight"], sd["linear.0.bias"] = torch.randn(512, 3136) * 0.01, torch.zeros(512)
     net = nn.Sequential(*_features(sd, "", (4, 84, 84)), nn.Linear(512, 6)).eval()
-    policy = Policy(net, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), "argmax", scale_images=True)
+    policy = Policy(net, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), "argmax",
+                    scale_images=True)
     return policy, np.random.default_rng(0).uniform(0, 1, (16, 4, 84, 84)).astype(np.float32)
 
 
@@ -242,8 +243,8 @@ def test_every_seed_calibrates_on_the_same_seeds_so_every_command_picks_the_same
     calibration_by_seed = {}
     for seed in (0, 7, 100_000):
         calls.clear()
-        cells.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"), cells.EvalSettings(episodes=3, seed=seed,
-                                                                                                  max_steps=50))
+        cells.evaluate_config(policy, EnvSpec("CartPole-v1"), QuantConfig("int8"),
+                              cells.EvalSettings(episodes=3, seed=seed, max_steps=50))
         calibration_by_seed[seed] = [c for c in calls if c[0] in calibration_episodes.CALIBRATION_SEEDS]
         assert calls[-1] == (seed, 3)  # the evaluation itself
     assert calibration_by_seed[0] == calibration_by_seed[7] == calibration_by_seed[100_000] != []
@@ -369,7 +370,8 @@ def test_calibration_episodes_play_each_seed_once_per_policy(monkeypatch: pytest
     assert list(returns(candidate, 8))[4:] == [first + 4, first + 5, first + 6, first + 7]
     returns(fp32, 8)
     returns(fp32, 4)
-    assert [(p is fp32, s - first, n) for p, s, n in played] == [(True, 0, 4), (False, 0, 4), (False, 4, 4), (True, 4, 4)]
+    assert [(p is fp32, s - first, n) for p, s, n in played] == [(True, 0, 4), (False, 0, 4), (False, 4, 4),
+                                                                 (True, 4, 4)]
     # the sequential test's cap: ~20k steps of 500-step episodes, within 16..64
     assert returns.episode_cap(fp32) == 40 and len(played) == 4
 
@@ -386,7 +388,8 @@ def test_the_fastest_mode_wins_unless_within_the_margins() -> None:
     assert ranked(300.0, 290.0) == ["m0", "m1"]  # 3 % faster: a near tie keeps registry order
     assert ranked(20.0, 18.5) == ["m0", "m1"]  # 7.5 % but 1.5 us: timer noise
     assert ranked(100.0, 96.0, 93.0) == ["m2", "m0", "m1"]  # m2 beats m0 by 7 %; m1 ties m0
-    for latencies in [(100.0, 96.0, 93.0), (50.0, 40.0, 41.0), (10.0, 30.0, 9.8)]:  # the first is within 5 % of the fastest
+    # the first is within 5 % of the fastest
+    for latencies in [(100.0, 96.0, 93.0), (50.0, 40.0, 41.0), (10.0, 30.0, 9.8)]:
         first = latencies[int(ranked(*latencies)[0][1:])]
         assert first <= 1.05 * min(latencies) + 2.0
 
@@ -438,7 +441,8 @@ def test_the_automatic_choice_is_stored_and_reused(tmp_path: Path, monkeypatch: 
     assert len(files) == 1 and first["chosen_from_cache"] is False and len(first["tried"]) > 1
     second = quantize(policy, QuantConfig("int8"), obs).meta["quant"]
     assert second["chosen_from_cache"] is True
-    assert (second["mode"], second["fp32_layers"], second["tried"]) == (first["mode"], first["fp32_layers"], first["tried"])
+    assert ((second["mode"], second["fp32_layers"], second["tried"])
+            == (first["mode"], first["fp32_layers"], first["tried"]))
     assert second["agreement"] == first["agreement"]  # rebuilt and measured again: the same model
     # an int4 choice, another policy and other options are other keys
     other, _ = _mlp_policy()

@@ -122,7 +122,8 @@ def test_the_guard_names_what_is_not_finite() -> None:
     assert non_finite_transition(np.array([0.0]), np.full((1, 4), 255, np.uint8)) is None
     assert non_finite_loss({"train/value_loss": 1.5, "train/explained_variance": float("nan")}) is None
     assert non_finite_loss({"train/value_loss": float("inf")}) == "the loss train/value_loss (inf)"
-    assert str(NonFiniteTraining(1234, "weight x")) == "training stopped at env step 1,234: weight x is not finite (NaN or inf)"
+    assert str(NonFiniteTraining(1234, "weight x")) \
+        == "training stopped at env step 1,234: weight x is not finite (NaN or inf)"
 
 
 gym.register("QuarlTest/NaNRewardAt100-v0", entry_point=BadRewardEnv, kwargs={"bad_at": 100})
@@ -179,7 +180,8 @@ def test_resume_continues_with_the_hyperparameters_the_run_started_with(tmp_path
 
     with pytest.raises(QuarlError, match="stopped at env step 137"):
         train(config(PPO_HP))
-    with pytest.raises(QuarlError, match=r"started with --hp .*\"n_steps\": 32.* not .*\"n_steps\": 64.*resume without --hp"):
+    with pytest.raises(QuarlError,
+                       match=r"started with --hp .*\"n_steps\": 32.* not .*\"n_steps\": 64.*resume without --hp"):
         train(config({**PPO_HP, "n_steps": 64}), resume=True)
     with pytest.raises(QuarlError, match="stopped at env step 237"):  # resumed at 100: the env's 137th step again
         train(config({}), resume=True)

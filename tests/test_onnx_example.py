@@ -44,7 +44,8 @@ def test_the_script_runs_as_a_program_and_refuses_an_env_it_cannot_rebuild(tmp_p
     import subprocess
 
     out = tmp_path / "export"
-    assert run_cli("export", str(zoo_run("ppo", "CartPole-v1")), "--precision", "fp32", "--out", str(out)).returncode == 0
+    assert run_cli("export", str(zoo_run("ppo", "CartPole-v1")), "--precision", "fp32",
+                   "--out", str(out)).returncode == 0
     printed = subprocess.run([sys.executable, str(ROOT / "examples" / "run_onnx_policy.py"), str(out), "--episodes",
                               "2"], capture_output=True, text=True, check=True).stdout
     assert printed.splitlines()[-1] == "mean return 500.00 over 2 episodes"
@@ -60,7 +61,8 @@ def test_the_script_imports_only_onnx_runtime_numpy_and_gymnasium() -> None:
     import ast
 
     tree = ast.parse((ROOT / "examples" / "run_onnx_policy.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "argparse", "json", "pathlib", "numpy", "onnxruntime", "gymnasium"}, imported
 

@@ -96,7 +96,8 @@ def test_play_records_from_a_camera_at_a_size_and_refuses_bad_ones_in_one_line(c
     for extra, message in [(["--video", str(tmp_path / "v"), "--video-size", "160by96"], "is not WIDTHxHEIGHT"),
                            (["--video", str(tmp_path / "v"), "--video-size", "99999x2"], "each side must be 16..4096"),
                            (["--camera", "track"], "give --video DIR too"),
-                           (["--video", str(tmp_path / "v"), "--camera", "9"], "has no camera '9': its cameras are 0 (track)")]:
+                           (["--video", str(tmp_path / "v"), "--camera", "9"],
+                            "has no camera '9': its cameras are 0 (track)")]:
         bad = CliRunner().invoke(app, [*base, *extra])
         assert bad.exit_code == 2 and message in bad.output, (extra, bad.output)
         assert "Traceback" not in bad.output

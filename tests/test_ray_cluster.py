@@ -95,7 +95,8 @@ def test_actors_spread_over_two_nodes_and_survive_the_second_leaving(two_nodes, 
     run = subprocess.Popen(
         [*QUARL, "actorq", "run", "CartPole-v1", "--address", address, "--actors", "2", "--actor-precision", "int8",
          "--policy-layers", "64,64", "--lr", "1e-3", "--batch-size", "64", "--samples-per-insert", "4",
-         "--target-reward", "150", "--eval-seconds", "3", "--eval-episodes", "3", "--max-minutes", "5", "--out", str(out)],
+         "--target-reward", "150", "--eval-seconds", "3", "--eval-episodes", "3", "--max-minutes", "5",
+         "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     try:
         nodes_file = out / "actor_nodes.json"
@@ -165,7 +166,8 @@ def test_losing_the_cpus_the_actors_need_is_one_line(tmp_path: Path) -> None:
             node.stop()
     assert run.returncode == 2, stderr[-2000:]
     errors = [line for line in stderr.splitlines() if line.lower().startswith("error")]
-    assert len(errors) == 1 and "the Ray cluster lost nodes: 1 CPUs are left for --actors 2" in errors[0], stderr[-2000:]
+    assert len(errors) == 1 and "the Ray cluster lost nodes: 1 CPUs are left for --actors 2" in errors[0], \
+        stderr[-2000:]
 
 
 def test_a_remote_clusters_workers_answer_as_the_cpu_kind_asked(tmp_path: Path) -> None:

@@ -167,7 +167,8 @@ class PlainDQNLearner:
         obs, next_obs = torch.as_tensor(batch.obs), torch.as_tensor(batch.next_obs)
         q = self.q(obs).gather(1, torch.as_tensor(batch.action).long().view(-1, 1)).squeeze(1)
         with torch.no_grad():
-            target = torch.as_tensor(batch.reward) + torch.as_tensor(batch.discount) * self.target(next_obs).max(1).values
+            target = (torch.as_tensor(batch.reward)
+                      + torch.as_tensor(batch.discount) * self.target(next_obs).max(1).values)
         loss = nn.functional.smooth_l1_loss(q, target)
         self.opt.zero_grad()
         loss.backward()
@@ -224,7 +225,8 @@ def test_an_actorq_learner_is_one_class_and_one_registration(tmp_path: Path) -> 
         assert summary.env_steps >= 600 and summary.config["algo"] == "plain-dqn"
         policy, _, algo = load_actorq_run(tmp_path / "run")
         assert algo == "plain-dqn" and policy.head == "argmax"
-        for (name, learned), loaded in zip(made[0].weights().items(), policy.network.state_dict().values()):
+        for (name, learned), loaded in zip(made[0].weights().items(), policy.network.state_dict().values(),
+                                           strict=True):
             np.testing.assert_array_equal(loaded.numpy(), learned, err_msg=name)  # the learner's own network
         with pytest.raises(QuarlError, match="plain-dqn needs discrete actions but Pendulum-v1 .*: use --algo d4pg"):
             env_info(ActorQConfig("Pendulum-v1", algo="plain-dqn"))

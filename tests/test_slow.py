@@ -77,7 +77,8 @@ def test_actorq_actor_bound_compare_fp32_vs_int8(name: str, tmp_path: Path) -> N
               "--repeats", repeats, "--max-minutes", minutes, "--out", str(out), timeout=14400)
     assert r.returncode == 0, r.stderr
     print(r.stdout)
-    rows, shares = ({row["actor_precision"]: row for row in csv.DictReader((out / f"{name}.csv").read_text().splitlines())}
+    rows, shares = ({row["actor_precision"]: row
+                     for row in csv.DictReader((out / f"{name}.csv").read_text().splitlines())}
                     for name in ("compare", "breakdown"))
     assert set(rows) == set(shares) == {"fp32", "int8"}
     fp32, int8 = rows["fp32"], rows["int8"]
@@ -128,7 +129,7 @@ def test_the_inference_benchmark_runs_to_its_end() -> None:
 
     from tests.conftest import ROOT
 
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_inference.py"), "--quick"], capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_inference.py"), "--quick"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "NatureCNN" in r.stdout and "| int8 |" in r.stdout and "env alone" in r.stdout

@@ -305,7 +305,7 @@ def test_state_dependent_noise_samples_exactly_as_sb3_with_the_same_draws(kind: 
     ours = policy.sample_rows(policy.preprocess(obs), keys)
     sb3 = model.policy
     theirs = []
-    for row, key in zip(obs, keys):
+    for row, key in zip(obs, keys, strict=True):
         x = torch.as_tensor(row[None])
         with torch.no_grad():
             if kind == "sac":
@@ -317,7 +317,8 @@ def test_state_dependent_noise_samples_exactly_as_sb3_with_the_same_draws(kind: 
                 std = dist.get_std(sb3.actor.log_std if kind == "sac_gsde" else sb3.log_std).double().numpy()
                 mat = np.random.default_rng([key[0], GSDE_STREAM]).standard_normal(std.shape) * std
                 dist.exploration_mat = torch.as_tensor(mat, dtype=torch.float32)
-                action = sb3.actor(x, deterministic=False) if kind == "sac_gsde" else sb3._predict(x, deterministic=False)
+                action = (sb3.actor(x, deterministic=False) if kind == "sac_gsde"
+                          else sb3._predict(x, deterministic=False))
                 action = action.double().numpy()
         theirs.append(np.clip(sb3.unscale_action(action) if sb3.squash_output else action, -2, 2)[0])
     np.testing.assert_allclose(ours, np.asarray(theirs), atol=4e-5)
@@ -339,7 +340,8 @@ def test_a_gsde_matrix_is_drawn_per_episode_and_shared_by_precisions(tmp_path: P
     assert abs(half.sample_rows(x, [(5, 0)])[0, 0] - same_episode[0]) < 0.02
 
 
-@pytest.mark.slow  # 5-13 s: SAC's sampling is held to SB3's draw by draw above, sampled play end to end by the PPO tests
+# 5-13 s: SAC's sampling is held to SB3's draw by draw above, sampled play end to end by the PPO tests
+@pytest.mark.slow
 def test_sac_sampled_returns_match_sb3s_on_mujoco(tmp_path: Path) -> None:
     """An SAC on MuJoCo's InvertedPendulum (a few hundred steps: its episodes vary): quarl's
     sampled episode lengths and SB3's evaluate_policy(deterministic=False) agree in mean

@@ -50,7 +50,8 @@ def test_study_stores_each_cell_and_reruns_only_the_missing_ones(tiny_run: Path,
 
 def test_study_table_averages_seeds_and_tells_agents_apart() -> None:
     def rec(checkpoint: str, precision: str, seed: int, mean: float) -> dict:
-        return {"checkpoint": checkpoint, "policy": "ppo CartPole-v1", "precision": precision, "seed": seed, "mean": mean}
+        return {"checkpoint": checkpoint, "policy": "ppo CartPole-v1", "precision": precision, "seed": seed,
+                "mean": mean}
 
     records = [rec("/z/ppo/CartPole-v1_1", "fp32", 0, 500.0), rec("/z/ppo/CartPole-v1_1", "fp32", 1, 480.0),
                rec("/z/ppo/CartPole-v1_1", "int4", 0, 245.0), rec("/z/ppo/CartPole-v1_1", "int4", 1, 245.0),
@@ -166,7 +167,8 @@ def test_a_study_plays_more_seeds_where_a_verdict_is_undecided(tmp_path: Path) -
     assert not row["sim4 verdict"].startswith("undecided") or len(seeds["sim4"]) * 4 >= 32, (row, seeds)
     count = sqlite3.connect(tmp_path / "b" / "study.sqlite").execute(f"select count(*) from {TABLE}").fetchone()[0]
     again = run_study(config)
-    assert sqlite3.connect(tmp_path / "b" / "study.sqlite").execute(f"select count(*) from {TABLE}").fetchone()[0] == count
+    assert sqlite3.connect(tmp_path / "b" / "study.sqlite").execute(
+        f"select count(*) from {TABLE}").fetchone()[0] == count
     assert len(again) == len(records)
 
 

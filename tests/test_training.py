@@ -240,8 +240,9 @@ def test_fp16_updates_are_gradscaler_updates(init_scale: float, fused: bool) -> 
     assert scales == ref_scales
     assert scale.skipped == skipped and scale.steps == 24
     assert skipped >= 1  # overflows happened: the first steps at these scales overflow fp16
-    assert any(b == 2 * a for a, b in zip(scales, scales[1:]))  # and the scale grew after 3 clean steps
-    for mine, theirs in zip(model.policy.state_dict().values(), ref.state_dict().values()):
+    # and the scale grew after 3 clean steps (consecutive pairs: one fewer)
+    assert any(b == 2 * a for a, b in zip(scales, scales[1:], strict=False))
+    for mine, theirs in zip(model.policy.state_dict().values(), ref.state_dict().values(), strict=True):
         assert torch.equal(mine, theirs)
     assert torch.Tensor.backward.__name__ == "backward" and torch.nn.utils.clip_grad_norm_.__name__ == "clip_grad_norm_"
 
@@ -295,11 +296,11 @@ def test_loss_scale_with_a_fused_optimizer_never_syncs() -> None:
     finally:
         torch.Tensor.item = item
     assert reads == [] and scale.steps == 3 and scale.skipped == 3 and scale.scale == 2.0**124
-    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     assert {float(opt.state[p]["step"]) for p in net.parameters()} == {0.0}  # skipped steps are not counted
     scale._scale.fill_(1.0)  # a scale that does not overflow: the next step is taken
     update(1.0)
-    assert scale.skipped == 3 and not all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert scale.skipped == 3 and not all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     assert {float(opt.state[p]["step"]) for p in net.parameters()} == {1.0}
 
 
@@ -380,7 +381,7 @@ def test_mixed_precision_autocasts_the_updates(precision: str, dtype: torch.dtyp
     assert torch.float32 in seen  # ... while acting stayed fp32
     assert set(heads) == {torch.float32}  # Q-values (what the loss sees) always fp32
     assert all(p.dtype == torch.float32 for p in model.policy.parameters())  # fp32 master weights
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.q_net.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.q_net.parameters(), strict=True))
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
     assert (scaler is not None) == (precision == "fp16")
     assert torch.Tensor.backward.__name__ == "backward"  # the fp16 patch is gone after train()
@@ -489,8 +490,8 @@ def test_the_rl_zoo_player_loads_the_best_model_and_a_checkpoint(tmp_path: Path,
     train(TrainConfig("ppo", env_id, timesteps=1000, hyperparams=hp, out=tmp_path, eval_freq=300, eval_episodes=2,
                       checkpoint_freq=500, tensorboard=False))
     for flag in (["--load-best"], ["--load-checkpoint", "1000"]):
-        monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", "ppo", "--env", env_id, "-f", str(tmp_path), "--exp-id", "1",
-                                          "-n", "300", "--no-render", *flag])
+        monkeypatch.setattr(sys, "argv", ["enjoy", "--algo", "ppo", "--env", env_id, "-f", str(tmp_path),
+                                          "--exp-id", "1", "-n", "300", "--no-render", *flag])
         capsys.readouterr()
         enjoy()
         out = capsys.readouterr().out
@@ -597,7 +598,8 @@ _STATE = {"config": {"bits": 3, "quant_delay": 200, "scheme": "quarl", "granular
 @pytest.mark.parametrize("edit,message", [
     (lambda s: s["layers"]["q_net.q_net.0"].update(out_max=float("nan")), r"field layers.q_net.q_net.0.out_max: "
      r"Input should be a finite number|out_min..out_max = -1.0..nan is not a finite range"),
-    (lambda s: s["layers"]["q_net.q_net.0"].update(out_max=float("inf")), r"out_min..out_max = -1.0..inf is not a finite"),
+    (lambda s: s["layers"]["q_net.q_net.0"].update(out_max=float("inf")),
+     r"out_min..out_max = -1.0..inf is not a finite"),
     (lambda s: s["layers"]["q_net.q_net.0"].update(w_min=0.5), r"w_min..w_max = 0.5..0.5 has width 0.0: a range must "
      r"be wider than zero"),
     (lambda s: s["layers"]["q_net.q_net.0"].update(out_min=3.0), r"out_min..out_max = 3.0..2.0 has width -1.0"),
@@ -615,7 +617,8 @@ def test_a_qat_state_that_means_nothing_is_refused_naming_file_and_field(tmp_pat
     state = json.loads(json.dumps(_STATE))
     path = tmp_path / "rl_model_600_steps.qat.json"
     path.write_text(json.dumps(state))
-    assert read_qat_state(path, QATConfig(3, 200)).layers["q_net.q_net.0"].model_dump() == _LAYER  # as written, it loads
+    # as written, it loads
+    assert read_qat_state(path, QATConfig(3, 200)).layers["q_net.q_net.0"].model_dump() == _LAYER
     edit(state)
     path.write_text(json.dumps(state))
     with pytest.raises(QuarlError, match=message) as caught:
@@ -666,13 +669,15 @@ def test_resume_refuses_normalization_statistics_that_mean_nothing(tmp_path: Pat
 
     good = vecnormalize_arrays(Venv())
     load_vecnormalize_arrays(Venv(), good, "f.npz")
-    for key, value, message in [("obs_rms.var", np.array([1.0, -1.0, 1.0]), r"field obs_rms.var: \[1.0, -1.0, 1.0\] is "
-                                 r"not a finite variance >= 0"),
-                                ("obs_rms.mean", np.zeros(4), r"field obs_rms.mean: float64 \(4,\), this run's statistics "
-                                 r"are numbers of shape \(3,\)"),
-                                ("ret_rms.count", np.array(0.0), r"field ret_rms.count: \[0.0\] is not a finite value > 0"),
-                                ("obs_rms.mean", np.array([np.nan, 0, 0]), r"field obs_rms.mean: \[nan, 0.0, 0.0\] is not a "
-                                 r"finite mean")]:
+    for key, value, message in [
+        ("obs_rms.var", np.array([1.0, -1.0, 1.0]), r"field obs_rms.var: \[1.0, -1.0, 1.0\] is "
+         r"not a finite variance >= 0"),
+        ("obs_rms.mean", np.zeros(4), r"field obs_rms.mean: float64 \(4,\), this run's statistics "
+         r"are numbers of shape \(3,\)"),
+        ("ret_rms.count", np.array(0.0), r"field ret_rms.count: \[0.0\] is not a finite value > 0"),
+        ("obs_rms.mean", np.array([np.nan, 0, 0]), r"field obs_rms.mean: \[nan, 0.0, 0.0\] is not a "
+         r"finite mean"),
+    ]:
         with pytest.raises(QuarlError, match=rf"^f.npz: {message}"):
             load_vecnormalize_arrays(Venv(), {**good, key: value}, "f.npz")
     with pytest.raises(QuarlError, match=r"field ret_rms.var: missing"):
