@@ -311,7 +311,8 @@ def test_a_5000_digit_environment_variable_is_one_short_line(tiny_run: Path, tmp
                      "this machine's"),
     ("0", "QUARL_MAX_PARAMETERS=0 must be at least 1"),
 ])
-def test_a_parameter_cap_beyond_the_machine_is_refused(monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
+def test_a_parameter_cap_beyond_the_machine_is_refused(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                       message: str) -> None:
     """10^30 let a 10^18-parameter network through to torch's allocator (a RuntimeError)."""
     from quarl.core.limits import machine_memory, max_parameters
 
@@ -351,8 +352,8 @@ def test_a_video_size_whose_frames_do_not_fit_is_refused_before_a_frame_is_drawn
     r = run_cli("play", str(cheetah_zip), "--env", "HalfCheetah-v4", "--video", str(tmp_path / "v"), "--video-size",
                 "4096x4096")
     assert r.returncode == 2 and _one_line(r.stderr) == (
-        "error: --video-size 4096x4096: an episode of up to 1,000 steps holds 1,001 frames of 48.0 MiB (46.9 GiB) until "
-        "it ends, more than the 4 GiB allowed: ask a smaller --video-size, or --max-steps 84 or fewer")
+        "error: --video-size 4096x4096: an episode of up to 1,000 steps holds 1,001 frames of 48.0 MiB (46.9 GiB) "
+        "until it ends, more than the 4 GiB allowed: ask a smaller --video-size, or --max-steps 84 or fewer")
     assert not list((tmp_path / "v").glob("*.mp4"))
     with pytest.raises(QuarlError, match="an episode of up to 100 steps holds 101 frames of 48.0 MiB"):
         quarl.play(str(cheetah_zip), "HalfCheetah-v4", episodes=1, video=tmp_path / "api", video_size=(4096, 4096),

@@ -34,7 +34,8 @@ def _venv(**fields: Any) -> VecNormalize:
     (collections.OrderedDict(a=1), "holds a collections.OrderedDict, not a VecNormalize"),
     (types.SimpleNamespace(obs_rms=RunningMeanStd(shape=(4,)), clip_obs=10**400),
      "holds a types.SimpleNamespace, not a VecNormalize"),
-    (RunningMeanStd(shape=(4,)), "holds a stable_baselines3.common.running_mean_std.RunningMeanStd, not a VecNormalize"),
+    (RunningMeanStd(shape=(4,)),
+     "holds a stable_baselines3.common.running_mean_std.RunningMeanStd, not a VecNormalize"),
     (gym.spaces.Box(0, 1, (4,)), "holds a gymnasium.spaces.box.Box, not a VecNormalize"),
     (lambda: _venv(obs_rms=np.zeros(4)), "its obs_rms is a numpy.ndarray, not a RunningMeanStd"),
     (lambda: _venv(norm_obs=np.zeros(3)), "norm_obs=array([0., 0., 0.]) is a ndarray, not true or false"),
@@ -66,7 +67,8 @@ def test_ptq_on_a_run_folder_with_a_trusted_foreign_pickle_is_one_line(tmp_path:
     sb3.PPO("MlpPolicy", gym.make("CartPole-v1"), seed=0, device="cpu", n_steps=64).save(run / "CartPole-v1.zip")
     (run / "CartPole-v1" / "config.yml").write_text("normalize: true\n")
     (run / "CartPole-v1" / "vecnormalize.pkl").write_bytes(pickle.dumps(types.SimpleNamespace(obs_rms=np.zeros(4))))
-    r = run_cli("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--trust-pickle", "--out", str(tmp_path / "o"))
+    r = run_cli("ptq", str(run), "--precisions", "fp32", "--episodes", "1", "--trust-pickle",
+                "--out", str(tmp_path / "o"))
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "vecnormalize.pkl holds a types.SimpleNamespace, not a VecNormalize" in lines[0]

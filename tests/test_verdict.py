@@ -39,9 +39,10 @@ def test_the_capital_process_equals_a_plain_loop_of_the_papers_formula(upward: b
     x = rng.uniform(0, 1, (3, 40)) ** 2
     m = np.array([0.2, 0.33, 0.6])
     got = max_log_capital(x, m, 0.025, upward)
-    want = [_reference_log_capital(list(row), float(mi), 0.025, upward) for row, mi in zip(x, m)]
+    want = [_reference_log_capital(list(row), float(mi), 0.025, upward) for row, mi in zip(x, m, strict=True)]
     assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
-    assert predmix_bets(np.full((1, 3), 0.5), 0.05)[0, 0] == pytest.approx(math.sqrt(2 * math.log(20) / (math.log(2) * 0.25)))
+    assert predmix_bets(np.full((1, 3), 0.5), 0.05)[0, 0] == pytest.approx(
+        math.sqrt(2 * math.log(20) / (math.log(2) * 0.25)))
 
 
 def test_the_interval_covers_a_known_loss_at_every_episode_count() -> None:
@@ -243,7 +244,8 @@ def test_the_episodes_an_undecided_verdict_asks_for_do_decide_it() -> None:
     fp32 = rng.normal(100, 20, 6000)
     quant = fp32 - 2 + rng.normal(0, 15, 6000)  # a true 2 % loss: keeps, given enough episodes
     first = judge(fp32[:100], quant[:100])
-    assert first.verdict == "undecided" and first.label() == f"undecided (~{first.episodes_to_decide - 100} more episodes)"
+    assert (first.verdict == "undecided"
+            and first.label() == f"undecided (~{first.episodes_to_decide - 100} more episodes)")
     enough = first.episodes_to_decide
     assert 100 < enough < 3000
     assert judge(fp32[:2 * enough], quant[:2 * enough]).verdict == "keeps"  # an estimate from 20 episodes: within 2x
@@ -377,7 +379,7 @@ def test_quarl_judge_on_a_hand_written_csv_gives_ptqs_verdict(tmp_path) -> None:
     by = {r.precision: r for r in records}
     csv_path = tmp_path / "returns.csv"
     csv_path.write_text("seed,reference,candidate\n" + "".join(
-        f"{i},{f},{q}\n" for i, (f, q) in enumerate(zip(by["fp32"]["returns"], by["sim3"]["returns"]))))
+        f"{i},{f},{q}\n" for i, (f, q) in enumerate(zip(by["fp32"]["returns"], by["sim3"]["returns"], strict=True))))
     result = run_cli("judge", str(csv_path), "--env", "CartPole-v1")
     assert result.returncode == 0, result.stderr
     assert f"E {row['E%']:.2f} % of the reference's return lost, 95 % interval [{row['E lo']:.2f}, {row['E hi']:.2f}]" \

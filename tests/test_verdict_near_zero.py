@@ -90,7 +90,8 @@ def test_a_loss_over_an_fp32_mean_near_0_names_its_lower_bound_in_returns() -> N
 # rows of ordinary verdicts, as the table printed them before E could be n/a: byte for byte the same
 KEEPS_BEFORE = "| int8 | 249.00 | 7.35 | 0.40 | -3.07 | 3.90 | keeps | insure 1: -10:510 | 120 | nan |"
 LOSES_BEFORE = "| int8 | 200.00 | 8.16 | 20.00 | 4.18 | 39.43 | loses | insure 1: -60:510 | 30 | nan |"
-KEEPS_TERMINAL_BEFORE = "│ int8      │ 249.00 │ 7.35 │ 0.40 │ -3.07 │ 3.90 │   keeps │ insure 1: -10:510 │      120 │         nan │"
+KEEPS_TERMINAL_BEFORE = ("│ int8      │ 249.00 │ 7.35 │ 0.40 │ -3.07 │ 3.90 │   keeps │ insure 1: -10:510 │"
+                         "      120 │         nan │")
 
 
 def test_an_ordinary_row_is_printed_exactly_as_before() -> None:
