@@ -184,6 +184,13 @@ def test_layer_check_finds_upward_and_sideways_imports() -> None:
     assert _upward(graph, layers) == ["quarl.envs -> quarl.quant.c", "quarl.policies.x -> quarl.evaluation.y"]
 
 
+def test_every_package_has_its_init() -> None:
+    """A folder of modules without ``__init__.py`` imports (a namespace package) but is missed
+    by setuptools' package finder and by the API docs."""
+    folders = {p.parent for p in ROOT.rglob("*.py")}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists()) == []
+
+
 def test_few_loose_modules_at_the_top() -> None:
     loose = sorted(p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py")
     assert loose == ["api", "checkpoints", "outputs"], loose  # every feature is a package
