@@ -164,9 +164,9 @@ def ptq(
     from quarl.recovery.folder import RecoveredFolder
     from quarl.recovery.loader import recovered_cells
 
-    # a folder quarl recover wrote (its payload: the record its load checked): fp32 the original, its kernel the column
-    fixed, recovered = ({}, None) if ckpt.payload_of(RecoveredFolder) is None else recovered_cells(
-        checkpoint, spec, ckpt.policy.stochastic, trust_pickle, ckpt.payload)
+    folder = ckpt.payload_of(RecoveredFolder)  # a folder quarl recover wrote: fp32 the original, its kernel a column
+    fixed, recovered = ({}, None) if folder is None else recovered_cells(checkpoint, folder, spec,
+                                                                         ckpt.policy.stochastic, trust_pickle)
     title = ptq_title(ckpt, spec.env_id, recovered, deciding.note(episodes))
     records = play_cells(ckpt.policy, spec, configs, settings, out, deciding, str(checkpoint), fixed)
     report_cells(records, title, episodes, out, checkpoint, recovered is not None, wide, deciding.judging)

@@ -43,16 +43,13 @@ FORMAT = register_format(CheckpointFormat("recovered", detect, load,
                                           "an RL Zoo run folder that quarl recover wrote (with recovery.json)"))
 
 
-def recovered_cells(checkpoint: Path, env_spec: EnvSpec, stochastic: bool, trust_pickle: bool,
-                    payload: object = None) -> tuple[dict[str, Policy], str | None]:
-    """What ``ptq`` plays instead of quantizing where ``checkpoint`` is a policy ``quarl
-    recover`` wrote: fp32 is the ORIGINAL policy and the recovered precision its real
-    kernel (cell label -> acting policy), with that precision; ``({}, None)`` otherwise.
-    ``payload``: what loading ``checkpoint`` read besides its policy (a recovered folder's
-    checked record: the folder is not read and hashed again)."""
-    checked = payload if isinstance(payload, RecoveredFolder) else None
-    recovered = load_recovered(checkpoint, trust_pickle, checked)
-    if recovered is None:
-        return {}, None
+def recovered_cells(checkpoint: Path, folder: RecoveredFolder, env_spec: EnvSpec, stochastic: bool,
+                    trust_pickle: bool) -> tuple[dict[str, Policy], str]:
+    """What ``ptq`` plays instead of quantizing a policy ``quarl recover`` wrote: fp32 is the
+    ORIGINAL policy and the recovered precision its real kernel (cell label -> acting policy),
+    with that precision. ``folder``: the record loading ``checkpoint`` checked (its payload),
+    so the folder is not read and hashed again."""
+    recovered = load_recovered(checkpoint, trust_pickle, folder)
+    assert recovered is not None  # a checked folder always loads (or raises one line)
     return ({"fp32": acting(recovered.original, env_spec, stochastic),
              recovered.precision: acting(recovered.kernel, env_spec, stochastic)}, recovered.precision)
